@@ -1,0 +1,1 @@
+//! lmx proc macros.
