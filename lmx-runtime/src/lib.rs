@@ -1,1 +1,16 @@
-//! lmx runtime
+//! lmx's runtime over mlx-rs: typed parameter trees, the compiled training step over a declared
+//! state, optimizers, layers, devices.
+
+pub mod arrays;
+pub mod clip;
+pub mod data;
+pub mod device;
+pub mod error;
+pub mod nn;
+pub mod optim;
+pub mod state;
+pub mod step;
+pub mod tree;
+
+pub use error::{Error, Result};
+pub use mlx_rs::Array;

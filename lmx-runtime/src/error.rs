@@ -1,0 +1,39 @@
+//! The runtime's error type.
+
+use std::path::PathBuf;
+
+/// What can go wrong in the runtime, each variant naming the cause and the place.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// MLX reported an error (a shape mismatch in an op, an unavailable kernel, ...).
+    #[error("MLX: {0}")]
+    Mlx(#[from] mlx_rs::error::Exception),
+    /// A device was asked for that this MLX build cannot provide.
+    #[error("{0}")]
+    Device(String),
+    /// A tree or compiled state did not have the layout its declaration promises.
+    #[error("state layout: {0}")]
+    Layout(String),
+    /// A checkpoint or tensor file could not be used.
+    #[error("{path}: {message}")]
+    Checkpoint {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong with it.
+        message: String,
+    },
+    /// Reading or writing a file failed.
+    #[error("{path}: {source}")]
+    Io {
+        /// The file.
+        path: PathBuf,
+        /// The underlying error.
+        source: std::io::Error,
+    },
+    /// A configuration value is out of range or inconsistent.
+    #[error("configuration: {0}")]
+    Config(String),
+}
+
+/// The runtime's result type.
+pub type Result<T, E = Error> = std::result::Result<T, E>;

@@ -1,0 +1,221 @@
+//! Layers: parameter structs and the pure functions that apply them.
+
+use super::leaf_struct::leaf_struct;
+use crate::error::Result;
+use mlx_rs::fast::{self, ScaledDotProductAttentionMask};
+use mlx_rs::ops;
+use mlx_rs::{random, Array, Dtype};
+
+leaf_struct! {
+    /// A linear map `y = x W^T + b` with `weight: [out, in]` and an optional `bias: [out]`.
+    pub struct LinearParams {
+        weight: Weight,
+        ? bias: Bias,
+    }
+}
+
+leaf_struct! {
+    /// An embedding table `weight: [vocab, dim]`.
+    pub struct EmbeddingParams {
+        weight: Embedding,
+    }
+}
+
+leaf_struct! {
+    /// Layer normalisation with a scale `weight: [dim]` and an optional shift `bias: [dim]`.
+    pub struct LayerNormParams {
+        weight: Norm,
+        ? bias: Norm,
+    }
+}
+
+leaf_struct! {
+    /// RMS normalisation with a scale `weight: [dim]`.
+    pub struct RmsNormParams {
+        weight: Norm,
+    }
+}
+
+/// `x W^T + b`.
+pub fn linear(params: &LinearParams, x: &Array) -> Result<Array> {
+    let y = x.matmul(params.weight.t())?;
+    Ok(match &params.bias {
+        Some(bias) => y.add(bias)?,
+        None => y,
+    })
+}
+
+/// The rows of the table for integer `ids`: `[...] -> [..., dim]`.
+pub fn embedding(params: &EmbeddingParams, ids: &Array) -> Result<Array> {
+    Ok(params.weight.take_axis(ids, 0)?)
+}
+
+/// `x` projected on the embedding table, as a tied output head: `[..., dim] -> [..., vocab]`.
+pub fn embedding_as_linear(params: &EmbeddingParams, x: &Array) -> Result<Array> {
+    Ok(x.matmul(params.weight.t())?)
+}
+
+/// Layer normalisation over the last axis (MLX's fused kernel).
+pub fn layer_norm(params: &LayerNormParams, x: &Array, eps: f32) -> Result<Array> {
+    Ok(fast::layer_norm(x, &params.weight, params.bias.as_ref(), eps)?)
+}
+
+/// RMS normalisation over the last axis (MLX's fused kernel).
+pub fn rms_norm(params: &RmsNormParams, x: &Array, eps: f32) -> Result<Array> {
+    Ok(fast::rms_norm(x, Some(&params.weight), eps)?)
+}
+
+/// GELU with the exact error function: `x/2 (1 + erf(x/sqrt 2))`.
+pub fn gelu(x: &Array) -> Result<Array> {
+    let half = scalar(0.5, x.dtype())?;
+    let erf = ops::erf(x.multiply(scalar(std::f32::consts::FRAC_1_SQRT_2, x.dtype())?)?)?;
+    Ok(x.multiply(&half)?.multiply(erf.add(scalar(1.0, x.dtype())?)?)?)
+}
+
+/// GELU's tanh approximation, as GPT-2 trained with it (`gelu_new`).
+pub fn gelu_tanh(x: &Array) -> Result<Array> {
+    let dtype = x.dtype();
+    let inner = x
+        .add(x.power(scalar(3.0, dtype)?)?.multiply(scalar(0.044715, dtype)?)?)?
+        .multiply(scalar((2.0 / std::f32::consts::PI).sqrt(), dtype)?)?;
+    let gate = ops::tanh(inner)?.add(scalar(1.0, dtype)?)?;
+    Ok(x.multiply(gate)?.multiply(scalar(0.5, dtype)?)?)
+}
+
+/// SiLU (swish): `x sigmoid(x)`.
+pub fn silu(x: &Array) -> Result<Array> {
+    Ok(x.multiply(ops::sigmoid(x)?)?)
+}
+
+/// Splits `[B, T, heads * head_dim]` into heads: `[B, heads, T, head_dim]`.
+pub fn split_heads(x: &Array, heads: i32) -> Result<Array> {
+    let shape = x.shape();
+    let (b, t) = (shape[0], shape[1]);
+    Ok(x.reshape(&[b, t, heads, -1])?.transpose_axes(&[0, 2, 1, 3])?)
+}
+
+/// Merges heads back: `[B, heads, T, head_dim] -> [B, T, heads * head_dim]`.
+pub fn merge_heads(x: &Array) -> Result<Array> {
+    let shape = x.shape();
+    let (b, t) = (shape[0], shape[2]);
+    Ok(x.transpose_axes(&[0, 2, 1, 3])?.reshape(&[b, t, -1])?)
+}
+
+/// Which positions a query may attend to.
+#[derive(Clone, Copy, Debug)]
+pub enum AttentionMask<'a> {
+    /// Every earlier position and itself.
+    Causal,
+    /// An additive (or boolean) mask broadcast against `[B, heads, T_q, T_k]`.
+    Array(&'a Array),
+}
+
+/// Fused scaled dot-product attention over `[B, heads, T, head_dim]` queries, keys and values.
+/// Keys and values may have fewer heads than queries (grouped-query attention).
+pub fn attention(q: &Array, k: &Array, v: &Array, mask: AttentionMask<'_>) -> Result<Array> {
+    let head_dim = q.shape()[q.ndim() - 1];
+    let scale = (head_dim as f32).powf(-0.5);
+    let mask = match mask {
+        AttentionMask::Causal => ScaledDotProductAttentionMask::Causal,
+        AttentionMask::Array(mask) => ScaledDotProductAttentionMask::Array(mask),
+    };
+    Ok(fast::scaled_dot_product_attention(q, k, v, scale, mask, None)?)
+}
+
+/// Rotary position embedding over the last axis of `[B, heads, T, head_dim]`, positions starting
+/// at `offset` (MLX's fused kernel, non-traditional half-split layout as in LLaMA's HF weights).
+pub fn rope(x: &Array, dims: i32, base: f32, offset: i32) -> Result<Array> {
+    Ok(fast::rope(x, dims, false, base, 1.0, offset, None)?)
+}
+
+/// Mean token cross-entropy of `logits: [..., vocab]` against integer `targets: [...]`,
+/// computed in float32 whatever the logits' precision.
+pub fn cross_entropy(logits: &Array, targets: &Array) -> Result<Array> {
+    let logits = logits.as_dtype(Dtype::Float32)?;
+    let log_norm = logits.logsumexp_axis(-1, false)?;
+    let picked = logits
+        .take_along_axis(targets.expand_dims(-1)?, -1)?
+        .squeeze_axes(&[-1])?;
+    Ok(log_norm.subtract(picked)?.mean(false)?)
+}
+
+/// A scalar of `dtype`, for arithmetic that keeps its operand's precision.
+pub fn scalar(value: f32, dtype: Dtype) -> Result<Array> {
+    Ok(Array::from_f32(value).as_dtype(dtype)?)
+}
+
+/// Positions `0..len` as int32.
+pub fn positions(len: i32) -> Result<Array> {
+    Ok(Array::arange::<_, i32>(None, len, None)?)
+}
+
+/// Initialisers: every one takes the random key it consumes.
+pub mod init {
+    use super::*;
+
+    /// Normal samples with standard deviation `std`.
+    pub fn normal(shape: &[i32], std: f32, key: &Array) -> Result<Array> {
+        Ok(random::normal::<f32>(shape, None, std, key)?)
+    }
+
+    /// Uniform samples in `[-bound, bound)`.
+    pub fn uniform(shape: &[i32], bound: f32, key: &Array) -> Result<Array> {
+        Ok(random::uniform::<_, f32>(-bound, bound, shape, key)?)
+    }
+
+    /// Zeros.
+    pub fn zeros(shape: &[i32]) -> Result<Array> {
+        Ok(Array::zeros::<f32>(shape)?)
+    }
+
+    /// Ones.
+    pub fn ones(shape: &[i32]) -> Result<Array> {
+        Ok(Array::ones::<f32>(shape)?)
+    }
+
+    /// A linear layer as MLX initialises it: uniform in `±1/sqrt(in)`, bias too.
+    pub fn linear(input: i32, output: i32, bias: bool, keys: &mut Keys) -> Result<LinearParams> {
+        let bound = (input as f32).powf(-0.5);
+        Ok(LinearParams {
+            weight: uniform(&[output, input], bound, &keys.next()?)?,
+            bias: if bias { Some(uniform(&[output], bound, &keys.next()?)?) } else { None },
+        })
+    }
+
+    /// An embedding as MLX initialises it: standard normal.
+    pub fn embedding(vocab: i32, dim: i32, keys: &mut Keys) -> Result<EmbeddingParams> {
+        Ok(EmbeddingParams { weight: normal(&[vocab, dim], 1.0, &keys.next()?)? })
+    }
+
+    /// A layer norm: ones and, with a bias, zeros.
+    pub fn layer_norm(dim: i32, bias: bool) -> Result<LayerNormParams> {
+        Ok(LayerNormParams {
+            weight: ones(&[dim])?,
+            bias: if bias { Some(zeros(&[dim])?) } else { None },
+        })
+    }
+
+    /// An RMS norm: ones.
+    pub fn rms_norm(dim: i32) -> Result<RmsNormParams> {
+        Ok(RmsNormParams { weight: ones(&[dim])? })
+    }
+
+    /// A stream of independent random keys split from one seed key.
+    pub struct Keys {
+        key: Array,
+    }
+
+    impl Keys {
+        /// Keys derived from `seed`.
+        pub fn from_seed(seed: u64) -> Result<Keys> {
+            Ok(Keys { key: random::key(seed)? })
+        }
+
+        /// The next key.
+        pub fn next(&mut self) -> Result<Array> {
+            let (carry, sub) = random::split(&self.key, 2)?;
+            self.key = carry;
+            Ok(sub)
+        }
+    }
+}

@@ -1,0 +1,8 @@
+//! The layer library: parameter structs (each a [`Tree`](crate::tree::Tree)) and the functions
+//! that apply them. Layers are plain functions of their parameters, so a model's forward pass is
+//! a pure function of its parameter tree, as the compiled step requires.
+
+mod leaf_struct;
+mod layers;
+
+pub use layers::*;

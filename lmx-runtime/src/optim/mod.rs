@@ -1,0 +1,52 @@
+//! Optimizers over typed trees.
+//!
+//! An optimizer is written once, for one parameter: [`Optimizer::update`] maps a parameter, its
+//! gradient and its state to the new parameter and state. The trainer applies it leaf by leaf
+//! over a model's tree, so a moment can never belong to the wrong parameter, and creates every
+//! state with [`Optimizer::init`] before the step is traced, so the compiled state never changes
+//! layout. The learning rate and step count reach the update as arrays ([`StepScalars`]): a
+//! schedule changes the rate without retracing.
+
+mod adam;
+
+pub use adam::{Adam, AdamLeaf, AdamW};
+
+use crate::arrays::Arrays;
+use crate::error::Result;
+use mlx_rs::Array;
+
+/// The per-step values an update reads, as graph inputs.
+#[derive(Clone, Copy, Debug)]
+pub struct StepScalars<'a> {
+    /// This step's learning rate (float32 scalar).
+    pub lr: &'a Array,
+    /// The number of this update, counting from 1 (float32 scalar).
+    pub step: &'a Array,
+}
+
+/// An optimizer: per-parameter state and update rule.
+pub trait Optimizer: Clone + 'static {
+    /// The state kept for each trainable parameter.
+    type Leaf: Arrays + Clone + 'static;
+
+    /// A short name for logs and checkpoints (`adamw`, `sgd`, ...).
+    fn name(&self) -> &'static str;
+
+    /// Fresh state for `param`.
+    fn init(&self, param: &Array) -> Result<Self::Leaf>;
+
+    /// One update: the new parameter and state. `decay` says whether weight decay applies.
+    fn update(
+        &self,
+        param: &Array,
+        grad: &Array,
+        state: &Self::Leaf,
+        scalars: StepScalars<'_>,
+        decay: bool,
+    ) -> Result<(Array, Self::Leaf)>;
+}
+
+/// `value` as a float32 scalar array of the dtype of `like`.
+pub(crate) fn constant(value: f32, like: &Array) -> Result<Array> {
+    Ok(Array::from_f32(value).as_dtype(like.dtype())?)
+}

@@ -1,0 +1,235 @@
+//! Typed parameter trees.
+//!
+//! A model's parameters are a struct tree generic over its leaf: `GptParams<Array>` holds the
+//! weights, `GptParams<AdamWLeaf>` the optimizer's moments, `GptParams<Array>` again the gradients.
+//! A [`Tree`] has one fixed traversal order, so it flattens to a `Vec` and is rebuilt from one
+//! without hashing or names; the dotted names (`blocks.3.attn.wq.weight`) exist for checkpoints,
+//! interop and masks, and are computed once by [`Tree::describe`].
+//!
+//! ```
+//! use lmx_runtime::tree::{flatten, names, Tree};
+//! use lmx_runtime::nn::LinearParams;
+//!
+//! let linear = LinearParams { weight: 1.0_f32, bias: Some(2.0) };
+//! assert_eq!(flatten(&linear), vec![1.0, 2.0]);
+//! assert_eq!(names(&linear), vec!["weight", "bias"]);
+//! let doubled: LinearParams<f32> = linear.map(&mut |x| x * 2.0);
+//! assert_eq!(doubled.bias, Some(4.0));
+//! ```
+
+use crate::error::{Error, Result};
+
+/// What a leaf is, which decides how training treats it by default.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum LeafRole {
+    /// A weight matrix (of a linear layer, a projection, an expert).
+    Weight,
+    /// A bias vector.
+    Bias,
+    /// A normalisation scale or shift.
+    Norm,
+    /// An embedding table.
+    Embedding,
+    /// Any other raw tensor.
+    Other,
+}
+
+impl LeafRole {
+    /// Whether weight decay applies to this role unless asked otherwise: weights and other raw
+    /// tensors decay; biases, norms and embeddings do not.
+    pub fn decays_by_default(self) -> bool {
+        matches!(self, LeafRole::Weight | LeafRole::Other)
+    }
+}
+
+/// One leaf of a tree as training sees it: its dotted name, role, and masks.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LeafSpec {
+    /// The stable dotted name, e.g. `h.3.attn.c_attn.weight`.
+    pub name: String,
+    /// What the leaf is.
+    pub role: LeafRole,
+    /// False when the leaf is frozen: it gets no gradient and no update.
+    pub trainable: bool,
+    /// Whether weight decay applies.
+    pub decay: bool,
+}
+
+/// Where [`Tree::describe`] stands: the name so far and what enclosing fields imposed.
+#[derive(Clone, Debug, Default)]
+pub struct Scope {
+    prefix: String,
+    frozen: bool,
+    no_decay: bool,
+}
+
+/// Attributes a field can carry in a model declaration.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct FieldAttrs {
+    /// Every leaf below is frozen.
+    pub frozen: bool,
+    /// No leaf below decays.
+    pub no_decay: bool,
+}
+
+impl Scope {
+    /// The scope of a tree's root.
+    pub fn root() -> Scope {
+        Scope::default()
+    }
+
+    /// The scope of the field or list element `segment`, with the field's attributes.
+    pub fn child(&self, segment: &str, attrs: FieldAttrs) -> Scope {
+        let prefix = if self.prefix.is_empty() {
+            segment.to_owned()
+        } else {
+            format!("{}.{segment}", self.prefix)
+        };
+        Scope {
+            prefix,
+            frozen: self.frozen || attrs.frozen,
+            no_decay: self.no_decay || attrs.no_decay,
+        }
+    }
+
+    /// Records the leaf `segment` of `role` in `out`.
+    pub fn leaf(&self, segment: &str, role: LeafRole, attrs: FieldAttrs, out: &mut Vec<LeafSpec>) {
+        let scope = self.child(segment, attrs);
+        out.push(LeafSpec {
+            name: scope.prefix,
+            role,
+            trainable: !scope.frozen,
+            decay: !scope.no_decay && role.decays_by_default(),
+        });
+    }
+}
+
+/// A tree of leaves of type `T` in a fixed traversal order.
+///
+/// Implemented by the parameter structs that `.lmx` files and `#[lmx::model]` generate, by the
+/// runtime's layer structs, and by `Vec` and `Option` of trees.
+pub trait Tree<T> {
+    /// The same tree shape with leaves of type `U`.
+    type Of<U>: Tree<U>;
+
+    /// Calls `f` on every leaf, in traversal order.
+    fn for_each<'a>(&'a self, f: &mut dyn FnMut(&'a T));
+
+    /// Calls `f` on every leaf mutably, in traversal order.
+    fn for_each_mut(&mut self, f: &mut dyn FnMut(&mut T));
+
+    /// A tree of the same shape whose leaves are `f` of these, in traversal order.
+    fn map<U>(&self, f: &mut dyn FnMut(&T) -> U) -> Self::Of<U>;
+
+    /// A tree of this very type whose leaves are `f` of these, in traversal order.
+    fn map_same(&self, f: &mut dyn FnMut(&T) -> T) -> Self;
+
+    /// Appends a [`LeafSpec`] for every leaf, in traversal order, named within `scope`.
+    fn describe(&self, scope: &Scope, out: &mut Vec<LeafSpec>);
+}
+
+/// The leaves of `tree`, cloned, in traversal order.
+pub fn flatten<T: Clone, R: Tree<T> + ?Sized>(tree: &R) -> Vec<T> {
+    let mut leaves = Vec::new();
+    tree.for_each(&mut |leaf| leaves.push(leaf.clone()));
+    leaves
+}
+
+/// The number of leaves of `tree`.
+pub fn leaf_count<T, R: Tree<T> + ?Sized>(tree: &R) -> usize {
+    let mut count = 0;
+    tree.for_each(&mut |_| count += 1);
+    count
+}
+
+/// The specs of every leaf of `tree`, in traversal order.
+pub fn specs<T, R: Tree<T> + ?Sized>(tree: &R) -> Vec<LeafSpec> {
+    let mut out = Vec::new();
+    tree.describe(&Scope::root(), &mut out);
+    out
+}
+
+/// The dotted names of every leaf of `tree`, in traversal order.
+pub fn names<T, R: Tree<T> + ?Sized>(tree: &R) -> Vec<String> {
+    specs(tree).into_iter().map(|spec| spec.name).collect()
+}
+
+/// Rebuilds a tree shaped like `template` from `leaves` in traversal order.
+///
+/// Fails when `leaves` holds more or fewer leaves than `template`.
+pub fn rebuild<T, R: Tree<T>, U>(
+    template: &R,
+    leaves: impl IntoIterator<Item = U>,
+) -> Result<R::Of<U>> {
+    let leaves: Vec<U> = leaves.into_iter().collect();
+    let expected = leaf_count(template);
+    if leaves.len() != expected {
+        return Err(Error::Layout(format!(
+            "a tree of {expected} leaves cannot be rebuilt from {} leaves",
+            leaves.len()
+        )));
+    }
+    let mut leaves = leaves.into_iter();
+    Ok(template.map(&mut |_| leaves.next().expect("counted above")))
+}
+
+impl<T, R: Tree<T>> Tree<T> for Vec<R> {
+    type Of<U> = Vec<R::Of<U>>;
+
+    fn for_each<'a>(&'a self, f: &mut dyn FnMut(&'a T)) {
+        for item in self {
+            item.for_each(f);
+        }
+    }
+
+    fn for_each_mut(&mut self, f: &mut dyn FnMut(&mut T)) {
+        for item in self {
+            item.for_each_mut(f);
+        }
+    }
+
+    fn map<U>(&self, f: &mut dyn FnMut(&T) -> U) -> Vec<R::Of<U>> {
+        self.iter().map(|item| item.map(f)).collect()
+    }
+
+    fn map_same(&self, f: &mut dyn FnMut(&T) -> T) -> Self {
+        self.iter().map(|item| item.map_same(f)).collect()
+    }
+
+    fn describe(&self, scope: &Scope, out: &mut Vec<LeafSpec>) {
+        for (index, item) in self.iter().enumerate() {
+            item.describe(&scope.child(&index.to_string(), FieldAttrs::default()), out);
+        }
+    }
+}
+
+impl<T, R: Tree<T>> Tree<T> for Option<R> {
+    type Of<U> = Option<R::Of<U>>;
+
+    fn for_each<'a>(&'a self, f: &mut dyn FnMut(&'a T)) {
+        if let Some(item) = self {
+            item.for_each(f);
+        }
+    }
+
+    fn for_each_mut(&mut self, f: &mut dyn FnMut(&mut T)) {
+        if let Some(item) = self {
+            item.for_each_mut(f);
+        }
+    }
+
+    fn map<U>(&self, f: &mut dyn FnMut(&T) -> U) -> Option<R::Of<U>> {
+        self.as_ref().map(|item| item.map(f))
+    }
+
+    fn map_same(&self, f: &mut dyn FnMut(&T) -> T) -> Self {
+        self.as_ref().map(|item| item.map_same(f))
+    }
+
+    fn describe(&self, scope: &Scope, out: &mut Vec<LeafSpec>) {
+        if let Some(item) = self {
+            item.describe(scope, out);
+        }
+    }
+}
