@@ -6,6 +6,7 @@ pub mod clip;
 pub mod data;
 pub mod device;
 pub mod error;
+pub mod model;
 pub mod nn;
 pub mod optim;
 pub mod state;

@@ -108,6 +108,8 @@ pub enum AttentionMask<'a> {
     Causal,
     /// An additive (or boolean) mask broadcast against `[B, heads, T_q, T_k]`.
     Array(&'a Array),
+    /// No mask: every query sees every key.
+    None,
 }
 
 /// Fused scaled dot-product attention over `[B, heads, T, head_dim]` queries, keys and values.
@@ -116,8 +118,9 @@ pub fn attention(q: &Array, k: &Array, v: &Array, mask: AttentionMask<'_>) -> Re
     let head_dim = q.shape()[q.ndim() - 1];
     let scale = (head_dim as f32).powf(-0.5);
     let mask = match mask {
-        AttentionMask::Causal => ScaledDotProductAttentionMask::Causal,
-        AttentionMask::Array(mask) => ScaledDotProductAttentionMask::Array(mask),
+        AttentionMask::Causal => Some(ScaledDotProductAttentionMask::Causal),
+        AttentionMask::Array(mask) => Some(ScaledDotProductAttentionMask::Array(mask)),
+        AttentionMask::None => None,
     };
     Ok(fast::scaled_dot_product_attention(q, k, v, scale, mask, None)?)
 }
