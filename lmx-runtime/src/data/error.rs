@@ -1,0 +1,140 @@
+//! The one error type of the data pipeline.
+
+use std::path::PathBuf;
+
+use thiserror::Error;
+
+use super::token_file::TokenDtype;
+
+/// Everything that can go wrong while reading, tokenizing, storing or batching training data.
+///
+/// Errors that concern a file name it, so that a message alone says where to look.
+#[derive(Debug, Error)]
+pub enum DataError {
+    /// Reading or writing a file failed.
+    #[error("{}: {source}", path.display())]
+    Io {
+        /// The file.
+        path: PathBuf,
+        /// What the operating system said.
+        #[source]
+        source: std::io::Error,
+    },
+    /// A token file is not a complete, valid lmx token file.
+    #[error("{}: {fault}", path.display())]
+    TokenFile {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong with it.
+        #[source]
+        fault: TokenFileFault,
+    },
+    /// A line of a JSONL file is not an object with a string in the expected field.
+    #[error("{}:{line}: {reason}", path.display())]
+    Jsonl {
+        /// The file.
+        path: PathBuf,
+        /// The line, counted from 1.
+        line: usize,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// The Hugging Face tokenizer failed to load, encode or decode.
+    #[error("tokenizer: {context}: {source}")]
+    Tokenizer {
+        /// What was being done (and on which file, when there is one).
+        context: String,
+        /// The `tokenizers` crate's error.
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
+    /// A token id is not below the tokenizer's vocabulary size.
+    #[error("token id {id} is outside the vocabulary of {vocab_size} ids")]
+    UnknownToken {
+        /// The id.
+        id: u32,
+        /// The tokenizer's vocabulary size.
+        vocab_size: usize,
+    },
+    /// A token id does not fit the storage type it is written to or read as.
+    #[error("token id {id} at position {position} does not fit {target}")]
+    TokenTooLarge {
+        /// The id.
+        id: u32,
+        /// Its position in the token stream.
+        position: u64,
+        /// The type it had to fit (`u16`, `u32` below 2^31, or MLX's `int32`).
+        target: &'static str,
+    },
+    /// Documents were to be separated by the end-of-sequence token, and the tokenizer has none.
+    #[error("the tokenizer has no end-of-sequence token to separate documents with")]
+    NoEosToken,
+    /// A named special token is not in the tokenizer's vocabulary.
+    #[error("the tokenizer has no token {0:?}")]
+    MissingSpecialToken(String),
+    /// A parameter of the pipeline is out of its range.
+    #[error("invalid data setting: {0}")]
+    InvalidSetting(String),
+    /// There are too few tokens to make even one window.
+    #[error("the {part} has {tokens} tokens, fewer than the {needed} of one window (seq_len + 1)")]
+    TooFewTokens {
+        /// Which tokens: `"corpus"`, `"training split"` or `"validation split"`.
+        part: &'static str,
+        /// How many there are.
+        tokens: usize,
+        /// How many one window needs.
+        needed: usize,
+    },
+    /// A saved position does not fit the iterator it is restored into.
+    #[error("cannot resume at {0}")]
+    BadPosition(String),
+}
+
+/// What is wrong with a token file (see [`DataError::TokenFile`]).
+#[derive(Debug, Error, Clone, PartialEq, Eq)]
+pub enum TokenFileFault {
+    /// The file is shorter than the header.
+    #[error(
+        "truncated: {actual} bytes, shorter than the {header}-byte header of an lmx token file"
+    )]
+    ShortHeader {
+        /// The file's length.
+        actual: u64,
+        /// The header's length.
+        header: u64,
+    },
+    /// The file does not begin with the magic bytes.
+    #[error("bad magic {found:?}: not an lmx token file (expected {expected:?})")]
+    BadMagic {
+        /// The first eight bytes, lossily as text.
+        found: String,
+        /// The magic, as text.
+        expected: String,
+    },
+    /// The format version is not one this build reads.
+    #[error("unsupported token file version {0} (this build reads version 1)")]
+    UnsupportedVersion(u32),
+    /// The dtype code in the header is unknown.
+    #[error("unknown token dtype code {0} (2 is u16, 4 is u32)")]
+    UnknownDtype(u32),
+    /// The reserved header bytes are not zero.
+    #[error("reserved header bytes are not zero")]
+    Reserved,
+    /// The file's length disagrees with the token count in its header.
+    #[error(
+        "{problem}: the header says {count} {dtype} tokens ({expected} bytes with the header) \
+         but the file has {actual} bytes"
+    )]
+    LengthMismatch {
+        /// `"truncated"` or `"trailing bytes"`.
+        problem: &'static str,
+        /// The header's token count.
+        count: u64,
+        /// The header's dtype.
+        dtype: TokenDtype,
+        /// The length the header implies.
+        expected: u64,
+        /// The file's length.
+        actual: u64,
+    },
+}

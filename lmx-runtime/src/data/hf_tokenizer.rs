@@ -1,0 +1,133 @@
+//! Hugging Face `tokenizer.json` tokenizers, through the `tokenizers` crate.
+
+use std::path::Path;
+
+use super::error::DataError;
+use super::tokenizer::Tokenizer;
+
+/// End-of-sequence tokens recognised when a tokenizer is loaded, first match wins.
+const EOS_NAMES: &[&str] = &["<|endoftext|>", "<|end_of_text|>", "</s>", "<eos>"];
+/// Beginning-of-sequence tokens recognised when a tokenizer is loaded, first match wins.
+const BOS_NAMES: &[&str] = &["<|begin_of_text|>", "<s>", "<bos>"];
+
+/// A tokenizer from a Hugging Face `tokenizer.json` (BPE, WordPiece, WordLevel or Unigram).
+///
+/// `tokenizer.json` does not say which token ends a sequence; the usual names
+/// (`<|endoftext|>`, `<|end_of_text|>`, `</s>`, `<eos>`; `<|begin_of_text|>`, `<s>`, `<bos>`) are
+/// looked up when it is loaded, and [`with_eos`](Self::with_eos) / [`with_bos`](Self::with_bos)
+/// name others.
+#[derive(Debug, Clone)]
+pub struct HfTokenizer {
+    inner: tokenizers::Tokenizer,
+    eos: Option<u32>,
+    bos: Option<u32>,
+    vocab_size: usize,
+}
+
+impl HfTokenizer {
+    /// Loads a `tokenizer.json` file.
+    pub fn from_file(path: impl AsRef<Path>) -> Result<Self, DataError> {
+        let path = path.as_ref();
+        let json = std::fs::read(path).map_err(|source| DataError::Io {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        let inner =
+            tokenizers::Tokenizer::from_bytes(&json).map_err(|source| DataError::Tokenizer {
+                context: format!("loading {}", path.display()),
+                source,
+            })?;
+        Ok(Self::from_tokenizer(inner))
+    }
+
+    /// Loads the text of a `tokenizer.json`.
+    pub fn from_json(json: &[u8]) -> Result<Self, DataError> {
+        let inner =
+            tokenizers::Tokenizer::from_bytes(json).map_err(|source| DataError::Tokenizer {
+                context: "loading tokenizer.json".to_owned(),
+                source,
+            })?;
+        Ok(Self::from_tokenizer(inner))
+    }
+
+    /// Wraps a tokenizer built in code, recognising its special tokens by name.
+    pub fn from_tokenizer(inner: tokenizers::Tokenizer) -> Self {
+        let find = |names: &[&str]| names.iter().find_map(|name| inner.token_to_id(name));
+        let eos = find(EOS_NAMES);
+        let bos = find(BOS_NAMES);
+        let vocab_size = inner
+            .get_vocab(true)
+            .values()
+            .map(|&id| id as usize + 1)
+            .max()
+            .unwrap_or(0);
+        Self {
+            inner,
+            eos,
+            bos,
+            vocab_size,
+        }
+    }
+
+    /// Makes `token` the end-of-sequence token.
+    pub fn with_eos(mut self, token: &str) -> Result<Self, DataError> {
+        self.eos = Some(self.id_of(token)?);
+        Ok(self)
+    }
+
+    /// Makes `token` the beginning-of-sequence token.
+    pub fn with_bos(mut self, token: &str) -> Result<Self, DataError> {
+        self.bos = Some(self.id_of(token)?);
+        Ok(self)
+    }
+
+    /// The wrapped `tokenizers` tokenizer.
+    pub fn inner(&self) -> &tokenizers::Tokenizer {
+        &self.inner
+    }
+
+    fn id_of(&self, token: &str) -> Result<u32, DataError> {
+        self.inner
+            .token_to_id(token)
+            .ok_or_else(|| DataError::MissingSpecialToken(token.to_owned()))
+    }
+}
+
+impl Tokenizer for HfTokenizer {
+    fn encode(&self, text: &str) -> Result<Vec<u32>, DataError> {
+        let encoding = self
+            .inner
+            .encode(text, false)
+            .map_err(|source| DataError::Tokenizer {
+                context: "encoding".to_owned(),
+                source,
+            })?;
+        Ok(encoding.get_ids().to_vec())
+    }
+
+    fn decode(&self, ids: &[u32]) -> Result<String, DataError> {
+        let vocab_size = self.vocab_size();
+        if let Some(&id) = ids.iter().find(|&&id| id as usize >= vocab_size) {
+            return Err(DataError::UnknownToken { id, vocab_size });
+        }
+        self.inner
+            .decode(ids, true)
+            .map_err(|source| DataError::Tokenizer {
+                context: "decoding".to_owned(),
+                source,
+            })
+    }
+
+    /// One more than the largest id, added tokens included.
+    fn vocab_size(&self) -> usize {
+        self.vocab_size
+    }
+
+    fn eos_id(&self) -> Option<u32> {
+        self.eos
+    }
+
+    fn bos_id(&self) -> Option<u32> {
+        self.bos
+    }
+}
