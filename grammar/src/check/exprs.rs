@@ -1,0 +1,498 @@
+//! Expressions: names, operators, indexing, conditionals; the data-dependence rules.
+
+use super::scope::Scope;
+use super::{calls, Checker, Context};
+use crate::ast::{BinaryOp, Body, Dtype, Expr, ExprKind, Subscript, UnaryOp};
+use crate::diag::Diagnostic;
+use crate::dim::{shape_text, Dim};
+use crate::span::Span;
+use crate::text::expr_text;
+use crate::types::{ModuleTy, StaticTy, TensorTy, Ty};
+
+/// The help line of every data-dependent-branch diagnostic.
+pub const WHERE_HELP: &str = "a step is traced once into a fixed graph, so control flow may depend only on static values; select elementwise with `where(cond, a, b)`";
+
+/// Methods that read a tensor's value to the host.
+pub const HOST_READS: [&str; 5] = ["item", "tolist", "numpy", "to_host", "eval"];
+
+/// Broadcasts two shapes (aligned on the right); `Err((i, j))` names the clashing axes.
+pub fn broadcast(a: &[Dim], b: &[Dim]) -> Result<Vec<Dim>, (usize, usize)> {
+    let n = a.len().max(b.len());
+    let mut out = Vec::with_capacity(n);
+    for k in 0..n {
+        let da = (k + a.len()).checked_sub(n).map(|i| (i, &a[i]));
+        let db = (k + b.len()).checked_sub(n).map(|i| (i, &b[i]));
+        out.push(match (da, db) {
+            (Some((_, x)), None) | (None, Some((_, x))) => x.clone(),
+            (Some((i, x)), Some((j, y))) => {
+                if x == y || y.as_constant() == Some(1) {
+                    x.clone()
+                } else if x.as_constant() == Some(1) {
+                    y.clone()
+                } else {
+                    return Err((i, j));
+                }
+            }
+            (None, None) => Dim::constant(1),
+        });
+    }
+    Ok(out)
+}
+
+impl Checker<'_> {
+    /// The type of an expression; reports what is wrong with it.
+    pub(crate) fn infer(&mut self, e: &Expr, scope: &mut Scope, ctx: Context) -> Ty {
+        match &e.kind {
+            ExprKind::Int(i) => Ty::dim(Dim::constant(*i)),
+            ExprKind::Float(_) => Ty::Static(StaticTy::Float),
+            ExprKind::Bool(_) => Ty::Static(StaticTy::Bool),
+            ExprKind::Str(_) => Ty::Static(StaticTy::Str),
+            ExprKind::Name(n) => self.lookup(n, e.span, scope, ctx),
+            ExprKind::List(items) => {
+                Ty::Tuple(items.iter().map(|i| self.infer(i, scope, ctx)).collect())
+            }
+            ExprKind::Unary(op, a) => self.unary(*op, a, e.span, scope, ctx),
+            ExprKind::Binary(op, op_span, a, b) => {
+                let ta = self.infer(a, scope, ctx);
+                let tb = self.infer(b, scope, ctx);
+                let ty = self.binary(*op, *op_span, e, (a, ta), (b, tb));
+                self.note_activation(&ty);
+                ty
+            }
+            ExprKind::Call(callee, args) => {
+                let ty = self.call(e, callee, args, scope, ctx);
+                self.note_activation(&ty);
+                ty
+            }
+            ExprKind::Member(target, name) => {
+                let t = self.infer(target, scope, ctx);
+                self.member(&t, target, name)
+            }
+            ExprKind::Index(target, subs) => self.index(e, target, subs, scope, ctx),
+            ExprKind::If(cond, then, otherwise) => {
+                self.conditional(e, cond, then, otherwise.as_ref(), scope, ctx)
+            }
+        }
+    }
+
+    fn note_activation(&mut self, ty: &Ty) {
+        if let Ty::Tensor(TensorTy {
+            shape: Some(s), ..
+        }) = ty
+        {
+            self.facts.activations.push(s.clone());
+        }
+    }
+
+    fn lookup(&mut self, name: &str, span: Span, scope: &Scope, ctx: Context) -> Ty {
+        if let Some(b) = scope.get(name) {
+            if let Some(g) = &b.guard {
+                if !self.guards.contains(g) {
+                    let (g, decl) = (g.clone(), b.span);
+                    self.error(
+                        Diagnostic::new(
+                            "lmx::params::guarded",
+                            format!("`{name}` exists only when `{g}`"),
+                            span,
+                            "used where it may not exist",
+                        )
+                        .with_label(decl, format!("declared with `if {g}`"))
+                        .with_help(format!("use it inside `if {g} {{ ... }}`")),
+                    );
+                    return Ty::Unknown;
+                }
+            }
+            return b.ty.clone();
+        }
+        if calls::is_builtin(name, ctx) {
+            return Ty::Function(name.to_string());
+        }
+        let mut d = Diagnostic::new(
+            "lmx::name::unknown",
+            format!("cannot find `{name}` in this scope"),
+            span,
+            "not found",
+        );
+        let names = scope.names();
+        if let Some(s) = super::suggest::closest(name, names) {
+            d = d.with_help(format!("did you mean `{s}`?"));
+        }
+        self.error(d);
+        Ty::Unknown
+    }
+
+    fn unary(&mut self, op: UnaryOp, a: &Expr, span: Span, scope: &mut Scope, ctx: Context) -> Ty {
+        let t = self.infer(a, scope, ctx);
+        match (op, t) {
+            (UnaryOp::Not, Ty::Tensor(t)) => {
+                self.tensor_logic("not", span, a.span, &t);
+                Ty::Unknown
+            }
+            (UnaryOp::Not, Ty::Static(s)) => {
+                self.expect_static(&Ty::Static(s), &StaticTy::Bool, a.span, "the operand of `not`");
+                Ty::Static(StaticTy::Bool)
+            }
+            (UnaryOp::Neg, Ty::Static(StaticTy::Int(d))) => Ty::Static(StaticTy::Int(
+                d.map(|d| Dim::constant(-1).mul(&d)),
+            )),
+            (_, t) => t,
+        }
+    }
+
+    fn tensor_logic(&mut self, op: &str, span: Span, operand: Span, t: &TensorTy) {
+        self.error(
+            Diagnostic::new(
+                "lmx::branch::tensor_logic",
+                format!("`{op}` needs a static bool, but its operand is a tensor"),
+                operand,
+                format!("this is a tensor of shape {}", t.shape_text()),
+            )
+            .with_label(span, "reading it as a bool would leave the graph")
+            .with_help("combine masks elementwise with `logical_and(a, b)`, `logical_or(a, b)` or `logical_not(a)`"),
+        );
+    }
+
+    fn binary(
+        &mut self,
+        op: BinaryOp,
+        op_span: Span,
+        whole: &Expr,
+        (a, ta): (&Expr, Ty),
+        (b, tb): (&Expr, Ty),
+    ) -> Ty {
+        if matches!(ta, Ty::Unknown) || matches!(tb, Ty::Unknown) {
+            return Ty::Unknown;
+        }
+        if matches!(op, BinaryOp::And | BinaryOp::Or) {
+            for (e, t) in [(a, &ta), (b, &tb)] {
+                if let Ty::Tensor(t) = t {
+                    self.tensor_logic(op.symbol(), op_span, e.span, t);
+                    return Ty::Unknown;
+                }
+                self.expect_static(t, &StaticTy::Bool, e.span, &format!("an operand of `{}`", op.symbol()));
+            }
+            return Ty::Static(StaticTy::Bool);
+        }
+        match (&ta, &tb) {
+            (Ty::Static(x), Ty::Static(y)) => self.static_binary(op, whole, x, y),
+            (Ty::Tensor(x), Ty::Tensor(y)) if op == BinaryOp::MatMul => {
+                calls::matmul(self, op_span, x, y)
+            }
+            (Ty::Tensor(x), Ty::Tensor(y)) => {
+                let dtype = if op.is_comparison() { Dtype::Bool } else { x.dtype };
+                match (&x.shape, &y.shape) {
+                    (Some(sx), Some(sy)) => match broadcast(sx, sy) {
+                        Ok(shape) => Ty::Tensor(TensorTy::new(dtype, shape, whole.span)),
+                        Err((i, j)) => {
+                            self.error(
+                                Diagnostic::new(
+                                    "lmx::shape::mismatch",
+                                    format!(
+                                        "shapes {} and {} do not broadcast: `{}` against `{}`",
+                                        x.shape_text(),
+                                        y.shape_text(),
+                                        sx[i],
+                                        sy[j]
+                                    ),
+                                    op_span,
+                                    format!("in this `{}`", op.symbol()),
+                                )
+                                .with_label(a.span, format!("this has shape {}", x.shape_text()))
+                                .with_label(b.span, format!("this has shape {}", y.shape_text()))
+                                .with_help("dimensions must be equal, or 1 on one side"),
+                            );
+                            Ty::Unknown
+                        }
+                    },
+                    _ => Ty::Tensor(TensorTy { dtype, shape: None, origin: whole.span }),
+                }
+            }
+            (Ty::Tensor(t), Ty::Static(_)) | (Ty::Static(_), Ty::Tensor(t)) => {
+                if op == BinaryOp::MatMul {
+                    self.error(Diagnostic::new(
+                        "lmx::type::mismatch",
+                        "`@` needs two tensors",
+                        op_span,
+                        "one side is a static number",
+                    ));
+                    return Ty::Unknown;
+                }
+                let dtype = if op.is_comparison() { Dtype::Bool } else { t.dtype };
+                Ty::Tensor(TensorTy {
+                    dtype,
+                    shape: t.shape.clone(),
+                    origin: t.origin,
+                })
+            }
+            _ => {
+                let bad = if matches!(ta, Ty::Tensor(_) | Ty::Static(_)) { (b, &tb) } else { (a, &ta) };
+                self.error(Diagnostic::new(
+                    "lmx::type::mismatch",
+                    format!("`{}` cannot be applied to a {}", op.symbol(), bad.1),
+                    bad.0.span,
+                    format!("this is a {}", bad.1),
+                ));
+                Ty::Unknown
+            }
+        }
+    }
+
+    fn static_binary(&mut self, op: BinaryOp, whole: &Expr, x: &StaticTy, y: &StaticTy) -> Ty {
+        use BinaryOp::*;
+        if op.is_comparison() {
+            return Ty::Static(StaticTy::Bool);
+        }
+        match (x, y) {
+            (StaticTy::Int(dx), StaticTy::Int(dy)) => {
+                let dim = match (dx, dy) {
+                    (Some(a), Some(b)) => match op {
+                        Mul => Some(a.mul(b)),
+                        Div => Some(a.div(b)),
+                        Add => Some(a.add(b, 1)),
+                        Sub => Some(a.add(b, -1)),
+                        _ => Some(Dim::opaque(&expr_text(whole))),
+                    },
+                    _ => None,
+                };
+                Ty::Static(StaticTy::Int(dim))
+            }
+            (StaticTy::Int(_) | StaticTy::Float, StaticTy::Int(_) | StaticTy::Float) => {
+                Ty::Static(StaticTy::Float)
+            }
+            (StaticTy::Str, StaticTy::Str) if op == Add => Ty::Static(StaticTy::Str),
+            _ => {
+                self.error(Diagnostic::new(
+                    "lmx::type::mismatch",
+                    format!("`{}` cannot combine a {} and a {}", op.symbol(), x.name(), y.name()),
+                    whole.span,
+                    "mismatched static types",
+                ));
+                Ty::Unknown
+            }
+        }
+    }
+
+    fn member(&mut self, t: &Ty, target: &Expr, name: &crate::ast::Ident) -> Ty {
+        match t {
+            Ty::Module(ModuleTy::Group(entries)) => {
+                if let Some((_, ty)) = entries.iter().find(|(n, _)| *n == name.name) {
+                    return ty.clone();
+                }
+                let mut d = Diagnostic::new(
+                    "lmx::name::unknown",
+                    format!("`{}` has no parameter `{}`", expr_text(target), name.name),
+                    name.span,
+                    "not found",
+                );
+                if let Some(s) = super::suggest::closest(&name.name, entries.iter().map(|(n, _)| n.as_str())) {
+                    d = d.with_help(format!("did you mean `{s}`?"));
+                }
+                self.error(d);
+                Ty::Unknown
+            }
+            Ty::Unknown => Ty::Unknown,
+            Ty::Tensor(_) if HOST_READS.contains(&name.name.as_str()) => {
+                Ty::Function(format!(".{}", name.name))
+            }
+            other => {
+                self.error(Diagnostic::new(
+                    "lmx::name::unknown",
+                    format!("a {other} has no member `{}`", name.name),
+                    name.span,
+                    "no such member",
+                ));
+                Ty::Unknown
+            }
+        }
+    }
+
+    fn index(&mut self, e: &Expr, target: &Expr, subs: &[Subscript], scope: &mut Scope, ctx: Context) -> Ty {
+        let t = self.infer(target, scope, ctx);
+        let mut sub_tys = Vec::new();
+        for s in subs {
+            for part in subscript_exprs(s) {
+                let ty = self.infer(part, scope, ctx);
+                if let Ty::Tensor(t) = &ty {
+                    self.error(
+                        Diagnostic::new(
+                            "lmx::branch::tensor_index",
+                            "a tensor is used as an index",
+                            part.span,
+                            format!("this is a tensor of shape {}", t.shape_text()),
+                        )
+                        .with_help("indices are fixed when the graph is built; select by value with `take_along_axis(x, indices, axis)` or `where(cond, a, b)`"),
+                    );
+                    return Ty::Unknown;
+                }
+                sub_tys.push((part.span, ty));
+            }
+        }
+        let mut bounds = std::collections::HashMap::new();
+        for (span, ty) in &sub_tys {
+            if !matches!(ty, Ty::Unknown) {
+                self.expect_static(ty, &StaticTy::Int(None), *span, "an index");
+            }
+            if let Ty::Static(StaticTy::Int(Some(d))) = ty {
+                bounds.insert(span.start, d.clone());
+            }
+        }
+        if subs.iter().filter(|s| matches!(s, Subscript::Ellipsis(_))).count() > 1 {
+            self.error(Diagnostic::new(
+                "lmx::shape::rank",
+                "an index may contain at most one `...`",
+                e.span,
+                "more than one `...`",
+            ));
+            return Ty::Unknown;
+        }
+        match t {
+            Ty::Static(StaticTy::Str) => Ty::Static(StaticTy::Str),
+            Ty::Module(ModuleTy::BlockList(b)) => Ty::Module(ModuleTy::Block(b)),
+            Ty::Tensor(t) => match &t.shape {
+                Some(shape) => self.index_shape(e, shape, subs, t.dtype, &bounds),
+                None => Ty::Tensor(TensorTy { shape: None, origin: e.span, ..t }),
+            },
+            Ty::Unknown => Ty::Unknown,
+            other => {
+                self.error(Diagnostic::new(
+                    "lmx::type::mismatch",
+                    format!("a {other} cannot be indexed"),
+                    target.span,
+                    "indexed here",
+                ));
+                Ty::Unknown
+            }
+        }
+    }
+
+    fn index_shape(
+        &mut self,
+        e: &Expr,
+        shape: &[Dim],
+        subs: &[Subscript],
+        dtype: Dtype,
+        bounds: &std::collections::HashMap<usize, Dim>,
+    ) -> Ty {
+        let explicit = subs.iter().filter(|s| !matches!(s, Subscript::Ellipsis(_))).count();
+        if explicit > shape.len() {
+            self.error(Diagnostic::new(
+                "lmx::shape::rank",
+                format!("{explicit} subscripts for a tensor of rank {}", shape.len()),
+                e.span,
+                format!("the tensor has shape {}", shape_text(shape)),
+            ));
+            return Ty::Unknown;
+        }
+        let mut out = Vec::new();
+        let mut axis = 0;
+        for s in subs {
+            match s {
+                Subscript::Ellipsis(_) => {
+                    let skip = shape.len() - explicit;
+                    out.extend(shape[axis..axis + skip].iter().cloned());
+                    axis += skip;
+                }
+                Subscript::Index(_) => axis += 1,
+                Subscript::Slice(lo, hi, _) => {
+                    let full = &shape[axis];
+                    let dim_of = |x: &Option<Expr>, default: Dim| match x {
+                        None => Some(default),
+                        Some(Expr {
+                            kind: ExprKind::Unary(UnaryOp::Neg, _),
+                            ..
+                        }) => None,
+                        Some(b) => bounds.get(&b.span.start).cloned(),
+                    };
+                    let d = match (dim_of(lo, Dim::constant(0)), dim_of(hi, full.clone())) {
+                        (Some(l), Some(h)) => h.add(&l, -1),
+                        _ => Dim::opaque(&expr_text(e)),
+                    };
+                    out.push(d);
+                    axis += 1;
+                }
+            }
+        }
+        out.extend(shape[axis..].iter().cloned());
+        Ty::Tensor(TensorTy::new(dtype, out, e.span))
+    }
+
+    /// `if` used as a statement or a value.
+    pub(crate) fn conditional(
+        &mut self,
+        e: &Expr,
+        cond: &Expr,
+        then: &Body,
+        otherwise: Option<&Body>,
+        scope: &mut Scope,
+        ctx: Context,
+    ) -> Ty {
+        let ct = self.infer(cond, scope, ctx);
+        let is_value = then.tail().is_some() || otherwise.and_then(Body::tail).is_some();
+        if let Ty::Tensor(t) = &ct {
+            let (code, what) = if is_value {
+                ("lmx::branch::tensor_conditional", "conditional expression")
+            } else {
+                ("lmx::branch::tensor_if", "`if`")
+            };
+            self.error(
+                Diagnostic::new(
+                    code,
+                    format!("data-dependent branch: the condition of this {what} is a tensor"),
+                    cond.span,
+                    format!("this is a tensor of shape {}, known only when the graph runs", t.shape_text()),
+                )
+                .with_label(Span::new(e.span.start, e.span.start + 2), "branches on it here")
+                .with_help(WHERE_HELP),
+            );
+            return Ty::Unknown;
+        }
+        if !matches!(ct, Ty::Unknown) {
+            self.expect_static(&ct, &StaticTy::Bool, cond.span, "a condition");
+        }
+        let text = expr_text(cond);
+        self.guards.push(text.clone());
+        let a = self.body(then, scope, ctx);
+        self.guards.pop();
+        self.guards.push(format!("not {}", super::stmts::paren(&text)));
+        let b = otherwise.map(|o| self.body(o, scope, ctx));
+        self.guards.pop();
+        match (a, b) {
+            (Some(a), Some(Some(b))) => {
+                if let (Ty::Tensor(x), Ty::Tensor(y)) = (&a, &b) {
+                    if x.shape.is_some() && y.shape.is_some() && x.shape != y.shape {
+                        self.error(
+                            Diagnostic::new(
+                                "lmx::shape::branches",
+                                format!("the branches have different shapes, {} and {}", x.shape_text(), y.shape_text()),
+                                e.span,
+                                "both branches must give the same shape",
+                            )
+                            .with_label(x.origin, format!("shape {}", x.shape_text()))
+                            .with_label(y.origin, format!("shape {}", y.shape_text())),
+                        );
+                        return Ty::Unknown;
+                    }
+                }
+                a
+            }
+            (Some(a), _) if otherwise.is_none() && is_value => {
+                self.error(Diagnostic::new(
+                    "lmx::type::missing_else",
+                    "this `if` gives a value but has no `else`",
+                    e.span,
+                    "add an `else` branch with a value of the same type",
+                ));
+                a
+            }
+            _ => Ty::Tuple(Vec::new()),
+        }
+    }
+}
+
+fn subscript_exprs(s: &Subscript) -> Vec<&Expr> {
+    match s {
+        Subscript::Ellipsis(_) => Vec::new(),
+        Subscript::Index(e) => vec![e],
+        Subscript::Slice(a, b, _) => a.iter().chain(b.iter()).collect(),
+    }
+}

@@ -1,0 +1,495 @@
+//! Bodies: forward passes, statements, loops, and training steps.
+
+use super::calls::Args;
+use super::scope::Scope;
+use super::{Checker, Context};
+use crate::ast::{self, Body, Expr, ExprKind, Forward, StmtKind};
+use crate::diag::Diagnostic;
+use crate::dim::shape_text;
+use crate::ir::{FnFacts, OptimizerIr, OptimizerKind, StateSlot, StepIr};
+use crate::span::Span;
+use crate::types::{ModuleTy, StaticTy, TensorTy, Ty};
+
+/// Wraps text in parentheses when it holds a space.
+pub(crate) fn paren(text: &str) -> String {
+    if text.contains(' ') {
+        format!("({text})")
+    } else {
+        text.to_string()
+    }
+}
+
+/// What a step declares as it is checked.
+#[derive(Default)]
+pub(crate) struct StepState {
+    optimizer: Option<OptimizerIr>,
+    accumulate: Option<Expr>,
+    clip: Option<Expr>,
+    updated: bool,
+    metrics: Vec<String>,
+}
+
+impl Checker<'_> {
+    /// Checks a forward pass (a block's when `block` is given, else the model's).
+    pub(crate) fn check_forward(&mut self, f: &Forward, params: &Ty, block: Option<&ast::Block>) -> FnFacts {
+        self.facts = FnFacts::default();
+        let mut scope = match block {
+            Some(b) => self.block_scope(b),
+            None => {
+                let mut s = self.globals.clone();
+                s.push();
+                s
+            }
+        };
+        let group = match block {
+            Some(b) => b.params.as_ref(),
+            None => self.model.params.as_ref(),
+        };
+        if let Some(g) = group {
+            self.bind_params(g, params, &mut scope);
+        }
+        scope.push();
+        let (inputs, _) = self.resolve_inputs(&f.inputs, &mut scope);
+        for (name, t) in &inputs {
+            let span = f.inputs.iter().find(|i| i.name.name == *name).map(|i| i.name.span).unwrap_or_default();
+            scope.bind(name, Ty::Tensor(t.clone()), span);
+        }
+        let output = f.output.as_ref().and_then(|o| self.resolve_type(o, &mut scope, &mut Vec::new()));
+        let value = self.body(&f.body, &mut scope, Context::Forward);
+        match (value, f.body.tail()) {
+            (None, _) => self.error(Diagnostic::new(
+                "lmx::forward::no_value",
+                "this forward pass does not end with a value",
+                Span::new(f.body.span.end.saturating_sub(1), f.body.span.end),
+                "expected the output expression before `}`",
+            ).with_help("end the body with the output, e.g. `x + mlp(ln_2(x))`")),
+            (Some(Ty::Tensor(got)), Some(tail)) => {
+                if let (Some(want), Some(gs)) = (&output, &got.shape) {
+                    if want.shape.as_ref() != Some(gs) {
+                        let ws = want.shape.as_deref().map(shape_text).unwrap_or_default();
+                        self.error(
+                            Diagnostic::new(
+                                "lmx::shape::output",
+                                format!("forward returns {}, but declares {ws}", got.shape_text()),
+                                tail.span,
+                                format!("this has shape {}", got.shape_text()),
+                            )
+                            .with_label(want.origin, "declared here")
+                            .with_label(got.origin, format!("the shape {} comes from here", got.shape_text())),
+                        );
+                    }
+                }
+            }
+            (Some(Ty::Unknown), _) => {}
+            (Some(other), Some(tail)) => self.error(Diagnostic::new(
+                "lmx::type::mismatch",
+                format!("forward must return a tensor, found a {other}"),
+                tail.span,
+                "not a tensor",
+            )),
+            (Some(_), None) => {}
+        }
+        let mut facts = std::mem::take(&mut self.facts);
+        facts.inputs = inputs.into_iter().map(|(_, t)| t).collect();
+        facts
+    }
+
+    /// Checks a body in a new scope; returns the type of its value, if it ends with one.
+    pub(crate) fn body(&mut self, body: &Body, scope: &mut Scope, ctx: Context) -> Option<Ty> {
+        scope.push();
+        let mut value = None;
+        let last = body.stmts.len().saturating_sub(1);
+        for (i, s) in body.stmts.iter().enumerate() {
+            let ty = self.stmt(s, scope, ctx);
+            if i == last {
+                value = ty;
+            }
+        }
+        scope.pop();
+        value
+    }
+
+    fn stmt(&mut self, s: &ast::Stmt, scope: &mut Scope, ctx: Context) -> Option<Ty> {
+        match &s.kind {
+            StmtKind::Let(names, value) => {
+                let ty = self.infer(value, scope, ctx);
+                self.bind_let(names, ty, value.span, scope);
+                None
+            }
+            StmtKind::Assign(name, value) => {
+                let ty = self.infer(value, scope, ctx);
+                match scope.get(&name.name).map(|b| (b.ty.clone(), b.span)) {
+                    None => {
+                        self.error(Diagnostic::new(
+                            "lmx::name::unknown",
+                            format!("cannot assign to `{}`, which is not declared", name.name),
+                            name.span,
+                            "not declared",
+                        ).with_help(format!("declare it first with `let {} = ...`", name.name)));
+                    }
+                    Some((old, decl)) => self.check_assign(name, &old, decl, ty, value.span, scope),
+                }
+                None
+            }
+            StmtKind::For(names, range, body) => {
+                self.for_loop(names, range, body, scope, ctx);
+                None
+            }
+            StmtKind::While(cond, _) => {
+                let t = self.infer(cond, scope, ctx);
+                let d = match &t {
+                    Ty::Tensor(t) => Diagnostic::new(
+                        "lmx::branch::tensor_while",
+                        "data-dependent loop: the condition of this `while` is a tensor",
+                        cond.span,
+                        format!("this is a tensor of shape {}, known only when the graph runs", t.shape_text()),
+                    )
+                    .with_label(Span::new(s.span.start, s.span.start + 5), "loops on it here")
+                    .with_help(super::exprs::WHERE_HELP),
+                    _ => Diagnostic::new(
+                        "lmx::loop::while",
+                        "`while` loops are not supported",
+                        Span::new(s.span.start, s.span.start + 5),
+                        "a loop must have a length known when the graph is built",
+                    )
+                    .with_help("loop over a static range with `for i in 0..n { }`"),
+                };
+                self.error(d);
+                None
+            }
+            StmtKind::Optimizer(_) | StmtKind::Accumulate(_) | StmtKind::Update(_) | StmtKind::Metrics(_) => {
+                if ctx == Context::Forward {
+                    self.error(Diagnostic::new(
+                        "lmx::step::outside_step",
+                        "this statement belongs in a `step`",
+                        s.span,
+                        "not allowed in a forward pass",
+                    ));
+                }
+                None
+            }
+            StmtKind::Expr(e) => Some(self.infer(e, scope, ctx)),
+        }
+    }
+
+    fn bind_let(&mut self, names: &[ast::Ident], ty: Ty, span: Span, scope: &mut Scope) {
+        match (names, ty) {
+            ([one], ty) => scope.bind(&one.name, ty, one.span),
+            (many, Ty::Tuple(parts)) if parts.len() == many.len() => {
+                for (n, t) in many.iter().zip(parts) {
+                    scope.bind(&n.name, t, n.span);
+                }
+            }
+            (many, ty) => {
+                if !matches!(ty, Ty::Unknown) {
+                    let count = match &ty {
+                        Ty::Tuple(p) => p.len(),
+                        _ => 1,
+                    };
+                    self.error(Diagnostic::new(
+                        "lmx::type::unpack",
+                        format!("cannot unpack {count} value(s) into {} names", many.len()),
+                        span,
+                        format!("this gives {count} value(s)"),
+                    ));
+                }
+                for n in many {
+                    scope.bind(&n.name, Ty::Unknown, n.span);
+                }
+            }
+        }
+    }
+
+    fn check_assign(&mut self, name: &ast::Ident, old: &Ty, decl: Span, new: Ty, span: Span, scope: &mut Scope) {
+        let same = match (old, &new) {
+            (Ty::Tensor(a), Ty::Tensor(b)) => a.shape.is_none() || b.shape.is_none() || a.shape == b.shape,
+            (Ty::Unknown, _) | (_, Ty::Unknown) => true,
+            (a, b) => a.kind() == b.kind(),
+        };
+        if same {
+            if !matches!(new, Ty::Unknown) {
+                scope.rebind(&name.name, new);
+            }
+            return;
+        }
+        let (was, now) = match (old, &new) {
+            (Ty::Tensor(a), Ty::Tensor(b)) => (a.shape_text(), b.shape_text()),
+            (a, b) => (a.to_string(), b.to_string()),
+        };
+        self.error(
+            Diagnostic::new(
+                "lmx::shape::assign",
+                format!("assigning {now} to `{}`, which holds {was}", name.name),
+                span,
+                format!("this has shape {now}"),
+            )
+            .with_label(decl, format!("`{}` was declared with shape {was}", name.name))
+            .with_help(format!("assignment keeps a variable's shape (it may run in a loop); use `let {} = ...` for a new value", name.name)),
+        );
+    }
+
+    fn for_loop(&mut self, names: &[ast::Ident], range: &ast::Range, body: &Body, scope: &mut Scope, ctx: Context) {
+        scope.push();
+        let start = self.infer(&range.start, scope, ctx);
+        let end = range.end.as_ref().map(|e| (e, self.infer(e, scope, ctx)));
+        let mut bind_ok = true;
+        match (&start, &end) {
+            (_, Some((e, t))) => {
+                for (expr, ty) in [(&range.start, &start), (*e, t)] {
+                    if let Ty::Tensor(tt) = ty {
+                        self.error(
+                            Diagnostic::new(
+                                "lmx::branch::tensor_loop_bound",
+                                "data-dependent loop: a bound of this `for` is a tensor",
+                                expr.span,
+                                format!("this is a tensor of shape {}, known only when the graph runs", tt.shape_text()),
+                            )
+                            .with_help("loops are unrolled when the graph is built, so their bounds must be static; mask the extra iterations with `where(cond, a, b)`"),
+                        );
+                        bind_ok = false;
+                    } else {
+                        self.expect_static(ty, &StaticTy::Int(None), expr.span, "a loop bound");
+                    }
+                }
+                if let [i] = names {
+                    scope.bind(&i.name, Ty::Static(StaticTy::Int(None)), i.span);
+                } else {
+                    self.error(Diagnostic::new("lmx::loop::names", "a range loop binds one name", range.span, "one name expected"));
+                }
+            }
+            (Ty::Module(ModuleTy::BlockList(b)), None) => {
+                let elem = Ty::Module(ModuleTy::Block(b.clone()));
+                match names {
+                    [x] => scope.bind(&x.name, elem, x.span),
+                    [i, x] => {
+                        scope.bind(&i.name, Ty::Static(StaticTy::Int(None)), i.span);
+                        scope.bind(&x.name, elem, x.span);
+                    }
+                    _ => self.error(Diagnostic::new("lmx::loop::names", "a block-list loop binds `block` or `index, block`", range.span, "too many names")),
+                }
+            }
+            (Ty::Tensor(t), None) => {
+                self.error(
+                    Diagnostic::new(
+                        "lmx::branch::tensor_loop_bound",
+                        "data-dependent loop: this `for` iterates over a tensor",
+                        range.span,
+                        format!("this is a tensor of shape {}; its length and values are known only when the graph runs", t.shape_text()),
+                    )
+                    .with_help("iterate over a static range `0..n` or a block list; compute over all elements at once with tensor operations"),
+                );
+                bind_ok = false;
+            }
+            (Ty::Unknown, None) => bind_ok = false,
+            (other, None) => {
+                self.error(Diagnostic::new(
+                    "lmx::loop::iterable",
+                    format!("cannot loop over a {other}"),
+                    range.span,
+                    "expected `a..b` or a block list",
+                ));
+                bind_ok = false;
+            }
+        }
+        if !bind_ok {
+            for n in names {
+                scope.bind(&n.name, Ty::Unknown, n.span);
+            }
+        }
+        self.body(body, scope, ctx);
+        scope.pop();
+    }
+
+    /// Checks a training step.
+    pub(crate) fn check_step(&mut self, step: &ast::Step) -> StepIr {
+        let mut scope = self.globals.clone();
+        scope.push();
+        let (inputs, _) = self.resolve_inputs(&step.inputs, &mut scope);
+        for (name, t) in &inputs {
+            scope.bind(name, Ty::Tensor(t.clone()), step.name.span);
+        }
+        let mut state = StepState::default();
+        self.step_state = Some(StepState::default());
+        for s in &step.body.stmts {
+            match &s.kind {
+                StmtKind::Optimizer(call) => self.optimizer(call, &mut state),
+                StmtKind::Accumulate(e) => {
+                    let t = self.infer(e, &mut scope, Context::Step);
+                    self.expect_static(&t, &StaticTy::Int(None), e.span, "`accumulate`");
+                    state.accumulate = Some(e.clone());
+                }
+                StmtKind::Update(e) => {
+                    let t = self.infer(e, &mut scope, Context::Step);
+                    if !matches!(t, Ty::Grads | Ty::Unknown) {
+                        self.error(Diagnostic::new(
+                            "lmx::step::update",
+                            format!("`update` needs the gradients from `grad(loss)`, found a {t}"),
+                            e.span,
+                            "not gradients",
+                        ));
+                    }
+                    state.updated = true;
+                }
+                StmtKind::Metrics(names) => {
+                    for n in names {
+                        let t = self.infer(&Expr { kind: ExprKind::Name(n.name.clone()), span: n.span }, &mut scope, Context::Step);
+                        match t {
+                            Ty::Tensor(TensorTy { shape: Some(s), .. }) if !s.is_empty() => {
+                                self.error(Diagnostic::new(
+                                    "lmx::step::metric_shape",
+                                    format!("metric `{}` must be a scalar, found shape {}", n.name, shape_text(&s)),
+                                    n.span,
+                                    "not a scalar",
+                                ).with_help("reduce it first, e.g. `mean(x)`"));
+                            }
+                            Ty::Tensor(_) | Ty::Unknown => {}
+                            other => self.error(Diagnostic::new(
+                                "lmx::step::metric_shape",
+                                format!("metric `{}` must be a scalar tensor, found a {other}", n.name),
+                                n.span,
+                                "not a tensor",
+                            )),
+                        }
+                        state.metrics.push(n.name.clone());
+                    }
+                }
+                _ => {
+                    self.stmt(s, &mut scope, Context::Step);
+                }
+            }
+        }
+        if let Some(StepState { clip, .. }) = self.step_state.take() {
+            state.clip = clip;
+        }
+        let end = Span::new(step.body.span.end.saturating_sub(1), step.body.span.end);
+        let optimizer = state.optimizer.take().unwrap_or_else(|| {
+            self.error(Diagnostic::new(
+                "lmx::step::no_optimizer",
+                format!("step `{}` declares no optimizer", step.name.name),
+                step.name.span,
+                "this step never says how to update",
+            ).with_help("add e.g. `optimizer adamw(weight_decay = 0.1)`"));
+            OptimizerIr { kind: OptimizerKind::AdamW, args: Vec::new() }
+        });
+        if !state.updated {
+            self.error(Diagnostic::new(
+                "lmx::step::no_update",
+                format!("step `{}` never applies its gradients", step.name.name),
+                end,
+                "expected `update grads` before `}`",
+            ).with_help("compute `let grads = grad(loss)` and finish with `update grads`"));
+        }
+        let accumulate = state.accumulate.clone().unwrap_or(Expr { kind: ExprKind::Int(1), span: step.name.span });
+        let mut slots = vec![StateSlot::Params];
+        slots.extend(optimizer.kind.moments().iter().map(|m| StateSlot::Moment(m)));
+        if !matches!(accumulate.kind, ExprKind::Int(1)) {
+            slots.push(StateSlot::GradAccum);
+        }
+        slots.push(StateSlot::Step);
+        slots.push(StateSlot::LearningRate);
+        if self.model_uses_rng() {
+            slots.push(StateSlot::Rng);
+        }
+        StepIr {
+            name: step.name.name.clone(),
+            inputs,
+            optimizer,
+            accumulate,
+            clip: state.clip,
+            metrics: state.metrics,
+            state: slots,
+        }
+    }
+
+    fn model_uses_rng(&self) -> bool {
+        self.rng_used
+    }
+
+    fn optimizer(&mut self, call: &ast::Call, state: &mut StepState) {
+        let Some(kind) = OptimizerKind::ALL.into_iter().find(|k| k.name() == call.name.name) else {
+            self.error(Diagnostic::new(
+                "lmx::step::unknown_optimizer",
+                format!("unknown optimizer `{}`", call.name.name),
+                call.name.span,
+                "not an optimizer",
+            ).with_help("optimizers are sgd, adam, adamw and lion"));
+            return;
+        };
+        if state.optimizer.is_some() {
+            self.error(Diagnostic::new("lmx::step::two_optimizers", "a step has one optimizer", call.span, "second optimizer"));
+            return;
+        }
+        let mut args = Vec::new();
+        let mut scope = self.globals.clone();
+        for a in &call.args {
+            let Some(name) = &a.name else {
+                self.error(Diagnostic::new("lmx::call::keyword", "optimizer settings are named, e.g. `beta1 = 0.9`", a.value.span, "unnamed"));
+                continue;
+            };
+            if !kind.hyper_parameters().iter().any(|(n, _)| *n == name.name) {
+                let names: Vec<&str> = kind.hyper_parameters().iter().map(|(n, _)| *n).collect();
+                self.error(Diagnostic::new(
+                    "lmx::call::unknown_argument",
+                    format!("`{}` has no setting `{}`", kind.name(), name.name),
+                    name.span,
+                    "unknown setting",
+                ).with_help(format!("its settings are: {}", names.join(", "))));
+                continue;
+            }
+            let t = self.infer(&a.value, &mut scope, Context::Step);
+            self.expect_static(&t, &StaticTy::Float, a.value.span, "an optimizer setting");
+            args.push((name.name.clone(), a.value.clone()));
+        }
+        state.optimizer = Some(OptimizerIr { kind, args });
+    }
+
+    /// `forward(..)`, `grad(loss)`, `clip_grad_norm(grads, max)` inside a step.
+    pub(crate) fn step_builtin(&mut self, name: &str, span: Span, args: &Args<'_>) -> Ty {
+        match name {
+            "forward" => match self.model_sig.clone() {
+                Some(sig) => self.signature_call(&sig, "forward", span, args),
+                None => Ty::Unknown,
+            },
+            "grad" => {
+                let Some((e, t)) = args.get(0, "loss") else { return Ty::Unknown };
+                match t {
+                    Ty::Tensor(TensorTy { shape: Some(s), .. }) if !s.is_empty() => {
+                        let t = t.clone();
+                        self.error(
+                            Diagnostic::new(
+                                "lmx::step::grad_not_scalar",
+                                format!("`grad` needs a scalar loss, found shape {}", shape_text(s)),
+                                e.span,
+                                "not a scalar",
+                            )
+                            .with_label(match &t { Ty::Tensor(t) => t.origin, _ => e.span }, "its shape comes from here")
+                            .with_help("reduce the loss first, e.g. `mean(losses)`"),
+                        );
+                        Ty::Unknown
+                    }
+                    Ty::Tensor(_) => Ty::Grads,
+                    Ty::Unknown => Ty::Unknown,
+                    other => {
+                        self.error(Diagnostic::new("lmx::type::mismatch", format!("`grad` needs a tensor loss, found a {other}"), e.span, "not a tensor"));
+                        Ty::Unknown
+                    }
+                }
+            }
+            _ => {
+                let (Some((g, gt)), Some((m, mt))) = (args.get(0, "grads"), args.get(1, "max")) else {
+                    self.error(Diagnostic::new("lmx::call::missing_argument", "`clip_grad_norm` takes gradients and a maximum norm", span, "missing arguments"));
+                    return Ty::Unknown;
+                };
+                if !matches!(gt, Ty::Grads | Ty::Unknown) {
+                    self.error(Diagnostic::new("lmx::type::mismatch", "`clip_grad_norm` clips the gradients from `grad(loss)`", g.span, "not gradients"));
+                }
+                let (m, mt) = (m.clone(), mt.clone());
+                self.expect_static(&mt, &StaticTy::Float, m.span, "the maximum norm");
+                if let Some(st) = self.step_state.as_mut() {
+                    st.clip = Some(m);
+                }
+                Ty::Tuple(vec![Ty::Grads, Ty::Tensor(TensorTy::new(ast::Dtype::Float, Vec::new(), span))])
+            }
+        }
+    }
+}

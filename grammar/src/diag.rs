@@ -1,0 +1,148 @@
+//! Diagnostics: what went wrong, where, and how to fix it; rendered rustc-style by miette.
+
+use std::fmt;
+
+use miette::{
+    Diagnostic as MietteDiagnostic, GraphicalReportHandler, GraphicalTheme, LabeledSpan,
+    NamedSource, SourceCode,
+};
+
+use crate::span::Span;
+
+/// A located message about a `.lmx` file.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Diagnostic {
+    /// A stable code naming the rule broken, such as `lmx::branch::tensor_if`.
+    pub code: &'static str,
+    /// The one-line message.
+    pub message: String,
+    /// Labelled spans; the first is the primary one (its start is the reported position).
+    pub labels: Vec<Label>,
+    /// How to fix it.
+    pub help: Option<String>,
+}
+
+/// A span with a short explanation.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Label {
+    /// The text it points at.
+    pub span: Span,
+    /// What to say there.
+    pub text: String,
+}
+
+impl Diagnostic {
+    /// A diagnostic with a code, a message and a primary label.
+    pub fn new(
+        code: &'static str,
+        message: impl Into<String>,
+        span: Span,
+        label: impl Into<String>,
+    ) -> Self {
+        Diagnostic {
+            code,
+            message: message.into(),
+            labels: vec![Label {
+                span,
+                text: label.into(),
+            }],
+            help: None,
+        }
+    }
+
+    /// Adds a secondary label.
+    pub fn with_label(mut self, span: Span, text: impl Into<String>) -> Self {
+        self.labels.push(Label {
+            span,
+            text: text.into(),
+        });
+        self
+    }
+
+    /// Adds the help line.
+    pub fn with_help(mut self, help: impl Into<String>) -> Self {
+        self.help = Some(help.into());
+        self
+    }
+
+    /// The primary span.
+    pub fn span(&self) -> Span {
+        self.labels.first().map(|l| l.span).unwrap_or_default()
+    }
+}
+
+/// Renders diagnostics as text: `error[code]: message`, then `file:line:col`,
+/// the source line with carets under each label, and the help line.
+///
+/// The output is plain ASCII without colours and wrapped at a fixed width, so
+/// it is the same on every terminal and can be compared in tests.
+pub fn render(diagnostics: &[Diagnostic], file_name: &str, source: &str) -> String {
+    let handler = GraphicalReportHandler::new_themed(GraphicalTheme::none())
+        .with_width(100)
+        .with_links(false)
+        .with_primary_span_start();
+    let mut out = String::new();
+    for d in diagnostics {
+        let report = Located {
+            diagnostic: d,
+            source: NamedSource::new(file_name, source.to_string()),
+            len: source.len(),
+        };
+        // Writing into a String cannot fail.
+        let _ = handler.render_report(&mut out, &report);
+    }
+    out
+}
+
+/// A diagnostic joined with its source, as miette wants it.
+struct Located<'a> {
+    diagnostic: &'a Diagnostic,
+    source: NamedSource<String>,
+    len: usize,
+}
+
+impl fmt::Debug for Located<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.diagnostic.message)
+    }
+}
+
+impl fmt::Display for Located<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.diagnostic.message)
+    }
+}
+
+impl std::error::Error for Located<'_> {}
+
+impl MietteDiagnostic for Located<'_> {
+    fn code<'a>(&'a self) -> Option<Box<dyn fmt::Display + 'a>> {
+        Some(Box::new(self.diagnostic.code))
+    }
+
+    fn help<'a>(&'a self) -> Option<Box<dyn fmt::Display + 'a>> {
+        self.diagnostic
+            .help
+            .as_ref()
+            .map(|h| Box::new(h) as Box<dyn fmt::Display>)
+    }
+
+    fn source_code(&self) -> Option<&dyn SourceCode> {
+        Some(&self.source)
+    }
+
+    fn labels(&self) -> Option<Box<dyn Iterator<Item = LabeledSpan> + '_>> {
+        let len = self.len;
+        let labels = self.diagnostic.labels.iter().enumerate().map(move |(i, l)| {
+            let start = l.span.start.min(len);
+            let end = l.span.end.clamp(start, len);
+            let span = (start, end - start);
+            if i == 0 {
+                LabeledSpan::new_primary_with_span(Some(l.text.clone()), span)
+            } else {
+                LabeledSpan::new_with_span(Some(l.text.clone()), span)
+            }
+        });
+        Some(Box::new(labels))
+    }
+}

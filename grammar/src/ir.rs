@@ -1,0 +1,360 @@
+//! The checked model: what the checker proved, in the form the report and code generator use.
+//!
+//! Sizes stay as static expressions (evaluated per preset with [`crate::eval`]);
+//! forward bodies stay as syntax (every name and call in them has been resolved
+//! and typed by the checker, so the code generator may rely on that).
+
+use crate::ast::{self, Expr};
+use crate::dim::Dim;
+use crate::eval::{Env, Value};
+use crate::types::{StaticTy, TensorTy};
+
+/// A model that passed every check.
+#[derive(Debug, Clone)]
+pub struct CheckedModel {
+    /// The source tree.
+    pub ast: ast::Model,
+    /// The model's name.
+    pub name: String,
+    /// Configuration entries in order.
+    pub config: Vec<ConfigItem>,
+    /// Every preset's full configuration; the first is `default` (the declared defaults).
+    pub presets: Vec<PresetValues>,
+    /// Blocks, in declaration order.
+    pub blocks: Vec<BlockIr>,
+    /// The model's parameter tree.
+    pub params: ParamTree,
+    /// Facts about the model's own forward pass.
+    pub forward: FnFacts,
+    /// Training steps.
+    pub steps: Vec<StepIr>,
+}
+
+impl CheckedModel {
+    /// The configuration of a preset by name (`default` for the declared defaults).
+    pub fn preset(&self, name: &str) -> Option<&PresetValues> {
+        self.presets.iter().find(|p| p.name == name)
+    }
+
+    /// A block by name.
+    pub fn block(&self, name: &str) -> Option<&BlockIr> {
+        self.blocks.iter().find(|b| b.name == name)
+    }
+}
+
+/// One configuration entry.
+#[derive(Debug, Clone)]
+pub struct ConfigItem {
+    /// Its name.
+    pub name: String,
+    /// Its type.
+    pub ty: StaticTy,
+    /// Whether it is computed from other entries (and so not settable).
+    pub derived: bool,
+    /// The default or the defining expression.
+    pub value: Expr,
+}
+
+/// A preset's complete configuration.
+#[derive(Debug, Clone)]
+pub struct PresetValues {
+    /// The preset's name.
+    pub name: String,
+    /// Every config value (settings and derived) and enum variant.
+    pub values: Env,
+}
+
+impl PresetValues {
+    /// An integer config value.
+    pub fn int(&self, name: &str) -> Option<i64> {
+        match self.values.get(name) {
+            Some(Value::Int(i)) => Some(*i),
+            _ => None,
+        }
+    }
+}
+
+/// A checked block.
+#[derive(Debug, Clone)]
+pub struct BlockIr {
+    /// Its name.
+    pub name: String,
+    /// Static arguments: name, type and default.
+    pub args: Vec<(String, StaticTy, Option<Expr>)>,
+    /// Its parameters.
+    pub params: ParamTree,
+    /// Facts about its forward pass.
+    pub forward: FnFacts,
+}
+
+/// An ordered tree of named parameters.
+#[derive(Debug, Clone, Default)]
+pub struct ParamTree {
+    /// Entries in declaration order.
+    pub entries: Vec<ParamEntry>,
+}
+
+/// One named entry of a parameter tree.
+#[derive(Debug, Clone)]
+pub struct ParamEntry {
+    /// The entry's name (one segment of the dotted name).
+    pub name: String,
+    /// A static condition for the entry to exist.
+    pub guard: Option<Expr>,
+    /// What it holds.
+    pub node: ParamNode,
+}
+
+/// A library layer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LayerKind {
+    /// `embedding(count, dim)`: `weight [count, dim]`.
+    Embedding,
+    /// `linear(input, output, bias = true)`: `weight [output, input]`, `bias [output]`.
+    Linear,
+    /// `layer_norm(dim, eps = 1e-5, bias = true)`: `weight [dim]`, `bias [dim]`.
+    LayerNorm,
+    /// `rms_norm(dim, eps = 1e-6)`: `weight [dim]`.
+    RmsNorm,
+}
+
+impl LayerKind {
+    /// The layer's name in `.lmx`.
+    pub fn name(self) -> &'static str {
+        match self {
+            LayerKind::Embedding => "embedding",
+            LayerKind::Linear => "linear",
+            LayerKind::LayerNorm => "layer_norm",
+            LayerKind::RmsNorm => "rms_norm",
+        }
+    }
+
+    /// The layer for a `.lmx` name.
+    pub fn from_name(name: &str) -> Option<LayerKind> {
+        [
+            LayerKind::Embedding,
+            LayerKind::Linear,
+            LayerKind::LayerNorm,
+            LayerKind::RmsNorm,
+        ]
+        .into_iter()
+        .find(|k| k.name() == name)
+    }
+
+    /// Argument names in positional order, each with its type and default.
+    pub fn signature(self) -> &'static [(&'static str, ArgTy, Option<&'static str>)] {
+        match self {
+            LayerKind::Embedding => &[("count", ArgTy::Int, None), ("dim", ArgTy::Int, None)],
+            LayerKind::Linear => &[
+                ("input", ArgTy::Int, None),
+                ("output", ArgTy::Int, None),
+                ("bias", ArgTy::Bool, Some("true")),
+            ],
+            LayerKind::LayerNorm => &[
+                ("dim", ArgTy::Int, None),
+                ("eps", ArgTy::Float, Some("1e-5")),
+                ("bias", ArgTy::Bool, Some("true")),
+            ],
+            LayerKind::RmsNorm => &[
+                ("dim", ArgTy::Int, None),
+                ("eps", ArgTy::Float, Some("1e-6")),
+            ],
+        }
+    }
+}
+
+/// The type of a layer argument.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ArgTy {
+    /// A size.
+    Int,
+    /// A float such as `eps`.
+    Float,
+    /// A flag such as `bias`.
+    Bool,
+}
+
+/// What a parameter entry holds.
+#[derive(Debug, Clone)]
+pub enum ParamNode {
+    /// A library layer with its arguments resolved to names (every argument present).
+    Layer {
+        /// Which layer.
+        kind: LayerKind,
+        /// `(argument name, value)` in signature order.
+        args: Vec<(String, Expr)>,
+    },
+    /// A raw tensor.
+    Tensor {
+        /// Its shape.
+        shape: Vec<Expr>,
+        /// Initialiser name and arguments (`normal`, `zeros`, `ones`, `uniform`).
+        init: Init,
+    },
+    /// One block instance.
+    Block {
+        /// The block.
+        block: String,
+        /// Its arguments by name.
+        args: Vec<(String, Expr)>,
+    },
+    /// A list of block instances.
+    List {
+        /// The block.
+        block: String,
+        /// Its arguments by name (may use `var`).
+        args: Vec<(String, Expr)>,
+        /// The element variable of `[B(..) for i in a..b]`.
+        var: Option<String>,
+        /// First index (0 for `[B; n]`).
+        start: Expr,
+        /// One past the last index.
+        end: Expr,
+    },
+    /// A nested group.
+    Group(ParamTree),
+    /// A weight shared with another entry (no parameters of its own).
+    Tied {
+        /// Dotted path of the shared entry, relative to the model root.
+        target: Vec<String>,
+    },
+}
+
+/// A raw tensor's initialiser.
+#[derive(Debug, Clone)]
+pub struct Init {
+    /// `normal`, `uniform`, `zeros` or `ones`.
+    pub name: String,
+    /// Its arguments by name.
+    pub args: Vec<(String, Expr)>,
+}
+
+/// Facts gathered while checking a forward pass, for the cost report.
+#[derive(Debug, Clone, Default)]
+pub struct FnFacts {
+    /// Every `attention(...)` call.
+    pub attention: Vec<AttentionSite>,
+    /// The shape of every tensor the forward pass produces (an upper bound on saved activations).
+    pub activations: Vec<Vec<Dim>>,
+    /// Whether it draws random numbers (dropout).
+    pub uses_rng: bool,
+    /// The declared input shapes.
+    pub inputs: Vec<TensorTy>,
+}
+
+/// One attention call: `q [.., heads, q_len, head_dim]`, `k [.., kv_heads, kv_len, head_dim]`.
+#[derive(Debug, Clone)]
+pub struct AttentionSite {
+    /// Query heads.
+    pub heads: Dim,
+    /// Query length.
+    pub q_len: Dim,
+    /// Key length.
+    pub kv_len: Dim,
+    /// Head width.
+    pub head_dim: Dim,
+    /// Whether it is causal (halves the work).
+    pub causal: bool,
+}
+
+/// A checked training step.
+#[derive(Debug, Clone)]
+pub struct StepIr {
+    /// The step's name.
+    pub name: String,
+    /// Batch inputs.
+    pub inputs: Vec<(String, TensorTy)>,
+    /// The optimizer.
+    pub optimizer: OptimizerIr,
+    /// Micro-batches accumulated per update.
+    pub accumulate: Expr,
+    /// The clip threshold, when gradients are clipped.
+    pub clip: Option<Expr>,
+    /// Names of the scalar metrics the step returns.
+    pub metrics: Vec<String>,
+    /// The compiled state, in its fixed order.
+    pub state: Vec<StateSlot>,
+}
+
+/// An optimizer.
+#[derive(Debug, Clone)]
+pub struct OptimizerIr {
+    /// Which one.
+    pub kind: OptimizerKind,
+    /// Its hyper-parameters by name.
+    pub args: Vec<(String, Expr)>,
+}
+
+/// The optimizers lmx-runtime provides.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OptimizerKind {
+    /// Stochastic gradient descent with optional momentum.
+    Sgd,
+    /// Adam.
+    Adam,
+    /// AdamW (decoupled weight decay).
+    AdamW,
+    /// Lion.
+    Lion,
+}
+
+impl OptimizerKind {
+    /// The optimizer's `.lmx` name.
+    pub fn name(self) -> &'static str {
+        match self {
+            OptimizerKind::Sgd => "sgd",
+            OptimizerKind::Adam => "adam",
+            OptimizerKind::AdamW => "adamw",
+            OptimizerKind::Lion => "lion",
+        }
+    }
+
+    /// All optimizers.
+    pub const ALL: [OptimizerKind; 4] = [
+        OptimizerKind::Sgd,
+        OptimizerKind::Adam,
+        OptimizerKind::AdamW,
+        OptimizerKind::Lion,
+    ];
+
+    /// Hyper-parameters and their defaults.
+    pub fn hyper_parameters(self) -> &'static [(&'static str, f64)] {
+        match self {
+            OptimizerKind::Sgd => &[("momentum", 0.0), ("weight_decay", 0.0)],
+            OptimizerKind::Adam => &[("beta1", 0.9), ("beta2", 0.999), ("eps", 1e-8)],
+            OptimizerKind::AdamW => &[
+                ("beta1", 0.9),
+                ("beta2", 0.999),
+                ("eps", 1e-8),
+                ("weight_decay", 0.01),
+            ],
+            OptimizerKind::Lion => &[("beta1", 0.9), ("beta2", 0.99), ("weight_decay", 0.0)],
+        }
+    }
+
+    /// Per-parameter moments the optimizer keeps (each the shape of the parameter).
+    pub fn moments(self) -> &'static [&'static str] {
+        match self {
+            OptimizerKind::Sgd => &["momentum"],
+            OptimizerKind::Adam | OptimizerKind::AdamW => &["m", "v"],
+            OptimizerKind::Lion => &["m"],
+        }
+    }
+}
+
+/// One part of a step's compiled state.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StateSlot {
+    /// The parameter tree.
+    Params,
+    /// A per-parameter optimizer moment tree (`m`, `v`, `momentum`).
+    Moment(&'static str),
+    /// Accumulated gradients, when `accumulate` is more than one micro-batch.
+    GradAccum,
+    /// The step counter (a scalar).
+    Step,
+    /// The learning rate for this step (a scalar input set by the schedule).
+    LearningRate,
+    /// The random key (when the forward pass draws random numbers).
+    Rng,
+}

@@ -1,0 +1,703 @@
+//! Parsing: text -> pest pairs (`grammar/lmx.pest`) -> [`ast::Model`].
+
+use pest::iterators::{Pair, Pairs};
+use pest::pratt_parser::{Assoc, Op, PrattParser};
+use pest::Parser as _;
+
+use crate::ast::*;
+use crate::diag::Diagnostic;
+use crate::span::Span;
+
+/// The pest parser generated from `grammar/lmx.pest`.
+#[derive(pest_derive::Parser)]
+#[grammar = "lmx.pest"]
+pub struct LmxParser;
+
+/// Brackets may nest at most this deep (keeps the recursive-descent parser's stack bounded).
+pub const MAX_NESTING: usize = 48;
+
+/// An expression may have at most this many infix operators at one level.
+pub const MAX_OPERATORS: usize = 256;
+
+type Result<T> = std::result::Result<T, Diagnostic>;
+
+/// Parses a `.lmx` source text into its syntax tree.
+pub fn parse(source: &str) -> Result<Model> {
+    check_nesting(source)?;
+    let mut pairs = LmxParser::parse(Rule::file, source).map_err(syntax_error)?;
+    let file = pairs
+        .next()
+        .ok_or_else(|| malformed(Span::new(0, source.len())))?;
+    let model = kids(file)
+        .find(|p| p.as_rule() == Rule::model)
+        .ok_or_else(|| malformed(Span::new(0, source.len())))?;
+    build_model(model)
+}
+
+fn check_nesting(source: &str) -> Result<()> {
+    let mut depth = 0usize;
+    for (i, c) in source.char_indices() {
+        match c {
+            '(' | '[' | '{' => {
+                depth += 1;
+                if depth > MAX_NESTING {
+                    return Err(Diagnostic::new(
+                        "lmx::syntax::nesting",
+                        format!("brackets nest more than {MAX_NESTING} deep"),
+                        Span::new(i, i + 1),
+                        "this bracket is too deep",
+                    )
+                    .with_help("split the expression with `let`"));
+                }
+            }
+            ')' | ']' | '}' => depth = depth.saturating_sub(1),
+            _ => {}
+        }
+    }
+    Ok(())
+}
+
+fn syntax_error(e: pest::error::Error<Rule>) -> Diagnostic {
+    let (start, end) = match e.location {
+        pest::error::InputLocation::Pos(p) => (p, p),
+        pest::error::InputLocation::Span((s, e)) => (s, e),
+    };
+    let expected = match &e.variant {
+        pest::error::ErrorVariant::ParsingError { positives, .. } => {
+            let mut words: Vec<&str> = positives.iter().map(|r| describe(*r)).collect();
+            words.sort_unstable();
+            words.dedup();
+            words.join(", ")
+        }
+        pest::error::ErrorVariant::CustomError { message } => message.clone(),
+    };
+    let label = if expected.is_empty() {
+        "unexpected text".to_string()
+    } else {
+        format!("expected {expected}")
+    };
+    Diagnostic::new(
+        "lmx::syntax",
+        "syntax error",
+        Span::new(start, end.max(start)),
+        label,
+    )
+}
+
+/// A reader's word for what a rule matches.
+fn describe(rule: Rule) -> &'static str {
+    match rule {
+        Rule::EOI => "end of file",
+        Rule::model | Rule::MODEL => "`model`",
+        Rule::name | Rule::names | Rule::path => "a name",
+        Rule::expression | Rule::operand | Rule::range => "an expression",
+        Rule::setting | Rule::derived => "a config entry",
+        Rule::static_type | Rule::INT | Rule::FLOAT | Rule::BOOL | Rule::STR | Rule::ENUM => {
+            "a type"
+        }
+        Rule::param | Rule::param_group => "a parameter",
+        Rule::block_list | Rule::tied | Rule::raw_tensor | Rule::module => "a parameter kind",
+        Rule::shape | Rule::tensor_type => "a shape",
+        Rule::body => "`{`",
+        Rule::arguments | Rule::argument => "arguments",
+        Rule::infix
+        | Rule::or
+        | Rule::and
+        | Rule::eq
+        | Rule::ne
+        | Rule::le
+        | Rule::ge
+        | Rule::lt
+        | Rule::gt
+        | Rule::add
+        | Rule::sub
+        | Rule::pow
+        | Rule::mul
+        | Rule::div
+        | Rule::rem
+        | Rule::matmul => "an operator",
+        Rule::member | Rule::index => "a postfix",
+        Rule::config
+        | Rule::preset
+        | Rule::block
+        | Rule::params
+        | Rule::forward
+        | Rule::step
+        | Rule::CONFIG
+        | Rule::PRESET
+        | Rule::BLOCK
+        | Rule::PARAMS
+        | Rule::FORWARD
+        | Rule::STEP => "a section",
+        Rule::let_statement
+        | Rule::for_statement
+        | Rule::while_statement
+        | Rule::assignment
+        | Rule::optimizer_statement
+        | Rule::accumulate_statement
+        | Rule::update_statement
+        | Rule::metrics_statement
+        | Rule::expression_statement => "a statement",
+        Rule::preset_name => "a preset name",
+        Rule::guard | Rule::IF => "`if`",
+        Rule::ELSE => "`else`",
+        Rule::IN => "`in`",
+        Rule::repeat | Rule::comprehension => "`;` or `for`",
+        Rule::dtype => "a dtype",
+        Rule::subscript | Rule::slice_tail | Rule::ellipsis => "a subscript",
+        _ => "a token",
+    }
+}
+
+fn malformed(span: Span) -> Diagnostic {
+    Diagnostic::new(
+        "lmx::internal",
+        "the parser produced an unexpected tree",
+        span,
+        "while reading this",
+    )
+}
+
+fn is_keyword(rule: Rule) -> bool {
+    matches!(
+        rule,
+        Rule::MODEL
+            | Rule::CONFIG
+            | Rule::PRESET
+            | Rule::PARAMS
+            | Rule::BLOCK
+            | Rule::FORWARD
+            | Rule::STEP
+            | Rule::TIED
+            | Rule::TENSOR
+            | Rule::ENUM
+            | Rule::LET
+            | Rule::FOR
+            | Rule::IN
+            | Rule::IF
+            | Rule::ELSE
+            | Rule::WHILE
+            | Rule::OPTIMIZER
+            | Rule::ACCUMULATE
+            | Rule::UPDATE
+            | Rule::METRICS
+            | Rule::EOI
+    )
+}
+
+/// The meaningful children of a pair (keywords dropped).
+fn kids(pair: Pair<'_, Rule>) -> impl Iterator<Item = Pair<'_, Rule>> {
+    pair.into_inner().filter(|p| !is_keyword(p.as_rule()))
+}
+
+/// Takes the next child, or reports a malformed tree at `span`.
+fn take<'a>(it: &mut impl Iterator<Item = Pair<'a, Rule>>, span: Span) -> Result<Pair<'a, Rule>> {
+    it.next().ok_or_else(|| malformed(span))
+}
+
+fn ident(pair: Pair<'_, Rule>) -> Ident {
+    Ident {
+        name: pair.as_str().to_string(),
+        span: pair.as_span().into(),
+    }
+}
+
+fn build_model(pair: Pair<'_, Rule>) -> Result<Model> {
+    let span: Span = pair.as_span().into();
+    let mut it = kids(pair);
+    let name = ident(take(&mut it, span)?);
+    let mut model = Model {
+        header: Span::new(span.start, name.span.end),
+        name,
+        config: Vec::new(),
+        presets: Vec::new(),
+        blocks: Vec::new(),
+        params: None,
+        forward: None,
+        steps: Vec::new(),
+    };
+    for section in it {
+        match section.as_rule() {
+            Rule::config => {
+                for entry in kids(section) {
+                    model.config.push(build_config_entry(entry)?);
+                }
+            }
+            Rule::preset => model.presets.push(build_preset(section)?),
+            Rule::block => model.blocks.push(build_block(section)?),
+            Rule::params => {
+                let s: Span = section.as_span().into();
+                let group = take(&mut kids(section), s)?;
+                model.params = Some(build_group(group)?);
+            }
+            Rule::forward => model.forward = Some(build_forward(section)?),
+            Rule::step => model.steps.push(build_step(section)?),
+            _ => return Err(malformed(section.as_span().into())),
+        }
+    }
+    Ok(model)
+}
+
+fn build_config_entry(pair: Pair<'_, Rule>) -> Result<ConfigEntry> {
+    let span: Span = pair.as_span().into();
+    let rule = pair.as_rule();
+    let mut it = kids(pair);
+    let name = ident(take(&mut it, span)?);
+    match rule {
+        Rule::setting => {
+            let ty = build_static_type(take(&mut it, span)?)?;
+            let default = build_expr(take(&mut it, span)?)?;
+            Ok(ConfigEntry::Setting { name, ty, default })
+        }
+        _ => Ok(ConfigEntry::Derived {
+            name,
+            value: build_expr(take(&mut it, span)?)?,
+        }),
+    }
+}
+
+fn build_static_type(pair: Pair<'_, Rule>) -> Result<StaticType> {
+    let span: Span = pair.as_span().into();
+    let inner = take(&mut pair.into_inner(), span)?;
+    Ok(match inner.as_rule() {
+        Rule::INT => StaticType::Int,
+        Rule::FLOAT => StaticType::Float,
+        Rule::BOOL => StaticType::Bool,
+        Rule::STR => StaticType::Str,
+        _ => StaticType::Enum(kids(inner).map(ident).collect()),
+    })
+}
+
+fn build_preset(pair: Pair<'_, Rule>) -> Result<Preset> {
+    let span: Span = pair.as_span().into();
+    let mut it = kids(pair);
+    let name = ident(take(&mut it, span)?);
+    let mut overrides = Vec::new();
+    for o in it {
+        let s: Span = o.as_span().into();
+        let mut parts = kids(o);
+        let key = ident(take(&mut parts, s)?);
+        overrides.push((key, build_expr(take(&mut parts, s)?)?));
+    }
+    Ok(Preset { name, overrides })
+}
+
+fn build_block(pair: Pair<'_, Rule>) -> Result<Block> {
+    let span: Span = pair.as_span().into();
+    let mut it = kids(pair);
+    let name = ident(take(&mut it, span)?);
+    let mut args = Vec::new();
+    let mut params = None;
+    let mut forward = None;
+    for part in it {
+        match part.as_rule() {
+            Rule::block_arguments => {
+                for a in kids(part) {
+                    let s: Span = a.as_span().into();
+                    let mut p = kids(a);
+                    let name = ident(take(&mut p, s)?);
+                    let ty = build_static_type(take(&mut p, s)?)?;
+                    let default = p.next().map(build_expr).transpose()?;
+                    args.push(BlockArg { name, ty, default });
+                }
+            }
+            Rule::params => {
+                let s: Span = part.as_span().into();
+                params = Some(build_group(take(&mut kids(part), s)?)?);
+            }
+            _ => forward = Some(build_forward(part)?),
+        }
+    }
+    Ok(Block {
+        name,
+        args,
+        params,
+        forward: forward.ok_or_else(|| malformed(span))?,
+    })
+}
+
+fn build_group(pair: Pair<'_, Rule>) -> Result<ParamGroup> {
+    let span: Span = pair.as_span().into();
+    let entries = kids(pair).map(build_param).collect::<Result<_>>()?;
+    Ok(ParamGroup { entries, span })
+}
+
+fn build_param(pair: Pair<'_, Rule>) -> Result<Param> {
+    let span: Span = pair.as_span().into();
+    let mut it = kids(pair);
+    let name = ident(take(&mut it, span)?);
+    let kind_pair = take(&mut it, span)?;
+    let kind_span: Span = kind_pair.as_span().into();
+    let kind = match kind_pair.as_rule() {
+        Rule::param_group => ParamKind::Group(build_group(kind_pair)?),
+        Rule::block_list => {
+            let mut parts = kids(kind_pair);
+            let module = build_module(take(&mut parts, kind_span)?)?;
+            let count_pair = take(&mut parts, kind_span)?;
+            let count = match count_pair.as_rule() {
+                Rule::repeat => {
+                    ListCount::Repeat(build_expr(take(&mut kids(count_pair), kind_span)?)?)
+                }
+                _ => {
+                    let mut c = kids(count_pair);
+                    let var = ident(take(&mut c, kind_span)?);
+                    let range = build_range(take(&mut c, kind_span)?)?;
+                    ListCount::Comprehension { var, range }
+                }
+            };
+            ParamKind::List { module, count }
+        }
+        Rule::tied => {
+            let path = take(&mut kids(kind_pair), kind_span)?;
+            ParamKind::Tied(kids(path).map(ident).collect())
+        }
+        Rule::raw_tensor => {
+            let mut parts = kids(kind_pair);
+            let shape = build_shape(take(&mut parts, kind_span)?)?;
+            let init = parts.next().map(build_call).transpose()?;
+            ParamKind::Tensor {
+                shape,
+                init,
+                span: kind_span,
+            }
+        }
+        _ => ParamKind::Module(build_module(kind_pair)?),
+    };
+    let guard = it
+        .next()
+        .map(|g| {
+            let s: Span = g.as_span().into();
+            build_expr(take(&mut kids(g), s)?)
+        })
+        .transpose()?;
+    Ok(Param {
+        name,
+        kind,
+        guard,
+        span,
+    })
+}
+
+fn build_module(pair: Pair<'_, Rule>) -> Result<ModuleRef> {
+    let span: Span = pair.as_span().into();
+    let mut it = kids(pair);
+    let name = ident(take(&mut it, span)?);
+    let args = it.next().map(build_args).transpose()?.unwrap_or_default();
+    Ok(ModuleRef { name, args, span })
+}
+
+fn build_call(pair: Pair<'_, Rule>) -> Result<Call> {
+    let span: Span = pair.as_span().into();
+    let mut it = kids(pair);
+    let name = ident(take(&mut it, span)?);
+    let args = build_args(take(&mut it, span)?)?;
+    Ok(Call { name, args, span })
+}
+
+fn build_args(pair: Pair<'_, Rule>) -> Result<Vec<Arg>> {
+    kids(pair)
+        .map(|a| {
+            let s: Span = a.as_span().into();
+            let mut parts: Vec<_> = kids(a).collect();
+            let value = build_expr(parts.pop().ok_or_else(|| malformed(s))?)?;
+            let name = parts.pop().map(ident);
+            Ok(Arg { name, value })
+        })
+        .collect()
+}
+
+fn build_shape(pair: Pair<'_, Rule>) -> Result<Vec<Expr>> {
+    kids(pair).map(build_expr).collect()
+}
+
+fn build_forward(pair: Pair<'_, Rule>) -> Result<Forward> {
+    let span: Span = pair.as_span().into();
+    let keyword = Span::new(span.start, span.start + "forward".len());
+    let mut it = kids(pair);
+    let inputs = build_inputs(take(&mut it, span)?)?;
+    let mut output = None;
+    let mut body = None;
+    for part in it {
+        match part.as_rule() {
+            Rule::tensor_type => output = Some(build_tensor_type(part)?),
+            _ => body = Some(build_body(part)?),
+        }
+    }
+    Ok(Forward {
+        inputs,
+        output,
+        body: body.ok_or_else(|| malformed(span))?,
+        span: keyword,
+    })
+}
+
+fn build_step(pair: Pair<'_, Rule>) -> Result<Step> {
+    let span: Span = pair.as_span().into();
+    let mut it = kids(pair);
+    let name = ident(take(&mut it, span)?);
+    let inputs = build_inputs(take(&mut it, span)?)?;
+    let body = build_body(take(&mut it, span)?)?;
+    Ok(Step { name, inputs, body })
+}
+
+fn build_inputs(pair: Pair<'_, Rule>) -> Result<Vec<Input>> {
+    kids(pair)
+        .map(|i| {
+            let s: Span = i.as_span().into();
+            let mut parts = kids(i);
+            let name = ident(take(&mut parts, s)?);
+            let ty = build_tensor_type(take(&mut parts, s)?)?;
+            Ok(Input { name, ty })
+        })
+        .collect()
+}
+
+fn build_tensor_type(pair: Pair<'_, Rule>) -> Result<TensorType> {
+    let span: Span = pair.as_span().into();
+    let mut it = kids(pair);
+    let shape = build_shape(take(&mut it, span)?)?;
+    let dtype = match it.next().and_then(|d| d.into_inner().next()).map(|d| d.as_rule()) {
+        Some(Rule::INT) => Dtype::Int,
+        Some(Rule::BOOL) => Dtype::Bool,
+        _ => Dtype::Float,
+    };
+    Ok(TensorType { shape, dtype, span })
+}
+
+fn build_body(pair: Pair<'_, Rule>) -> Result<Body> {
+    let span: Span = pair.as_span().into();
+    let stmts = kids(pair).map(build_stmt).collect::<Result<_>>()?;
+    Ok(Body { stmts, span })
+}
+
+fn build_names(pair: Pair<'_, Rule>) -> Vec<Ident> {
+    kids(pair).map(ident).collect()
+}
+
+fn build_stmt(pair: Pair<'_, Rule>) -> Result<Stmt> {
+    let span: Span = pair.as_span().into();
+    let rule = pair.as_rule();
+    let mut it = kids(pair);
+    let kind = match rule {
+        Rule::let_statement => {
+            let names = build_names(take(&mut it, span)?);
+            StmtKind::Let(names, build_expr(take(&mut it, span)?)?)
+        }
+        Rule::assignment => {
+            let name = ident(take(&mut it, span)?);
+            StmtKind::Assign(name, build_expr(take(&mut it, span)?)?)
+        }
+        Rule::for_statement => {
+            let names = build_names(take(&mut it, span)?);
+            let range = build_range(take(&mut it, span)?)?;
+            StmtKind::For(names, range, build_body(take(&mut it, span)?)?)
+        }
+        Rule::while_statement => {
+            let cond = build_expr(take(&mut it, span)?)?;
+            StmtKind::While(cond, build_body(take(&mut it, span)?)?)
+        }
+        Rule::optimizer_statement => {
+            let name = ident(take(&mut it, span)?);
+            let args = build_args(take(&mut it, span)?)?;
+            StmtKind::Optimizer(Call {
+                span: name.span.join(span),
+                name,
+                args,
+            })
+        }
+        Rule::accumulate_statement => StmtKind::Accumulate(build_expr(take(&mut it, span)?)?),
+        Rule::update_statement => StmtKind::Update(build_expr(take(&mut it, span)?)?),
+        Rule::metrics_statement => StmtKind::Metrics(it.map(ident).collect()),
+        _ => StmtKind::Expr(build_expr(take(&mut it, span)?)?),
+    };
+    Ok(Stmt { kind, span })
+}
+
+fn build_range(pair: Pair<'_, Rule>) -> Result<Range> {
+    let span: Span = pair.as_span().into();
+    let mut it = kids(pair);
+    let start = build_expr(take(&mut it, span)?)?;
+    let end = it.next().map(build_expr).transpose()?;
+    Ok(Range { start, end, span })
+}
+
+fn pratt() -> PrattParser<Rule> {
+    PrattParser::new()
+        .op(Op::infix(Rule::or, Assoc::Left))
+        .op(Op::infix(Rule::and, Assoc::Left))
+        .op(Op::prefix(Rule::not))
+        .op(Op::infix(Rule::eq, Assoc::Left)
+            | Op::infix(Rule::ne, Assoc::Left)
+            | Op::infix(Rule::lt, Assoc::Left)
+            | Op::infix(Rule::le, Assoc::Left)
+            | Op::infix(Rule::gt, Assoc::Left)
+            | Op::infix(Rule::ge, Assoc::Left))
+        .op(Op::infix(Rule::add, Assoc::Left) | Op::infix(Rule::sub, Assoc::Left))
+        .op(Op::infix(Rule::mul, Assoc::Left)
+            | Op::infix(Rule::div, Assoc::Left)
+            | Op::infix(Rule::rem, Assoc::Left)
+            | Op::infix(Rule::matmul, Assoc::Left))
+        .op(Op::prefix(Rule::neg))
+        .op(Op::infix(Rule::pow, Assoc::Right))
+}
+
+fn build_expr(pair: Pair<'_, Rule>) -> Result<Expr> {
+    let span: Span = pair.as_span().into();
+    let inner: Pairs<'_, Rule> = pair.into_inner();
+    let operators = inner
+        .clone()
+        .filter(|p| p.as_rule() != Rule::operand && !matches!(p.as_rule(), Rule::neg | Rule::not))
+        .count();
+    if operators > MAX_OPERATORS {
+        return Err(Diagnostic::new(
+            "lmx::syntax::too_long",
+            format!("expression has more than {MAX_OPERATORS} operators"),
+            span,
+            "this expression is too long",
+        )
+        .with_help("split the expression with `let`"));
+    }
+    pratt()
+        .map_primary(build_operand)
+        .map_prefix(|op, rhs| {
+            let rhs = rhs?;
+            let op_span: Span = op.as_span().into();
+            let op = if op.as_rule() == Rule::neg {
+                UnaryOp::Neg
+            } else {
+                UnaryOp::Not
+            };
+            Ok(Expr {
+                span: op_span.join(rhs.span),
+                kind: ExprKind::Unary(op, Box::new(rhs)),
+            })
+        })
+        .map_infix(|lhs, op, rhs| {
+            let (lhs, rhs) = (lhs?, rhs?);
+            let op_span: Span = op.as_span().into();
+            let op = match op.as_rule() {
+                Rule::or => BinaryOp::Or,
+                Rule::and => BinaryOp::And,
+                Rule::eq => BinaryOp::Eq,
+                Rule::ne => BinaryOp::Ne,
+                Rule::lt => BinaryOp::Lt,
+                Rule::le => BinaryOp::Le,
+                Rule::gt => BinaryOp::Gt,
+                Rule::ge => BinaryOp::Ge,
+                Rule::add => BinaryOp::Add,
+                Rule::sub => BinaryOp::Sub,
+                Rule::mul => BinaryOp::Mul,
+                Rule::div => BinaryOp::Div,
+                Rule::rem => BinaryOp::Rem,
+                Rule::pow => BinaryOp::Pow,
+                _ => BinaryOp::MatMul,
+            };
+            Ok(Expr {
+                span: lhs.span.join(rhs.span),
+                kind: ExprKind::Binary(op, op_span, Box::new(lhs), Box::new(rhs)),
+            })
+        })
+        .parse(inner)
+}
+
+fn build_operand(pair: Pair<'_, Rule>) -> Result<Expr> {
+    let span: Span = pair.as_span().into();
+    let mut it = kids(pair);
+    let mut expr = build_primary(take(&mut it, span)?)?;
+    for post in it {
+        let post_span: Span = post.as_span().into();
+        let whole = expr.span.join(post_span);
+        let kind = match post.as_rule() {
+            Rule::arguments => ExprKind::Call(Box::new(expr), build_args(post)?),
+            Rule::member => {
+                let name = ident(take(&mut kids(post), post_span)?);
+                ExprKind::Member(Box::new(expr), name)
+            }
+            _ => {
+                let subs = kids(post).map(build_subscript).collect::<Result<_>>()?;
+                ExprKind::Index(Box::new(expr), subs)
+            }
+        };
+        expr = Expr { kind, span: whole };
+    }
+    Ok(expr)
+}
+
+fn build_subscript(pair: Pair<'_, Rule>) -> Result<Subscript> {
+    let span: Span = pair.as_span().into();
+    let parts: Vec<_> = kids(pair).collect();
+    let mut lower = None;
+    let mut tail = None;
+    for p in parts {
+        match p.as_rule() {
+            Rule::ellipsis => return Ok(Subscript::Ellipsis(span)),
+            Rule::slice_tail => {
+                let upper = kids(p).next().map(build_expr).transpose()?;
+                tail = Some(upper);
+            }
+            _ => lower = Some(build_expr(p)?),
+        }
+    }
+    Ok(match (lower, tail) {
+        (Some(e), None) => Subscript::Index(e),
+        (lower, Some(upper)) => Subscript::Slice(lower, upper, span),
+        (None, None) => return Err(malformed(span)),
+    })
+}
+
+fn parse_int(text: &str, span: Span) -> Result<i64> {
+    text.replace('_', "").parse::<i64>().map_err(|_| {
+        Diagnostic::new(
+            "lmx::syntax::int_range",
+            "integer literal out of range",
+            span,
+            "does not fit in 64 bits",
+        )
+    })
+}
+
+fn build_primary(pair: Pair<'_, Rule>) -> Result<Expr> {
+    let span: Span = pair.as_span().into();
+    let kind = match pair.as_rule() {
+        Rule::int => ExprKind::Int(parse_int(pair.as_str(), span)?),
+        Rule::float => ExprKind::Float(pair.as_str().replace('_', "").parse().map_err(|_| {
+            Diagnostic::new(
+                "lmx::syntax::float",
+                "malformed float literal",
+                span,
+                "not a number",
+            )
+        })?),
+        Rule::string => {
+            let s = pair.as_str();
+            ExprKind::Str(s.get(1..s.len().saturating_sub(1)).unwrap_or("").to_string())
+        }
+        Rule::boolean => ExprKind::Bool(pair.as_str() == "true"),
+        Rule::name => ExprKind::Name(pair.as_str().to_string()),
+        Rule::list => ExprKind::List(kids(pair).map(build_expr).collect::<Result<_>>()?),
+        Rule::parenthesized => return build_expr(take(&mut kids(pair), span)?),
+        Rule::conditional => {
+            let mut it = kids(pair);
+            let cond = build_expr(take(&mut it, span)?)?;
+            let then = build_body(take(&mut it, span)?)?;
+            let otherwise = match it.next() {
+                None => None,
+                Some(p) if p.as_rule() == Rule::conditional => {
+                    let s: Span = p.as_span().into();
+                    let nested = build_primary(p)?;
+                    Some(Body {
+                        stmts: vec![Stmt {
+                            kind: StmtKind::Expr(nested),
+                            span: s,
+                        }],
+                        span: s,
+                    })
+                }
+                Some(p) => Some(build_body(p)?),
+            };
+            ExprKind::If(Box::new(cond), then, otherwise)
+        }
+        _ => return Err(malformed(span)),
+    };
+    Ok(Expr { kind, span })
+}
