@@ -6,7 +6,12 @@
 //! an output, so MLX never sees a captured or mutated array, and the state's layout is fixed before
 //! the first trace: the step is traced exactly once however the learning rate changes. The same
 //! function runs uncompiled in eager mode, for debugging, with the same numbers.
+//!
+//! With gradient accumulation over `k` micro-batches, two functions are compiled instead: the
+//! micro-step `[params..., micro-batch..., key] -> [grads..., loss]`, run `k` times, and the update
+//! `[state..., lr, grads...] -> [state'..., grad_norm]` over the mean gradient.
 
+use crate::arrays::Arrays;
 use crate::clip;
 use crate::error::{Error, Result};
 use crate::optim::{Optimizer, StepScalars};
@@ -30,30 +35,54 @@ pub struct StepOptions {
     pub clip_norm: Option<f32>,
     /// Compile the step with MLX (`false`: eager, for debugging).
     pub compile: bool,
+    /// Micro-batches per update: the batch is split along its first axis into this many parts and
+    /// their gradients averaged before one update.
+    pub accumulation: usize,
 }
 
 impl Default for StepOptions {
     fn default() -> Self {
-        StepOptions { clip_norm: Some(1.0), compile: true }
+        StepOptions { clip_norm: Some(1.0), compile: true, accumulation: 1 }
     }
 }
 
 /// What one step reports, as lazy arrays: evaluate them with the state at the step's boundary.
 #[derive(Clone, Debug)]
 pub struct StepMetrics {
-    /// The loss before the update.
+    /// The loss before the update (the mean over micro-batches).
     pub loss: Array,
     /// The global gradient norm before clipping.
     pub grad_norm: Array,
 }
 
-type StepFn = Box<dyn FnMut(&[Array]) -> std::result::Result<Vec<Array>, Exception>>;
+type PureFn = Box<dyn FnMut(&[Array]) -> std::result::Result<Vec<Array>, Exception>>;
+
+/// Wraps a pure function over arrays, compiled or not.
+fn prepare(
+    body: impl Fn(&[Array]) -> Result<Vec<Array>> + 'static,
+    compiled: bool,
+) -> PureFn {
+    let pure = move |inputs: &[Array]| body(inputs).map_err(|err| Exception::custom(err.to_string()));
+    if compiled {
+        Box::new(compile(pure, false))
+    } else {
+        Box::new(pure)
+    }
+}
 
 /// A compiled (or eager) training step over a [`TrainState`].
 pub struct TrainStep<P: Tree<Array>, O: Optimizer> {
-    run: StepFn,
+    mode: Mode,
     template: StateTemplate<P, O>,
     traces: Rc<Cell<usize>>,
+    trainable: usize,
+}
+
+enum Mode {
+    /// Loss, gradients and update in one function.
+    Fused(PureFn),
+    /// `micro` per micro-batch, then `apply`.
+    Accumulate { micro: PureFn, apply: PureFn, parts: usize },
 }
 
 impl<P, O> TrainStep<P, O>
@@ -63,47 +92,133 @@ where
     O: Optimizer,
 {
     /// The step for states laid out like `state`.
-    pub fn new(state: &TrainState<P, O>, optimizer: O, loss: impl Loss<P>, options: StepOptions) -> Self {
+    ///
+    /// # Errors
+    /// When `options.accumulation` is zero.
+    pub fn new(
+        state: &TrainState<P, O>,
+        optimizer: O,
+        loss: impl Loss<P>,
+        options: StepOptions,
+    ) -> Result<Self> {
         let template = state.template();
         let traces = Rc::new(Cell::new(0));
-        let body = StepBody {
+        let specs: Vec<(bool, bool)> =
+            state.specs().into_iter().map(|spec| (spec.trainable, spec.decay)).collect();
+        let trainable = specs.iter().filter(|(trainable, _)| *trainable).count();
+        let body = Rc::new(StepBody {
             template: template.clone(),
-            specs: state.specs().into_iter().map(|spec| (spec.trainable, spec.decay)).collect(),
+            specs,
             optimizer,
             loss: Rc::new(loss),
             clip_norm: options.clip_norm,
             traces: traces.clone(),
+        });
+        let mode = match options.accumulation {
+            0 => return Err(Error::Config("gradient accumulation needs at least 1 micro-batch".into())),
+            1 => Mode::Fused(prepare(move |inputs| body.fused(inputs), options.compile)),
+            parts => {
+                let micro_body = body.clone();
+                Mode::Accumulate {
+                    micro: prepare(move |inputs| micro_body.micro(inputs), options.compile),
+                    apply: prepare(move |inputs| body.apply(inputs), options.compile),
+                    parts,
+                }
+            }
         };
-        let pure = move |inputs: &[Array]| body.run(inputs).map_err(|err| Exception::custom(err.to_string()));
-        let run: StepFn = if options.compile {
-            Box::new(compile(pure, false))
-        } else {
-            Box::new(pure)
-        };
-        TrainStep { run, template, traces }
+        Ok(TrainStep { mode, template, traces, trainable })
     }
 
     /// Runs one step: `state` becomes the next state (lazily: nothing is evaluated here).
     pub fn step(&mut self, state: &mut TrainState<P, O>, lr: f32, batch: &[Array]) -> Result<StepMetrics> {
+        let n = self.template.layout().len();
         let mut inputs = state.flatten();
         inputs.push(Array::from_f32(lr));
-        inputs.extend(batch.iter().cloned());
-        let outputs = (self.run)(&inputs)?;
-        let n = self.template.layout().len();
+        let (outputs, loss) = match &mut self.mode {
+            Mode::Fused(fused) => {
+                inputs.extend(batch.iter().cloned());
+                let outputs = fused(&inputs)?;
+                let loss = outputs.get(n).cloned();
+                (outputs, loss)
+            }
+            Mode::Accumulate { micro, apply, parts } => {
+                let parts = *parts;
+                let (grads, loss) = accumulate(micro, &inputs[..self.template.layout().params], state, batch, parts, self.trainable)?;
+                inputs.extend(grads);
+                let mut outputs = apply(&inputs)?;
+                outputs.insert(n, loss.clone());
+                (outputs, Some(loss))
+            }
+        };
         if outputs.len() != n + 2 {
             return Err(Error::Layout(format!("the step returned {} arrays, expected {}", outputs.len(), n + 2)));
         }
         *state = self.template.state(&outputs)?;
-        Ok(StepMetrics { loss: outputs[n].clone(), grad_norm: outputs[n + 1].clone() })
+        let loss = loss.expect("checked the output count");
+        Ok(StepMetrics { loss, grad_norm: outputs[n + 1].clone() })
     }
 
-    /// How many times the step function has been traced (compiled) or run (eager).
+    /// How many times the step's functions have been traced (compiled) or run (eager).
     pub fn traces(&self) -> usize {
         self.traces.get()
     }
 }
 
-/// The pure step function and what it needs, captured by value.
+/// Runs the micro-step over `parts` slices of `batch` and returns the mean gradients and loss.
+fn accumulate<P: Tree<Array>, O: Optimizer>(
+    micro: &mut PureFn,
+    params: &[Array],
+    state: &TrainState<P, O>,
+    batch: &[Array],
+    parts: usize,
+    trainable: usize,
+) -> Result<(Vec<Array>, Array)> {
+    let micro_batches = split_batch(batch, parts)?;
+    // Micro-batch keys come from the half of the key that the update does not carry on.
+    let mut keys = random::split(&state.key, 2)?.1;
+    let mut sums: Option<Vec<Array>> = None;
+    let mut loss_sum = Array::from_f32(0.0);
+    for micro_batch in micro_batches {
+        let (carry, key) = random::split(&keys, 2)?;
+        keys = carry;
+        let mut inputs = params.to_vec();
+        inputs.extend(micro_batch);
+        inputs.push(key);
+        let outputs = micro(&inputs)?;
+        let (grads, loss) = outputs.split_at(trainable);
+        loss_sum = loss_sum.add(&loss[0])?;
+        sums = Some(match sums {
+            None => grads.to_vec(),
+            Some(sums) => sums.iter().zip(grads).map(|(sum, grad)| Ok(sum.add(grad)?)).collect::<Result<_>>()?,
+        });
+    }
+    let scale = Array::from_f32(1.0 / parts as f32);
+    let grads = sums
+        .unwrap_or_default()
+        .iter()
+        .map(|sum| Ok(sum.multiply(scale.as_dtype(sum.dtype())?)?))
+        .collect::<Result<Vec<_>>>()?;
+    Ok((grads, loss_sum.multiply(&scale)?))
+}
+
+/// Splits every array of `batch` along axis 0 into `parts` equal slices.
+fn split_batch(batch: &[Array], parts: usize) -> Result<Vec<Vec<Array>>> {
+    let mut micro_batches = vec![Vec::with_capacity(batch.len()); parts];
+    for array in batch {
+        let rows = array.shape().first().copied().unwrap_or(0) as usize;
+        if rows % parts != 0 {
+            return Err(Error::Config(format!(
+                "a batch of {rows} rows cannot be split into {parts} equal micro-batches"
+            )));
+        }
+        for (micro_batch, slice) in micro_batches.iter_mut().zip(array.split_equal(parts as i32, 0)?) {
+            micro_batch.push(slice);
+        }
+    }
+    Ok(micro_batches)
+}
+
+/// The pure step functions and what they need, captured by value.
 struct StepBody<P: Tree<Array>, O: Optimizer> {
     template: StateTemplate<P, O>,
     /// (trainable, decay) per parameter leaf, in traversal order.
@@ -119,19 +234,54 @@ where
     P: Tree<Array> + Clone + 'static,
     O: Optimizer,
 {
-    fn run(&self, inputs: &[Array]) -> Result<Vec<Array>> {
-        self.traces.set(self.traces.get() + 1);
-        let layout = self.template.layout();
-        let n_state = layout.len();
-        if inputs.len() < n_state + 1 {
-            return Err(Error::Layout(format!("the step needs at least {} inputs", n_state + 1)));
-        }
+    /// `[state..., lr, batch...] -> [state'..., loss, grad_norm]`.
+    fn fused(&self, inputs: &[Array]) -> Result<Vec<Array>> {
+        self.count_trace();
+        let n_state = self.template.layout().len();
+        self.check_inputs(inputs, n_state + 1)?;
         let state = self.template.state(inputs)?;
-        let lr = &inputs[n_state];
-        let batch = &inputs[n_state + 1..];
         let (key, subkey) = random::split(&state.key, 2)?;
+        let params = &inputs[..self.template.layout().params];
+        let (loss, grads) = self.loss_and_grads(params, &inputs[n_state + 1..], &subkey)?;
+        let mut outputs = self.update(state, &inputs[n_state], grads, key)?;
+        outputs.insert(n_state, loss);
+        Ok(outputs)
+    }
 
-        let (loss, grads) = self.loss_and_grads(&inputs[..layout.params], batch, &subkey)?;
+    /// `[params..., batch..., key] -> [grads..., loss]`.
+    fn micro(&self, inputs: &[Array]) -> Result<Vec<Array>> {
+        self.count_trace();
+        let n_params = self.template.layout().params;
+        self.check_inputs(inputs, n_params + 1)?;
+        let (batch, key) = inputs[n_params..].split_at(inputs.len() - n_params - 1);
+        let (loss, mut grads) = self.loss_and_grads(&inputs[..n_params], batch, &key[0])?;
+        grads.push(loss);
+        Ok(grads)
+    }
+
+    /// `[state..., lr, grads...] -> [state'..., grad_norm]`.
+    fn apply(&self, inputs: &[Array]) -> Result<Vec<Array>> {
+        self.count_trace();
+        let n_state = self.template.layout().len();
+        self.check_inputs(inputs, n_state + 1)?;
+        let state = self.template.state(inputs)?;
+        let (key, _) = random::split(&state.key, 2)?;
+        self.update(state, &inputs[n_state], inputs[n_state + 1..].to_vec(), key)
+    }
+
+    fn count_trace(&self) {
+        self.traces.set(self.traces.get() + 1);
+    }
+
+    fn check_inputs(&self, inputs: &[Array], needed: usize) -> Result<()> {
+        if inputs.len() < needed {
+            return Err(Error::Layout(format!("the step needs at least {needed} inputs, got {}", inputs.len())));
+        }
+        Ok(())
+    }
+
+    /// Clips `grads` and applies the optimizer: `[state'..., grad_norm]` (no loss).
+    fn update(&self, state: TrainState<P, O>, lr: &Array, grads: Vec<Array>, key: Array) -> Result<Vec<Array>> {
         let (grads, grad_norm) = match self.clip_norm {
             Some(max_norm) => clip::clip_by_global_norm(&grads, max_norm)?,
             None => {
@@ -139,29 +289,27 @@ where
                 (grads, norm)
             }
         };
-
         let step = state.step.add(Array::from_f32(1.0))?;
         let scalars = StepScalars { lr, step: &step };
-        let params = tree::flatten(&state.params);
         let mut grads = grads.into_iter();
-        let mut next_params = Vec::with_capacity(params.len());
+        let mut next_params = Vec::with_capacity(self.specs.len());
         let mut next_opt = Vec::new();
-        let mut opt_leaves = Vec::new();
+        let mut opt_leaves = Vec::with_capacity(self.specs.len());
         state.opt.for_each(&mut |leaf| opt_leaves.push(leaf.clone()));
-        for ((param, &(trainable, decay)), leaf) in params.iter().zip(&self.specs).zip(opt_leaves) {
-            match (trainable, leaf) {
-                (true, Some(leaf)) => {
-                    let grad = grads.next().expect("one gradient per trainable leaf");
+        for ((param, &(_, decay)), leaf) in tree::flatten(&state.params).iter().zip(&self.specs).zip(opt_leaves) {
+            match leaf {
+                Some(leaf) => {
+                    let grad = grads.next().ok_or_else(|| Error::Layout("fewer gradients than trainable leaves".into()))?;
                     let (param, leaf) = self.optimizer.update(param, &grad, &leaf, scalars, decay)?;
                     next_params.push(param);
-                    crate::arrays::Arrays::push_arrays(&leaf, &mut next_opt);
+                    leaf.push_arrays(&mut next_opt);
                 }
-                _ => next_params.push(param.clone()),
+                None => next_params.push(param.clone()),
             }
         }
         let mut outputs = next_params;
         outputs.extend(next_opt);
-        outputs.extend([step, key, loss, grad_norm]);
+        outputs.extend([step, key, grad_norm]);
         Ok(outputs)
     }
 

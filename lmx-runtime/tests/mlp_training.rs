@@ -5,7 +5,7 @@ use lmx_runtime::nn::{self, init::Keys, LinearParams};
 use lmx_runtime::optim::AdamW;
 use lmx_runtime::state::TrainState;
 use lmx_runtime::step::{StepOptions, TrainStep};
-use lmx_runtime::Result;
+use lmx_runtime::{tree, Result};
 use mlx_rs::{random, transforms::eval, Array};
 
 type Mlp = Vec<LinearParams>;
@@ -32,17 +32,17 @@ fn data() -> Result<[Array; 2]> {
 fn train(compile: bool) -> Result<(Vec<f32>, usize)> {
     let optimizer = AdamW { weight_decay: 0.01, ..AdamW::default() };
     let mut state = TrainState::new(mlp(0)?, &optimizer, 0)?;
-    let options = StepOptions { clip_norm: Some(1.0), compile };
-    let mut step = TrainStep::new(&state, optimizer, loss, options);
+    let options = StepOptions { clip_norm: Some(1.0), compile, accumulation: 1 };
+    let mut step = TrainStep::new(&state, optimizer, loss, options)?;
     let batch = data()?;
     let mut losses = Vec::new();
     for i in 0..20 {
-        let lr = 0.05 * (1.0 - i as f32 / 40.0); // a schedule: a new rate every step
+        let lr = 0.02 * (1.0 - i as f32 / 40.0); // a schedule: a new rate every step
         let metrics = step.step(&mut state, lr, &batch)?;
         let mut outputs = state.flatten();
         outputs.push(metrics.loss.clone());
         eval(&outputs)?;
-        losses.push(metrics.loss.item_exact::<f32>()?);
+        losses.push(metrics.loss.item_exact::<f32>());
     }
     Ok((losses, step.traces()))
 }
@@ -58,5 +58,39 @@ fn compiled_and_eager_agree_and_the_loss_falls() -> Result<()> {
     }
     let (first, last) = (compiled[0], compiled[19]);
     assert!(first / last >= 10.0, "loss fell from {first} to {last} only");
+    Ok(())
+}
+
+/// One update over `k` micro-batches equals one update over the whole batch.
+#[test]
+fn accumulation_equals_one_large_batch() -> Result<()> {
+    let run = |accumulation: usize, compile: bool| -> Result<(Vec<Array>, Array, usize)> {
+        let optimizer = AdamW::default();
+        let mut state = TrainState::new(mlp(3)?, &optimizer, 0)?;
+        let options = StepOptions { clip_norm: Some(1.0), compile, accumulation };
+        let mut step = TrainStep::new(&state, optimizer, loss, options)?;
+        let batch = data()?;
+        let mut last = None;
+        for _ in 0..3 {
+            last = Some(step.step(&mut state, 0.01, &batch)?);
+        }
+        let metrics = last.expect("three steps ran");
+        let params = tree::flatten(&state.params);
+        eval(params.iter().chain([&metrics.loss, &metrics.grad_norm]))?;
+        Ok((params, metrics.grad_norm, step.traces()))
+    };
+    let (whole, whole_norm, _) = run(1, true)?;
+    for (accumulation, compile) in [(4, true), (4, false), (2, true)] {
+        let (parts, parts_norm, traces) = run(accumulation, compile)?;
+        if compile {
+            assert_eq!(traces, 2, "one trace of the micro-step, one of the update");
+        }
+        let gap = (whole_norm.item_exact::<f32>() - parts_norm.item_exact::<f32>()).abs();
+        assert!(gap <= 1e-5, "grad norms differ by {gap}");
+        for (a, b) in whole.iter().zip(&parts) {
+            let diff = a.subtract(b)?.abs()?.max(false)?.item_exact::<f32>();
+            assert!(diff <= 1e-5, "k={accumulation}: parameters differ by {diff}");
+        }
+    }
     Ok(())
 }

@@ -1,8 +1,9 @@
 //! OpenBLAS ahead of the reference BLAS that MLX's `mlx-cpu` wheel bundles.
 //!
-//! The wheel's libmlx calls `cblas_*` through its own `libblas`; a library linked into the binary
-//! ahead of libmlx (and kept even though the binary itself calls none of its symbols) wins symbol
-//! resolution, so MLX's CPU matrix products run on OpenBLAS. `LMX_BLAS=reference` keeps MLX's own,
+//! The wheel's libmlx calls `cblas_*` through its own `libblas`, a dependency of libmlx. A library
+//! that the binary itself needs (kept with `--no-as-needed`, although the binary calls none of its
+//! symbols) comes earlier in the loader's search order and wins symbol resolution, so MLX's CPU
+//! matrix products run on OpenBLAS. The binary's own build script adds it (`link_args.rs`). `LMX_BLAS=reference` keeps MLX's own,
 //! `LMX_BLAS=<path to libopenblas.so.0>` names one, and by default a system OpenBLAS is used when
 //! one is installed (Debian: `apt install libopenblas0-pthread`).
 

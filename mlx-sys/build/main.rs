@@ -9,7 +9,8 @@
 //! 4. [`libclang`] finds libclang for bindgen (the system's, else the PyPI wheel).
 //! 5. [`blas`] puts OpenBLAS ahead of the reference BLAS of the `mlx-cpu` wheel when it is available.
 //!
-//! Dependents read `DEP_MLX_LIB_DIR` to give their binaries a run path to `libmlx`.
+//! Dependents read `DEP_MLX_LIB_DIR` and `DEP_MLX_BLAS` (see `link_args.rs`, which their build
+//! scripts include) to give their binaries a run path to `libmlx` and to load OpenBLAS first.
 
 mod blas;
 mod fail;
@@ -67,12 +68,6 @@ fn compile_mlx_c(mlx_c: &Path, mlx: &mlx_install::Mlx) {
 
 fn link(mlx: &mlx_install::Mlx, blas: Option<&Path>) {
     let lib_dir = mlx.lib_dir();
-    if let Some(blas) = blas {
-        let dir = blas.parent().expect("a library file has a directory");
-        let file = blas.file_name().expect("a library path names a file");
-        println!("cargo:rustc-link-search=native={}", dir.display());
-        println!("cargo:rustc-link-lib=dylib:+verbatim,-as-needed={}", file.to_string_lossy());
-    }
     println!("cargo:rustc-link-search=native={}", lib_dir.display());
     println!("cargo:rustc-link-lib=dylib=mlx");
     println!("cargo:rustc-env=LMX_MLX_LIB_DIR={}", lib_dir.display());
@@ -81,6 +76,9 @@ fn link(mlx: &mlx_install::Mlx, blas: Option<&Path>) {
         blas.map(|path| path.display().to_string()).unwrap_or_default()
     );
     println!("cargo::metadata=lib_dir={}", lib_dir.display());
+    if let Some(blas) = blas {
+        println!("cargo::metadata=blas={}", blas.display());
+    }
 }
 
 fn generate_bindings(mlx_c: &Path, out_dir: &Path, cache: &Path) {

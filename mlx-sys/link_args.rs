@@ -1,0 +1,24 @@
+// Link arguments for binaries (tests, examples, programs) of crates that depend on `mlx-sys`.
+// A `-sys` crate's link arguments do not reach its dependents' binaries, so each such crate's
+// build script includes this file and calls `mlx_link_args()`:
+//
+//     include!("../mlx-sys/link_args.rs");
+//     fn main() { mlx_link_args(); }
+
+/// A run path to `libmlx` (so binaries run without `LD_LIBRARY_PATH`, which still wins: that is
+/// how a binary built here runs on MLX's CUDA build), and OpenBLAS ahead of MLX's reference BLAS
+/// when `mlx-sys` found it.
+fn mlx_link_args() {
+    let macos = std::env::var("CARGO_CFG_TARGET_OS").as_deref() == Ok("macos");
+    if let Some(dir) = std::env::var_os("DEP_MLX_LIB_DIR") {
+        let dir = dir.to_string_lossy();
+        if macos {
+            println!("cargo:rustc-link-arg=-Wl,-rpath,{dir}");
+        } else {
+            println!("cargo:rustc-link-arg=-Wl,--enable-new-dtags,-rpath,{dir}");
+        }
+    }
+    if let Some(blas) = std::env::var_os("DEP_MLX_BLAS") {
+        println!("cargo:rustc-link-arg=-Wl,--no-as-needed,{},--as-needed", blas.to_string_lossy());
+    }
+}
