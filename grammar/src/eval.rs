@@ -78,6 +78,14 @@ pub fn eval(expr: &Expr, env: &Env) -> Result<Value> {
             (UnaryOp::Not, Value::Bool(b)) => Ok(Value::Bool(!b)),
             _ => Err(bad(expr, "wrong operand type")),
         },
+        ExprKind::Binary(op @ (BinaryOp::And | BinaryOp::Or), _, a, b) => {
+            match (op, eval(a, env)?) {
+                (BinaryOp::And, Value::Bool(false)) => Ok(Value::Bool(false)),
+                (BinaryOp::Or, Value::Bool(true)) => Ok(Value::Bool(true)),
+                (_, Value::Bool(_)) => eval(b, env),
+                _ => Err(bad(a, "not a bool")),
+            }
+        }
         ExprKind::Binary(op, _, a, b) => binary(expr, *op, eval(a, env)?, eval(b, env)?, a, b),
         ExprKind::If(cond, then, otherwise) => {
             let branch = match eval(cond, env)? {
@@ -155,8 +163,6 @@ fn binary(expr: &Expr, op: BinaryOp, a: Value, b: Value, ea: &Expr, eb: &Expr) -
     use BinaryOp::*;
     let overflow = || bad(expr, "integer overflow");
     match (op, &a, &b) {
-        (And, Value::Bool(x), Value::Bool(y)) => Ok(Value::Bool(*x && *y)),
-        (Or, Value::Bool(x), Value::Bool(y)) => Ok(Value::Bool(*x || *y)),
         (Eq, _, _) => Ok(Value::Bool(a == b)),
         (Ne, _, _) => Ok(Value::Bool(a != b)),
         (Div, Value::Int(x), Value::Int(y)) => {

@@ -1,12 +1,25 @@
 //! Published parameter counts of the bundled models, computed from their `.lmx` files.
 
-use lmx_grammar::report::report;
+use lmx_grammar::report::{report, Report};
 
-fn count(file: &str, preset: &str) -> u64 {
+fn report_of(file: &str, preset: &str) -> Report {
     let path = format!("{}/../models/{file}", env!("CARGO_MANIFEST_DIR"));
     let source = std::fs::read_to_string(&path).expect("model file");
     let model = lmx_grammar::check_source(&path, &source).unwrap_or_else(|e| panic!("{e}"));
-    report(&model, preset, 1, None).expect("report").param_count
+    report(&model, preset, 1, None).expect("report")
+}
+
+fn count(file: &str, preset: &str) -> u64 {
+    report_of(file, preset).param_count
+}
+
+/// The parameter count of the benchmark anchor's GPT (shared/bench/anchor_mlx.py),
+/// derived from its module structure: tied embeddings, positions of the run's length.
+fn anchor_count(d: u64, layers: u64, vocab: u64, seq: u64) -> u64 {
+    let ln = 2 * d;
+    let linear = |i: u64, o: u64| i * o + o;
+    let block = 2 * ln + linear(d, 3 * d) + linear(d, d) + linear(d, 4 * d) + linear(4 * d, d);
+    vocab * d + seq * d + layers * block + ln
 }
 
 #[test]
@@ -15,4 +28,60 @@ fn gpt2_published_counts() {
     assert_eq!(count("gpt2.lmx", "355m"), 354_823_168);
     assert_eq!(count("gpt2.lmx", "774m"), 774_030_080);
     assert_eq!(count("gpt2.lmx", "1558m"), 1_557_611_200);
+}
+
+#[test]
+fn gpt2_anchor_presets_match_the_reference_structure() {
+    assert_eq!(count("gpt2.lmx", "tiny"), anchor_count(64, 2, 256, 256));
+    assert_eq!(count("gpt2.lmx", "small"), anchor_count(256, 6, 256, 256));
+    assert_eq!(count("gpt2.lmx", "medium"), anchor_count(1024, 12, 256, 512));
+    assert_eq!(count("gpt2.lmx", "gpt2"), anchor_count(768, 12, 50304, 1024));
+}
+
+#[test]
+fn llama_published_counts() {
+    assert_eq!(count("llama.lmx", "7b"), 6_738_415_616);
+    assert_eq!(count("llama.lmx", "13b"), 13_015_864_320);
+    assert_eq!(count("llama.lmx", "70b"), 68_976_648_192);
+}
+
+#[test]
+fn gemma_published_counts() {
+    assert_eq!(count("gemma.lmx", "2b"), 2_506_172_416);
+    assert_eq!(count("gemma.lmx", "7b"), 8_537_680_896);
+}
+
+#[test]
+fn mistral_mixtral_mpt_published_counts() {
+    assert_eq!(count("mistral.lmx", "7b"), 7_241_732_096);
+    assert_eq!(count("mixtral.lmx", "8x7b"), 46_702_792_704);
+    assert_eq!(count("mpt.lmx", "7b"), 6_649_286_656);
+}
+
+#[test]
+fn gpt2_names_shapes_and_costs() {
+    let r = report_of("gpt2.lmx", "124m");
+    let names: Vec<&str> = r.params.iter().take(6).map(|p| p.name.as_str()).collect();
+    assert_eq!(
+        names,
+        ["wte.weight", "wpe.weight", "h.0.ln_1.weight", "h.0.ln_1.bias", "h.0.attn.c_attn.weight", "h.0.attn.c_attn.bias"]
+    );
+    assert_eq!(r.params[4].shape, vec![2304, 768]);
+    assert!(r.params.iter().all(|p| !p.name.starts_with("lm_head")));
+    // 6N + 12 L d T with T = ctx, as the benchmark anchors count.
+    assert_eq!(r.flops_per_token_6n, 6 * 124_439_808 + 12 * 12 * 768 * 1024);
+    // Matrix products: every linear plus the tied head; attention 4 d T per layer, all times 3.
+    let linear_weights = 12 * (768 * 2304 + 768 * 768 + 2 * 768 * 3072) + 50257 * 768;
+    assert_eq!(r.flops_per_token, 3 * (2 * linear_weights + 12 * 4 * 768 * 1024));
+    assert_eq!(r.memory.optimizer, 2 * r.memory.parameters);
+}
+
+#[test]
+fn mistral_layer_pattern_varies_per_layer() {
+    let path = format!("{}/../models/mistral.lmx", env!("CARGO_MANIFEST_DIR"));
+    let source = std::fs::read_to_string(&path).expect("model file");
+    let model = lmx_grammar::check_source(&path, &source).expect("checks");
+    let tiny = report(&model, "tiny", 2, Some(16)).expect("report");
+    assert_eq!(tiny.seq, 16);
+    assert!(tiny.params.iter().any(|p| p.name == "model.layers.3.self_attn.q_proj.weight"));
 }
