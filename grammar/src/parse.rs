@@ -67,6 +67,9 @@ fn syntax_error(e: pest::error::Error<Rule>) -> Diagnostic {
             let mut words: Vec<&str> = positives.iter().map(|r| describe(*r)).collect();
             words.sort_unstable();
             words.dedup();
+            if words.len() > 1 {
+                words.retain(|w| *w != "a token");
+            }
             words.join(", ")
         }
         pest::error::ErrorVariant::CustomError { message } => message.clone(),
@@ -90,7 +93,18 @@ fn describe(rule: Rule) -> &'static str {
         Rule::EOI => "end of file",
         Rule::model | Rule::MODEL => "`model`",
         Rule::name | Rule::names | Rule::path => "a name",
-        Rule::expression | Rule::operand | Rule::range => "an expression",
+        Rule::expression
+        | Rule::operand
+        | Rule::range
+        | Rule::neg
+        | Rule::not
+        | Rule::conditional
+        | Rule::list
+        | Rule::parenthesized
+        | Rule::float
+        | Rule::int
+        | Rule::string
+        | Rule::boolean => "an expression",
         Rule::setting | Rule::derived => "a config entry",
         Rule::static_type | Rule::INT | Rule::FLOAT | Rule::BOOL | Rule::STR | Rule::ENUM => {
             "a type"

@@ -23,7 +23,7 @@ pub struct ParamShape {
 impl ParamShape {
     /// Its number of elements.
     pub fn numel(&self) -> u64 {
-        self.shape.iter().product()
+        self.shape.iter().fold(1, |a, b| a.saturating_mul(*b))
     }
 }
 
@@ -43,7 +43,10 @@ pub struct Memory {
 impl Memory {
     /// The sum.
     pub fn total(&self) -> u64 {
-        self.parameters + self.gradients + self.optimizer + self.activations
+        self.parameters
+            .saturating_add(self.gradients)
+            .saturating_add(self.optimizer)
+            .saturating_add(self.activations)
     }
 }
 
@@ -88,6 +91,9 @@ impl fmt::Display for ReportError {
 
 impl std::error::Error for ReportError {}
 
+/// The longest block list a report expands.
+const MAX_INSTANCES: u64 = 100_000;
+
 /// Config names taken as the sequence length when none is given.
 const SEQ_NAMES: [&str; 4] = ["ctx", "max_seq_len", "seq_len", "context"];
 
@@ -131,10 +137,13 @@ pub fn report(model: &CheckedModel, preset: &str, batch: u64, seq: Option<u64>) 
         if !facts.attention.is_empty() {
             layers += facts.attention.len() as u64;
         }
-        attention += a;
-        activations += act;
+        attention = attention.saturating_add(a);
+        activations = activations.saturating_add(act);
     }
-    let param_count: u64 = walk.params.iter().map(ParamShape::numel).sum();
+    let param_count = walk
+        .params
+        .iter()
+        .fold(0u64, |acc, p| acc.saturating_add(p.numel()));
     let d_model = values.get("d_model").and_then(Value::as_f64).unwrap_or(0.0) as u64;
     let optimizer = model
         .steps
@@ -145,15 +154,23 @@ pub fn report(model: &CheckedModel, preset: &str, batch: u64, seq: Option<u64>) 
     Ok(Report {
         preset: preset.to_string(),
         param_count,
-        flops_per_token: 3 * (2 * walk.matmul_weights + attention),
-        flops_per_token_6n: 6 * param_count + 12 * layers * d_model * seq,
+        flops_per_token: walk
+            .matmul_weights
+            .saturating_mul(2)
+            .saturating_add(attention)
+            .saturating_mul(3),
+        flops_per_token_6n: param_count.saturating_mul(6).saturating_add(
+            (12 * layers).saturating_mul(d_model).saturating_mul(seq),
+        ),
         batch,
         seq,
         memory: Memory {
-            parameters: param_count * bytes,
-            gradients: param_count * bytes,
-            optimizer: param_count * bytes * optimizer.moments().len() as u64,
-            activations: activations * bytes,
+            parameters: param_count.saturating_mul(bytes),
+            gradients: param_count.saturating_mul(bytes),
+            optimizer: param_count
+                .saturating_mul(bytes)
+                .saturating_mul(optimizer.moments().len() as u64),
+            activations: activations.saturating_mul(bytes),
         },
         params: walk.params,
     })
@@ -200,7 +217,11 @@ impl Walk<'_> {
                 }
                 ParamNode::Block { block, args } => self.block(block, args, env, &name)?,
                 ParamNode::List { block, args, var, start, end } => {
-                    for i in int(start, env)?..int(end, env)? {
+                    let (start, end) = (int(start, env)?, int(end, env)?);
+                    if end.saturating_sub(start) > MAX_INSTANCES {
+                        return Err(ReportError::Eval(format!("`{name}` has more than {MAX_INSTANCES} elements")));
+                    }
+                    for i in start..end {
                         let mut inner = env.clone();
                         if let Some(v) = var {
                             inner.insert(v.clone(), Value::Int(i as i64));
@@ -212,7 +233,7 @@ impl Walk<'_> {
                 ParamNode::Tied { target } => {
                     let target = format!("{}{}.weight", prefix, target.join("."));
                     if let Some(p) = self.params.iter().find(|p| p.name == target) {
-                        self.matmul_weights += p.numel();
+                        self.matmul_weights = self.matmul_weights.saturating_add(p.numel());
                     }
                 }
             }
@@ -235,7 +256,7 @@ impl Walk<'_> {
                 if bias("bias")? {
                     push("bias", vec![o]);
                 }
-                self.matmul_weights += i * o;
+                self.matmul_weights = self.matmul_weights.saturating_add(i.saturating_mul(o));
             }
             LayerKind::LayerNorm => {
                 let d = size("dim")?;
@@ -302,17 +323,21 @@ impl Sizes {
                 .and_then(|v| u64::try_from(v).ok())
                 .ok_or_else(|| ReportError::Eval(format!("`{d}` in `{}`", if block.is_empty() { "forward" } else { block })))
         };
-        let mut attention = 0;
+        let mut attention = 0u64;
         for site in &facts.attention {
-            attention += 4 * size(&site.heads)? * size(&site.head_dim)? * size(&site.kv_len)?;
+            let flops = size(&site.heads)?
+                .saturating_mul(size(&site.head_dim)?)
+                .saturating_mul(size(&site.kv_len)?)
+                .saturating_mul(4);
+            attention = attention.saturating_add(flops);
         }
-        let mut activations = 0;
+        let mut activations = 0u64;
         for shape in &facts.activations {
             let mut n = 1u64;
             for d in shape {
                 n = n.saturating_mul(size(d).unwrap_or(1));
             }
-            activations += n;
+            activations = activations.saturating_add(n);
         }
         Ok((attention, activations))
     }

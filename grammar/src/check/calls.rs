@@ -567,6 +567,8 @@ impl Checker<'_> {
             let product = |s: &[Dim]| s.iter().fold(Dim::constant(1), |acc, d| acc.mul(d));
             let (a, b) = (product(from), product(&shape));
             if a != b {
+                let text = |s: &[Dim]| s.iter().map(|d| d.to_string()).collect::<Vec<_>>().join(" * ");
+                let (a, b) = (text(from), text(&shape));
                 self.error(
                     Diagnostic::new(
                         "lmx::shape::reshape",

@@ -19,7 +19,7 @@ pub const HOST_READS: [&str; 5] = ["item", "tolist", "numpy", "to_host", "eval"]
 pub fn broadcast(a: &[Dim], b: &[Dim]) -> Result<Vec<Dim>, (usize, usize)> {
     let n = a.len().max(b.len());
     let mut out = Vec::with_capacity(n);
-    for k in 0..n {
+    for k in (0..n).rev() {
         let da = (k + a.len()).checked_sub(n).map(|i| (i, &a[i]));
         let db = (k + b.len()).checked_sub(n).map(|i| (i, &b[i]));
         out.push(match (da, db) {
@@ -36,6 +36,7 @@ pub fn broadcast(a: &[Dim], b: &[Dim]) -> Result<Vec<Dim>, (usize, usize)> {
             (None, None) => Dim::constant(1),
         });
     }
+    out.reverse();
     Ok(out)
 }
 

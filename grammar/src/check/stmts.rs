@@ -226,6 +226,7 @@ impl Checker<'_> {
             .with_label(decl, format!("`{}` was declared with shape {was}", name.name))
             .with_help(format!("assignment keeps a variable's shape (it may run in a loop); use `let {} = ...` for a new value", name.name)),
         );
+        scope.rebind(&name.name, Ty::Unknown);
     }
 
     fn for_loop(&mut self, names: &[ast::Ident], range: &ast::Range, body: &Body, scope: &mut Scope, ctx: Context) {
