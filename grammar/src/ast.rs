@@ -145,7 +145,7 @@ pub enum ParamKind {
         /// The element.
         module: ModuleRef,
         /// How many, and the per-element variable if any.
-        count: ListCount,
+        count: Box<ListCount>,
     },
     /// `tied(path)`: shares the weight of another parameter.
     Tied(Vec<Ident>),

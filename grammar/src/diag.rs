@@ -133,16 +133,21 @@ impl MietteDiagnostic for Located<'_> {
 
     fn labels(&self) -> Option<Box<dyn Iterator<Item = LabeledSpan> + '_>> {
         let len = self.len;
-        let labels = self.diagnostic.labels.iter().enumerate().map(move |(i, l)| {
-            let start = l.span.start.min(len);
-            let end = l.span.end.clamp(start, len);
-            let span = (start, end - start);
-            if i == 0 {
-                LabeledSpan::new_primary_with_span(Some(l.text.clone()), span)
-            } else {
-                LabeledSpan::new_with_span(Some(l.text.clone()), span)
-            }
-        });
+        let labels = self
+            .diagnostic
+            .labels
+            .iter()
+            .enumerate()
+            .map(move |(i, l)| {
+                let start = l.span.start.min(len);
+                let end = l.span.end.clamp(start, len);
+                let span = (start, end - start);
+                if i == 0 {
+                    LabeledSpan::new_primary_with_span(Some(l.text.clone()), span)
+                } else {
+                    LabeledSpan::new_with_span(Some(l.text.clone()), span)
+                }
+            });
         Some(Box::new(labels))
     }
 }

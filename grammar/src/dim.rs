@@ -112,7 +112,11 @@ impl Dim {
     /// The constant value, if the dimension is one.
     pub fn as_constant(&self) -> Option<i64> {
         match &self.norm {
-            Norm::Monomial { num, den: 1, factors } if factors.is_empty() => Some(*num),
+            Norm::Monomial {
+                num,
+                den: 1,
+                factors,
+            } if factors.is_empty() => Some(*num),
             _ => None,
         }
     }
@@ -283,9 +287,15 @@ mod tests {
     #[test]
     fn constants_fold() {
         let d = Dim::symbol("d");
-        assert_eq!(Dim::constant(3).mul(&d).add(&d, 1), Dim::constant(4).mul(&d));
+        assert_eq!(
+            Dim::constant(3).mul(&d).add(&d, 1),
+            Dim::constant(4).mul(&d)
+        );
         assert_ne!(d.add(&Dim::constant(1), 1), d);
-        assert_eq!(Dim::constant(6).div(&Dim::constant(3)).as_constant(), Some(2));
+        assert_eq!(
+            Dim::constant(6).div(&Dim::constant(3)).as_constant(),
+            Some(2)
+        );
     }
 
     #[test]

@@ -169,10 +169,7 @@ fn binary(expr: &Expr, op: BinaryOp, a: Value, b: Value, ea: &Expr, eb: &Expr) -
             if *y == 0 || x.checked_rem(*y) != Some(0) {
                 Err(Diagnostic::new(
                     "lmx::config::inexact_division",
-                    format!(
-                        "`{}` does not divide exactly",
-                        crate::text::expr_text(expr)
-                    ),
+                    format!("`{}` does not divide exactly", crate::text::expr_text(expr)),
                     expr.span,
                     format!("{x} / {y} leaves a remainder"),
                 )
@@ -189,9 +186,15 @@ fn binary(expr: &Expr, op: BinaryOp, a: Value, b: Value, ea: &Expr, eb: &Expr) -
             .checked_rem(*y)
             .map(Value::Int)
             .ok_or_else(|| bad(expr, "remainder by zero")),
-        (Add, Value::Int(x), Value::Int(y)) => x.checked_add(*y).map(Value::Int).ok_or_else(overflow),
-        (Sub, Value::Int(x), Value::Int(y)) => x.checked_sub(*y).map(Value::Int).ok_or_else(overflow),
-        (Mul, Value::Int(x), Value::Int(y)) => x.checked_mul(*y).map(Value::Int).ok_or_else(overflow),
+        (Add, Value::Int(x), Value::Int(y)) => {
+            x.checked_add(*y).map(Value::Int).ok_or_else(overflow)
+        }
+        (Sub, Value::Int(x), Value::Int(y)) => {
+            x.checked_sub(*y).map(Value::Int).ok_or_else(overflow)
+        }
+        (Mul, Value::Int(x), Value::Int(y)) => {
+            x.checked_mul(*y).map(Value::Int).ok_or_else(overflow)
+        }
         (Pow, Value::Int(x), Value::Int(y)) => u32::try_from(*y)
             .ok()
             .and_then(|y| x.checked_pow(y))

@@ -207,9 +207,9 @@ pub enum ParamNode {
         /// The element variable of `[B(..) for i in a..b]`.
         var: Option<String>,
         /// First index (0 for `[B; n]`).
-        start: Expr,
+        start: Box<Expr>,
         /// One past the last index.
-        end: Expr,
+        end: Box<Expr>,
     },
     /// A nested group.
     Group(ParamTree),

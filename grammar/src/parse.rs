@@ -359,7 +359,10 @@ fn build_param(pair: Pair<'_, Rule>) -> Result<Param> {
                     ListCount::Comprehension { var, range }
                 }
             };
-            ParamKind::List { module, count }
+            ParamKind::List {
+                module,
+                count: Box::new(count),
+            }
         }
         Rule::tied => {
             let path = take(&mut kids(kind_pair), kind_span)?;
@@ -470,7 +473,11 @@ fn build_tensor_type(pair: Pair<'_, Rule>) -> Result<TensorType> {
     let span: Span = pair.as_span().into();
     let mut it = kids(pair);
     let shape = build_shape(take(&mut it, span)?)?;
-    let dtype = match it.next().and_then(|d| d.into_inner().next()).map(|d| d.as_rule()) {
+    let dtype = match it
+        .next()
+        .and_then(|d| d.into_inner().next())
+        .map(|d| d.as_rule())
+    {
         Some(Rule::INT) => Dtype::Int,
         Some(Rule::BOOL) => Dtype::Bool,
         _ => Dtype::Float,
@@ -684,7 +691,11 @@ fn build_primary(pair: Pair<'_, Rule>) -> Result<Expr> {
         })?),
         Rule::string => {
             let s = pair.as_str();
-            ExprKind::Str(s.get(1..s.len().saturating_sub(1)).unwrap_or("").to_string())
+            ExprKind::Str(
+                s.get(1..s.len().saturating_sub(1))
+                    .unwrap_or("")
+                    .to_string(),
+            )
         }
         Rule::boolean => ExprKind::Bool(pair.as_str() == "true"),
         Rule::name => ExprKind::Name(pair.as_str().to_string()),

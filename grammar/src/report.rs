@@ -99,7 +99,12 @@ const SEQ_NAMES: [&str; 4] = ["ctx", "max_seq_len", "seq_len", "context"];
 
 /// Computes the report of a preset (`default` for the declared defaults).
 /// `seq` defaults to the config's context length (`ctx`, `max_seq_len`, ...).
-pub fn report(model: &CheckedModel, preset: &str, batch: u64, seq: Option<u64>) -> Result<Report, ReportError> {
+pub fn report(
+    model: &CheckedModel,
+    preset: &str,
+    batch: u64,
+    seq: Option<u64>,
+) -> Result<Report, ReportError> {
     let values = &model
         .preset(preset)
         .ok_or_else(|| ReportError::UnknownPreset(preset.to_string()))?
@@ -159,9 +164,9 @@ pub fn report(model: &CheckedModel, preset: &str, batch: u64, seq: Option<u64>) 
             .saturating_mul(2)
             .saturating_add(attention)
             .saturating_mul(3),
-        flops_per_token_6n: param_count.saturating_mul(6).saturating_add(
-            (12 * layers).saturating_mul(d_model).saturating_mul(seq),
-        ),
+        flops_per_token_6n: param_count
+            .saturating_mul(6)
+            .saturating_add((12 * layers).saturating_mul(d_model).saturating_mul(seq)),
         batch,
         seq,
         memory: Memory {
@@ -186,8 +191,13 @@ struct Walk<'a> {
 
 fn int(expr: &crate::ast::Expr, env: &Env) -> Result<u64, ReportError> {
     match eval(expr, env) {
-        Ok(Value::Int(i)) => u64::try_from(i).map_err(|_| ReportError::Eval(format!("{} is negative", crate::text::expr_text(expr)))),
-        Ok(v) => Err(ReportError::Eval(format!("{} is {v}, not an int", crate::text::expr_text(expr)))),
+        Ok(Value::Int(i)) => u64::try_from(i).map_err(|_| {
+            ReportError::Eval(format!("{} is negative", crate::text::expr_text(expr)))
+        }),
+        Ok(v) => Err(ReportError::Eval(format!(
+            "{} is {v}, not an int",
+            crate::text::expr_text(expr)
+        ))),
         Err(d) => Err(ReportError::Eval(d.message)),
     }
 }
@@ -212,14 +222,25 @@ impl Walk<'_> {
             match &entry.node {
                 ParamNode::Layer { kind, args } => self.layer(*kind, args, env, &name)?,
                 ParamNode::Tensor { shape, .. } => {
-                    let shape = shape.iter().map(|d| int(d, env)).collect::<Result<_, _>>()?;
+                    let shape = shape
+                        .iter()
+                        .map(|d| int(d, env))
+                        .collect::<Result<_, _>>()?;
                     self.params.push(ParamShape { name, shape });
                 }
                 ParamNode::Block { block, args } => self.block(block, args, env, &name)?,
-                ParamNode::List { block, args, var, start, end } => {
+                ParamNode::List {
+                    block,
+                    args,
+                    var,
+                    start,
+                    end,
+                } => {
                     let (start, end) = (int(start, env)?, int(end, env)?);
                     if end.saturating_sub(start) > MAX_INSTANCES {
-                        return Err(ReportError::Eval(format!("`{name}` has more than {MAX_INSTANCES} elements")));
+                        return Err(ReportError::Eval(format!(
+                            "`{name}` has more than {MAX_INSTANCES} elements"
+                        )));
                     }
                     for i in start..end {
                         let mut inner = env.clone();
@@ -241,12 +262,21 @@ impl Walk<'_> {
         Ok(())
     }
 
-    fn layer(&mut self, kind: LayerKind, args: &[(String, crate::ast::Expr)], env: &Env, name: &str) -> Result<(), ReportError> {
+    fn layer(
+        &mut self,
+        kind: LayerKind,
+        args: &[(String, crate::ast::Expr)],
+        env: &Env,
+        name: &str,
+    ) -> Result<(), ReportError> {
         let arg = |n: &str| args.iter().find(|(k, _)| k == n).map(|(_, e)| e);
         let size = |n: &str| arg(n).map_or(Ok(0), |e| int(e, env));
         let bias = |n: &str| arg(n).map_or(Ok(false), |e| flag(e, env));
         let mut push = |suffix: &str, shape: Vec<u64>| {
-            self.params.push(ParamShape { name: format!("{name}.{suffix}"), shape });
+            self.params.push(ParamShape {
+                name: format!("{name}.{suffix}"),
+                shape,
+            });
         };
         match kind {
             LayerKind::Embedding => push("weight", vec![size("count")?, size("dim")?]),
@@ -270,12 +300,22 @@ impl Walk<'_> {
         Ok(())
     }
 
-    fn block(&mut self, block: &str, args: &[(String, crate::ast::Expr)], env: &Env, name: &str) -> Result<(), ReportError> {
+    fn block(
+        &mut self,
+        block: &str,
+        args: &[(String, crate::ast::Expr)],
+        env: &Env,
+        name: &str,
+    ) -> Result<(), ReportError> {
         let model = self.model;
         let Some(b) = model.block(block) else {
             return Err(ReportError::Eval(format!("no block `{block}`")));
         };
-        let mut inner: Env = model.presets.first().map(|_| env.clone()).unwrap_or_default();
+        let mut inner: Env = model
+            .presets
+            .first()
+            .map(|_| env.clone())
+            .unwrap_or_default();
         for (k, e) in args {
             let v = eval(e, env).map_err(|d| ReportError::Eval(d.message))?;
             inner.insert(k.clone(), v);
@@ -307,12 +347,20 @@ impl Sizes {
     }
 
     /// Attention FLOPs per token and activation elements of one forward pass.
-    fn facts(&mut self, facts: &FnFacts, env: &Env, block: &str) -> Result<(u64, u64), ReportError> {
+    fn facts(
+        &mut self,
+        facts: &FnFacts,
+        env: &Env,
+        block: &str,
+    ) -> Result<(u64, u64), ReportError> {
         let lookup = |k: &str| -> Option<i64> {
             if let Some(v) = self.bound.get(k) {
                 return Some(*v);
             }
-            let key = k.strip_prefix(block).and_then(|r| r.strip_prefix('.')).unwrap_or(k);
+            let key = k
+                .strip_prefix(block)
+                .and_then(|r| r.strip_prefix('.'))
+                .unwrap_or(k);
             match env.get(key) {
                 Some(Value::Int(i)) => Some(*i),
                 _ => None,
@@ -321,7 +369,12 @@ impl Sizes {
         let size = |d: &crate::dim::Dim| {
             d.eval(&lookup)
                 .and_then(|v| u64::try_from(v).ok())
-                .ok_or_else(|| ReportError::Eval(format!("`{d}` in `{}`", if block.is_empty() { "forward" } else { block })))
+                .ok_or_else(|| {
+                    ReportError::Eval(format!(
+                        "`{d}` in `{}`",
+                        if block.is_empty() { "forward" } else { block }
+                    ))
+                })
         };
         let mut attention = 0u64;
         for site in &facts.attention {

@@ -34,8 +34,14 @@ fn gpt2_published_counts() {
 fn gpt2_anchor_presets_match_the_reference_structure() {
     assert_eq!(count("gpt2.lmx", "tiny"), anchor_count(64, 2, 256, 256));
     assert_eq!(count("gpt2.lmx", "small"), anchor_count(256, 6, 256, 256));
-    assert_eq!(count("gpt2.lmx", "medium"), anchor_count(1024, 12, 256, 512));
-    assert_eq!(count("gpt2.lmx", "gpt2"), anchor_count(768, 12, 50304, 1024));
+    assert_eq!(
+        count("gpt2.lmx", "medium"),
+        anchor_count(1024, 12, 256, 512)
+    );
+    assert_eq!(
+        count("gpt2.lmx", "gpt2"),
+        anchor_count(768, 12, 50304, 1024)
+    );
 }
 
 #[test]
@@ -64,7 +70,14 @@ fn gpt2_names_shapes_and_costs() {
     let names: Vec<&str> = r.params.iter().take(6).map(|p| p.name.as_str()).collect();
     assert_eq!(
         names,
-        ["wte.weight", "wpe.weight", "h.0.ln_1.weight", "h.0.ln_1.bias", "h.0.attn.c_attn.weight", "h.0.attn.c_attn.bias"]
+        [
+            "wte.weight",
+            "wpe.weight",
+            "h.0.ln_1.weight",
+            "h.0.ln_1.bias",
+            "h.0.attn.c_attn.weight",
+            "h.0.attn.c_attn.bias"
+        ]
     );
     assert_eq!(r.params[4].shape, vec![2304, 768]);
     assert!(r.params.iter().all(|p| !p.name.starts_with("lm_head")));
@@ -72,7 +85,10 @@ fn gpt2_names_shapes_and_costs() {
     assert_eq!(r.flops_per_token_6n, 6 * 124_439_808 + 12 * 12 * 768 * 1024);
     // Matrix products: every linear plus the tied head; attention 4 d T per layer, all times 3.
     let linear_weights = 12 * (768 * 2304 + 768 * 768 + 2 * 768 * 3072) + 50257 * 768;
-    assert_eq!(r.flops_per_token, 3 * (2 * linear_weights + 12 * 4 * 768 * 1024));
+    assert_eq!(
+        r.flops_per_token,
+        3 * (2 * linear_weights + 12 * 4 * 768 * 1024)
+    );
     assert_eq!(r.memory.optimizer, 2 * r.memory.parameters);
 }
 
@@ -83,5 +99,8 @@ fn mistral_layer_pattern_varies_per_layer() {
     let model = lmx_grammar::check_source(&path, &source).expect("checks");
     let tiny = report(&model, "tiny", 2, Some(16)).expect("report");
     assert_eq!(tiny.seq, 16);
-    assert!(tiny.params.iter().any(|p| p.name == "model.layers.3.self_attn.q_proj.weight"));
+    assert!(tiny
+        .params
+        .iter()
+        .any(|p| p.name == "model.layers.3.self_attn.q_proj.weight"));
 }

@@ -6,7 +6,12 @@ use std::path::Path;
 
 fn render_case(path: &Path) -> String {
     let source = std::fs::read_to_string(path).expect("case file");
-    let name = format!("{}", path.file_name().map(|n| n.to_string_lossy()).unwrap_or_default());
+    let name = format!(
+        "{}",
+        path.file_name()
+            .map(|n| n.to_string_lossy())
+            .unwrap_or_default()
+    );
     match lmx_grammar::check_source(&name, &source) {
         Ok(_) => "checked without errors\n".to_string(),
         Err(text) => text,
@@ -34,10 +39,17 @@ fn diagnostics_match_snapshots() {
         }
         let want = std::fs::read_to_string(&snapshot).unwrap_or_default();
         if got != want {
-            failures.push(format!("{}:\n--- want\n{want}\n--- got\n{got}", case.display()));
+            failures.push(format!(
+                "{}:\n--- want\n{want}\n--- got\n{got}",
+                case.display()
+            ));
         }
         for line in got.lines() {
-            if let Some(code) = line.trim().strip_suffix("").and_then(|l| l.split_whitespace().next()) {
+            if let Some(code) = line
+                .trim()
+                .strip_suffix("")
+                .and_then(|l| l.split_whitespace().next())
+            {
                 if code.starts_with("lmx::") {
                     codes.insert(code.to_string());
                 }
@@ -45,7 +57,11 @@ fn diagnostics_match_snapshots() {
         }
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));
-    assert!(bless || codes.len() >= 15, "only {} distinct diagnostics: {codes:?}", codes.len());
+    assert!(
+        bless || codes.len() >= 15,
+        "only {} distinct diagnostics: {codes:?}",
+        codes.len()
+    );
 }
 
 #[test]

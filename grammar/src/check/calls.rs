@@ -17,21 +17,69 @@ use crate::types::{LayerTy, ModuleTy, StaticTy, TensorTy, Ty};
 
 /// Functions that keep their argument's shape.
 pub const ELEMENTWISE: [&str; 17] = [
-    "gelu", "gelu_approx", "silu", "relu", "sigmoid", "tanh", "exp", "log", "sqrt", "rsqrt", "abs",
-    "square", "sin", "cos", "softplus", "stop_gradient", "as_float",
+    "gelu",
+    "gelu_approx",
+    "silu",
+    "relu",
+    "sigmoid",
+    "tanh",
+    "exp",
+    "log",
+    "sqrt",
+    "rsqrt",
+    "abs",
+    "square",
+    "sin",
+    "cos",
+    "softplus",
+    "stop_gradient",
+    "as_float",
 ];
 
 /// Every built-in function of forward passes.
 pub const FORWARD_BUILTINS: [&str; 30] = [
-    "softmax", "log_softmax", "dropout", "sum", "mean", "max", "min", "logsumexp", "maximum",
-    "minimum", "where", "reshape", "transpose", "swapaxes", "expand_dims", "squeeze", "split",
-    "concat", "matmul", "arange", "zeros", "ones", "attention", "rope", "alibi", "sinusoidal",
-    "one_hot", "argsort", "argpartition", "top_k",
+    "softmax",
+    "log_softmax",
+    "dropout",
+    "sum",
+    "mean",
+    "max",
+    "min",
+    "logsumexp",
+    "maximum",
+    "minimum",
+    "where",
+    "reshape",
+    "transpose",
+    "swapaxes",
+    "expand_dims",
+    "squeeze",
+    "split",
+    "concat",
+    "matmul",
+    "arange",
+    "zeros",
+    "ones",
+    "attention",
+    "rope",
+    "alibi",
+    "sinusoidal",
+    "one_hot",
+    "argsort",
+    "argpartition",
+    "top_k",
 ];
 
 /// Built-ins that may be called with static arguments only.
 pub const MORE_BUILTINS: [&str; 9] = [
-    "take_along_axis", "cross_entropy", "len", "int", "float", "bool", "logical_and", "logical_or",
+    "take_along_axis",
+    "cross_entropy",
+    "len",
+    "int",
+    "float",
+    "bool",
+    "logical_and",
+    "logical_or",
     "logical_not",
 ];
 
@@ -49,7 +97,11 @@ pub fn is_builtin(name: &str, ctx: Context) -> bool {
 /// The type of `a @ b`.
 pub(crate) fn matmul(c: &mut Checker<'_>, span: Span, a: &TensorTy, b: &TensorTy) -> Ty {
     let (Some(sa), Some(sb)) = (&a.shape, &b.shape) else {
-        return Ty::Tensor(TensorTy { dtype: a.dtype, shape: None, origin: span });
+        return Ty::Tensor(TensorTy {
+            dtype: a.dtype,
+            shape: None,
+            origin: span,
+        });
     };
     if sa.len() < 2 || sb.len() < 2 {
         c.error(
@@ -92,7 +144,11 @@ pub(crate) fn matmul(c: &mut Checker<'_>, span: Span, a: &TensorTy, b: &TensorTy
         Err(_) => {
             c.error(Diagnostic::new(
                 "lmx::shape::mismatch",
-                format!("batch dimensions of {} and {} do not broadcast", a.shape_text(), b.shape_text()),
+                format!(
+                    "batch dimensions of {} and {} do not broadcast",
+                    a.shape_text(),
+                    b.shape_text()
+                ),
                 span,
                 "in this product",
             ));
@@ -142,10 +198,24 @@ fn literal_int(e: &Expr) -> Option<i64> {
 
 impl Checker<'_> {
     /// The type of `callee(args)`.
-    pub(crate) fn call(&mut self, e: &Expr, callee: &Expr, args: &[Arg], scope: &mut Scope, ctx: Context) -> Ty {
+    pub(crate) fn call(
+        &mut self,
+        e: &Expr,
+        callee: &Expr,
+        args: &[Arg],
+        scope: &mut Scope,
+        ctx: Context,
+    ) -> Ty {
         let ft = self.infer(callee, scope, ctx);
-        let tys: Vec<Ty> = args.iter().map(|a| self.infer(&a.value, scope, ctx)).collect();
-        let args = Args { args, tys, span: e.span };
+        let tys: Vec<Ty> = args
+            .iter()
+            .map(|a| self.infer(&a.value, scope, ctx))
+            .collect();
+        let args = Args {
+            args,
+            tys,
+            span: e.span,
+        };
         match ft {
             Ty::Unknown => Ty::Unknown,
             Ty::Function(name) if name.starts_with('.') => {
@@ -194,7 +264,13 @@ impl Checker<'_> {
         );
     }
 
-    fn tensor_arg(&mut self, args: &Args<'_>, pos: usize, name: &str, func: &str) -> Option<TensorTy> {
+    fn tensor_arg(
+        &mut self,
+        args: &Args<'_>,
+        pos: usize,
+        name: &str,
+        func: &str,
+    ) -> Option<TensorTy> {
         match args.get(pos, name) {
             Some((_, Ty::Tensor(t))) => Some(t.clone()),
             Some((_, Ty::Unknown)) => None,
@@ -224,7 +300,13 @@ impl Checker<'_> {
     }
 
     /// A static int argument; `Some(None)` when it is static but not a known dim.
-    fn int_arg(&mut self, args: &Args<'_>, pos: usize, name: &str, func: &str) -> Option<Option<Dim>> {
+    fn int_arg(
+        &mut self,
+        args: &Args<'_>,
+        pos: usize,
+        name: &str,
+        func: &str,
+    ) -> Option<Option<Dim>> {
         let (e, t) = args.get(pos, name)?;
         if let Ty::Tensor(t) = t {
             self.error(
@@ -238,7 +320,12 @@ impl Checker<'_> {
             );
             return None;
         }
-        if !self.expect_static(t, &StaticTy::Int(None), e.span, &format!("`{name}` of `{func}`")) {
+        if !self.expect_static(
+            t,
+            &StaticTy::Int(None),
+            e.span,
+            &format!("`{name}` of `{func}`"),
+        ) {
             return None;
         }
         match t {
@@ -273,9 +360,19 @@ impl Checker<'_> {
             if all_static && !args.tys.is_empty() {
                 return Ty::Static(StaticTy::Float);
             }
-            let Some(t) = self.tensor_arg(args, 0, "x", name) else { return Ty::Unknown };
-            let dtype = if name == "as_float" { Dtype::Float } else { t.dtype };
-            return Ty::Tensor(TensorTy { dtype, origin: span, ..t });
+            let Some(t) = self.tensor_arg(args, 0, "x", name) else {
+                return Ty::Unknown;
+            };
+            let dtype = if name == "as_float" {
+                Dtype::Float
+            } else {
+                t.dtype
+            };
+            return Ty::Tensor(TensorTy {
+                dtype,
+                origin: span,
+                ..t
+            });
         }
         match name {
             "int" | "float" | "bool" | "len" => {
@@ -290,8 +387,15 @@ impl Checker<'_> {
                 }
             }
             "min" | "max" if all_static => {
-                let ints = args.tys.iter().all(|t| matches!(t, Ty::Static(StaticTy::Int(_))));
-                Ty::Static(if ints { StaticTy::Int(None) } else { StaticTy::Float })
+                let ints = args
+                    .tys
+                    .iter()
+                    .all(|t| matches!(t, Ty::Static(StaticTy::Int(_))));
+                Ty::Static(if ints {
+                    StaticTy::Int(None)
+                } else {
+                    StaticTy::Float
+                })
             }
             "softmax" | "log_softmax" | "dropout" => {
                 if name == "dropout" {
@@ -307,8 +411,12 @@ impl Checker<'_> {
             "reshape" => self.reshape(span, args),
             "transpose" => self.transpose(span, args),
             "swapaxes" => {
-                let Some(t) = self.tensor_arg(args, 0, "x", name) else { return Ty::Unknown };
-                let Some(mut shape) = t.shape.clone() else { return Ty::Tensor(t) };
+                let Some(t) = self.tensor_arg(args, 0, "x", name) else {
+                    return Ty::Unknown;
+                };
+                let Some(mut shape) = t.shape.clone() else {
+                    return Ty::Tensor(t);
+                };
                 let (Some((a, _)), Some((b, _))) = (args.get(1, "a"), args.get(2, "b")) else {
                     self.missing_arg(span, name, "a, b");
                     return Ty::Unknown;
@@ -324,7 +432,10 @@ impl Checker<'_> {
                     _ => {
                         self.error(Diagnostic::new(
                             "lmx::shape::axis",
-                            format!("axes of `swapaxes` must be literals within rank {}", shape.len()),
+                            format!(
+                                "axes of `swapaxes` must be literals within rank {}",
+                                shape.len()
+                            ),
                             span,
                             "out of range",
                         ));
@@ -333,10 +444,20 @@ impl Checker<'_> {
                 }
             }
             "expand_dims" | "squeeze" => {
-                let Some(t) = self.tensor_arg(args, 0, "x", name) else { return Ty::Unknown };
-                let Some(mut shape) = t.shape.clone() else { return Ty::Tensor(t) };
-                let rank = if name == "expand_dims" { shape.len() + 1 } else { shape.len() };
-                let Some(axis) = self.axis_arg(args, 1, rank, name) else { return Ty::Unknown };
+                let Some(t) = self.tensor_arg(args, 0, "x", name) else {
+                    return Ty::Unknown;
+                };
+                let Some(mut shape) = t.shape.clone() else {
+                    return Ty::Tensor(t);
+                };
+                let rank = if name == "expand_dims" {
+                    shape.len() + 1
+                } else {
+                    shape.len()
+                };
+                let Some(axis) = self.axis_arg(args, 1, rank, name) else {
+                    return Ty::Unknown;
+                };
                 if name == "expand_dims" {
                     shape.insert(axis, Dim::constant(1));
                 } else {
@@ -347,7 +468,10 @@ impl Checker<'_> {
             "split" => self.split(span, args),
             "concat" => self.concat(span, args),
             "matmul" => {
-                let (Some(a), Some(b)) = (self.tensor_arg(args, 0, "a", name), self.tensor_arg(args, 1, "b", name)) else {
+                let (Some(a), Some(b)) = (
+                    self.tensor_arg(args, 0, "a", name),
+                    self.tensor_arg(args, 1, "b", name),
+                ) else {
                     return Ty::Unknown;
                 };
                 matmul(self, span, &a, &b)
@@ -366,7 +490,9 @@ impl Checker<'_> {
             },
             "attention" => self.attention(span, args),
             "rope" => {
-                let Some(t) = self.tensor_arg(args, 0, "x", name) else { return Ty::Unknown };
+                let Some(t) = self.tensor_arg(args, 0, "x", name) else {
+                    return Ty::Unknown;
+                };
                 if t.rank().is_some_and(|r| r != 4) {
                     self.rank_error(span, "rope", "[B, heads, T, head_dim]", &t);
                     return Ty::Unknown;
@@ -377,7 +503,9 @@ impl Checker<'_> {
                 let heads = self.int_arg(args, 0, "heads", name).flatten();
                 let len = self.int_arg(args, 1, "len", name).flatten();
                 match (heads, len) {
-                    (Some(h), Some(t)) => Ty::Tensor(TensorTy::new(Dtype::Float, vec![h, t.clone(), t], span)),
+                    (Some(h), Some(t)) => {
+                        Ty::Tensor(TensorTy::new(Dtype::Float, vec![h, t.clone(), t], span))
+                    }
                     _ => Ty::Unknown,
                 }
             }
@@ -390,23 +518,41 @@ impl Checker<'_> {
                 }
             }
             "one_hot" => {
-                let Some(t) = self.tensor_arg(args, 0, "indices", name) else { return Ty::Unknown };
-                let Some(n) = self.int_arg(args, 1, "n", name).flatten() else { return Ty::Unknown };
-                let Some(mut shape) = t.shape else { return Ty::Unknown };
+                let Some(t) = self.tensor_arg(args, 0, "indices", name) else {
+                    return Ty::Unknown;
+                };
+                let Some(n) = self.int_arg(args, 1, "n", name).flatten() else {
+                    return Ty::Unknown;
+                };
+                let Some(mut shape) = t.shape else {
+                    return Ty::Unknown;
+                };
                 shape.push(n);
                 Ty::Tensor(TensorTy::new(Dtype::Float, shape, span))
             }
             "argsort" | "argpartition" => {
-                let Some(t) = self.tensor_arg(args, 0, "x", name) else { return Ty::Unknown };
+                let Some(t) = self.tensor_arg(args, 0, "x", name) else {
+                    return Ty::Unknown;
+                };
                 if name == "argpartition" {
                     self.int_arg(args, 1, "kth", name);
                 }
-                Ty::Tensor(TensorTy { dtype: Dtype::Int, origin: span, ..t })
+                Ty::Tensor(TensorTy {
+                    dtype: Dtype::Int,
+                    origin: span,
+                    ..t
+                })
             }
             "top_k" => {
-                let Some(t) = self.tensor_arg(args, 0, "x", name) else { return Ty::Unknown };
-                let Some(k) = self.int_arg(args, 1, "k", name).flatten() else { return Ty::Unknown };
-                let Some(mut shape) = t.shape.clone() else { return Ty::Unknown };
+                let Some(t) = self.tensor_arg(args, 0, "x", name) else {
+                    return Ty::Unknown;
+                };
+                let Some(k) = self.int_arg(args, 1, "k", name).flatten() else {
+                    return Ty::Unknown;
+                };
+                let Some(mut shape) = t.shape.clone() else {
+                    return Ty::Unknown;
+                };
                 if let Some(last) = shape.last_mut() {
                     *last = k;
                 }
@@ -416,17 +562,31 @@ impl Checker<'_> {
                 ])
             }
             "take_along_axis" => {
-                let (Some(x), Some(i)) = (self.tensor_arg(args, 0, "x", name), self.tensor_arg(args, 1, "indices", name)) else {
+                let (Some(x), Some(i)) = (
+                    self.tensor_arg(args, 0, "x", name),
+                    self.tensor_arg(args, 1, "indices", name),
+                ) else {
                     return Ty::Unknown;
                 };
                 if x.rank().is_some() && i.rank().is_some() && x.rank() != i.rank() {
-                    self.rank_error(span, name, &format!("indices of rank {}", x.rank().unwrap_or(0)), &i);
+                    self.rank_error(
+                        span,
+                        name,
+                        &format!("indices of rank {}", x.rank().unwrap_or(0)),
+                        &i,
+                    );
                     return Ty::Unknown;
                 }
-                Ty::Tensor(TensorTy { dtype: x.dtype, shape: i.shape, origin: span })
+                Ty::Tensor(TensorTy {
+                    dtype: x.dtype,
+                    shape: i.shape,
+                    origin: span,
+                })
             }
             "cross_entropy" => self.cross_entropy(span, args),
-            "forward" | "grad" | "clip_grad_norm" if ctx == Context::Step => self.step_builtin(name, span, args),
+            "forward" | "grad" | "clip_grad_norm" if ctx == Context::Step => {
+                self.step_builtin(name, span, args)
+            }
             _ => {
                 self.error(Diagnostic::new(
                     "lmx::name::unknown",
@@ -443,22 +603,43 @@ impl Checker<'_> {
         self.error(
             Diagnostic::new(
                 "lmx::shape::rank",
-                format!("`{func}` expects {want}, found rank {}", t.rank().unwrap_or(0)),
+                format!(
+                    "`{func}` expects {want}, found rank {}",
+                    t.rank().unwrap_or(0)
+                ),
                 span,
                 format!("called with shape {}", t.shape_text()),
             )
-            .with_label(t.origin, format!("the shape {} comes from here", t.shape_text())),
+            .with_label(
+                t.origin,
+                format!("the shape {} comes from here", t.shape_text()),
+            ),
         );
     }
 
     fn reduce(&mut self, name: &str, span: Span, args: &Args<'_>) -> Ty {
-        let Some(t) = self.tensor_arg(args, 0, "x", name) else { return Ty::Unknown };
-        let Some(shape) = t.shape.clone() else { return Ty::Tensor(t) };
+        let Some(t) = self.tensor_arg(args, 0, "x", name) else {
+            return Ty::Unknown;
+        };
+        let Some(shape) = t.shape.clone() else {
+            return Ty::Tensor(t);
+        };
         if args.get(1, "axis").is_none() {
             return Ty::Tensor(TensorTy::new(t.dtype, Vec::new(), span));
         }
-        let Some(axis) = self.axis_arg(args, 1, shape.len(), name) else { return Ty::Unknown };
-        let keep = matches!(args.get(2, "keepdims"), Some((Expr { kind: ExprKind::Bool(true), .. }, _)));
+        let Some(axis) = self.axis_arg(args, 1, shape.len(), name) else {
+            return Ty::Unknown;
+        };
+        let keep = matches!(
+            args.get(2, "keepdims"),
+            Some((
+                Expr {
+                    kind: ExprKind::Bool(true),
+                    ..
+                },
+                _
+            ))
+        );
         let mut shape = shape;
         if keep {
             shape[axis] = Dim::constant(1);
@@ -485,9 +666,17 @@ impl Checker<'_> {
                 ));
                 return Ty::Unknown;
             }
-            let dtype = if name == "where" && i == 0 { Dtype::Float } else { t.dtype };
+            let dtype = if name == "where" && i == 0 {
+                Dtype::Float
+            } else {
+                t.dtype
+            };
             out = Some(match out {
-                None => TensorTy { dtype, origin: span, ..t },
+                None => TensorTy {
+                    dtype,
+                    origin: span,
+                    ..t
+                },
                 Some(acc) => match (&acc.shape, &t.shape) {
                     (Some(a), Some(b)) => match broadcast(a, b) {
                         Ok(s) => TensorTy::new(dtype, s, span),
@@ -495,7 +684,11 @@ impl Checker<'_> {
                             self.error(
                                 Diagnostic::new(
                                     "lmx::shape::mismatch",
-                                    format!("arguments of `{name}` do not broadcast: {} and {}", shape_text(a), shape_text(b)),
+                                    format!(
+                                        "arguments of `{name}` do not broadcast: {} and {}",
+                                        shape_text(a),
+                                        shape_text(b)
+                                    ),
                                     arg.value.span,
                                     format!("this has shape {}", t.shape_text()),
                                 )
@@ -504,13 +697,20 @@ impl Checker<'_> {
                             return Ty::Unknown;
                         }
                     },
-                    _ => TensorTy { dtype, shape: None, origin: span },
+                    _ => TensorTy {
+                        dtype,
+                        shape: None,
+                        origin: span,
+                    },
                 },
             });
         }
         let logical = name.starts_with("logical");
         match out {
-            Some(t) if logical => Ty::Tensor(TensorTy { dtype: Dtype::Bool, ..t }),
+            Some(t) if logical => Ty::Tensor(TensorTy {
+                dtype: Dtype::Bool,
+                ..t
+            }),
             Some(t) => Ty::Tensor(t),
             None => {
                 self.tensor_arg(args, 0, "x", name);
@@ -561,22 +761,38 @@ impl Checker<'_> {
     }
 
     fn reshape(&mut self, span: Span, args: &Args<'_>) -> Ty {
-        let Some(t) = self.tensor_arg(args, 0, "x", "reshape") else { return Ty::Unknown };
-        let Some(shape) = self.shape_list(args, 1, "reshape") else { return Ty::Unknown };
+        let Some(t) = self.tensor_arg(args, 0, "x", "reshape") else {
+            return Ty::Unknown;
+        };
+        let Some(shape) = self.shape_list(args, 1, "reshape") else {
+            return Ty::Unknown;
+        };
         if let Some(from) = &t.shape {
             let product = |s: &[Dim]| s.iter().fold(Dim::constant(1), |acc, d| acc.mul(d));
             let (a, b) = (product(from), product(&shape));
             if a != b {
-                let text = |s: &[Dim]| s.iter().map(|d| d.to_string()).collect::<Vec<_>>().join(" * ");
+                let text = |s: &[Dim]| {
+                    s.iter()
+                        .map(|d| d.to_string())
+                        .collect::<Vec<_>>()
+                        .join(" * ")
+                };
                 let (a, b) = (text(from), text(&shape));
                 self.error(
                     Diagnostic::new(
                         "lmx::shape::reshape",
-                        format!("cannot reshape {} into {}: `{a}` elements against `{b}`", t.shape_text(), shape_text(&shape)),
+                        format!(
+                            "cannot reshape {} into {}: `{a}` elements against `{b}`",
+                            t.shape_text(),
+                            shape_text(&shape)
+                        ),
                         span,
                         "the element counts differ",
                     )
-                    .with_label(t.origin, format!("the shape {} comes from here", t.shape_text())),
+                    .with_label(
+                        t.origin,
+                        format!("the shape {} comes from here", t.shape_text()),
+                    ),
                 );
                 return Ty::Unknown;
             }
@@ -585,8 +801,12 @@ impl Checker<'_> {
     }
 
     fn transpose(&mut self, span: Span, args: &Args<'_>) -> Ty {
-        let Some(t) = self.tensor_arg(args, 0, "x", "transpose") else { return Ty::Unknown };
-        let Some(shape) = t.shape.clone() else { return Ty::Tensor(t) };
+        let Some(t) = self.tensor_arg(args, 0, "x", "transpose") else {
+            return Ty::Unknown;
+        };
+        let Some(shape) = t.shape.clone() else {
+            return Ty::Tensor(t);
+        };
         let Some((e, _)) = args.get(1, "axes") else {
             self.missing_arg(span, "transpose", "axes");
             return Ty::Unknown;
@@ -604,16 +824,27 @@ impl Checker<'_> {
             sorted == (0..shape.len()).collect::<Vec<_>>()
         });
         match perm {
-            Some(p) if valid => Ty::Tensor(TensorTy::new(t.dtype, p.iter().map(|&i| shape[i].clone()).collect(), span)),
+            Some(p) if valid => Ty::Tensor(TensorTy::new(
+                t.dtype,
+                p.iter().map(|&i| shape[i].clone()).collect(),
+                span,
+            )),
             _ => {
                 self.error(
                     Diagnostic::new(
                         "lmx::shape::axis",
-                        format!("`transpose` needs a permutation of the {} axes of {}", shape.len(), t.shape_text()),
+                        format!(
+                            "`transpose` needs a permutation of the {} axes of {}",
+                            shape.len(),
+                            t.shape_text()
+                        ),
                         e.span,
                         "not a permutation",
                     )
-                    .with_label(t.origin, format!("the shape {} comes from here", t.shape_text())),
+                    .with_label(
+                        t.origin,
+                        format!("the shape {} comes from here", t.shape_text()),
+                    ),
                 );
                 Ty::Unknown
             }
@@ -621,7 +852,9 @@ impl Checker<'_> {
     }
 
     fn split(&mut self, span: Span, args: &Args<'_>) -> Ty {
-        let Some(t) = self.tensor_arg(args, 0, "x", "split") else { return Ty::Unknown };
+        let Some(t) = self.tensor_arg(args, 0, "x", "split") else {
+            return Ty::Unknown;
+        };
         let Some((n_expr, _)) = args.get(1, "n") else {
             self.missing_arg(span, "split", "n");
             return Ty::Unknown;
@@ -638,35 +871,62 @@ impl Checker<'_> {
                 return Ty::Unknown;
             }
         };
-        let Some(mut shape) = t.shape.clone() else { return Ty::Unknown };
-        let Some(axis) = self.axis_arg(args, 2, shape.len(), "split") else { return Ty::Unknown };
+        let Some(mut shape) = t.shape.clone() else {
+            return Ty::Unknown;
+        };
+        let Some(axis) = self.axis_arg(args, 2, shape.len(), "split") else {
+            return Ty::Unknown;
+        };
         shape[axis] = shape[axis].div(&Dim::constant(n));
         let part = Ty::Tensor(TensorTy::new(t.dtype, shape, span));
         Ty::Tuple(vec![part; usize::try_from(n).unwrap_or(1)])
     }
 
     fn concat(&mut self, span: Span, args: &Args<'_>) -> Ty {
-        let Some((Expr { kind: ExprKind::List(items), .. }, Ty::Tuple(tys))) = args.get(0, "xs") else {
+        let Some((
+            Expr {
+                kind: ExprKind::List(items),
+                ..
+            },
+            Ty::Tuple(tys),
+        )) = args.get(0, "xs")
+        else {
             self.missing_arg(span, "concat", "xs");
             return Ty::Unknown;
         };
         let mut parts = Vec::new();
         for (item, t) in items.iter().zip(tys) {
             match t {
-                Ty::Tensor(TensorTy { shape: Some(s), dtype, .. }) => parts.push((item.span, s.clone(), *dtype)),
+                Ty::Tensor(TensorTy {
+                    shape: Some(s),
+                    dtype,
+                    ..
+                }) => parts.push((item.span, s.clone(), *dtype)),
                 _ => return Ty::Unknown,
             }
         }
-        let Some((_, first, dtype)) = parts.first().cloned() else { return Ty::Unknown };
-        let Some(axis) = self.axis_arg(args, 1, first.len(), "concat") else { return Ty::Unknown };
+        let Some((_, first, dtype)) = parts.first().cloned() else {
+            return Ty::Unknown;
+        };
+        let Some(axis) = self.axis_arg(args, 1, first.len(), "concat") else {
+            return Ty::Unknown;
+        };
         let mut out = first.clone();
         for (s, shape, _) in &parts[1..] {
             let same_rest = shape.len() == first.len()
-                && shape.iter().zip(&first).enumerate().all(|(i, (a, b))| i == axis || a == b);
+                && shape
+                    .iter()
+                    .zip(&first)
+                    .enumerate()
+                    .all(|(i, (a, b))| i == axis || a == b);
             if !same_rest {
                 self.error(Diagnostic::new(
                     "lmx::shape::mismatch",
-                    format!("`concat` parts differ off the joined axis: {} and {}", shape_text(&first), shape_text(shape)),
+                    format!(
+                        "`concat` parts differ off the joined axis: {} and {}",
+                        shape_text(&first),
+                        shape_text(shape)
+                    ),
                     *s,
                     format!("this has shape {}", shape_text(shape)),
                 ));
@@ -706,14 +966,26 @@ impl Checker<'_> {
             }
         }
         let (Some(sq), Some(sk), Some(sv)) = (&q.shape, &k.shape, &v.shape) else {
-            return Ty::Tensor(TensorTy { shape: None, origin: span, ..q });
+            return Ty::Tensor(TensorTy {
+                shape: None,
+                origin: span,
+                ..q
+            });
         };
         if sq[3] != sk[3] || sk[2] != sv[2] {
-            let (what, a, b) = if sq[3] != sk[3] { ("head width", &q, &k) } else { ("length", &k, &v) };
+            let (what, a, b) = if sq[3] != sk[3] {
+                ("head width", &q, &k)
+            } else {
+                ("length", &k, &v)
+            };
             self.error(
                 Diagnostic::new(
                     "lmx::shape::mismatch",
-                    format!("`attention` {what} differs: {} and {}", a.shape_text(), b.shape_text()),
+                    format!(
+                        "`attention` {what} differs: {} and {}",
+                        a.shape_text(),
+                        b.shape_text()
+                    ),
                     span,
                     "in this attention",
                 )
@@ -722,7 +994,16 @@ impl Checker<'_> {
             );
             return Ty::Unknown;
         }
-        let causal = matches!(args.get(usize::MAX, "causal"), Some((Expr { kind: ExprKind::Bool(true), .. }, _)));
+        let causal = matches!(
+            args.get(usize::MAX, "causal"),
+            Some((
+                Expr {
+                    kind: ExprKind::Bool(true),
+                    ..
+                },
+                _
+            ))
+        );
         self.facts.attention.push(AttentionSite {
             heads: sq[1].clone(),
             q_len: sq[2].clone(),
@@ -755,12 +1036,22 @@ impl Checker<'_> {
                 self.error(
                     Diagnostic::new(
                         "lmx::shape::mismatch",
-                        format!("`cross_entropy` logits {} do not match targets {}", logits.shape_text(), targets.shape_text()),
+                        format!(
+                            "`cross_entropy` logits {} do not match targets {}",
+                            logits.shape_text(),
+                            targets.shape_text()
+                        ),
                         span,
                         "logits must be the targets' shape plus a class axis",
                     )
-                    .with_label(logits.origin, format!("logits have shape {}", logits.shape_text()))
-                    .with_label(targets.origin, format!("targets have shape {}", targets.shape_text())),
+                    .with_label(
+                        logits.origin,
+                        format!("logits have shape {}", logits.shape_text()),
+                    )
+                    .with_label(
+                        targets.origin,
+                        format!("targets have shape {}", targets.shape_text()),
+                    ),
                 );
                 return Ty::Unknown;
             }
@@ -770,8 +1061,15 @@ impl Checker<'_> {
 
     fn layer_call(&mut self, layer: &LayerTy, callee: &Expr, args: &Args<'_>) -> Ty {
         let name = crate::text::expr_text(callee);
-        let Some(x) = self.tensor_arg(args, 0, "x", &name) else { return Ty::Unknown };
-        let Some(shape) = x.shape.clone() else { return Ty::Tensor(TensorTy { origin: args.span, ..x }) };
+        let Some(x) = self.tensor_arg(args, 0, "x", &name) else {
+            return Ty::Unknown;
+        };
+        let Some(shape) = x.shape.clone() else {
+            return Ty::Tensor(TensorTy {
+                origin: args.span,
+                ..x
+            });
+        };
         let (want, out) = match layer {
             LayerTy::Embedding { dim, .. } => {
                 if x.dtype != Dtype::Int {
@@ -805,11 +1103,17 @@ impl Checker<'_> {
                 self.error(
                     Diagnostic::new(
                         "lmx::shape::layer_input",
-                        format!("`{name}` expects inputs of shape [.., {want}], found {}", x.shape_text()),
+                        format!(
+                            "`{name}` expects inputs of shape [.., {want}], found {}",
+                            x.shape_text()
+                        ),
                         args.span,
                         format!("`{name}` takes a last dimension of `{want}`"),
                     )
-                    .with_label(x.origin, format!("the shape {} comes from here", x.shape_text())),
+                    .with_label(
+                        x.origin,
+                        format!("the shape {} comes from here", x.shape_text()),
+                    ),
                 );
                 Ty::Unknown
             }
@@ -817,11 +1121,21 @@ impl Checker<'_> {
     }
 
     /// A call of a block or of the model's forward pass: binds the signature's free sizes.
-    pub(crate) fn signature_call(&mut self, sig: &Signature, callee: &str, span: Span, args: &Args<'_>) -> Ty {
+    pub(crate) fn signature_call(
+        &mut self,
+        sig: &Signature,
+        callee: &str,
+        span: Span,
+        args: &Args<'_>,
+    ) -> Ty {
         if args.args.len() != sig.inputs.len() {
             self.error(Diagnostic::new(
                 "lmx::call::arity",
-                format!("`{callee}` takes {} inputs, found {}", sig.inputs.len(), args.args.len()),
+                format!(
+                    "`{callee}` takes {} inputs, found {}",
+                    sig.inputs.len(),
+                    args.args.len()
+                ),
                 span,
                 "wrong number of inputs",
             ));
@@ -829,10 +1143,19 @@ impl Checker<'_> {
         }
         let mut bound: HashMap<String, Dim> = HashMap::new();
         for (i, (name, want)) in sig.inputs.iter().enumerate() {
-            let Some(got) = self.tensor_arg(args, i, name, callee) else { return Ty::Unknown };
-            let (Some(ws), Some(gs)) = (&want.shape, &got.shape) else { continue };
+            let Some(got) = self.tensor_arg(args, i, name, callee) else {
+                return Ty::Unknown;
+            };
+            let (Some(ws), Some(gs)) = (&want.shape, &got.shape) else {
+                continue;
+            };
             if ws.len() != gs.len() {
-                self.rank_error(span, callee, &format!("`{name}` of shape {}", shape_text(ws)), &got);
+                self.rank_error(
+                    span,
+                    callee,
+                    &format!("`{name}` of shape {}", shape_text(ws)),
+                    &got,
+                );
                 return Ty::Unknown;
             }
             for (w, g) in ws.iter().zip(gs) {
@@ -856,7 +1179,10 @@ impl Checker<'_> {
                             args.args[i].value.span,
                             format!("`{g}` where `{expected}` is expected"),
                         )
-                        .with_label(got.origin, format!("the shape {} comes from here", got.shape_text())),
+                        .with_label(
+                            got.origin,
+                            format!("the shape {} comes from here", got.shape_text()),
+                        ),
                     );
                     return Ty::Unknown;
                 }
@@ -864,10 +1190,21 @@ impl Checker<'_> {
         }
         match &sig.output {
             Some(out) => {
-                let shape = out.shape.as_ref().map(|s| s.iter().map(|d| d.subst(&bound)).collect());
-                Ty::Tensor(TensorTy { dtype: out.dtype, shape, origin: span })
+                let shape = out
+                    .shape
+                    .as_ref()
+                    .map(|s| s.iter().map(|d| d.subst(&bound)).collect());
+                Ty::Tensor(TensorTy {
+                    dtype: out.dtype,
+                    shape,
+                    origin: span,
+                })
             }
-            None => Ty::Tensor(TensorTy { dtype: Dtype::Float, shape: None, origin: span }),
+            None => Ty::Tensor(TensorTy {
+                dtype: Dtype::Float,
+                shape: None,
+                origin: span,
+            }),
         }
     }
 }

@@ -71,21 +71,29 @@ impl Checker<'_> {
                 ConfigEntry::Derived { value, .. } => {
                     let mut scope = self.globals.clone();
                     let ty = match self.infer(value, &mut scope, Context::Forward) {
-                        Ty::Static(StaticTy::Int(Some(d))) => StaticTy::Int(Some(d.named(&name.name))),
+                        Ty::Static(StaticTy::Int(Some(d))) => {
+                            StaticTy::Int(Some(d.named(&name.name)))
+                        }
                         Ty::Static(StaticTy::Int(None)) => {
                             StaticTy::Int(Some(Dim::symbol(&name.name)))
                         }
                         Ty::Static(s) => s,
                         Ty::Unknown => StaticTy::Int(None),
                         other => {
-                            self.expect_static(&other, &StaticTy::Int(None), value.span, "a derived value");
+                            self.expect_static(
+                                &other,
+                                &StaticTy::Int(None),
+                                value.span,
+                                "a derived value",
+                            );
                             StaticTy::Int(None)
                         }
                     };
                     (ty, value.clone(), true)
                 }
             };
-            self.globals.bind(&name.name, Ty::Static(ty.clone()), name.span);
+            self.globals
+                .bind(&name.name, Ty::Static(ty.clone()), name.span);
             items.push(ConfigItem {
                 name: name.name.clone(),
                 ty,
@@ -124,16 +132,22 @@ impl Checker<'_> {
                 ));
                 continue;
             }
-            for (key, value) in &preset.overrides {
+            for (key, _) in &preset.overrides {
                 match items.iter().find(|i| i.name == key.name) {
                     None => {
                         let mut d = Diagnostic::new(
                             "lmx::config::unknown_setting",
-                            format!("preset `{}` sets `{}`, which is not a setting", preset.name.name, key.name),
+                            format!(
+                                "preset `{}` sets `{}`, which is not a setting",
+                                preset.name.name, key.name
+                            ),
                             key.span,
                             "no such setting in `config`",
                         );
-                        if let Some(s) = super::suggest::closest(&key.name, items.iter().map(|i| i.name.as_str())) {
+                        if let Some(s) = super::suggest::closest(
+                            &key.name,
+                            items.iter().map(|i| i.name.as_str()),
+                        ) {
                             d = d.with_help(format!("did you mean `{s}`?"));
                         }
                         self.error(d);
@@ -148,12 +162,15 @@ impl Checker<'_> {
                         .with_label(item.value.span, "computed from this expression")
                         .with_help("set the settings it is computed from instead"),
                     ),
-                    Some(_) => {
-                        let _ = value;
-                    }
+                    Some(_) => {}
                 }
             }
-            out.push(self.evaluate_preset(&preset.name.name, &preset.overrides, preset.name.span, items));
+            out.push(self.evaluate_preset(
+                &preset.name.name,
+                &preset.overrides,
+                preset.name.span,
+                items,
+            ));
         }
         out
     }
@@ -167,7 +184,11 @@ impl Checker<'_> {
     ) -> PresetValues {
         let mut env = Env::new();
         for entry in &self.model.config {
-            if let ConfigEntry::Setting { ty: StaticType::Enum(vs), .. } = entry {
+            if let ConfigEntry::Setting {
+                ty: StaticType::Enum(vs),
+                ..
+            } = entry
+            {
                 for v in vs {
                     env.insert(v.name.clone(), Value::Enum(v.name.clone()));
                 }

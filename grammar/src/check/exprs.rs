@@ -77,10 +77,7 @@ impl Checker<'_> {
     }
 
     fn note_activation(&mut self, ty: &Ty) {
-        if let Ty::Tensor(TensorTy {
-            shape: Some(s), ..
-        }) = ty
-        {
+        if let Ty::Tensor(TensorTy { shape: Some(s), .. }) = ty {
             self.facts.activations.push(s.clone());
         }
     }
@@ -130,12 +127,17 @@ impl Checker<'_> {
                 Ty::Unknown
             }
             (UnaryOp::Not, Ty::Static(s)) => {
-                self.expect_static(&Ty::Static(s), &StaticTy::Bool, a.span, "the operand of `not`");
+                self.expect_static(
+                    &Ty::Static(s),
+                    &StaticTy::Bool,
+                    a.span,
+                    "the operand of `not`",
+                );
                 Ty::Static(StaticTy::Bool)
             }
-            (UnaryOp::Neg, Ty::Static(StaticTy::Int(d))) => Ty::Static(StaticTy::Int(
-                d.map(|d| Dim::constant(-1).mul(&d)),
-            )),
+            (UnaryOp::Neg, Ty::Static(StaticTy::Int(d))) => {
+                Ty::Static(StaticTy::Int(d.map(|d| Dim::constant(-1).mul(&d))))
+            }
             (_, t) => t,
         }
     }
@@ -170,7 +172,12 @@ impl Checker<'_> {
                     self.tensor_logic(op.symbol(), op_span, e.span, t);
                     return Ty::Unknown;
                 }
-                self.expect_static(t, &StaticTy::Bool, e.span, &format!("an operand of `{}`", op.symbol()));
+                self.expect_static(
+                    t,
+                    &StaticTy::Bool,
+                    e.span,
+                    &format!("an operand of `{}`", op.symbol()),
+                );
             }
             return Ty::Static(StaticTy::Bool);
         }
@@ -180,7 +187,11 @@ impl Checker<'_> {
                 calls::matmul(self, op_span, x, y)
             }
             (Ty::Tensor(x), Ty::Tensor(y)) => {
-                let dtype = if op.is_comparison() { Dtype::Bool } else { x.dtype };
+                let dtype = if op.is_comparison() {
+                    Dtype::Bool
+                } else {
+                    x.dtype
+                };
                 match (&x.shape, &y.shape) {
                     (Some(sx), Some(sy)) => match broadcast(sx, sy) {
                         Ok(shape) => Ty::Tensor(TensorTy::new(dtype, shape, whole.span)),
@@ -205,7 +216,11 @@ impl Checker<'_> {
                             Ty::Unknown
                         }
                     },
-                    _ => Ty::Tensor(TensorTy { dtype, shape: None, origin: whole.span }),
+                    _ => Ty::Tensor(TensorTy {
+                        dtype,
+                        shape: None,
+                        origin: whole.span,
+                    }),
                 }
             }
             (Ty::Tensor(t), Ty::Static(_)) | (Ty::Static(_), Ty::Tensor(t)) => {
@@ -218,7 +233,11 @@ impl Checker<'_> {
                     ));
                     return Ty::Unknown;
                 }
-                let dtype = if op.is_comparison() { Dtype::Bool } else { t.dtype };
+                let dtype = if op.is_comparison() {
+                    Dtype::Bool
+                } else {
+                    t.dtype
+                };
                 Ty::Tensor(TensorTy {
                     dtype,
                     shape: t.shape.clone(),
@@ -226,7 +245,11 @@ impl Checker<'_> {
                 })
             }
             _ => {
-                let bad = if matches!(ta, Ty::Tensor(_) | Ty::Static(_)) { (b, &tb) } else { (a, &ta) };
+                let bad = if matches!(ta, Ty::Tensor(_) | Ty::Static(_)) {
+                    (b, &tb)
+                } else {
+                    (a, &ta)
+                };
                 self.error(Diagnostic::new(
                     "lmx::type::mismatch",
                     format!("`{}` cannot be applied to a {}", op.symbol(), bad.1),
@@ -264,7 +287,12 @@ impl Checker<'_> {
             _ => {
                 self.error(Diagnostic::new(
                     "lmx::type::mismatch",
-                    format!("`{}` cannot combine a {} and a {}", op.symbol(), x.name(), y.name()),
+                    format!(
+                        "`{}` cannot combine a {} and a {}",
+                        op.symbol(),
+                        x.name(),
+                        y.name()
+                    ),
                     whole.span,
                     "mismatched static types",
                 ));
@@ -285,7 +313,9 @@ impl Checker<'_> {
                     name.span,
                     "not found",
                 );
-                if let Some(s) = super::suggest::closest(&name.name, entries.iter().map(|(n, _)| n.as_str())) {
+                if let Some(s) =
+                    super::suggest::closest(&name.name, entries.iter().map(|(n, _)| n.as_str()))
+                {
                     d = d.with_help(format!("did you mean `{s}`?"));
                 }
                 self.error(d);
@@ -307,7 +337,14 @@ impl Checker<'_> {
         }
     }
 
-    fn index(&mut self, e: &Expr, target: &Expr, subs: &[Subscript], scope: &mut Scope, ctx: Context) -> Ty {
+    fn index(
+        &mut self,
+        e: &Expr,
+        target: &Expr,
+        subs: &[Subscript],
+        scope: &mut Scope,
+        ctx: Context,
+    ) -> Ty {
         let t = self.infer(target, scope, ctx);
         let mut sub_tys = Vec::new();
         for s in subs {
@@ -337,7 +374,12 @@ impl Checker<'_> {
                 bounds.insert(span.start, d.clone());
             }
         }
-        if subs.iter().filter(|s| matches!(s, Subscript::Ellipsis(_))).count() > 1 {
+        if subs
+            .iter()
+            .filter(|s| matches!(s, Subscript::Ellipsis(_)))
+            .count()
+            > 1
+        {
             self.error(Diagnostic::new(
                 "lmx::shape::rank",
                 "an index may contain at most one `...`",
@@ -351,7 +393,11 @@ impl Checker<'_> {
             Ty::Module(ModuleTy::BlockList(b)) => Ty::Module(ModuleTy::Block(b)),
             Ty::Tensor(t) => match &t.shape {
                 Some(shape) => self.index_shape(e, shape, subs, t.dtype, &bounds),
-                None => Ty::Tensor(TensorTy { shape: None, origin: e.span, ..t }),
+                None => Ty::Tensor(TensorTy {
+                    shape: None,
+                    origin: e.span,
+                    ..t
+                }),
             },
             Ty::Unknown => Ty::Unknown,
             other => {
@@ -374,7 +420,10 @@ impl Checker<'_> {
         dtype: Dtype,
         bounds: &std::collections::HashMap<usize, Dim>,
     ) -> Ty {
-        let explicit = subs.iter().filter(|s| !matches!(s, Subscript::Ellipsis(_))).count();
+        let explicit = subs
+            .iter()
+            .filter(|s| !matches!(s, Subscript::Ellipsis(_)))
+            .count();
         if explicit > shape.len() {
             self.error(Diagnostic::new(
                 "lmx::shape::rank",
@@ -440,9 +489,15 @@ impl Checker<'_> {
                     code,
                     format!("data-dependent branch: the condition of this {what} is a tensor"),
                     cond.span,
-                    format!("this is a tensor of shape {}, known only when the graph runs", t.shape_text()),
+                    format!(
+                        "this is a tensor of shape {}, known only when the graph runs",
+                        t.shape_text()
+                    ),
                 )
-                .with_label(Span::new(e.span.start, e.span.start + 2), "branches on it here")
+                .with_label(
+                    Span::new(e.span.start, e.span.start + 2),
+                    "branches on it here",
+                )
                 .with_help(WHERE_HELP),
             );
             return Ty::Unknown;
@@ -454,7 +509,8 @@ impl Checker<'_> {
         self.guards.push(text.clone());
         let a = self.body(then, scope, ctx);
         self.guards.pop();
-        self.guards.push(format!("not {}", super::stmts::paren(&text)));
+        self.guards
+            .push(format!("not {}", super::stmts::paren(&text)));
         let b = otherwise.map(|o| self.body(o, scope, ctx));
         self.guards.pop();
         match (a, b) {
@@ -464,7 +520,11 @@ impl Checker<'_> {
                         self.error(
                             Diagnostic::new(
                                 "lmx::shape::branches",
-                                format!("the branches have different shapes, {} and {}", x.shape_text(), y.shape_text()),
+                                format!(
+                                    "the branches have different shapes, {} and {}",
+                                    x.shape_text(),
+                                    y.shape_text()
+                                ),
                                 e.span,
                                 "both branches must give the same shape",
                             )

@@ -20,22 +20,34 @@ pub const INITS: [(&str, &[(&str, f64)]); 4] = [
     ("ones", &[]),
 ];
 
+/// Arguments matched to a signature: `(name, value)` pairs and their types, in signature order.
+type BoundArgs = (Vec<(String, ast::Expr)>, Vec<Ty>);
+
 impl Checker<'_> {
     /// Collects every block's signature and parameters, so forward passes can call them.
     pub(crate) fn collect_blocks(&mut self) {
         let model = self.model;
         for block in &model.blocks {
-            if LayerKind::from_name(&block.name.name).is_some() || self.blocks.contains_key(&block.name.name) {
+            if LayerKind::from_name(&block.name.name).is_some()
+                || self.blocks.contains_key(&block.name.name)
+            {
                 self.error(Diagnostic::new(
                     "lmx::name::duplicate",
-                    format!("block `{}` is declared twice or shadows a library layer", block.name.name),
+                    format!(
+                        "block `{}` is declared twice or shadows a library layer",
+                        block.name.name
+                    ),
                     block.name.span,
                     "this name is already taken",
                 ));
                 continue;
             }
             let info = BlockInfo {
-                sig: Signature { inputs: Vec::new(), free: Vec::new(), output: None },
+                sig: Signature {
+                    inputs: Vec::new(),
+                    free: Vec::new(),
+                    output: None,
+                },
                 params: Ty::Unknown,
                 tree: ParamTree::default(),
             };
@@ -46,12 +58,27 @@ impl Checker<'_> {
             let mut scope = self.block_scope(block);
             let (tree, params) = match &block.params {
                 Some(g) => self.check_group(g, &mut scope, &[]),
-                None => (ParamTree::default(), Ty::Module(ModuleTy::Group(Vec::new()))),
+                None => (
+                    ParamTree::default(),
+                    Ty::Module(ModuleTy::Group(Vec::new())),
+                ),
             };
             let (inputs, free) = self.resolve_inputs(&block.forward.inputs, &mut scope);
-            let output = block.forward.output.as_ref().and_then(|o| self.resolve_type(o, &mut scope, &mut Vec::new()));
+            let output = block
+                .forward
+                .output
+                .as_ref()
+                .and_then(|o| self.resolve_type(o, &mut scope, &mut Vec::new()));
             if let Some(info) = self.blocks.get_mut(&block.name.name) {
-                *info = BlockInfo { sig: Signature { inputs, free, output }, params, tree };
+                *info = BlockInfo {
+                    sig: Signature {
+                        inputs,
+                        free,
+                        output,
+                    },
+                    params,
+                    tree,
+                };
             }
         }
     }
@@ -119,7 +146,12 @@ impl Checker<'_> {
         self.check_group(g, &mut scope, &[])
     }
 
-    fn check_group(&mut self, g: &ParamGroup, scope: &mut Scope, path: &[String]) -> (ParamTree, Ty) {
+    fn check_group(
+        &mut self,
+        g: &ParamGroup,
+        scope: &mut Scope,
+        path: &[String],
+    ) -> (ParamTree, Ty) {
         let mut tree = ParamTree::default();
         let mut types: Vec<(String, Ty)> = Vec::new();
         let mut spans: HashMap<String, Span> = HashMap::new();
@@ -151,10 +183,16 @@ impl Checker<'_> {
                 }
                 ParamKind::Module(m) => self.check_module(m, scope),
                 ParamKind::List { module, count } => self.check_list(module, count, scope),
-                ParamKind::Tensor { shape, init, span } => self.check_tensor(shape, init.as_ref(), *span, scope),
-                ParamKind::Tied(target) => self.check_tied(target, &types, &tree),
+                ParamKind::Tensor { shape, init, span } => {
+                    self.check_tensor(shape, init.as_ref(), *span, scope)
+                }
+                ParamKind::Tied(target) => self.check_tied(target, &types),
             };
-            tree.entries.push(ParamEntry { name: p.name.name.clone(), guard, node });
+            tree.entries.push(ParamEntry {
+                name: p.name.name.clone(),
+                guard,
+                node,
+            });
             types.push((p.name.name.clone(), ty));
         }
         (tree, Ty::Module(ModuleTy::Group(types)))
@@ -162,7 +200,9 @@ impl Checker<'_> {
 
     /// Binds a group's entries as names in a forward pass's scope.
     pub(crate) fn bind_params(&mut self, group: &ParamGroup, ty: &Ty, scope: &mut Scope) {
-        let Ty::Module(ModuleTy::Group(entries)) = ty else { return };
+        let Ty::Module(ModuleTy::Group(entries)) = ty else {
+            return;
+        };
         for p in &group.entries {
             if let Some((_, t)) = entries.iter().find(|(n, _)| *n == p.name.name) {
                 let guard = p.guard.as_ref().map(expr_text);
@@ -172,7 +212,9 @@ impl Checker<'_> {
     }
 
     fn static_args(&mut self, args: &[ast::Arg], scope: &mut Scope) -> Vec<Ty> {
-        args.iter().map(|a| self.infer(&a.value, scope, Context::Forward)).collect()
+        args.iter()
+            .map(|a| self.infer(&a.value, scope, Context::Forward))
+            .collect()
     }
 
     /// Matches arguments to a signature: `(name, type, default)`; returns them in signature order.
@@ -183,7 +225,7 @@ impl Checker<'_> {
         tys: &[Ty],
         sig: &[(String, StaticTy, Option<ast::Expr>)],
         call: Span,
-    ) -> Option<(Vec<(String, ast::Expr)>, Vec<Ty>)> {
+    ) -> Option<BoundArgs> {
         let mut slots: Vec<Option<(ast::Expr, Ty)>> = vec![None; sig.len()];
         let mut ok = true;
         for (i, (a, t)) in args.iter().zip(tys).enumerate() {
@@ -217,7 +259,12 @@ impl Checker<'_> {
                 ok = false;
                 continue;
             };
-            if !self.expect_static(t, want, a.value.span, &format!("`{name}` of `{}`", callee.name)) {
+            if !self.expect_static(
+                t,
+                want,
+                a.value.span,
+                &format!("`{name}` of `{}`", callee.name),
+            ) {
                 ok = false;
             }
             slots[idx] = Some((a.value.clone(), t.clone()));
@@ -262,7 +309,10 @@ impl Checker<'_> {
                         "true" => ast::ExprKind::Bool(true),
                         other => ast::ExprKind::Float(other.parse().unwrap_or(0.0)),
                     };
-                    ast::Expr { kind, span: Span::default() }
+                    ast::Expr {
+                        kind,
+                        span: Span::default(),
+                    }
                 });
                 (n.to_string(), ty, default)
             })
@@ -281,15 +331,27 @@ impl Checker<'_> {
                 _ => Dim::opaque(&args.get(i).map(|(_, e)| expr_text(e)).unwrap_or_default()),
             };
             let layer = match kind {
-                LayerKind::Embedding => LayerTy::Embedding { count: dim(0), dim: dim(1) },
-                LayerKind::Linear => LayerTy::Linear { input: dim(0), output: dim(1) },
+                LayerKind::Embedding => LayerTy::Embedding {
+                    count: dim(0),
+                    dim: dim(1),
+                },
+                LayerKind::Linear => LayerTy::Linear {
+                    input: dim(0),
+                    output: dim(1),
+                },
                 LayerKind::LayerNorm | LayerKind::RmsNorm => LayerTy::Norm { dim: dim(0) },
             };
-            return (ParamNode::Layer { kind, args }, Ty::Module(ModuleTy::Layer(layer)));
+            return (
+                ParamNode::Layer { kind, args },
+                Ty::Module(ModuleTy::Layer(layer)),
+            );
         }
         match self.block_args(m, &tys) {
             Some(args) => (
-                ParamNode::Block { block: m.name.name.clone(), args },
+                ParamNode::Block {
+                    block: m.name.name.clone(),
+                    args,
+                },
                 Ty::Module(ModuleTy::Block(m.name.name.clone())),
             ),
             None => (ParamNode::Group(ParamTree::default()), Ty::Unknown),
@@ -318,18 +380,38 @@ impl Checker<'_> {
         let sig: Vec<_> = block
             .args
             .iter()
-            .map(|a| (a.name.name.clone(), super::config::static_ty(&a.ty), a.default.clone()))
+            .map(|a| {
+                (
+                    a.name.name.clone(),
+                    super::config::static_ty(&a.ty),
+                    a.default.clone(),
+                )
+            })
             .collect();
-        self.bind_args(&m.name, &m.args, tys, &sig, m.span).map(|(a, _)| a)
+        self.bind_args(&m.name, &m.args, tys, &sig, m.span)
+            .map(|(a, _)| a)
     }
 
-    fn check_list(&mut self, module: &ast::ModuleRef, count: &ListCount, scope: &mut Scope) -> (ParamNode, Ty) {
+    fn check_list(
+        &mut self,
+        module: &ast::ModuleRef,
+        count: &ListCount,
+        scope: &mut Scope,
+    ) -> (ParamNode, Ty) {
         scope.push();
         let (var, start, end) = match count {
             ListCount::Repeat(n) => {
                 let t = self.infer(n, scope, Context::Forward);
-                self.expect_static(&t, &StaticTy::Int(None), n.span, "the length of a block list");
-                let zero = ast::Expr { kind: ast::ExprKind::Int(0), span: n.span };
+                self.expect_static(
+                    &t,
+                    &StaticTy::Int(None),
+                    n.span,
+                    "the length of a block list",
+                );
+                let zero = ast::Expr {
+                    kind: ast::ExprKind::Int(0),
+                    span: n.span,
+                };
                 (None, zero, n.clone())
             }
             ListCount::Comprehension { var, range } => {
@@ -370,14 +452,26 @@ impl Checker<'_> {
         }
         match self.block_args(module, &tys) {
             Some(args) => (
-                ParamNode::List { block: module.name.name.clone(), args, var, start, end },
+                ParamNode::List {
+                    block: module.name.name.clone(),
+                    args,
+                    var,
+                    start: Box::new(start),
+                    end: Box::new(end),
+                },
                 Ty::Module(ModuleTy::BlockList(module.name.name.clone())),
             ),
             None => (ParamNode::Group(ParamTree::default()), Ty::Unknown),
         }
     }
 
-    fn check_tensor(&mut self, shape: &[ast::Expr], init: Option<&ast::Call>, span: Span, scope: &mut Scope) -> (ParamNode, Ty) {
+    fn check_tensor(
+        &mut self,
+        shape: &[ast::Expr],
+        init: Option<&ast::Call>,
+        span: Span,
+        scope: &mut Scope,
+    ) -> (ParamNode, Ty) {
         let mut dims = Vec::new();
         for d in shape {
             match self.infer(d, scope, Context::Forward) {
@@ -389,15 +483,34 @@ impl Checker<'_> {
             }
         }
         let init = match init {
-            None => Init { name: "normal".to_string(), args: Vec::new() },
+            None => Init {
+                name: "normal".to_string(),
+                args: Vec::new(),
+            },
             Some(call) => match INITS.iter().find(|(n, _)| *n == call.name.name) {
                 Some((name, params)) => {
                     let tys = self.static_args(&call.args, scope);
-                    let sig: Vec<_> = params.iter().map(|(n, v)| {
-                        (n.to_string(), StaticTy::Float, Some(ast::Expr { kind: ast::ExprKind::Float(*v), span: call.span }))
-                    }).collect();
-                    let args = self.bind_args(&call.name, &call.args, &tys, &sig, call.span).map(|(a, _)| a).unwrap_or_default();
-                    Init { name: name.to_string(), args }
+                    let sig: Vec<_> = params
+                        .iter()
+                        .map(|(n, v)| {
+                            (
+                                n.to_string(),
+                                StaticTy::Float,
+                                Some(ast::Expr {
+                                    kind: ast::ExprKind::Float(*v),
+                                    span: call.span,
+                                }),
+                            )
+                        })
+                        .collect();
+                    let args = self
+                        .bind_args(&call.name, &call.args, &tys, &sig, call.span)
+                        .map(|(a, _)| a)
+                        .unwrap_or_default();
+                    Init {
+                        name: name.to_string(),
+                        args,
+                    }
                 }
                 None => {
                     self.error(
@@ -409,34 +522,57 @@ impl Checker<'_> {
                         )
                         .with_help("initialisers are normal(std, mean), uniform(low, high), zeros(), ones()"),
                     );
-                    Init { name: "normal".to_string(), args: Vec::new() }
+                    Init {
+                        name: "normal".to_string(),
+                        args: Vec::new(),
+                    }
                 }
             },
         };
         (
-            ParamNode::Tensor { shape: shape.to_vec(), init },
+            ParamNode::Tensor {
+                shape: shape.to_vec(),
+                init,
+            },
             Ty::Tensor(TensorTy::new(crate::ast::Dtype::Float, dims, span)),
         )
     }
 
-    fn check_tied(&mut self, target: &[ast::Ident], types: &[(String, Ty)], tree: &ParamTree) -> (ParamNode, Ty) {
+    fn check_tied(&mut self, target: &[ast::Ident], types: &[(String, Ty)]) -> (ParamNode, Ty) {
         let path: Vec<String> = target.iter().map(|i| i.name.clone()).collect();
-        let span = target.first().map(|f| f.span).unwrap_or_default().join(target.last().map(|l| l.span).unwrap_or_default());
+        let span = target
+            .first()
+            .map(|f| f.span)
+            .unwrap_or_default()
+            .join(target.last().map(|l| l.span).unwrap_or_default());
         let mut ty = Ty::Module(ModuleTy::Group(types.to_vec()));
         for seg in &path {
             ty = match ty {
-                Ty::Module(ModuleTy::Group(entries)) => entries.iter().find(|(n, _)| n == seg).map(|(_, t)| t.clone()).unwrap_or(Ty::Unknown),
+                Ty::Module(ModuleTy::Group(entries)) => entries
+                    .iter()
+                    .find(|(n, _)| n == seg)
+                    .map(|(_, t)| t.clone())
+                    .unwrap_or(Ty::Unknown),
                 _ => Ty::Unknown,
             };
         }
-        let _ = tree;
         let layer = match ty {
-            Ty::Module(ModuleTy::Layer(LayerTy::Embedding { count, dim })) => Some(LayerTy::Linear { input: dim, output: count }),
-            Ty::Module(ModuleTy::Layer(LayerTy::Linear { input, output })) => Some(LayerTy::Linear { input, output }),
+            Ty::Module(ModuleTy::Layer(LayerTy::Embedding { count, dim })) => {
+                Some(LayerTy::Linear {
+                    input: dim,
+                    output: count,
+                })
+            }
+            Ty::Module(ModuleTy::Layer(LayerTy::Linear { input, output })) => {
+                Some(LayerTy::Linear { input, output })
+            }
             _ => None,
         };
         match layer {
-            Some(l) => (ParamNode::Tied { target: path }, Ty::Module(ModuleTy::Layer(l))),
+            Some(l) => (
+                ParamNode::Tied { target: path },
+                Ty::Module(ModuleTy::Layer(l)),
+            ),
             None => {
                 self.error(
                     Diagnostic::new(
@@ -453,7 +589,11 @@ impl Checker<'_> {
     }
 
     /// Resolves forward inputs; capitalised unknown names in shapes become new sizes.
-    pub(crate) fn resolve_inputs(&mut self, inputs: &[ast::Input], scope: &mut Scope) -> (Vec<(String, TensorTy)>, Vec<String>) {
+    pub(crate) fn resolve_inputs(
+        &mut self,
+        inputs: &[ast::Input],
+        scope: &mut Scope,
+    ) -> (Vec<(String, TensorTy)>, Vec<String>) {
         let mut free = Vec::new();
         let mut out = Vec::new();
         for i in inputs {
@@ -465,7 +605,12 @@ impl Checker<'_> {
     }
 
     /// Resolves a tensor type: `[B, T, d_model] float`.
-    pub(crate) fn resolve_type(&mut self, t: &ast::TensorType, scope: &mut Scope, free: &mut Vec<String>) -> Option<TensorTy> {
+    pub(crate) fn resolve_type(
+        &mut self,
+        t: &ast::TensorType,
+        scope: &mut Scope,
+        free: &mut Vec<String>,
+    ) -> Option<TensorTy> {
         let mut dims = Vec::new();
         for d in &t.shape {
             if let ast::ExprKind::Name(n) = &d.kind {
@@ -491,7 +636,9 @@ fn collect_uses<'a>(g: &'a ParamGroup, out: &mut Vec<(&'a str, Span)>) {
     for p in &g.entries {
         match &p.kind {
             ParamKind::Group(inner) => collect_uses(inner, out),
-            ParamKind::Module(m) | ParamKind::List { module: m, .. } => out.push((&m.name.name, m.name.span)),
+            ParamKind::Module(m) | ParamKind::List { module: m, .. } => {
+                out.push((&m.name.name, m.name.span))
+            }
             _ => {}
         }
     }

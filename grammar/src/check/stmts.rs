@@ -31,7 +31,12 @@ pub(crate) struct StepState {
 
 impl Checker<'_> {
     /// Checks a forward pass (a block's when `block` is given, else the model's).
-    pub(crate) fn check_forward(&mut self, f: &Forward, params: &Ty, block: Option<&ast::Block>) -> FnFacts {
+    pub(crate) fn check_forward(
+        &mut self,
+        f: &Forward,
+        params: &Ty,
+        block: Option<&ast::Block>,
+    ) -> FnFacts {
         self.facts = FnFacts::default();
         let mut scope = match block {
             Some(b) => self.block_scope(b),
@@ -51,18 +56,29 @@ impl Checker<'_> {
         scope.push();
         let (inputs, _) = self.resolve_inputs(&f.inputs, &mut scope);
         for (name, t) in &inputs {
-            let span = f.inputs.iter().find(|i| i.name.name == *name).map(|i| i.name.span).unwrap_or_default();
+            let span = f
+                .inputs
+                .iter()
+                .find(|i| i.name.name == *name)
+                .map(|i| i.name.span)
+                .unwrap_or_default();
             scope.bind(name, Ty::Tensor(t.clone()), span);
         }
-        let output = f.output.as_ref().and_then(|o| self.resolve_type(o, &mut scope, &mut Vec::new()));
+        let output = f
+            .output
+            .as_ref()
+            .and_then(|o| self.resolve_type(o, &mut scope, &mut Vec::new()));
         let value = self.body(&f.body, &mut scope, Context::Forward);
         match (value, f.body.tail()) {
-            (None, _) => self.error(Diagnostic::new(
-                "lmx::forward::no_value",
-                "this forward pass does not end with a value",
-                Span::new(f.body.span.end.saturating_sub(1), f.body.span.end),
-                "expected the output expression before `}`",
-            ).with_help("end the body with the output, e.g. `x + mlp(ln_2(x))`")),
+            (None, _) => self.error(
+                Diagnostic::new(
+                    "lmx::forward::no_value",
+                    "this forward pass does not end with a value",
+                    Span::new(f.body.span.end.saturating_sub(1), f.body.span.end),
+                    "expected the output expression before `}`",
+                )
+                .with_help("end the body with the output, e.g. `x + mlp(ln_2(x))`"),
+            ),
             (Some(Ty::Tensor(got)), Some(tail)) => {
                 if let (Some(want), Some(gs)) = (&output, &got.shape) {
                     if want.shape.as_ref() != Some(gs) {
@@ -75,7 +91,10 @@ impl Checker<'_> {
                                 format!("this has shape {}", got.shape_text()),
                             )
                             .with_label(want.origin, "declared here")
-                            .with_label(got.origin, format!("the shape {} comes from here", got.shape_text())),
+                            .with_label(
+                                got.origin,
+                                format!("the shape {} comes from here", got.shape_text()),
+                            ),
                         );
                     }
                 }
@@ -120,12 +139,15 @@ impl Checker<'_> {
                 let ty = self.infer(value, scope, ctx);
                 match scope.get(&name.name).map(|b| (b.ty.clone(), b.span)) {
                     None => {
-                        self.error(Diagnostic::new(
-                            "lmx::name::unknown",
-                            format!("cannot assign to `{}`, which is not declared", name.name),
-                            name.span,
-                            "not declared",
-                        ).with_help(format!("declare it first with `let {} = ...`", name.name)));
+                        self.error(
+                            Diagnostic::new(
+                                "lmx::name::unknown",
+                                format!("cannot assign to `{}`, which is not declared", name.name),
+                                name.span,
+                                "not declared",
+                            )
+                            .with_help(format!("declare it first with `let {} = ...`", name.name)),
+                        );
                     }
                     Some((old, decl)) => self.check_assign(name, &old, decl, ty, value.span, scope),
                 }
@@ -142,9 +164,15 @@ impl Checker<'_> {
                         "lmx::branch::tensor_while",
                         "data-dependent loop: the condition of this `while` is a tensor",
                         cond.span,
-                        format!("this is a tensor of shape {}, known only when the graph runs", t.shape_text()),
+                        format!(
+                            "this is a tensor of shape {}, known only when the graph runs",
+                            t.shape_text()
+                        ),
                     )
-                    .with_label(Span::new(s.span.start, s.span.start + 5), "loops on it here")
+                    .with_label(
+                        Span::new(s.span.start, s.span.start + 5),
+                        "loops on it here",
+                    )
                     .with_help(super::exprs::WHERE_HELP),
                     _ => Diagnostic::new(
                         "lmx::loop::while",
@@ -157,7 +185,10 @@ impl Checker<'_> {
                 self.error(d);
                 None
             }
-            StmtKind::Optimizer(_) | StmtKind::Accumulate(_) | StmtKind::Update(_) | StmtKind::Metrics(_) => {
+            StmtKind::Optimizer(_)
+            | StmtKind::Accumulate(_)
+            | StmtKind::Update(_)
+            | StmtKind::Metrics(_) => {
                 if ctx == Context::Forward {
                     self.error(Diagnostic::new(
                         "lmx::step::outside_step",
@@ -200,9 +231,19 @@ impl Checker<'_> {
         }
     }
 
-    fn check_assign(&mut self, name: &ast::Ident, old: &Ty, decl: Span, new: Ty, span: Span, scope: &mut Scope) {
+    fn check_assign(
+        &mut self,
+        name: &ast::Ident,
+        old: &Ty,
+        decl: Span,
+        new: Ty,
+        span: Span,
+        scope: &mut Scope,
+    ) {
         let same = match (old, &new) {
-            (Ty::Tensor(a), Ty::Tensor(b)) => a.shape.is_none() || b.shape.is_none() || a.shape == b.shape,
+            (Ty::Tensor(a), Ty::Tensor(b)) => {
+                a.shape.is_none() || b.shape.is_none() || a.shape == b.shape
+            }
             (Ty::Unknown, _) | (_, Ty::Unknown) => true,
             (a, b) => a.kind() == b.kind(),
         };
@@ -229,7 +270,14 @@ impl Checker<'_> {
         scope.rebind(&name.name, Ty::Unknown);
     }
 
-    fn for_loop(&mut self, names: &[ast::Ident], range: &ast::Range, body: &Body, scope: &mut Scope, ctx: Context) {
+    fn for_loop(
+        &mut self,
+        names: &[ast::Ident],
+        range: &ast::Range,
+        body: &Body,
+        scope: &mut Scope,
+        ctx: Context,
+    ) {
         scope.push();
         let start = self.infer(&range.start, scope, ctx);
         let end = range.end.as_ref().map(|e| (e, self.infer(e, scope, ctx)));
@@ -255,7 +303,12 @@ impl Checker<'_> {
                 if let [i] = names {
                     scope.bind(&i.name, Ty::Static(StaticTy::Int(None)), i.span);
                 } else {
-                    self.error(Diagnostic::new("lmx::loop::names", "a range loop binds one name", range.span, "one name expected"));
+                    self.error(Diagnostic::new(
+                        "lmx::loop::names",
+                        "a range loop binds one name",
+                        range.span,
+                        "one name expected",
+                    ));
                 }
             }
             (Ty::Module(ModuleTy::BlockList(b)), None) => {
@@ -266,7 +319,12 @@ impl Checker<'_> {
                         scope.bind(&i.name, Ty::Static(StaticTy::Int(None)), i.span);
                         scope.bind(&x.name, elem, x.span);
                     }
-                    _ => self.error(Diagnostic::new("lmx::loop::names", "a block-list loop binds `block` or `index, block`", range.span, "too many names")),
+                    _ => self.error(Diagnostic::new(
+                        "lmx::loop::names",
+                        "a block-list loop binds `block` or `index, block`",
+                        range.span,
+                        "too many names",
+                    )),
                 }
             }
             (Ty::Tensor(t), None) => {
@@ -333,20 +391,37 @@ impl Checker<'_> {
                 }
                 StmtKind::Metrics(names) => {
                     for n in names {
-                        let t = self.infer(&Expr { kind: ExprKind::Name(n.name.clone()), span: n.span }, &mut scope, Context::Step);
+                        let t = self.infer(
+                            &Expr {
+                                kind: ExprKind::Name(n.name.clone()),
+                                span: n.span,
+                            },
+                            &mut scope,
+                            Context::Step,
+                        );
                         match t {
                             Ty::Tensor(TensorTy { shape: Some(s), .. }) if !s.is_empty() => {
-                                self.error(Diagnostic::new(
-                                    "lmx::step::metric_shape",
-                                    format!("metric `{}` must be a scalar, found shape {}", n.name, shape_text(&s)),
-                                    n.span,
-                                    "not a scalar",
-                                ).with_help("reduce it first, e.g. `mean(x)`"));
+                                self.error(
+                                    Diagnostic::new(
+                                        "lmx::step::metric_shape",
+                                        format!(
+                                            "metric `{}` must be a scalar, found shape {}",
+                                            n.name,
+                                            shape_text(&s)
+                                        ),
+                                        n.span,
+                                        "not a scalar",
+                                    )
+                                    .with_help("reduce it first, e.g. `mean(x)`"),
+                                );
                             }
                             Ty::Tensor(_) | Ty::Unknown => {}
                             other => self.error(Diagnostic::new(
                                 "lmx::step::metric_shape",
-                                format!("metric `{}` must be a scalar tensor, found a {other}", n.name),
+                                format!(
+                                    "metric `{}` must be a scalar tensor, found a {other}",
+                                    n.name
+                                ),
                                 n.span,
                                 "not a tensor",
                             )),
@@ -364,25 +439,43 @@ impl Checker<'_> {
         }
         let end = Span::new(step.body.span.end.saturating_sub(1), step.body.span.end);
         let optimizer = state.optimizer.take().unwrap_or_else(|| {
-            self.error(Diagnostic::new(
-                "lmx::step::no_optimizer",
-                format!("step `{}` declares no optimizer", step.name.name),
-                step.name.span,
-                "this step never says how to update",
-            ).with_help("add e.g. `optimizer adamw(weight_decay = 0.1)`"));
-            OptimizerIr { kind: OptimizerKind::AdamW, args: Vec::new() }
+            self.error(
+                Diagnostic::new(
+                    "lmx::step::no_optimizer",
+                    format!("step `{}` declares no optimizer", step.name.name),
+                    step.name.span,
+                    "this step never says how to update",
+                )
+                .with_help("add e.g. `optimizer adamw(weight_decay = 0.1)`"),
+            );
+            OptimizerIr {
+                kind: OptimizerKind::AdamW,
+                args: Vec::new(),
+            }
         });
         if !state.updated {
-            self.error(Diagnostic::new(
-                "lmx::step::no_update",
-                format!("step `{}` never applies its gradients", step.name.name),
-                end,
-                "expected `update grads` before `}`",
-            ).with_help("compute `let grads = grad(loss)` and finish with `update grads`"));
+            self.error(
+                Diagnostic::new(
+                    "lmx::step::no_update",
+                    format!("step `{}` never applies its gradients", step.name.name),
+                    end,
+                    "expected `update grads` before `}`",
+                )
+                .with_help("compute `let grads = grad(loss)` and finish with `update grads`"),
+            );
         }
-        let accumulate = state.accumulate.clone().unwrap_or(Expr { kind: ExprKind::Int(1), span: step.name.span });
+        let accumulate = state.accumulate.clone().unwrap_or(Expr {
+            kind: ExprKind::Int(1),
+            span: step.name.span,
+        });
         let mut slots = vec![StateSlot::Params];
-        slots.extend(optimizer.kind.moments().iter().map(|m| StateSlot::Moment(m)));
+        slots.extend(
+            optimizer
+                .kind
+                .moments()
+                .iter()
+                .map(|m| StateSlot::Moment(m)),
+        );
         if !matches!(accumulate.kind, ExprKind::Int(1)) {
             slots.push(StateSlot::GradAccum);
         }
@@ -407,34 +500,53 @@ impl Checker<'_> {
     }
 
     fn optimizer(&mut self, call: &ast::Call, state: &mut StepState) {
-        let Some(kind) = OptimizerKind::ALL.into_iter().find(|k| k.name() == call.name.name) else {
-            self.error(Diagnostic::new(
-                "lmx::step::unknown_optimizer",
-                format!("unknown optimizer `{}`", call.name.name),
-                call.name.span,
-                "not an optimizer",
-            ).with_help("optimizers are sgd, adam, adamw and lion"));
+        let Some(kind) = OptimizerKind::ALL
+            .into_iter()
+            .find(|k| k.name() == call.name.name)
+        else {
+            self.error(
+                Diagnostic::new(
+                    "lmx::step::unknown_optimizer",
+                    format!("unknown optimizer `{}`", call.name.name),
+                    call.name.span,
+                    "not an optimizer",
+                )
+                .with_help("optimizers are sgd, adam, adamw and lion"),
+            );
             return;
         };
         if state.optimizer.is_some() {
-            self.error(Diagnostic::new("lmx::step::two_optimizers", "a step has one optimizer", call.span, "second optimizer"));
+            self.error(Diagnostic::new(
+                "lmx::step::two_optimizers",
+                "a step has one optimizer",
+                call.span,
+                "second optimizer",
+            ));
             return;
         }
         let mut args = Vec::new();
         let mut scope = self.globals.clone();
         for a in &call.args {
             let Some(name) = &a.name else {
-                self.error(Diagnostic::new("lmx::call::keyword", "optimizer settings are named, e.g. `beta1 = 0.9`", a.value.span, "unnamed"));
+                self.error(Diagnostic::new(
+                    "lmx::call::keyword",
+                    "optimizer settings are named, e.g. `beta1 = 0.9`",
+                    a.value.span,
+                    "unnamed",
+                ));
                 continue;
             };
             if !kind.hyper_parameters().iter().any(|(n, _)| *n == name.name) {
                 let names: Vec<&str> = kind.hyper_parameters().iter().map(|(n, _)| *n).collect();
-                self.error(Diagnostic::new(
-                    "lmx::call::unknown_argument",
-                    format!("`{}` has no setting `{}`", kind.name(), name.name),
-                    name.span,
-                    "unknown setting",
-                ).with_help(format!("its settings are: {}", names.join(", "))));
+                self.error(
+                    Diagnostic::new(
+                        "lmx::call::unknown_argument",
+                        format!("`{}` has no setting `{}`", kind.name(), name.name),
+                        name.span,
+                        "unknown setting",
+                    )
+                    .with_help(format!("its settings are: {}", names.join(", "))),
+                );
                 continue;
             }
             let t = self.infer(&a.value, &mut scope, Context::Step);
@@ -452,18 +564,29 @@ impl Checker<'_> {
                 None => Ty::Unknown,
             },
             "grad" => {
-                let Some((e, t)) = args.get(0, "loss") else { return Ty::Unknown };
+                let Some((e, t)) = args.get(0, "loss") else {
+                    return Ty::Unknown;
+                };
                 match t {
                     Ty::Tensor(TensorTy { shape: Some(s), .. }) if !s.is_empty() => {
                         let t = t.clone();
                         self.error(
                             Diagnostic::new(
                                 "lmx::step::grad_not_scalar",
-                                format!("`grad` needs a scalar loss, found shape {}", shape_text(s)),
+                                format!(
+                                    "`grad` needs a scalar loss, found shape {}",
+                                    shape_text(s)
+                                ),
                                 e.span,
                                 "not a scalar",
                             )
-                            .with_label(match &t { Ty::Tensor(t) => t.origin, _ => e.span }, "its shape comes from here")
+                            .with_label(
+                                match &t {
+                                    Ty::Tensor(t) => t.origin,
+                                    _ => e.span,
+                                },
+                                "its shape comes from here",
+                            )
                             .with_help("reduce the loss first, e.g. `mean(losses)`"),
                         );
                         Ty::Unknown
@@ -471,25 +594,44 @@ impl Checker<'_> {
                     Ty::Tensor(_) => Ty::Grads,
                     Ty::Unknown => Ty::Unknown,
                     other => {
-                        self.error(Diagnostic::new("lmx::type::mismatch", format!("`grad` needs a tensor loss, found a {other}"), e.span, "not a tensor"));
+                        self.error(Diagnostic::new(
+                            "lmx::type::mismatch",
+                            format!("`grad` needs a tensor loss, found a {other}"),
+                            e.span,
+                            "not a tensor",
+                        ));
                         Ty::Unknown
                     }
                 }
             }
             _ => {
-                let (Some((g, gt)), Some((m, mt))) = (args.get(0, "grads"), args.get(1, "max")) else {
-                    self.error(Diagnostic::new("lmx::call::missing_argument", "`clip_grad_norm` takes gradients and a maximum norm", span, "missing arguments"));
+                let (Some((g, gt)), Some((m, mt))) = (args.get(0, "grads"), args.get(1, "max"))
+                else {
+                    self.error(Diagnostic::new(
+                        "lmx::call::missing_argument",
+                        "`clip_grad_norm` takes gradients and a maximum norm",
+                        span,
+                        "missing arguments",
+                    ));
                     return Ty::Unknown;
                 };
                 if !matches!(gt, Ty::Grads | Ty::Unknown) {
-                    self.error(Diagnostic::new("lmx::type::mismatch", "`clip_grad_norm` clips the gradients from `grad(loss)`", g.span, "not gradients"));
+                    self.error(Diagnostic::new(
+                        "lmx::type::mismatch",
+                        "`clip_grad_norm` clips the gradients from `grad(loss)`",
+                        g.span,
+                        "not gradients",
+                    ));
                 }
                 let (m, mt) = (m.clone(), mt.clone());
                 self.expect_static(&mt, &StaticTy::Float, m.span, "the maximum norm");
                 if let Some(st) = self.step_state.as_mut() {
                     st.clip = Some(m);
                 }
-                Ty::Tuple(vec![Ty::Grads, Ty::Tensor(TensorTy::new(ast::Dtype::Float, Vec::new(), span))])
+                Ty::Tuple(vec![
+                    Ty::Grads,
+                    Ty::Tensor(TensorTy::new(ast::Dtype::Float, Vec::new(), span)),
+                ])
             }
         }
     }

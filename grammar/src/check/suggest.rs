@@ -1,7 +1,10 @@
 //! "Did you mean" suggestions for misspelt names.
 
 /// The candidate closest to `name` by edit distance, if close enough to be a likely typo.
-pub(crate) fn closest<'a>(name: &str, candidates: impl IntoIterator<Item = &'a str>) -> Option<&'a str> {
+pub(crate) fn closest<'a>(
+    name: &str,
+    candidates: impl IntoIterator<Item = &'a str>,
+) -> Option<&'a str> {
     let limit = (name.chars().count() / 3).max(1);
     candidates
         .into_iter()
