@@ -107,3 +107,30 @@ impl KvCache {
         Ok(next)
     }
 }
+
+/// A training step declared with a model (in a `.lmx` file's `step` or by `#[lmx::step]`): its
+/// optimizer, how the step runs, and its loss. The compiled state it reads and writes is
+/// `TrainState<<Self::Model as LanguageModel>::Params, Self::Optimizer>`, fixed by these types.
+pub trait TrainingStep: 'static {
+    /// The model the step trains.
+    type Model: LanguageModel;
+    /// The optimizer the declaration names, with its hyperparameters.
+    type Optimizer: crate::optim::Optimizer;
+
+    /// The step's name (`train` for `step train { ... }`).
+    const NAME: &'static str;
+
+    /// The optimizer with the declared hyperparameters (the learning rate comes from the schedule).
+    fn optimizer() -> Self::Optimizer;
+
+    /// Clipping and accumulation as declared; `compile` is on.
+    fn options() -> crate::step::StepOptions;
+
+    /// The loss of one (micro-)batch: `batch` holds the declared inputs in order.
+    fn loss(
+        params: &<Self::Model as LanguageModel>::Params,
+        config: &<Self::Model as LanguageModel>::Config,
+        batch: &[Array],
+        key: &Array,
+    ) -> Result<Array>;
+}

@@ -1,6 +1,7 @@
 //! A 2-layer MLP trained with AdamW and graph-only clipping: compiled and eager runs agree, the
 //! loss falls, and the compiled step is traced exactly once.
 
+use lmx_runtime::device::{default_kind, DeviceKind};
 use lmx_runtime::nn::{self, init::Keys, LinearParams};
 use lmx_runtime::optim::AdamW;
 use lmx_runtime::state::TrainState;
@@ -49,12 +50,19 @@ fn train(compile: bool) -> Result<(Vec<f32>, usize)> {
 
 #[test]
 fn compiled_and_eager_agree_and_the_loss_falls() -> Result<()> {
+    // On the CPU the two agree to 1e-6. MLX's CUDA backend reduces in a different order and
+    // JIT-compiles the fused kernels, so there eager and compiled runs differ at rounding level
+    // (up to 2e-5 measured on an H100), without drift.
+    let tolerance = match default_kind()? {
+        DeviceKind::Cpu => 1e-6,
+        DeviceKind::Gpu => 5e-5,
+    };
     let (compiled, traces) = train(true)?;
     let (eager, eager_runs) = train(false)?;
     assert_eq!(traces, 1, "the compiled step must be traced once");
     assert_eq!(eager_runs, 20);
     for (step, (c, e)) in compiled.iter().zip(&eager).enumerate() {
-        assert!((c - e).abs() <= 1e-6, "step {step}: compiled {c} vs eager {e}");
+        assert!((c - e).abs() <= tolerance, "step {step}: compiled {c} vs eager {e}");
     }
     let (first, last) = (compiled[0], compiled[19]);
     assert!(first / last >= 10.0, "loss fell from {first} to {last} only");
