@@ -15,6 +15,7 @@ pub mod eval;
 pub mod ir;
 pub mod parse;
 pub mod report;
+pub mod rust_front;
 pub mod span;
 pub mod text;
 pub mod types;

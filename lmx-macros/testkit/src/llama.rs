@@ -1,0 +1,169 @@
+//! A small LLaMA (RMSNorm, RoPE, SwiGLU, grouped-query attention) written as Rust structs under
+//! `#[lmx::model]`, its parameters named as Hugging Face's `LlamaForCausalLM` names them
+//! (`model.layers.0.self_attn.q_proj.weight`, ...), and its loss under `#[lmx::step]`.
+
+use crate::runtime::nn::init::{self, Keys};
+use crate::runtime::nn::{EmbeddingParams, LinearParams, RmsNormParams};
+use crate::runtime::optim::AdamW;
+use crate::runtime::tensor::nn::{
+    causal_attention, cross_entropy, embedding, linear, merge_heads, rms_norm, rope, silu, split_heads,
+};
+use crate::runtime::tensor::Tensor;
+use crate::runtime::Result;
+
+/// The static shape of a LLaMA.
+#[derive(Clone, Debug, PartialEq)]
+pub struct LlamaConfig {
+    /// Vocabulary size.
+    pub vocab: i32,
+    /// Model width.
+    pub dim: i32,
+    /// Decoder layers.
+    pub layers: usize,
+    /// Query heads.
+    pub heads: i32,
+    /// Key and value heads (fewer than `heads`: grouped-query attention).
+    pub kv_heads: i32,
+    /// Width of the SwiGLU hidden layer.
+    pub hidden: i32,
+    /// RoPE base frequency.
+    pub rope_base: f32,
+    /// RMSNorm epsilon.
+    pub eps: f32,
+}
+
+impl LlamaConfig {
+    /// A model small enough for tests on a CPU.
+    pub fn tiny() -> LlamaConfig {
+        LlamaConfig { vocab: 64, dim: 32, layers: 2, heads: 4, kv_heads: 2, hidden: 64, rope_base: 10000.0, eps: 1e-5 }
+    }
+
+    fn head_dim(&self) -> i32 {
+        self.dim / self.heads
+    }
+}
+
+/// `LlamaForCausalLM`: the decoder stack and the output head.
+#[lmx::model]
+pub struct Llama {
+    /// The decoder stack.
+    pub model: LlamaModel,
+    /// The output projection to the vocabulary.
+    pub lm_head: LinearParams,
+}
+
+/// `LlamaModel`: embeddings, decoder layers, final norm.
+#[lmx::model]
+pub struct LlamaModel {
+    /// Token embeddings.
+    pub embed_tokens: EmbeddingParams,
+    /// The decoder layers.
+    pub layers: Vec<DecoderLayer>,
+    /// The final RMSNorm.
+    pub norm: RmsNormParams,
+}
+
+/// One decoder layer: pre-norm attention and pre-norm SwiGLU, each with a residual.
+#[lmx::model]
+pub struct DecoderLayer {
+    /// Grouped-query self-attention.
+    pub self_attn: Attention,
+    /// The SwiGLU feed-forward layer.
+    pub mlp: Mlp,
+    /// The norm before attention.
+    pub input_layernorm: RmsNormParams,
+    /// The norm before the feed-forward layer.
+    pub post_attention_layernorm: RmsNormParams,
+}
+
+/// Self-attention projections (no biases).
+#[lmx::model]
+pub struct Attention {
+    /// Queries: `[heads * head_dim, dim]`.
+    pub q_proj: LinearParams,
+    /// Keys: `[kv_heads * head_dim, dim]`.
+    pub k_proj: LinearParams,
+    /// Values: `[kv_heads * head_dim, dim]`.
+    pub v_proj: LinearParams,
+    /// Output: `[dim, heads * head_dim]`.
+    pub o_proj: LinearParams,
+}
+
+/// SwiGLU: `down(silu(gate(x)) * up(x))`.
+#[lmx::model]
+pub struct Mlp {
+    /// The gate projection.
+    pub gate_proj: LinearParams,
+    /// The up projection.
+    pub up_proj: LinearParams,
+    /// The down projection.
+    pub down_proj: LinearParams,
+}
+
+impl Llama {
+    /// Fresh parameters for `config`, drawn from `seed` (MLX's default initialisers).
+    pub fn init(config: &LlamaConfig, seed: u64) -> Result<Llama> {
+        let keys = &mut Keys::from_seed(seed)?;
+        let (dim, kv_dim) = (config.dim, config.kv_heads * config.head_dim());
+        let layers = (0..config.layers)
+            .map(|_| {
+                Ok(DecoderLayer {
+                    self_attn: Attention {
+                        q_proj: init::linear(dim, dim, false, keys)?,
+                        k_proj: init::linear(dim, kv_dim, false, keys)?,
+                        v_proj: init::linear(dim, kv_dim, false, keys)?,
+                        o_proj: init::linear(dim, dim, false, keys)?,
+                    },
+                    mlp: Mlp {
+                        gate_proj: init::linear(dim, config.hidden, false, keys)?,
+                        up_proj: init::linear(dim, config.hidden, false, keys)?,
+                        down_proj: init::linear(config.hidden, dim, false, keys)?,
+                    },
+                    input_layernorm: init::rms_norm(dim)?,
+                    post_attention_layernorm: init::rms_norm(dim)?,
+                })
+            })
+            .collect::<Result<Vec<_>>>()?;
+        Ok(Llama {
+            model: LlamaModel {
+                embed_tokens: init::embedding(config.vocab, dim, keys)?,
+                layers,
+                norm: init::rms_norm(dim)?,
+            },
+            lm_head: init::linear(dim, config.vocab, false, keys)?,
+        })
+    }
+}
+
+/// Logits `[B, T, vocab]` for tokens `[B, T]`.
+pub fn forward(params: &Llama<Tensor>, tokens: &Tensor, config: &LlamaConfig) -> Result<Tensor> {
+    let mut h = embedding(&params.model.embed_tokens, tokens)?;
+    for layer in &params.model.layers {
+        let attended = attention(&layer.self_attn, &rms_norm(&layer.input_layernorm, &h, config.eps)?, config)?;
+        h = h.add(&attended)?;
+        let mixed = mlp(&layer.mlp, &rms_norm(&layer.post_attention_layernorm, &h, config.eps)?)?;
+        h = h.add(&mixed)?;
+    }
+    linear(&params.lm_head, &rms_norm(&params.model.norm, &h, config.eps)?)
+}
+
+fn attention(params: &Attention<Tensor>, x: &Tensor, config: &LlamaConfig) -> Result<Tensor> {
+    let head_dim = config.head_dim();
+    let q = split_heads(&linear(&params.q_proj, x)?, config.heads)?;
+    let k = split_heads(&linear(&params.k_proj, x)?, config.kv_heads)?;
+    let v = split_heads(&linear(&params.v_proj, x)?, config.kv_heads)?;
+    let q = rope(&q, head_dim, config.rope_base, 0)?;
+    let k = rope(&k, head_dim, config.rope_base, 0)?;
+    linear(&params.o_proj, &merge_heads(&causal_attention(&q, &k, &v)?)?)
+}
+
+fn mlp(params: &Mlp<Tensor>, x: &Tensor) -> Result<Tensor> {
+    let gate = silu(&linear(&params.gate_proj, x)?)?;
+    linear(&params.down_proj, &gate.multiply(&linear(&params.up_proj, x)?)?)
+}
+
+/// The next-token loss: mean cross-entropy of the logits for `tokens` against `targets`.
+#[lmx::step(optimizer = AdamW)]
+pub fn train(params: &Llama<Tensor>, tokens: &Tensor, targets: &Tensor, config: &LlamaConfig) -> Result<Tensor> {
+    cross_entropy(&forward(params, tokens, config)?, targets)
+}
