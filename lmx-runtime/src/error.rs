@@ -30,6 +30,9 @@ pub enum Error {
         /// The underlying error.
         source: std::io::Error,
     },
+    /// Training data could not be read or cut into batches.
+    #[error(transparent)]
+    Data(#[from] crate::data::DataError),
     /// A configuration value is out of range or inconsistent.
     #[error("configuration: {0}")]
     Config(String),

@@ -2,15 +2,20 @@
 //! state, optimizers, layers, devices.
 
 pub mod arrays;
+pub mod checkpoint;
 pub mod clip;
 pub mod data;
 pub mod device;
 pub mod error;
+pub mod generate;
 pub mod model;
 pub mod nn;
 pub mod optim;
+pub mod schedule;
+pub mod platform;
 pub mod state;
 pub mod step;
+pub mod train;
 pub mod tree;
 
 pub use error::{Error, Result};

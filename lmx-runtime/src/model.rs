@@ -40,6 +40,14 @@ pub trait LanguageModel: 'static {
 
     /// The longest context `config` supports.
     fn context_len(config: &Self::Config) -> usize;
+
+    /// Training FLOPs per token at sequence length `seq_len` (forward and backward), for MFU:
+    /// by default `6 N` for `N` parameters; models add their attention term.
+    fn flops_per_token(params: &Self::Params, _config: &Self::Config, _seq_len: usize) -> f64 {
+        let mut count = 0usize;
+        params.for_each(&mut |leaf| count += leaf.size());
+        6.0 * count as f64
+    }
 }
 
 /// Per-call state of a forward pass: the key-value cache during generation, none in training.
@@ -54,9 +62,9 @@ impl Context {
         Context { cache: None }
     }
 
-    /// A forward pass that keeps keys and values for `layers` attention layers across calls.
-    pub fn generation(layers: usize) -> Context {
-        Context { cache: Some(KvCache { layers: vec![None; layers], len: 0 }) }
+    /// A forward pass that keeps the keys and values of every attention layer across calls.
+    pub fn generation() -> Context {
+        Context { cache: Some(KvCache { layers: Vec::new(), len: 0 }) }
     }
 
     /// The position of the first token of this call: how many tokens the cache already holds.
@@ -93,9 +101,10 @@ struct KvCache {
 
 impl KvCache {
     fn extend(&mut self, layer: usize, k: &Array, v: &Array) -> Result<(Array, Array)> {
-        let slot = self.layers.get_mut(layer).ok_or_else(|| {
-            crate::Error::Layout(format!("the cache has no attention layer {layer}"))
-        })?;
+        if self.layers.len() <= layer {
+            self.layers.resize(layer + 1, None);
+        }
+        let slot = &mut self.layers[layer];
         let next = match slot.take() {
             Some((k0, v0)) => (
                 mlx_rs::ops::concatenate(&[k0, k.clone()], 2)?,

@@ -1,0 +1,80 @@
+//! What a training run is told: lengths, batch, schedule, evaluation, checkpoints.
+
+use super::Precision;
+use crate::error::{Error, Result};
+use crate::schedule::Schedule;
+use std::path::PathBuf;
+
+/// A training run's settings (from flags or a TOML file).
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct TrainConfig {
+    /// Updates to make.
+    pub steps: u64,
+    /// Sequences per update (split into `accumulation` micro-batches when the step accumulates).
+    pub batch_size: usize,
+    /// Tokens per sequence.
+    pub seq_len: usize,
+    /// The learning-rate schedule.
+    pub schedule: Schedule,
+    /// Seed of initialisation, data order and the step's random key.
+    pub seed: u64,
+    /// Compile the step (`false`: eager, for debugging; same numbers).
+    pub compile: bool,
+    /// Parameter precision.
+    pub precision: Precision,
+    /// Fraction of windows held out for validation.
+    pub validation_fraction: f64,
+    /// Evaluate the validation loss every this many steps (0: never).
+    pub eval_every: u64,
+    /// Validation batches per evaluation.
+    pub eval_batches: usize,
+    /// Save a checkpoint every this many steps (0: only at the end).
+    pub checkpoint_every: u64,
+    /// Checkpoints to keep.
+    pub keep_checkpoints: usize,
+    /// Stop when the validation loss has not improved for this many evaluations (0: never).
+    pub early_stopping_patience: usize,
+    /// The run directory: checkpoints, `metrics.jsonl`, `run.json`.
+    pub out_dir: PathBuf,
+    /// Peak device throughput in TFLOP/s for MFU (0: do not report MFU).
+    pub peak_tflops: f64,
+}
+
+impl Default for TrainConfig {
+    fn default() -> Self {
+        TrainConfig {
+            steps: 200,
+            batch_size: 16,
+            seq_len: 128,
+            schedule: Schedule::Cosine { lr: 1e-3, warmup_steps: 20, total_steps: 200, final_lr: 1e-4 },
+            seed: 0,
+            compile: true,
+            precision: Precision::Float32,
+            validation_fraction: 0.05,
+            eval_every: 100,
+            eval_batches: 8,
+            checkpoint_every: 0,
+            keep_checkpoints: 3,
+            early_stopping_patience: 0,
+            out_dir: PathBuf::from("runs/latest"),
+            peak_tflops: 0.0,
+        }
+    }
+}
+
+impl TrainConfig {
+    /// Checks the settings that would otherwise fail deep inside the run.
+    pub fn validate(&self) -> Result<()> {
+        if self.batch_size == 0 || self.seq_len == 0 {
+            return Err(Error::Config("batch_size and seq_len must be at least 1".into()));
+        }
+        if !(0.0..1.0).contains(&self.validation_fraction) {
+            return Err(Error::Config(format!(
+                "validation_fraction must be in [0, 1), not {}",
+                self.validation_fraction
+            )));
+        }
+        self.schedule.validate()
+    }
+}

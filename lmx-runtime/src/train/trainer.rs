@@ -1,0 +1,283 @@
+//! The training loop.
+
+use super::callbacks::{Callback, Control, EvalReport, StepReport};
+use super::TrainConfig;
+use crate::checkpoint::{self, Checkpoints};
+use crate::data::{BatchIterator, BatchPosition, Order, Windows};
+use crate::error::{Error, Result};
+use crate::model::{LanguageModel, TrainingStep};
+use crate::state::{StateTemplate, TrainState};
+use crate::step::{StepOptions, TrainStep};
+use mlx_rs::error::Exception;
+use mlx_rs::transforms::{async_eval, compile::compile, eval};
+use mlx_rs::{random, Array};
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+type Params<S> = <<S as TrainingStep>::Model as LanguageModel>::Params;
+type ModelConfig<S> = <<S as TrainingStep>::Model as LanguageModel>::Config;
+type EvalFn = Box<dyn FnMut(&[Array]) -> std::result::Result<Vec<Array>, Exception>>;
+
+/// How a run ended.
+#[derive(Clone, Debug, PartialEq)]
+pub struct TrainSummary {
+    /// Updates made, in this run and the runs it resumed.
+    pub steps: u64,
+    /// The last training loss.
+    pub last_loss: f32,
+    /// The last validation loss, if the run evaluated.
+    pub last_val_loss: Option<f32>,
+    /// Why the run stopped before its last step, if it did.
+    pub stopped: Option<String>,
+    /// The checkpoint written last.
+    pub checkpoint: Option<PathBuf>,
+}
+
+/// Trains the model of a declared [`TrainingStep`] on token windows.
+pub struct Trainer<S: TrainingStep> {
+    model: ModelConfig<S>,
+    config: TrainConfig,
+    state: TrainState<Params<S>, S::Optimizer>,
+    step: TrainStep<Params<S>, S::Optimizer>,
+    evaluate: EvalFn,
+    train_batches: BatchIterator,
+    validation: Option<Windows>,
+    checkpoints: Checkpoints,
+    callbacks: Vec<Box<dyn Callback>>,
+    done: u64,
+    flops_per_token: f64,
+}
+
+impl<S: TrainingStep> Trainer<S>
+where
+    <Params<S> as crate::tree::Tree<Array>>::Of<Option<<S::Optimizer as crate::optim::Optimizer>::Leaf>>:
+        Clone + 'static,
+{
+    /// A fresh run: parameters initialised from `config.seed`, the optimizer's state created
+    /// before the step is traced, the windows split into training and validation.
+    pub fn new(model: ModelConfig<S>, config: TrainConfig, windows: Windows) -> Result<Self> {
+        config.validate()?;
+        let params = S::Model::init(&model, config.seed)?;
+        let params = config.precision.cast(&params)?;
+        let optimizer = S::optimizer();
+        let state = TrainState::new(params, &optimizer, config.seed)?;
+        let options = StepOptions { compile: config.compile, ..S::options() };
+        let loss_model = model.clone();
+        let step = TrainStep::new(
+            &state,
+            optimizer,
+            move |params: &Params<S>, batch: &[Array], key: &Array| S::loss(params, &loss_model, batch, key),
+            options,
+        )?;
+        let evaluate = evaluation::<S>(state.template(), model.clone(), config.compile);
+        let flops_per_token = S::Model::flops_per_token(&state.params, &model, config.seq_len);
+        let (train, validation) = if config.validation_fraction > 0.0 {
+            let split = windows.split(config.validation_fraction)?;
+            (split.train, split.validation)
+        } else {
+            (windows, None)
+        };
+        let train_batches = BatchIterator::new(train, config.batch_size, Order::Shuffled, config.seed)?;
+        let checkpoints = Checkpoints::new(config.out_dir.join("checkpoints")).keep_last(config.keep_checkpoints);
+        Ok(Trainer {
+            model,
+            config,
+            state,
+            step,
+            evaluate,
+            train_batches,
+            validation,
+            checkpoints,
+            callbacks: Vec::new(),
+            done: 0,
+            flops_per_token,
+        })
+    }
+
+    /// Adds a callback; they run in the order added.
+    pub fn add_callback(&mut self, callback: impl Callback + 'static) {
+        self.callbacks.push(Box::new(callback));
+    }
+
+    /// The training state (parameters, optimizer state, step, key).
+    pub fn state(&self) -> &TrainState<Params<S>, S::Optimizer> {
+        &self.state
+    }
+
+    /// The model's configuration.
+    pub fn model_config(&self) -> &ModelConfig<S> {
+        &self.model
+    }
+
+    /// Updates made so far.
+    pub fn steps_done(&self) -> u64 {
+        self.done
+    }
+
+    /// How many times the step has been traced.
+    pub fn traces(&self) -> usize {
+        self.step.traces()
+    }
+
+    /// Continues from the checkpoint in `dir`: state, step and data position, so that the rest of
+    /// the run computes exactly what an uninterrupted run would have.
+    pub fn resume(&mut self, dir: &Path) -> Result<()> {
+        let trainer = checkpoint::load(dir, &mut self.state)?;
+        self.done = recorded(dir, &trainer, "step")?;
+        let position: BatchPosition = recorded(dir, &trainer, "data_position")?;
+        self.train_batches.seek(position)?;
+        Ok(())
+    }
+
+    /// The most recent checkpoint of this run's directory, if any.
+    pub fn latest_checkpoint(&self) -> Result<Option<PathBuf>> {
+        self.checkpoints.latest()
+    }
+
+    /// Trains until `config.steps` updates are made, a callback stops the run, or the loss stops
+    /// being finite (an error naming the step and the last good checkpoint).
+    pub fn run(&mut self) -> Result<TrainSummary> {
+        let started = Instant::now();
+        let tokens_per_step = (self.config.batch_size * self.config.seq_len) as f64;
+        let mut next = self.train_batches.next_batch()?;
+        let mut last_loss = f32::NAN;
+        let mut last_val_loss = None;
+        let mut stopped = None;
+        let mut last_checkpoint = self.checkpoints.latest()?;
+        while self.done < self.config.steps {
+            let step_started = Instant::now();
+            let (inputs, targets) = next.to_arrays();
+            let lr = self.config.schedule.lr(self.done);
+            let metrics = self.step.step(&mut self.state, lr, &[inputs, targets])?;
+            let mut outputs = self.state.flatten();
+            outputs.extend([metrics.loss.clone(), metrics.grad_norm.clone()]);
+            async_eval(&outputs)?;
+            // The host prepares the next batch while the device computes this step.
+            let position = self.train_batches.position();
+            next = self.train_batches.next_batch()?;
+            let loss = metrics.loss.item_exact::<f32>();
+            self.done += 1;
+            if !loss.is_finite() {
+                return Err(Error::Config(format!(
+                    "the loss became {loss} at step {}; the last good checkpoint is {}",
+                    self.done,
+                    last_checkpoint.as_ref().map_or("(none yet)".into(), |dir| dir.display().to_string())
+                )));
+            }
+            last_loss = loss;
+            let seconds = step_started.elapsed().as_secs_f64();
+            let tokens_per_s = tokens_per_step / seconds;
+            let report = StepReport {
+                step: self.done,
+                total_steps: self.config.steps,
+                loss,
+                grad_norm: metrics.grad_norm.item_exact::<f32>(),
+                lr,
+                tokens_per_s,
+                mfu: (self.config.peak_tflops > 0.0)
+                    .then(|| self.flops_per_token * tokens_per_s / (self.config.peak_tflops * 1e12)),
+                elapsed_s: started.elapsed().as_secs_f64(),
+            };
+            let mut controls = Vec::new();
+            for callback in &mut self.callbacks {
+                controls.push(callback.on_step(&report)?);
+            }
+            let at_end = self.done == self.config.steps;
+            if self.config.eval_every > 0 && (self.done % self.config.eval_every == 0 || at_end) {
+                if let Some(val_loss) = self.validation_loss()? {
+                    last_val_loss = Some(val_loss);
+                    let report = EvalReport { step: self.done, val_loss };
+                    for callback in &mut self.callbacks {
+                        controls.push(callback.on_eval(&report)?);
+                    }
+                }
+            }
+            stopped = controls.into_iter().find_map(|control| match control {
+                Control::Stop(reason) => Some(reason),
+                Control::Continue => None,
+            });
+            let periodic = self.config.checkpoint_every > 0 && self.done % self.config.checkpoint_every == 0;
+            if periodic || at_end || stopped.is_some() {
+                // The position saved is the one before `next` was drawn: resuming draws it again.
+                last_checkpoint = Some(self.save_checkpoint(position)?);
+            }
+            if stopped.is_some() {
+                break;
+            }
+        }
+        for callback in &mut self.callbacks {
+            callback.on_end()?;
+        }
+        Ok(TrainSummary { steps: self.done, last_loss, last_val_loss, stopped, checkpoint: last_checkpoint })
+    }
+
+    /// The mean loss over up to `eval_batches` validation batches, in order.
+    pub fn validation_loss(&mut self) -> Result<Option<f32>> {
+        let Some(windows) = &self.validation else {
+            return Ok(None);
+        };
+        let batch_size = self.config.batch_size.min(windows.count());
+        if batch_size == 0 {
+            return Ok(None);
+        }
+        let mut batches = BatchIterator::new(windows.clone(), batch_size, Order::Sequential, 0)?;
+        let count = self.config.eval_batches.clamp(1, batches.batches_per_epoch().max(1));
+        let params = crate::tree::flatten(&self.state.params);
+        let mut total = 0.0;
+        for _ in 0..count {
+            let (inputs, targets) = batches.next_batch()?.to_arrays();
+            let mut args = params.clone();
+            args.extend([inputs, targets]);
+            let loss = (self.evaluate)(&args)?.remove(0);
+            eval([&loss])?;
+            total += loss.item_exact::<f32>();
+        }
+        Ok(Some(total / count as f32))
+    }
+
+    fn save_checkpoint(&self, position: BatchPosition) -> Result<PathBuf> {
+        let trainer = serde_json::json!({
+            "step": self.done,
+            "data_position": position,
+            "schedule": self.config.schedule,
+            "train_config": self.config,
+            "model": S::Model::NAME,
+            "model_config": self.model,
+            "step_name": S::NAME,
+        });
+        self.checkpoints.save(self.done, &self.state, &trainer)
+    }
+}
+
+/// The field `name` of a checkpoint's `trainer.json`.
+fn recorded<T: serde::de::DeserializeOwned>(dir: &Path, trainer: &serde_json::Value, name: &str) -> Result<T> {
+    let error = |message: String| Error::Checkpoint { path: dir.join("trainer.json"), message };
+    let value = trainer.get(name).cloned().ok_or_else(|| error(format!("no `{name}` recorded")))?;
+    serde_json::from_value(value).map_err(|err| error(format!("`{name}`: {err}")))
+}
+
+/// The validation loss as a compiled function of `[params..., inputs, targets]`.
+fn evaluation<S: TrainingStep>(
+    template: StateTemplate<Params<S>, S::Optimizer>,
+    model: ModelConfig<S>,
+    compiled: bool,
+) -> EvalFn
+where
+    <Params<S> as crate::tree::Tree<Array>>::Of<Option<<S::Optimizer as crate::optim::Optimizer>::Leaf>>:
+        Clone + 'static,
+{
+    let n_params = template.layout().params;
+    let key = random::key(0).expect("a key from a seed");
+    let loss = move |args: &[Array]| -> std::result::Result<Vec<Array>, Exception> {
+        let run = || -> Result<Array> {
+            let params = template.params(&args[..n_params])?;
+            S::loss(&params, &model, &args[n_params..], &key)
+        };
+        run().map(|loss| vec![loss]).map_err(|err| Exception::custom(err.to_string()))
+    };
+    if compiled {
+        Box::new(compile(loss, false))
+    } else {
+        Box::new(loss)
+    }
+}
