@@ -7,9 +7,15 @@
 //! layout. The learning rate and step count reach the update as arrays ([`StepScalars`]): a
 //! schedule changes the rate without retracing.
 
+mod adafactor;
 mod adam;
+mod lion;
+mod sgd;
 
+pub use adafactor::{Adafactor, AdafactorLeaf, SecondMoment};
 pub use adam::{Adam, AdamLeaf, AdamW};
+pub use lion::Lion;
+pub use sgd::{Sgd, SgdLeaf};
 
 use crate::arrays::Arrays;
 use crate::error::Result;
