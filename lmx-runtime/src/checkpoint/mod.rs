@@ -1,0 +1,29 @@
+//! Checkpoints: a training state and the trainer's metadata as safetensors and JSON, written
+//! atomically; any parameter tree to and from one safetensors file.
+//!
+//! A checkpoint is a directory `step-000123/` holding
+//! - `model.safetensors`: the parameters, named by the tree's dotted names
+//!   (`h.0.attn.c_attn.weight`);
+//! - `optimizer.safetensors`: each trainable parameter's optimizer arrays as `<name>.<i>`, the
+//!   step count as `step` and the random key as `rng`;
+//! - `trainer.json`: what the trainer passes in (step, data position, schedule, configuration).
+//!
+//! It is written into a temporary directory beside it, every file fsynced, then renamed into
+//! place ([`atomic`]): an interrupted save leaves the earlier checkpoints loadable, and its
+//! leftovers are ignored by [`Checkpoints::list`] and removed by the next save. Loading checks
+//! every tensor's name, shape and dtype against the state it loads into, and leaves that state
+//! untouched when anything is wrong.
+//!
+//! Arrays of float32, float16, bfloat16, int32 and uint32 are stored, bit for bit.
+
+pub mod atomic;
+mod file;
+mod store;
+mod tensor;
+mod train_state;
+mod weights;
+
+pub use atomic::{DurableWriter, FileWriter};
+pub use store::{dir_name, Checkpoints};
+pub use train_state::{load, MODEL_FILE, OPTIMIZER_FILE, TRAINER_FILE};
+pub use weights::{load_tree, save_tree};

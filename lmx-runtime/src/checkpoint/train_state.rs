@@ -1,0 +1,90 @@
+//! A [`TrainState`] and the trainer's metadata as the files of one checkpoint directory.
+
+use super::file::{encode, read_expected, Named};
+use super::weights::named;
+use crate::arrays::Arrays;
+use crate::error::{Error, Result};
+use crate::optim::Optimizer;
+use crate::state::TrainState;
+use crate::tree::{self, Tree};
+use mlx_rs::Array;
+use std::path::Path;
+
+/// The model's parameters, named by their dotted names.
+pub const MODEL_FILE: &str = "model.safetensors";
+/// The optimizer's state (`<param name>.<i>`), the step count (`step`) and the random key (`rng`).
+pub const OPTIMIZER_FILE: &str = "optimizer.safetensors";
+/// The trainer's metadata: step, data position, schedule, configuration.
+pub const TRAINER_FILE: &str = "trainer.json";
+
+/// The optimizer's arrays named `<param name>.<i>`, then `step` and `rng`.
+fn optimizer_named<P: Tree<Array>, O: Optimizer>(state: &TrainState<P, O>) -> Named {
+    let mut specs = tree::specs(&state.params).into_iter();
+    let mut out = Vec::new();
+    state.opt.for_each(&mut |leaf| {
+        let spec = specs.next().expect("one spec per leaf");
+        let mut arrays = Vec::new();
+        leaf.push_arrays(&mut arrays);
+        for (index, array) in arrays.into_iter().enumerate() {
+            out.push((format!("{}.{index}", spec.name), array));
+        }
+    });
+    out.push(("step".into(), state.step.clone()));
+    out.push(("rng".into(), state.key.clone()));
+    out
+}
+
+/// The files of a checkpoint of `state` and `trainer`, to be written into `dir`.
+pub(crate) fn encode_files<P: Tree<Array>, O: Optimizer>(
+    dir: &Path,
+    state: &TrainState<P, O>,
+    trainer: &serde_json::Value,
+) -> Result<Vec<(&'static str, Vec<u8>)>> {
+    let model = encode(&dir.join(MODEL_FILE), &named(&state.params))?;
+    let optimizer = encode(&dir.join(OPTIMIZER_FILE), &optimizer_named(state))?;
+    let trainer = serde_json::to_vec_pretty(trainer).map_err(|err| Error::Checkpoint {
+        path: dir.join(TRAINER_FILE),
+        message: format!("cannot encode the trainer's metadata: {err}"),
+    })?;
+    Ok(vec![
+        (MODEL_FILE, model),
+        (OPTIMIZER_FILE, optimizer),
+        (TRAINER_FILE, trainer),
+    ])
+}
+
+/// Loads the checkpoint in `dir` into `state` and returns the trainer's metadata.
+///
+/// `state` is the template: the checkpoint must hold its parameters and optimizer arrays by name,
+/// with the same shapes and dtypes. On any error (a missing, mismatched or extra tensor, a corrupt
+/// file) the error names the file and the tensor, and `state` is left untouched.
+pub fn load<P: Tree<Array>, O: Optimizer>(
+    dir: &Path,
+    state: &mut TrainState<P, O>,
+) -> Result<serde_json::Value> {
+    let params = read_expected(&dir.join(MODEL_FILE), &named(&state.params))?;
+    let optimizer = read_expected(&dir.join(OPTIMIZER_FILE), &optimizer_named(state))?;
+    let trainer_path = dir.join(TRAINER_FILE);
+    let trainer = std::fs::read(&trainer_path).map_err(|source| Error::Io {
+        path: trainer_path.clone(),
+        source,
+    })?;
+    let trainer = serde_json::from_slice(&trainer).map_err(|err| Error::Checkpoint {
+        path: trainer_path,
+        message: format!("not valid JSON: {err}"),
+    })?;
+
+    let mut params = params.into_iter();
+    state.params = state
+        .params
+        .map_same(&mut |_| params.next().expect("one array per leaf"));
+    let mut optimizer = optimizer.into_iter();
+    state.opt = state
+        .opt
+        .map_same(&mut |leaf| leaf.rebuild_from(&mut optimizer));
+    state.step = optimizer
+        .next()
+        .expect("the step follows the optimizer's arrays");
+    state.key = optimizer.next().expect("the key follows the step");
+    Ok(trainer)
+}

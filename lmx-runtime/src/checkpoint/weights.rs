@@ -1,0 +1,33 @@
+//! Any parameter tree to and from one safetensors file, its tensors named by the tree's dotted
+//! names: model weights export and import.
+
+use super::atomic::{write_file, DurableWriter};
+use super::file::{encode, read_expected, Named};
+use crate::error::Result;
+use crate::tree::{self, Tree};
+use mlx_rs::Array;
+use std::path::Path;
+
+/// The leaves of `tree` with their dotted names, in traversal order.
+pub(crate) fn named<R: Tree<Array> + ?Sized>(tree: &R) -> Named {
+    tree::names(tree)
+        .into_iter()
+        .zip(tree::flatten(tree))
+        .collect()
+}
+
+/// Writes the leaves of `tree` to the safetensors file `path` (atomically), each tensor named by
+/// its dotted name.
+pub fn save_tree<R: Tree<Array> + ?Sized>(path: &Path, tree: &R) -> Result<()> {
+    let bytes = encode(path, &named(tree))?;
+    write_file(path, &bytes, &mut DurableWriter)
+}
+
+/// A tree shaped like `template` with its leaves read from the safetensors file `path`.
+///
+/// The file must hold exactly the template's leaves, by name, with the template's shapes and
+/// dtypes; the error names the file and the first tensor that is missing, mismatched or extra.
+pub fn load_tree<R: Tree<Array>>(path: &Path, template: &R) -> Result<R> {
+    let mut arrays = read_expected(path, &named(template))?.into_iter();
+    Ok(template.map_same(&mut |_| arrays.next().expect("one array per leaf")))
+}
