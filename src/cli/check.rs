@@ -1,0 +1,102 @@
+//! `lmx check`, `lmx count`, `lmx info`, `lmx models`: what the checker says about a model.
+
+use super::bundled;
+use lmx_grammar::report::{report, Report};
+use lmx_grammar::CheckedModel;
+
+/// Checks `model`; on success prints its report for `preset` at `batch` x `seq`.
+pub fn check(model: &str, preset: Option<&str>, batch: u64, seq: Option<u64>) -> anyhow::Result<()> {
+    let checked = checked(model)?;
+    let preset = preset.unwrap_or("default");
+    let report = report(&checked, preset, batch, seq).map_err(|err| anyhow::anyhow!("{err}"))?;
+    println!("{}: ok\n", checked.name);
+    print_report(&report, true);
+    Ok(())
+}
+
+/// Prints the parameter count of `model` for `preset`, or for every preset.
+pub fn count(model: &str, preset: Option<&str>) -> anyhow::Result<()> {
+    let checked = checked(model)?;
+    let presets: Vec<String> = match preset {
+        Some(preset) => vec![preset.to_owned()],
+        None => checked.presets.iter().map(|preset| preset.name.clone()).collect(),
+    };
+    for preset in presets {
+        let report = report(&checked, &preset, 1, None).map_err(|err| anyhow::anyhow!("{err}"))?;
+        println!("{:<12} {:>16} parameters", preset, group_digits(report.param_count));
+    }
+    Ok(())
+}
+
+/// Prints what `model` is: presets, and the report of `preset`.
+pub fn info(model: &str, preset: Option<&str>) -> anyhow::Result<()> {
+    let checked = checked(model)?;
+    let names: Vec<&str> = checked.presets.iter().map(|preset| preset.name.as_str()).collect();
+    println!("model   {}\npresets {}\n", checked.name, names.join(", "));
+    let report = report(&checked, preset.unwrap_or("default"), 1, None).map_err(|err| anyhow::anyhow!("{err}"))?;
+    print_report(&report, false);
+    Ok(())
+}
+
+/// Lists the bundled models with their presets.
+pub fn models() -> anyhow::Result<()> {
+    for (name, file, _) in bundled::MODELS {
+        let checked = checked(name)?;
+        let presets: Vec<&str> = checked.presets.iter().map(|preset| preset.name.as_str()).collect();
+        println!("{name:<10} {file:<22} presets: {}", presets.join(", "));
+    }
+    Ok(())
+}
+
+fn checked(model: &str) -> anyhow::Result<CheckedModel> {
+    let (file, source) = bundled::source(model)?;
+    lmx_grammar::check_source(&file, &source).map_err(|rendered| anyhow::anyhow!("{rendered}"))
+}
+
+fn print_report(report: &Report, shapes: bool) {
+    println!("preset            {}", report.preset);
+    println!("parameters        {}", group_digits(report.param_count));
+    println!("FLOPs per token   {} (6N + 12LdT: {})", group_digits(report.flops_per_token), group_digits(report.flops_per_token_6n));
+    let memory = &report.memory;
+    println!(
+        "training memory   {} at batch {} x {} (parameters {}, gradients {}, optimizer {}, activations {})",
+        bytes(memory.total()),
+        report.batch,
+        report.seq,
+        bytes(memory.parameters),
+        bytes(memory.gradients),
+        bytes(memory.optimizer),
+        bytes(memory.activations)
+    );
+    if shapes {
+        println!();
+        for param in &report.params {
+            let shape: Vec<String> = param.shape.iter().map(u64::to_string).collect();
+            println!("  {:<48} [{}]", param.name, shape.join(", "));
+        }
+    }
+}
+
+/// `1234567` as `1,234,567`.
+pub fn group_digits(value: u64) -> String {
+    let digits = value.to_string();
+    let mut out = String::new();
+    for (index, digit) in digits.chars().enumerate() {
+        if index > 0 && (digits.len() - index) % 3 == 0 {
+            out.push(',');
+        }
+        out.push(digit);
+    }
+    out
+}
+
+fn bytes(value: u64) -> String {
+    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut size = value as f64;
+    let mut unit = 0;
+    while size >= 1024.0 && unit + 1 < UNITS.len() {
+        size /= 1024.0;
+        unit += 1;
+    }
+    format!("{size:.1} {}", UNITS[unit])
+}

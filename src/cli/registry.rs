@@ -1,0 +1,34 @@
+//! The bundled models the `lmx` command can train and sample, each by its declared training step.
+
+use super::run_file::RunFile;
+use super::train::{self, GenerateRequest, TrainRequest};
+
+/// Declares `train` and `generate`, dispatching on a bundled model's name to its step type.
+macro_rules! registry {
+    ($($name:literal => $step:ty),* $(,)?) => {
+        /// The names of the models `lmx train` knows.
+        pub const TRAINABLE: &[&str] = &[$($name),*];
+
+        /// Trains the model `request.model`.
+        pub fn train(request: TrainRequest) -> anyhow::Result<()> {
+            match request.model.as_str() {
+                $($name => train::train::<$step>(request),)*
+                other => unknown(other),
+            }
+        }
+
+        /// Samples from a run of the model it names.
+        pub fn generate(run: &RunFile, request: GenerateRequest) -> anyhow::Result<()> {
+            match run.model.as_str() {
+                $($name => train::sample::<$step>(run, request),)*
+                other => unknown(other),
+            }
+        }
+    };
+}
+
+registry! {}
+
+fn unknown(model: &str) -> anyhow::Result<()> {
+    anyhow::bail!("no trainable model `{model}`; the bundled ones are {}", TRAINABLE.join(", "))
+}
