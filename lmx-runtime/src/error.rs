@@ -33,6 +33,16 @@ pub enum Error {
     /// Training data could not be read or cut into batches.
     #[error(transparent)]
     Data(#[from] crate::data::DataError),
+    /// The loss stopped being finite: training diverged.
+    #[error("the loss became {loss} at step {step}; the last good checkpoint is {}", last_checkpoint.as_ref().map_or("(none yet)".into(), |dir| dir.display().to_string()))]
+    Diverged {
+        /// The loss.
+        loss: f32,
+        /// The update that produced it.
+        step: u64,
+        /// The last checkpoint saved before it.
+        last_checkpoint: Option<PathBuf>,
+    },
     /// A configuration value is out of range or inconsistent.
     #[error("configuration: {0}")]
     Config(String),

@@ -158,11 +158,7 @@ where
             let loss = metrics.loss.item_exact::<f32>();
             self.done += 1;
             if !loss.is_finite() {
-                return Err(Error::Config(format!(
-                    "the loss became {loss} at step {}; the last good checkpoint is {}",
-                    self.done,
-                    last_checkpoint.as_ref().map_or("(none yet)".into(), |dir| dir.display().to_string())
-                )));
+                return Err(Error::Diverged { loss, step: self.done, last_checkpoint });
             }
             last_loss = loss;
             let seconds = step_started.elapsed().as_secs_f64();
