@@ -405,9 +405,9 @@ fn adafactor_reference(problem: &Problem, opt: &Adafactor, decay: bool) -> Vec<V
         }
         if let Some(beta1) = opt.beta1 {
             let beta1 = f64::from(beta1);
-            for k in 0..n {
-                s.m[k] = beta1 * s.m[k] + (1.0 - beta1) * u[k];
-                u[k] = s.m[k];
+            for (m, u) in s.m.iter_mut().zip(u.iter_mut()) {
+                *m = beta1 * *m + (1.0 - beta1) * *u;
+                *u = *m;
             }
         }
         let wd = if decay {

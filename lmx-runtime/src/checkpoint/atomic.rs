@@ -4,8 +4,10 @@
 //! Everything is first written beside its destination under a name starting with
 //! [`TEMP_PREFIX`], made durable (each file fsynced, then the directory), and renamed into place;
 //! the rename is atomic, and the parent directory is fsynced after it. A crash at any point leaves
-//! the destination as it was (or, for a replaced checkpoint, absent while the older ones stay
-//! intact) plus at most a temporary entry, which readers ignore and the next save removes.
+//! the destination as it was plus temporary entries, which readers ignore and the next save
+//! removes. Replacing a directory takes two renames (the old one aside, the new one in); a crash
+//! between them leaves the destination missing and its old copy aside, which the next save puts
+//! back.
 
 use crate::error::{Error, Result};
 use std::fs;
@@ -14,6 +16,9 @@ use std::path::{Path, PathBuf};
 
 /// The prefix of the temporary entries atomic writes leave behind when interrupted.
 pub const TEMP_PREFIX: &str = ".tmp-";
+
+/// Marks, after [`TEMP_PREFIX`], an entry set aside while being replaced.
+const OLD_TAG: &str = "old-";
 
 /// Writes one file durably. The trainer uses [`DurableWriter`]; tests substitute writers that
 /// fail part-way to check that an interrupted save leaves earlier checkpoints intact.
@@ -82,7 +87,9 @@ fn remove(path: &Path) -> Result<()> {
     result.map_err(io_error(path))
 }
 
-/// Removes the temporary entries interrupted writes left in `dir`.
+/// Cleans up after interrupted writes in `dir`: an entry set aside while being replaced
+/// (`.tmp-old-<name>`) is put back when `<name>` is missing (the write stopped between the two
+/// renames), and every other temporary entry is removed.
 pub(crate) fn remove_stale(dir: &Path) -> Result<()> {
     let entries = match fs::read_dir(dir) {
         Ok(entries) => entries,
@@ -91,8 +98,19 @@ pub(crate) fn remove_stale(dir: &Path) -> Result<()> {
     };
     for entry in entries {
         let entry = entry.map_err(io_error(dir))?;
-        if entry.file_name().to_string_lossy().starts_with(TEMP_PREFIX) {
-            remove(&entry.path())?;
+        let name = entry.file_name().to_string_lossy().into_owned();
+        let Some(rest) = name.strip_prefix(TEMP_PREFIX) else {
+            continue;
+        };
+        let original = rest
+            .strip_prefix(OLD_TAG)
+            .map(|original| dir.join(original));
+        match original {
+            Some(original) if !original.exists() => {
+                fs::rename(entry.path(), &original).map_err(io_error(&original))?;
+                sync_dir(dir)?;
+            }
+            _ => remove(&entry.path())?,
         }
     }
     Ok(())
@@ -129,7 +147,7 @@ pub(crate) fn write_dir(
         return Err(err);
     }
     if dir.exists() {
-        let (_, old) = beside(dir, "old-")?;
+        let (_, old) = beside(dir, OLD_TAG)?;
         remove(&old)?;
         fs::rename(dir, &old).map_err(io_error(dir))?;
         fs::rename(&temp, dir).map_err(io_error(dir))?;

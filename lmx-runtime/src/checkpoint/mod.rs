@@ -10,7 +10,7 @@
 //!
 //! It is written into a temporary directory beside it, every file fsynced, then renamed into
 //! place ([`atomic`]): an interrupted save leaves the earlier checkpoints loadable, and its
-//! leftovers are ignored by [`Checkpoints::list`] and removed by the next save. Loading checks
+//! leftovers are ignored by [`Checkpoints::list`] and cleaned up by the next save. Loading checks
 //! every tensor's name, shape and dtype against the state it loads into, and leaves that state
 //! untouched when anything is wrong.
 //!
