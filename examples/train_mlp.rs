@@ -22,7 +22,10 @@ fn loss(params: &Mlp, batch: &[Array], _key: &Array) -> Result<Array> {
 fn main() -> Result<()> {
     println!("{}\n", platform::describe());
     let mut keys = Keys::from_seed(0)?;
-    let mlp = vec![nn::init::linear(256, 1024, true, &mut keys)?, nn::init::linear(1024, 10, true, &mut keys)?];
+    let mlp = vec![
+        nn::init::linear(256, 1024, true, &mut keys)?,
+        nn::init::linear(1024, 10, true, &mut keys)?,
+    ];
     let x = random::normal::<f32>(&[512, 256], None, None, &keys.next()?)?;
     let y = random::randint::<_, i32>(0, 10, &[512], &keys.next()?)?;
 
@@ -37,10 +40,18 @@ fn main() -> Result<()> {
         eval(&outputs)?;
         if i == 1 || i % 10 == 0 {
             let loss = metrics.loss.item_exact::<f32>();
-            println!("step {i:>3}  loss {loss:.4}  {}", "#".repeat((loss * 20.0) as usize));
+            println!(
+                "step {i:>3}  loss {loss:.4}  {}",
+                "#".repeat((loss * 20.0) as usize)
+            );
         }
     }
     let elapsed = started.elapsed();
-    println!("\n100 steps in {:.2?} ({:.2} ms/step), traced {} time(s)", elapsed, elapsed.as_secs_f64() * 10.0, step.traces());
+    println!(
+        "\n100 steps in {:.2?} ({:.2} ms/step), traced {} time(s)",
+        elapsed,
+        elapsed.as_secs_f64() * 10.0,
+        step.traces()
+    );
     Ok(())
 }

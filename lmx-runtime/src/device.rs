@@ -40,7 +40,9 @@ impl FromStr for DeviceKind {
         match name {
             "cpu" => Ok(DeviceKind::Cpu),
             "gpu" => Ok(DeviceKind::Gpu),
-            other => Err(Error::Device(format!("unknown device `{other}`: use `cpu` or `gpu`"))),
+            other => Err(Error::Device(format!(
+                "unknown device `{other}`: use `cpu` or `gpu`"
+            ))),
         }
     }
 }

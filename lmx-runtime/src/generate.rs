@@ -24,7 +24,13 @@ pub struct Sampling {
 
 impl Default for Sampling {
     fn default() -> Self {
-        Sampling { temperature: 0.8, top_k: Some(40), top_p: None, seed: 0, max_tokens: 200 }
+        Sampling {
+            temperature: 0.8,
+            top_k: Some(40),
+            top_p: None,
+            seed: 0,
+            max_tokens: 200,
+        }
     }
 }
 
@@ -50,7 +56,9 @@ pub fn generate<M: LanguageModel>(
     mut on_token: impl FnMut(u32),
 ) -> Result<Generation> {
     if prompt.is_empty() {
-        return Err(Error::Config("generation needs a prompt of at least one token".into()));
+        return Err(Error::Config(
+            "generation needs a prompt of at least one token".into(),
+        ));
     }
     let context_len = M::context_len(config);
     if prompt.len() > context_len {
@@ -59,7 +67,10 @@ pub fn generate<M: LanguageModel>(
             prompt.len()
         )));
     }
-    let mut sampler = Sampler { sampling: sampling.clone(), rng: SplitMix64::new(sampling.seed) };
+    let mut sampler = Sampler {
+        sampling: sampling.clone(),
+        rng: SplitMix64::new(sampling.seed),
+    };
     let mut ctx = Context::generation();
     let started = Instant::now();
     let ids: Vec<i32> = prompt.iter().map(|&id| id as i32).collect();
@@ -79,7 +90,8 @@ pub fn generate<M: LanguageModel>(
     let decode_seconds = decode_started.elapsed().as_secs_f64();
     Ok(Generation {
         prompt_tokens_per_s: prompt.len() as f64 / prompt_seconds,
-        decode_tokens_per_s: tokens.len().saturating_sub(1) as f64 / decode_seconds.max(f64::MIN_POSITIVE),
+        decode_tokens_per_s: tokens.len().saturating_sub(1) as f64
+            / decode_seconds.max(f64::MIN_POSITIVE),
         tokens,
     })
 }

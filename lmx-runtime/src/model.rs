@@ -64,7 +64,12 @@ impl Context {
 
     /// A forward pass that keeps the keys and values of every attention layer across calls.
     pub fn generation() -> Context {
-        Context { cache: Some(KvCache { layers: Vec::new(), len: 0 }) }
+        Context {
+            cache: Some(KvCache {
+                layers: Vec::new(),
+                len: 0,
+            }),
+        }
     }
 
     /// The position of the first token of this call: how many tokens the cache already holds.
@@ -80,7 +85,11 @@ impl Context {
         };
         let (k, v) = cache.extend(layer, k, v)?;
         // A single new query sees every cached key; several see a causal window over the new ones.
-        let mask = if q.shape()[2] > 1 { crate::nn::AttentionMask::Causal } else { crate::nn::AttentionMask::None };
+        let mask = if q.shape()[2] > 1 {
+            crate::nn::AttentionMask::Causal
+        } else {
+            crate::nn::AttentionMask::None
+        };
         crate::nn::attention(q, &k, &v, mask)
     }
 

@@ -18,7 +18,11 @@ fn library_providing(symbol: &str) -> Option<PathBuf> {
         if libc::dladdr(address, &mut info) == 0 || info.dli_fname.is_null() {
             return None;
         }
-        Some(PathBuf::from(CStr::from_ptr(info.dli_fname).to_string_lossy().into_owned()))
+        Some(PathBuf::from(
+            CStr::from_ptr(info.dli_fname)
+                .to_string_lossy()
+                .into_owned(),
+        ))
     }
 }
 
@@ -35,7 +39,8 @@ pub fn blas_library() -> Option<PathBuf> {
 
 /// A one-paragraph description of the platform, for `lmx info` and bug reports.
 pub fn describe() -> String {
-    let show = |path: Option<PathBuf>| path.map_or("(not found)".to_owned(), |p| p.display().to_string());
+    let show =
+        |path: Option<PathBuf>| path.map_or("(not found)".to_owned(), |p| p.display().to_string());
     format!(
         "libmlx: {}\nBLAS:   {}\nGPU:    {}",
         show(mlx_library()),

@@ -36,12 +36,20 @@ impl<P: Tree<Array>, O: Optimizer> TrainState<P, O> {
             if !trainable || failure.is_some() {
                 return None;
             }
-            optimizer.init(param).map_err(|err| failure = Some(err)).ok()
+            optimizer
+                .init(param)
+                .map_err(|err| failure = Some(err))
+                .ok()
         });
         if let Some(err) = failure {
             return Err(err);
         }
-        Ok(TrainState { params, opt, step: Array::from_f32(0.0), key: random::key(seed)? })
+        Ok(TrainState {
+            params,
+            opt,
+            step: Array::from_f32(0.0),
+            key: random::key(seed)?,
+        })
     }
 
     /// How the flat state is laid out.
@@ -51,7 +59,10 @@ impl<P: Tree<Array>, O: Optimizer> TrainState<P, O> {
             self.opt.for_each(&mut |leaf| count += leaf.array_count());
             count
         };
-        StateLayout { params: tree::leaf_count(&self.params), opt }
+        StateLayout {
+            params: tree::leaf_count(&self.params),
+            opt,
+        }
     }
 
     /// Every array of the state, in the declared order: parameters, optimizer state, step, key.
@@ -67,7 +78,10 @@ impl<P: Tree<Array>, O: Optimizer> TrainState<P, O> {
     /// `step`, `rng`.
     pub fn declaration(&self) -> Vec<String> {
         let specs = tree::specs(&self.params);
-        let mut names: Vec<String> = specs.iter().map(|spec| format!("params.{}", spec.name)).collect();
+        let mut names: Vec<String> = specs
+            .iter()
+            .map(|spec| format!("params.{}", spec.name))
+            .collect();
         let mut specs = specs.iter();
         self.opt.for_each(&mut |leaf| {
             let spec = specs.next().expect("one spec per leaf");
@@ -100,7 +114,11 @@ where
         let opt = self.opt.map_same(&mut |leaf| {
             leaf.rebuild_from(&mut std::iter::repeat_with(|| placeholder.clone()))
         });
-        StateTemplate { params, opt, layout: self.layout() }
+        StateTemplate {
+            params,
+            opt,
+            layout: self.layout(),
+        }
     }
 }
 
@@ -147,7 +165,9 @@ where
     pub fn params(&self, arrays: &[Array]) -> Result<P> {
         self.check(arrays, self.layout.params)?;
         let mut arrays = arrays.iter().cloned();
-        Ok(self.params.map_same(&mut |_| arrays.next().expect("checked above")))
+        Ok(self
+            .params
+            .map_same(&mut |_| arrays.next().expect("checked above")))
     }
 
     /// A whole state rebuilt from the first [`StateLayout::len`] arrays of `arrays`.
@@ -158,7 +178,12 @@ where
         let opt = self.opt.map_same(&mut |leaf| leaf.rebuild_from(&mut rest));
         let step = rest.next().expect("checked above");
         let key = rest.next().expect("checked above");
-        Ok(TrainState { params, opt, step, key })
+        Ok(TrainState {
+            params,
+            opt,
+            step,
+            key,
+        })
     }
 
     fn check(&self, arrays: &[Array], needed: usize) -> Result<()> {

@@ -42,7 +42,11 @@ pub struct StepOptions {
 
 impl Default for StepOptions {
     fn default() -> Self {
-        StepOptions { clip_norm: Some(1.0), compile: true, accumulation: 1 }
+        StepOptions {
+            clip_norm: Some(1.0),
+            compile: true,
+            accumulation: 1,
+        }
     }
 }
 
@@ -58,11 +62,9 @@ pub struct StepMetrics {
 type PureFn = Box<dyn FnMut(&[Array]) -> std::result::Result<Vec<Array>, Exception>>;
 
 /// Wraps a pure function over arrays, compiled or not.
-fn prepare(
-    body: impl Fn(&[Array]) -> Result<Vec<Array>> + 'static,
-    compiled: bool,
-) -> PureFn {
-    let pure = move |inputs: &[Array]| body(inputs).map_err(|err| Exception::custom(err.to_string()));
+fn prepare(body: impl Fn(&[Array]) -> Result<Vec<Array>> + 'static, compiled: bool) -> PureFn {
+    let pure =
+        move |inputs: &[Array]| body(inputs).map_err(|err| Exception::custom(err.to_string()));
     if compiled {
         Box::new(compile(pure, false))
     } else {
@@ -82,7 +84,11 @@ enum Mode {
     /// Loss, gradients and update in one function.
     Fused(PureFn),
     /// `micro` per micro-batch, then `apply`.
-    Accumulate { micro: PureFn, apply: PureFn, parts: usize },
+    Accumulate {
+        micro: PureFn,
+        apply: PureFn,
+        parts: usize,
+    },
 }
 
 impl<P, O> TrainStep<P, O>
@@ -103,8 +109,11 @@ where
     ) -> Result<Self> {
         let template = state.template();
         let traces = Rc::new(Cell::new(0));
-        let specs: Vec<(bool, bool)> =
-            state.specs().into_iter().map(|spec| (spec.trainable, spec.decay)).collect();
+        let specs: Vec<(bool, bool)> = state
+            .specs()
+            .into_iter()
+            .map(|spec| (spec.trainable, spec.decay))
+            .collect();
         let trainable = specs.iter().filter(|(trainable, _)| *trainable).count();
         let body = Rc::new(StepBody {
             template: template.clone(),
@@ -115,7 +124,11 @@ where
             traces: traces.clone(),
         });
         let mode = match options.accumulation {
-            0 => return Err(Error::Config("gradient accumulation needs at least 1 micro-batch".into())),
+            0 => {
+                return Err(Error::Config(
+                    "gradient accumulation needs at least 1 micro-batch".into(),
+                ))
+            }
             1 => Mode::Fused(prepare(move |inputs| body.fused(inputs), options.compile)),
             parts => {
                 let micro_body = body.clone();
@@ -126,11 +139,21 @@ where
                 }
             }
         };
-        Ok(TrainStep { mode, template, traces, trainable })
+        Ok(TrainStep {
+            mode,
+            template,
+            traces,
+            trainable,
+        })
     }
 
     /// Runs one step: `state` becomes the next state (lazily: nothing is evaluated here).
-    pub fn step(&mut self, state: &mut TrainState<P, O>, lr: f32, batch: &[Array]) -> Result<StepMetrics> {
+    pub fn step(
+        &mut self,
+        state: &mut TrainState<P, O>,
+        lr: f32,
+        batch: &[Array],
+    ) -> Result<StepMetrics> {
         let n = self.template.layout().len();
         let mut inputs = state.flatten();
         inputs.push(Array::from_f32(lr));
@@ -141,9 +164,20 @@ where
                 let loss = outputs.get(n).cloned();
                 (outputs, loss)
             }
-            Mode::Accumulate { micro, apply, parts } => {
+            Mode::Accumulate {
+                micro,
+                apply,
+                parts,
+            } => {
                 let parts = *parts;
-                let (grads, loss) = accumulate(micro, &inputs[..self.template.layout().params], state, batch, parts, self.trainable)?;
+                let (grads, loss) = accumulate(
+                    micro,
+                    &inputs[..self.template.layout().params],
+                    state,
+                    batch,
+                    parts,
+                    self.trainable,
+                )?;
                 inputs.extend(grads);
                 let mut outputs = apply(&inputs)?;
                 outputs.insert(n, loss.clone());
@@ -151,11 +185,18 @@ where
             }
         };
         if outputs.len() != n + 2 {
-            return Err(Error::Layout(format!("the step returned {} arrays, expected {}", outputs.len(), n + 2)));
+            return Err(Error::Layout(format!(
+                "the step returned {} arrays, expected {}",
+                outputs.len(),
+                n + 2
+            )));
         }
         *state = self.template.state(&outputs)?;
         let loss = loss.expect("checked the output count");
-        Ok(StepMetrics { loss, grad_norm: outputs[n + 1].clone() })
+        Ok(StepMetrics {
+            loss,
+            grad_norm: outputs[n + 1].clone(),
+        })
     }
 
     /// How many times the step's functions have been traced (compiled) or run (eager).
@@ -189,7 +230,11 @@ fn accumulate<P: Tree<Array>, O: Optimizer>(
         loss_sum = loss_sum.add(&loss[0])?;
         sums = Some(match sums {
             None => grads.to_vec(),
-            Some(sums) => sums.iter().zip(grads).map(|(sum, grad)| Ok(sum.add(grad)?)).collect::<Result<_>>()?,
+            Some(sums) => sums
+                .iter()
+                .zip(grads)
+                .map(|(sum, grad)| Ok(sum.add(grad)?))
+                .collect::<Result<_>>()?,
         });
     }
     let scale = Array::from_f32(1.0 / parts as f32);
@@ -211,7 +256,10 @@ fn split_batch(batch: &[Array], parts: usize) -> Result<Vec<Vec<Array>>> {
                 "a batch of {rows} rows cannot be split into {parts} equal micro-batches"
             )));
         }
-        for (micro_batch, slice) in micro_batches.iter_mut().zip(array.split_equal(parts as i32, 0)?) {
+        for (micro_batch, slice) in micro_batches
+            .iter_mut()
+            .zip(array.split_equal(parts as i32, 0)?)
+        {
             micro_batch.push(slice);
         }
     }
@@ -224,7 +272,7 @@ struct StepBody<P: Tree<Array>, O: Optimizer> {
     /// (trainable, decay) per parameter leaf, in traversal order.
     specs: Vec<(bool, bool)>,
     optimizer: O,
-    loss: Rc<dyn Fn(&P, &[Array], &Array) -> Result<Array>>,
+    loss: Rc<dyn Loss<P>>,
     clip_norm: Option<f32>,
     traces: Rc<Cell<usize>>,
 }
@@ -275,13 +323,22 @@ where
 
     fn check_inputs(&self, inputs: &[Array], needed: usize) -> Result<()> {
         if inputs.len() < needed {
-            return Err(Error::Layout(format!("the step needs at least {needed} inputs, got {}", inputs.len())));
+            return Err(Error::Layout(format!(
+                "the step needs at least {needed} inputs, got {}",
+                inputs.len()
+            )));
         }
         Ok(())
     }
 
     /// Clips `grads` and applies the optimizer: `[state'..., grad_norm]` (no loss).
-    fn update(&self, state: TrainState<P, O>, lr: &Array, grads: Vec<Array>, key: Array) -> Result<Vec<Array>> {
+    fn update(
+        &self,
+        state: TrainState<P, O>,
+        lr: &Array,
+        grads: Vec<Array>,
+        key: Array,
+    ) -> Result<Vec<Array>> {
         let (grads, grad_norm) = match self.clip_norm {
             Some(max_norm) => clip::clip_by_global_norm(&grads, max_norm)?,
             None => {
@@ -295,12 +352,21 @@ where
         let mut next_params = Vec::with_capacity(self.specs.len());
         let mut next_opt = Vec::new();
         let mut opt_leaves = Vec::with_capacity(self.specs.len());
-        state.opt.for_each(&mut |leaf| opt_leaves.push(leaf.clone()));
-        for ((param, &(_, decay)), leaf) in tree::flatten(&state.params).iter().zip(&self.specs).zip(opt_leaves) {
+        state
+            .opt
+            .for_each(&mut |leaf| opt_leaves.push(leaf.clone()));
+        for ((param, &(_, decay)), leaf) in tree::flatten(&state.params)
+            .iter()
+            .zip(&self.specs)
+            .zip(opt_leaves)
+        {
             match leaf {
                 Some(leaf) => {
-                    let grad = grads.next().ok_or_else(|| Error::Layout("fewer gradients than trainable leaves".into()))?;
-                    let (param, leaf) = self.optimizer.update(param, &grad, &leaf, scalars, decay)?;
+                    let grad = grads.next().ok_or_else(|| {
+                        Error::Layout("fewer gradients than trainable leaves".into())
+                    })?;
+                    let (param, leaf) =
+                        self.optimizer.update(param, &grad, &leaf, scalars, decay)?;
                     next_params.push(param);
                     leaf.push_arrays(&mut next_opt);
                 }
@@ -314,7 +380,12 @@ where
     }
 
     /// The loss and the gradients of the trainable parameters, in traversal order.
-    fn loss_and_grads(&self, params: &[Array], batch: &[Array], key: &Array) -> Result<(Array, Vec<Array>)> {
+    fn loss_and_grads(
+        &self,
+        params: &[Array],
+        batch: &[Array],
+        key: &Array,
+    ) -> Result<(Array, Vec<Array>)> {
         let argnums: Vec<i32> = self
             .specs
             .iter()
@@ -329,15 +400,24 @@ where
         let objective = move |args: &[Array]| -> std::result::Result<Vec<Array>, Exception> {
             let run = || -> Result<Array> {
                 let params = template.params(&args[..n_params])?;
-                loss(&params, &args[n_params..n_params + n_batch], &args[n_params + n_batch])
+                loss(
+                    &params,
+                    &args[n_params..n_params + n_batch],
+                    &args[n_params + n_batch],
+                )
             };
-            run().map(|loss| vec![loss]).map_err(|err| Exception::custom(err.to_string()))
+            run()
+                .map(|loss| vec![loss])
+                .map_err(|err| Exception::custom(err.to_string()))
         };
         let mut args: Vec<Array> = params.to_vec();
         args.extend(batch.iter().cloned());
         args.push(key.clone());
         let (values, grads) = value_and_grad_with_argnums(objective, &argnums[..])(&args)?;
-        let loss = values.into_iter().next().ok_or_else(|| Error::Layout("the loss returned nothing".into()))?;
+        let loss = values
+            .into_iter()
+            .next()
+            .ok_or_else(|| Error::Layout("the loss returned nothing".into()))?;
         Ok((loss, grads))
     }
 }

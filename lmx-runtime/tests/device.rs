@@ -18,7 +18,11 @@ fn cpu_always_works_and_gpu_follows_the_build() {
         Err(Error::Device(message)) => {
             assert_eq!(device_count(DeviceKind::Gpu), 0);
             assert!(message.contains("has no gpu backend"), "{message}");
-            assert_eq!(default_kind().unwrap(), DeviceKind::Cpu, "a failed select changes nothing");
+            assert_eq!(
+                default_kind().unwrap(),
+                DeviceKind::Cpu,
+                "a failed select changes nothing"
+            );
         }
         Err(other) => panic!("unexpected error: {other}"),
     }

@@ -13,7 +13,10 @@ type Mlp = Vec<LinearParams>;
 
 fn mlp(seed: u64) -> Result<Mlp> {
     let mut keys = Keys::from_seed(seed)?;
-    Ok(vec![nn::init::linear(16, 64, true, &mut keys)?, nn::init::linear(64, 4, true, &mut keys)?])
+    Ok(vec![
+        nn::init::linear(16, 64, true, &mut keys)?,
+        nn::init::linear(64, 4, true, &mut keys)?,
+    ])
 }
 
 fn loss(params: &Mlp, batch: &[Array], _key: &Array) -> Result<Array> {
@@ -31,9 +34,16 @@ fn data() -> Result<[Array; 2]> {
 
 /// Trains 20 steps and returns the losses and how often the step was traced.
 fn train(compile: bool) -> Result<(Vec<f32>, usize)> {
-    let optimizer = AdamW { weight_decay: 0.01, ..AdamW::default() };
+    let optimizer = AdamW {
+        weight_decay: 0.01,
+        ..AdamW::default()
+    };
     let mut state = TrainState::new(mlp(0)?, &optimizer, 0)?;
-    let options = StepOptions { clip_norm: Some(1.0), compile, accumulation: 1 };
+    let options = StepOptions {
+        clip_norm: Some(1.0),
+        compile,
+        accumulation: 1,
+    };
     let mut step = TrainStep::new(&state, optimizer, loss, options)?;
     let batch = data()?;
     let mut losses = Vec::new();
@@ -62,10 +72,16 @@ fn compiled_and_eager_agree_and_the_loss_falls() -> Result<()> {
     assert_eq!(traces, 1, "the compiled step must be traced once");
     assert_eq!(eager_runs, 20);
     for (step, (c, e)) in compiled.iter().zip(&eager).enumerate() {
-        assert!((c - e).abs() <= tolerance, "step {step}: compiled {c} vs eager {e}");
+        assert!(
+            (c - e).abs() <= tolerance,
+            "step {step}: compiled {c} vs eager {e}"
+        );
     }
     let (first, last) = (compiled[0], compiled[19]);
-    assert!(first / last >= 10.0, "loss fell from {first} to {last} only");
+    assert!(
+        first / last >= 10.0,
+        "loss fell from {first} to {last} only"
+    );
     Ok(())
 }
 
@@ -75,7 +91,11 @@ fn accumulation_equals_one_large_batch() -> Result<()> {
     let run = |accumulation: usize, compile: bool| -> Result<(Vec<Array>, Array, usize)> {
         let optimizer = AdamW::default();
         let mut state = TrainState::new(mlp(3)?, &optimizer, 0)?;
-        let options = StepOptions { clip_norm: Some(1.0), compile, accumulation };
+        let options = StepOptions {
+            clip_norm: Some(1.0),
+            compile,
+            accumulation,
+        };
         let mut step = TrainStep::new(&state, optimizer, loss, options)?;
         let batch = data()?;
         let mut last = None;
@@ -97,7 +117,10 @@ fn accumulation_equals_one_large_batch() -> Result<()> {
         assert!(gap <= 1e-5, "grad norms differ by {gap}");
         for (a, b) in whole.iter().zip(&parts) {
             let diff = a.subtract(b)?.abs()?.max(false)?.item_exact::<f32>();
-            assert!(diff <= 1e-5, "k={accumulation}: parameters differ by {diff}");
+            assert!(
+                diff <= 1e-5,
+                "k={accumulation}: parameters differ by {diff}"
+            );
         }
     }
     Ok(())

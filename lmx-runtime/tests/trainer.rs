@@ -31,7 +31,12 @@ impl LanguageModel for Bigram {
         nn::init::embedding(*vocab as i32, *vocab as i32, &mut Keys::from_seed(seed)?)
     }
 
-    fn forward(params: &EmbeddingParams, _: &usize, tokens: &Array, ctx: &mut Context) -> Result<Array> {
+    fn forward(
+        params: &EmbeddingParams,
+        _: &usize,
+        tokens: &Array,
+        ctx: &mut Context,
+    ) -> Result<Array> {
         ctx.advance(tokens.shape()[1]);
         nn::embedding(params, tokens)
     }
@@ -60,16 +65,28 @@ impl TrainingStep for Train {
         StepOptions::default()
     }
 
-    fn loss(params: &EmbeddingParams, config: &usize, batch: &[Array], _key: &Array) -> Result<Array> {
+    fn loss(
+        params: &EmbeddingParams,
+        config: &usize,
+        batch: &[Array],
+        _key: &Array,
+    ) -> Result<Array> {
         let logits = Bigram::forward(params, config, &batch[0], &mut Context::training())?;
         nn::cross_entropy(&logits, &batch[1])
     }
 }
 
 fn windows() -> Windows {
-    let text = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../data/shakespeare.txt")).unwrap();
+    let text = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../data/shakespeare.txt"
+    ))
+    .unwrap();
     let tokenizer = ByteTokenizer::with_eos();
-    let tokens = DocumentEncoder::new(&tokenizer, Separator::Eos).unwrap().encode(&text[..60_000]).unwrap();
+    let tokens = DocumentEncoder::new(&tokenizer, Separator::Eos)
+        .unwrap()
+        .encode(&text[..60_000])
+        .unwrap();
     Windows::new(Arc::new(tokens), 32).unwrap()
 }
 
@@ -78,7 +95,12 @@ fn config(out_dir: &Path, steps: u64) -> TrainConfig {
         steps,
         batch_size: 8,
         seq_len: 32,
-        schedule: Schedule::Cosine { lr: 0.05, warmup_steps: 5, total_steps: 24, final_lr: 0.005 },
+        schedule: Schedule::Cosine {
+            lr: 0.05,
+            warmup_steps: 5,
+            total_steps: 24,
+            final_lr: 0.005,
+        },
         eval_every: 8,
         eval_batches: 2,
         checkpoint_every: 8,
@@ -94,14 +116,22 @@ fn logged_losses(dir: &Path) -> Vec<(u64, f32)> {
         .lines()
         .map(|line| serde_json::from_str::<serde_json::Value>(line).unwrap())
         .filter(|value| value["kind"] == "step")
-        .map(|value| (value["step"].as_u64().unwrap(), value["loss"].as_f64().unwrap() as f32))
+        .map(|value| {
+            (
+                value["step"].as_u64().unwrap(),
+                value["loss"].as_f64().unwrap() as f32,
+            )
+        })
         .collect()
 }
 
 fn train(dir: &Path, steps: u64, resume: bool) -> Trainer<Train> {
     let mut trainer = Trainer::<Train>::new(257, config(dir, 24), windows()).unwrap();
     if resume {
-        let latest = trainer.latest_checkpoint().unwrap().expect("a checkpoint to resume from");
+        let latest = trainer
+            .latest_checkpoint()
+            .unwrap()
+            .expect("a checkpoint to resume from");
         trainer.resume(&latest).unwrap();
     }
     trainer.add_callback(JsonlLog::append(dir.join("metrics.jsonl")).unwrap());
@@ -114,7 +144,10 @@ fn train(dir: &Path, steps: u64, resume: bool) -> Trainer<Train> {
 struct StopAt(u64);
 
 impl lmx_runtime::train::Callback for StopAt {
-    fn on_step(&mut self, report: &lmx_runtime::train::StepReport) -> Result<lmx_runtime::train::Control> {
+    fn on_step(
+        &mut self,
+        report: &lmx_runtime::train::StepReport,
+    ) -> Result<lmx_runtime::train::Control> {
         Ok(if report.step >= self.0 {
             lmx_runtime::train::Control::Stop(format!("interrupted at {}", report.step))
         } else {
@@ -130,7 +163,11 @@ fn resuming_gives_the_losses_of_an_uninterrupted_run() {
     assert_eq!(uninterrupted.traces(), 1, "one trace for the whole run");
     let expected = logged_losses(whole.path());
     assert_eq!(expected.len(), 24);
-    assert!(expected[23].1 < expected[0].1 * 0.7, "the loss falls: {:?}", expected);
+    assert!(
+        expected[23].1 < expected[0].1 * 0.7,
+        "the loss falls: {:?}",
+        expected
+    );
 
     let parts = tempfile::tempdir().unwrap();
     let first = train(parts.path(), 16, false);
@@ -138,25 +175,40 @@ fn resuming_gives_the_losses_of_an_uninterrupted_run() {
     let resumed = train(parts.path(), 24, true);
     assert_eq!(resumed.steps_done(), 24);
     let got = logged_losses(parts.path());
-    assert_eq!(got, expected, "bit-identical losses after resuming at step 16");
+    assert_eq!(
+        got, expected,
+        "bit-identical losses after resuming at step 16"
+    );
 }
 
 #[test]
 fn validation_is_reported_and_logged() {
     let dir = tempfile::tempdir().unwrap();
     let mut trainer = Trainer::<Train>::new(257, config(dir.path(), 8), windows()).unwrap();
-    let before = trainer.validation_loss().unwrap().expect("a validation split");
+    let before = trainer
+        .validation_loss()
+        .unwrap()
+        .expect("a validation split");
     let summary = trainer.run().unwrap();
     let after = summary.last_val_loss.expect("evaluated at step 8");
-    assert!(after < before, "validation loss {after} after training, {before} before");
-    assert_eq!(summary.checkpoint, Some(dir.path().join("checkpoints/step-000008")));
+    assert!(
+        after < before,
+        "validation loss {after} after training, {before} before"
+    );
+    assert_eq!(
+        summary.checkpoint,
+        Some(dir.path().join("checkpoints/step-000008"))
+    );
 }
 
 #[test]
 fn a_non_finite_loss_stops_the_run_naming_the_step_and_the_last_checkpoint() {
     let dir = tempfile::tempdir().unwrap();
     let mut config = config(dir.path(), 24);
-    config.schedule = Schedule::Constant { lr: 1e38, warmup_steps: 0 };
+    config.schedule = Schedule::Constant {
+        lr: 1e38,
+        warmup_steps: 0,
+    };
     config.checkpoint_every = 1;
     let mut trainer = Trainer::<Train>::new(257, config, windows()).unwrap();
     let err = trainer.run().unwrap_err().to_string();
@@ -164,5 +216,11 @@ fn a_non_finite_loss_stops_the_run_naming_the_step_and_the_last_checkpoint() {
     assert!(err.starts_with("the loss became"), "{err}");
     assert!(err.contains(&format!("at step {step}")), "{err}");
     let last_good = dir.path().join(format!("checkpoints/step-{:06}", step - 1));
-    assert!(err.ends_with(&format!("the last good checkpoint is {}", last_good.display())), "{err}");
+    assert!(
+        err.ends_with(&format!(
+            "the last good checkpoint is {}",
+            last_good.display()
+        )),
+        "{err}"
+    );
 }

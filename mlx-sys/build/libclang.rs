@@ -35,17 +35,23 @@ fn system_libclang() -> Option<PathBuf> {
         "/Library/Developer/CommandLineTools/usr/lib",
         "/Applications/Xcode.app/Contents/Developer/Toolchains/XcodeDefault.xctoolchain/usr/lib",
     ];
-    patterns.iter().flat_map(|pattern| expand(pattern)).find_map(|dir| {
-        fs::read_dir(&dir).ok()?.filter_map(Result::ok).find_map(|entry| {
-            let name = entry.file_name().to_string_lossy().into_owned();
-            let is_libclang = name == "libclang.dylib"
-                || name == "libclang.so"
-                || (name.starts_with("libclang.so.") || name.starts_with("libclang-"))
-                    && name.contains(".so")
-                    && !name.contains("cpp");
-            is_libclang.then(|| entry.path())
+    patterns
+        .iter()
+        .flat_map(|pattern| expand(pattern))
+        .find_map(|dir| {
+            fs::read_dir(&dir)
+                .ok()?
+                .filter_map(Result::ok)
+                .find_map(|entry| {
+                    let name = entry.file_name().to_string_lossy().into_owned();
+                    let is_libclang = name == "libclang.dylib"
+                        || name == "libclang.so"
+                        || (name.starts_with("libclang.so.") || name.starts_with("libclang-"))
+                            && name.contains(".so")
+                            && !name.contains("cpp");
+                    is_libclang.then(|| entry.path())
+                })
         })
-    })
 }
 
 /// Expands one trailing-free `*` in a directory pattern.
@@ -94,7 +100,10 @@ fn wheel_libclang(cache: &Path) -> PathBuf {
 /// The C compiler's own header directory (`cc -print-file-name=include`).
 fn compiler_include_dir() -> Option<PathBuf> {
     let compiler = env::var_os("CC").unwrap_or_else(|| "cc".into());
-    let output = Command::new(compiler).arg("-print-file-name=include").output().ok()?;
+    let output = Command::new(compiler)
+        .arg("-print-file-name=include")
+        .output()
+        .ok()?;
     let dir = PathBuf::from(String::from_utf8_lossy(&output.stdout).trim());
     dir.is_dir().then_some(dir)
 }

@@ -73,7 +73,8 @@ fn link(mlx: &mlx_install::Mlx, blas: Option<&Path>) {
     println!("cargo:rustc-env=LMX_MLX_LIB_DIR={}", lib_dir.display());
     println!(
         "cargo:rustc-env=LMX_LINKED_BLAS={}",
-        blas.map(|path| path.display().to_string()).unwrap_or_default()
+        blas.map(|path| path.display().to_string())
+            .unwrap_or_default()
     );
     println!("cargo::metadata=lib_dir={}", lib_dir.display());
     if let Some(blas) = blas {

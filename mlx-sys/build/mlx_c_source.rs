@@ -16,8 +16,11 @@ pub fn prepare(out_dir: &Path, cache: &Path) -> PathBuf {
     let copy = out_dir.join("mlx-c");
     let _ = fs::remove_dir_all(&copy);
     copy_dir(&published.join("mlx/c"), &copy.join("mlx/c"));
-    fs::copy(published.join("CMakeLists.txt"), copy.join("CMakeLists.txt"))
-        .unwrap_or_else(|err| fail::with(format!("cannot copy mlx-c's CMakeLists.txt: {err}")));
+    fs::copy(
+        published.join("CMakeLists.txt"),
+        copy.join("CMakeLists.txt"),
+    )
+    .unwrap_or_else(|err| fail::with(format!("cannot copy mlx-c's CMakeLists.txt: {err}")));
     patch(&copy);
     copy
 }
@@ -150,9 +153,8 @@ fn copy_dir(from: &Path, to: &Path) {
         if path.is_dir() {
             copy_dir(&path, &target);
         } else {
-            fs::copy(&path, &target).unwrap_or_else(|err| {
-                fail::with(format!("cannot copy {}: {err}", path.display()))
-            });
+            fs::copy(&path, &target)
+                .unwrap_or_else(|err| fail::with(format!("cannot copy {}: {err}", path.display())));
         }
     }
 }
@@ -170,7 +172,10 @@ fn patch(mlx_c: &Path) {
     replace_in(
         &mlx_c.join("mlx/c/private/io.h"),
         &[
-            ("#include <streambuf>\n", "#include <streambuf>\n\n#include \"mlx/c/private/format_compat.h\"\n"),
+            (
+                "#include <streambuf>\n",
+                "#include <streambuf>\n\n#include \"mlx/c/private/format_compat.h\"\n",
+            ),
             ("std::format(", "mlx_c_compat::format("),
         ],
     );

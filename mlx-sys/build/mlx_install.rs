@@ -29,7 +29,10 @@ impl Mlx {
             .iter()
             .any(|name| prefix.join("lib").join(name).is_file());
         if !lib {
-            return Some(format!("{} has no lib/libmlx.so or lib/libmlx.dylib", prefix.display()));
+            return Some(format!(
+                "{} has no lib/libmlx.so or lib/libmlx.dylib",
+                prefix.display()
+            ));
         }
         if !prefix.join("include/mlx/mlx.h").is_file() {
             return Some(format!("{} has no include/mlx/mlx.h", prefix.display()));
@@ -149,10 +152,13 @@ fn install_wheel(flavor: Flavor, cache: &Path) -> Mlx {
         ));
     }
     let _ = fs::remove_dir_all(&root);
-    fs::rename(&staging, &root)
-        .unwrap_or_else(|err| fail::with(format!("cannot move MLX into {}: {err}", root.display())));
+    fs::rename(&staging, &root).unwrap_or_else(|err| {
+        fail::with(format!("cannot move MLX into {}: {err}", root.display()))
+    });
     if let Some(problem) = Mlx::problem(&prefix) {
-        fail::with(format!("the {requirement} wheel is not laid out as expected: {problem}"));
+        fail::with(format!(
+            "the {requirement} wheel is not laid out as expected: {problem}"
+        ));
     }
     fs::write(root.join(".complete"), &requirement)
         .unwrap_or_else(|err| fail::with(format!("cannot write into {}: {err}", root.display())));

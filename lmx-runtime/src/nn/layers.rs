@@ -57,7 +57,12 @@ pub fn embedding_as_linear(params: &EmbeddingParams, x: &Array) -> Result<Array>
 
 /// Layer normalisation over the last axis (MLX's fused kernel).
 pub fn layer_norm(params: &LayerNormParams, x: &Array, eps: f32) -> Result<Array> {
-    Ok(fast::layer_norm(x, &params.weight, params.bias.as_ref(), eps)?)
+    Ok(fast::layer_norm(
+        x,
+        &params.weight,
+        params.bias.as_ref(),
+        eps,
+    )?)
 }
 
 /// RMS normalisation over the last axis (MLX's fused kernel).
@@ -69,14 +74,18 @@ pub fn rms_norm(params: &RmsNormParams, x: &Array, eps: f32) -> Result<Array> {
 pub fn gelu(x: &Array) -> Result<Array> {
     let half = scalar(0.5, x.dtype())?;
     let erf = ops::erf(x.multiply(scalar(std::f32::consts::FRAC_1_SQRT_2, x.dtype())?)?)?;
-    Ok(x.multiply(&half)?.multiply(erf.add(scalar(1.0, x.dtype())?)?)?)
+    Ok(x.multiply(&half)?
+        .multiply(erf.add(scalar(1.0, x.dtype())?)?)?)
 }
 
 /// GELU's tanh approximation, as GPT-2 trained with it (`gelu_new`).
 pub fn gelu_tanh(x: &Array) -> Result<Array> {
     let dtype = x.dtype();
     let inner = x
-        .add(x.power(scalar(3.0, dtype)?)?.multiply(scalar(0.044715, dtype)?)?)?
+        .add(
+            x.power(scalar(3.0, dtype)?)?
+                .multiply(scalar(0.044715, dtype)?)?,
+        )?
         .multiply(scalar((2.0 / std::f32::consts::PI).sqrt(), dtype)?)?;
     let gate = ops::tanh(inner)?.add(scalar(1.0, dtype)?)?;
     Ok(x.multiply(gate)?.multiply(scalar(0.5, dtype)?)?)
@@ -91,7 +100,8 @@ pub fn silu(x: &Array) -> Result<Array> {
 pub fn split_heads(x: &Array, heads: i32) -> Result<Array> {
     let shape = x.shape();
     let (b, t) = (shape[0], shape[1]);
-    Ok(x.reshape(&[b, t, heads, -1])?.transpose_axes(&[0, 2, 1, 3])?)
+    Ok(x.reshape(&[b, t, heads, -1])?
+        .transpose_axes(&[0, 2, 1, 3])?)
 }
 
 /// Merges heads back: `[B, heads, T, head_dim] -> [B, T, heads * head_dim]`.
@@ -122,7 +132,9 @@ pub fn attention(q: &Array, k: &Array, v: &Array, mask: AttentionMask<'_>) -> Re
         AttentionMask::Array(mask) => Some(ScaledDotProductAttentionMask::Array(mask)),
         AttentionMask::None => None,
     };
-    Ok(fast::scaled_dot_product_attention(q, k, v, scale, mask, None)?)
+    Ok(fast::scaled_dot_product_attention(
+        q, k, v, scale, mask, None,
+    )?)
 }
 
 /// Rotary position embedding over the last axis of `[B, heads, T, head_dim]`, positions starting
@@ -181,13 +193,19 @@ pub mod init {
         let bound = (input as f32).powf(-0.5);
         Ok(LinearParams {
             weight: uniform(&[output, input], bound, &keys.next()?)?,
-            bias: if bias { Some(uniform(&[output], bound, &keys.next()?)?) } else { None },
+            bias: if bias {
+                Some(uniform(&[output], bound, &keys.next()?)?)
+            } else {
+                None
+            },
         })
     }
 
     /// An embedding as MLX initialises it: standard normal.
     pub fn embedding(vocab: i32, dim: i32, keys: &mut Keys) -> Result<EmbeddingParams> {
-        Ok(EmbeddingParams { weight: normal(&[vocab, dim], 1.0, &keys.next()?)? })
+        Ok(EmbeddingParams {
+            weight: normal(&[vocab, dim], 1.0, &keys.next()?)?,
+        })
     }
 
     /// A layer norm: ones and, with a bias, zeros.
@@ -200,7 +218,9 @@ pub mod init {
 
     /// An RMS norm: ones.
     pub fn rms_norm(dim: i32) -> Result<RmsNormParams> {
-        Ok(RmsNormParams { weight: ones(&[dim])? })
+        Ok(RmsNormParams {
+            weight: ones(&[dim])?,
+        })
     }
 
     /// A stream of independent random keys split from one seed key.
@@ -211,10 +231,13 @@ pub mod init {
     impl Keys {
         /// Keys derived from `seed`.
         pub fn from_seed(seed: u64) -> Result<Keys> {
-            Ok(Keys { key: random::key(seed)? })
+            Ok(Keys {
+                key: random::key(seed)?,
+            })
         }
 
-        /// The next key.
+        /// The next key. (Not `Iterator::next`: splitting a key can fail.)
+        #[allow(clippy::should_implement_trait)]
         pub fn next(&mut self) -> Result<Array> {
             let (carry, sub) = random::split(&self.key, 2)?;
             self.key = carry;

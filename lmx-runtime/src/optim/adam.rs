@@ -49,18 +49,18 @@ pub struct Adam {
 
 impl Default for Adam {
     fn default() -> Self {
-        Adam { beta1: 0.9, beta2: 0.999, eps: 1e-8, bias_correction: false }
+        Adam {
+            beta1: 0.9,
+            beta2: 0.999,
+            eps: 1e-8,
+            bias_correction: false,
+        }
     }
 }
 
 impl Adam {
     /// The Adam direction for one parameter and the new moments.
-    fn direction(
-        &self,
-        grad: &Array,
-        state: &AdamLeaf,
-        step: &Array,
-    ) -> Result<(Array, AdamLeaf)> {
+    fn direction(&self, grad: &Array, state: &AdamLeaf, step: &Array) -> Result<(Array, AdamLeaf)> {
         let (b1, b2) = (constant(self.beta1, grad)?, constant(self.beta2, grad)?);
         let m = state
             .m
@@ -74,7 +74,10 @@ impl Adam {
             let one = Array::from_f32(1.0);
             let c1 = one.subtract(Array::from_f32(self.beta1).power(step)?)?;
             let c2 = one.subtract(Array::from_f32(self.beta2).power(step)?)?;
-            (m.divide(c1.as_dtype(m.dtype())?)?, v.divide(c2.as_dtype(v.dtype())?)?)
+            (
+                m.divide(c1.as_dtype(m.dtype())?)?,
+                v.divide(c2.as_dtype(v.dtype())?)?,
+            )
         } else {
             (m.clone(), v.clone())
         };
@@ -95,7 +98,10 @@ impl Optimizer for Adam {
     }
 
     fn init(&self, param: &Array) -> Result<AdamLeaf> {
-        Ok(AdamLeaf { m: zeros_like(param)?, v: zeros_like(param)? })
+        Ok(AdamLeaf {
+            m: zeros_like(param)?,
+            v: zeros_like(param)?,
+        })
     }
 
     fn update(
@@ -125,7 +131,10 @@ pub struct AdamW {
 
 impl Default for AdamW {
     fn default() -> Self {
-        AdamW { adam: Adam::default(), weight_decay: 0.01 }
+        AdamW {
+            adam: Adam::default(),
+            weight_decay: 0.01,
+        }
     }
 }
 
@@ -150,7 +159,8 @@ impl Optimizer for AdamW {
     ) -> Result<(Array, AdamLeaf)> {
         let lr = scalars.lr.as_dtype(param.dtype())?;
         let decayed = if decay && self.weight_decay != 0.0 {
-            let keep = constant(1.0, param)?.subtract(lr.multiply(constant(self.weight_decay, param)?)?)?;
+            let keep = constant(1.0, param)?
+                .subtract(lr.multiply(constant(self.weight_decay, param)?)?)?;
             param.multiply(keep)?
         } else {
             param.clone()

@@ -76,8 +76,14 @@ impl JsonlLog {
             .create(true)
             .append(true)
             .open(&path)
-            .map_err(|source| Error::Io { path: path.clone(), source })?;
-        Ok(JsonlLog { path, out: BufWriter::new(file) })
+            .map_err(|source| Error::Io {
+                path: path.clone(),
+                source,
+            })?;
+        Ok(JsonlLog {
+            path,
+            out: BufWriter::new(file),
+        })
     }
 
     fn write(&mut self, kind: &str, value: impl serde::Serialize) -> Result<()> {
@@ -85,7 +91,10 @@ impl JsonlLog {
         line["kind"] = kind.into();
         writeln!(self.out, "{line}")
             .and_then(|()| self.out.flush())
-            .map_err(|source| Error::Io { path: self.path.clone(), source })
+            .map_err(|source| Error::Io {
+                path: self.path.clone(),
+                source,
+            })
     }
 }
 
@@ -111,7 +120,11 @@ pub struct EarlyStopping {
 impl EarlyStopping {
     /// Stops after `patience` evaluations without improvement.
     pub fn new(patience: usize) -> EarlyStopping {
-        EarlyStopping { patience, best: f32::INFINITY, stale: 0 }
+        EarlyStopping {
+            patience,
+            best: f32::INFINITY,
+            stale: 0,
+        }
     }
 }
 
@@ -143,10 +156,8 @@ impl ProgressBar {
     pub fn new(total: u64, done: u64) -> ProgressBar {
         let bar = indicatif::ProgressBar::new(total);
         bar.set_style(
-            indicatif::ProgressStyle::with_template(
-                "{bar:30} {pos}/{len} steps  {msg}  eta {eta}",
-            )
-            .expect("a valid template"),
+            indicatif::ProgressStyle::with_template("{bar:30} {pos}/{len} steps  {msg}  eta {eta}")
+                .expect("a valid template"),
         );
         bar.set_position(done);
         ProgressBar { bar }
@@ -164,7 +175,10 @@ impl Callback for ProgressBar {
     }
 
     fn on_eval(&mut self, report: &EvalReport) -> Result<Control> {
-        self.bar.println(format!("step {:>6}  validation loss {:.4}", report.step, report.val_loss));
+        self.bar.println(format!(
+            "step {:>6}  validation loss {:.4}",
+            report.step, report.val_loss
+        ));
         Ok(Control::Continue)
     }
 

@@ -47,7 +47,12 @@ impl Default for TrainConfig {
             steps: 200,
             batch_size: 16,
             seq_len: 128,
-            schedule: Schedule::Cosine { lr: 1e-3, warmup_steps: 20, total_steps: 200, final_lr: 1e-4 },
+            schedule: Schedule::Cosine {
+                lr: 1e-3,
+                warmup_steps: 20,
+                total_steps: 200,
+                final_lr: 1e-4,
+            },
             seed: 0,
             compile: true,
             precision: Precision::Float32,
@@ -67,7 +72,9 @@ impl TrainConfig {
     /// Checks the settings that would otherwise fail deep inside the run.
     pub fn validate(&self) -> Result<()> {
         if self.batch_size == 0 || self.seq_len == 0 {
-            return Err(Error::Config("batch_size and seq_len must be at least 1".into()));
+            return Err(Error::Config(
+                "batch_size and seq_len must be at least 1".into(),
+            ));
         }
         if !(0.0..1.0).contains(&self.validation_fraction) {
             return Err(Error::Config(format!(

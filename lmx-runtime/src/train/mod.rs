@@ -10,7 +10,9 @@ mod config;
 mod precision;
 mod trainer;
 
-pub use callbacks::{Callback, Control, EarlyStopping, EvalReport, JsonlLog, ProgressBar, StepReport};
+pub use callbacks::{
+    Callback, Control, EarlyStopping, EvalReport, JsonlLog, ProgressBar, StepReport,
+};
 pub use config::TrainConfig;
 pub use precision::Precision;
-pub use trainer::{Trainer, TrainSummary};
+pub use trainer::{TrainSummary, Trainer};

@@ -50,5 +50,8 @@ impl Precision {
 }
 
 fn is_float(dtype: Dtype) -> bool {
-    matches!(dtype, Dtype::Float32 | Dtype::Float16 | Dtype::Bfloat16 | Dtype::Float64)
+    matches!(
+        dtype,
+        Dtype::Float32 | Dtype::Float16 | Dtype::Bfloat16 | Dtype::Float64
+    )
 }

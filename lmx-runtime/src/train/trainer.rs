@@ -50,8 +50,9 @@ pub struct Trainer<S: TrainingStep> {
 
 impl<S: TrainingStep> Trainer<S>
 where
-    <Params<S> as crate::tree::Tree<Array>>::Of<Option<<S::Optimizer as crate::optim::Optimizer>::Leaf>>:
-        Clone + 'static,
+    <Params<S> as crate::tree::Tree<Array>>::Of<
+        Option<<S::Optimizer as crate::optim::Optimizer>::Leaf>,
+    >: Clone + 'static,
 {
     /// A fresh run: parameters initialised from `config.seed`, the optimizer's state created
     /// before the step is traced, the windows split into training and validation.
@@ -61,12 +62,17 @@ where
         let params = config.precision.cast(&params)?;
         let optimizer = S::optimizer();
         let state = TrainState::new(params, &optimizer, config.seed)?;
-        let options = StepOptions { compile: config.compile, ..S::options() };
+        let options = StepOptions {
+            compile: config.compile,
+            ..S::options()
+        };
         let loss_model = model.clone();
         let step = TrainStep::new(
             &state,
             optimizer,
-            move |params: &Params<S>, batch: &[Array], key: &Array| S::loss(params, &loss_model, batch, key),
+            move |params: &Params<S>, batch: &[Array], key: &Array| {
+                S::loss(params, &loss_model, batch, key)
+            },
             options,
         )?;
         let evaluate = evaluation::<S>(state.template(), model.clone(), config.compile);
@@ -77,8 +83,10 @@ where
         } else {
             (windows, None)
         };
-        let train_batches = BatchIterator::new(train, config.batch_size, Order::Shuffled, config.seed)?;
-        let checkpoints = Checkpoints::new(config.out_dir.join("checkpoints")).keep_last(config.keep_checkpoints);
+        let train_batches =
+            BatchIterator::new(train, config.batch_size, Order::Shuffled, config.seed)?;
+        let checkpoints =
+            Checkpoints::new(config.out_dir.join("checkpoints")).keep_last(config.keep_checkpoints);
         Ok(Trainer {
             model,
             config,
@@ -158,7 +166,11 @@ where
             let loss = metrics.loss.item_exact::<f32>();
             self.done += 1;
             if !loss.is_finite() {
-                return Err(Error::Diverged { loss, step: self.done, last_checkpoint });
+                return Err(Error::Diverged {
+                    loss,
+                    step: self.done,
+                    last_checkpoint,
+                });
             }
             last_loss = loss;
             let seconds = step_started.elapsed().as_secs_f64();
@@ -170,8 +182,9 @@ where
                 grad_norm: metrics.grad_norm.item_exact::<f32>(),
                 lr,
                 tokens_per_s,
-                mfu: (self.config.peak_tflops > 0.0)
-                    .then(|| self.flops_per_token * tokens_per_s / (self.config.peak_tflops * 1e12)),
+                mfu: (self.config.peak_tflops > 0.0).then(|| {
+                    self.flops_per_token * tokens_per_s / (self.config.peak_tflops * 1e12)
+                }),
                 elapsed_s: started.elapsed().as_secs_f64(),
             };
             let mut controls = Vec::new();
@@ -182,7 +195,10 @@ where
             if self.config.eval_every > 0 && (self.done % self.config.eval_every == 0 || at_end) {
                 if let Some(val_loss) = self.validation_loss()? {
                     last_val_loss = Some(val_loss);
-                    let report = EvalReport { step: self.done, val_loss };
+                    let report = EvalReport {
+                        step: self.done,
+                        val_loss,
+                    };
                     for callback in &mut self.callbacks {
                         controls.push(callback.on_eval(&report)?);
                     }
@@ -192,7 +208,8 @@ where
                 Control::Stop(reason) => Some(reason),
                 Control::Continue => None,
             });
-            let periodic = self.config.checkpoint_every > 0 && self.done % self.config.checkpoint_every == 0;
+            let periodic =
+                self.config.checkpoint_every > 0 && self.done % self.config.checkpoint_every == 0;
             if periodic || at_end || stopped.is_some() {
                 // The position saved is the one before `next` was drawn: resuming draws it again.
                 last_checkpoint = Some(self.save_checkpoint(position)?);
@@ -204,7 +221,13 @@ where
         for callback in &mut self.callbacks {
             callback.on_end()?;
         }
-        Ok(TrainSummary { steps: self.done, last_loss, last_val_loss, stopped, checkpoint: last_checkpoint })
+        Ok(TrainSummary {
+            steps: self.done,
+            last_loss,
+            last_val_loss,
+            stopped,
+            checkpoint: last_checkpoint,
+        })
     }
 
     /// The mean loss over up to `eval_batches` validation batches, in order.
@@ -217,7 +240,10 @@ where
             return Ok(None);
         }
         let mut batches = BatchIterator::new(windows.clone(), batch_size, Order::Sequential, 0)?;
-        let count = self.config.eval_batches.clamp(1, batches.batches_per_epoch().max(1));
+        let count = self
+            .config
+            .eval_batches
+            .clamp(1, batches.batches_per_epoch().max(1));
         let params = crate::tree::flatten(&self.state.params);
         let mut total = 0.0;
         for _ in 0..count {
@@ -246,9 +272,19 @@ where
 }
 
 /// The field `name` of a checkpoint's `trainer.json`.
-fn recorded<T: serde::de::DeserializeOwned>(dir: &Path, trainer: &serde_json::Value, name: &str) -> Result<T> {
-    let error = |message: String| Error::Checkpoint { path: dir.join("trainer.json"), message };
-    let value = trainer.get(name).cloned().ok_or_else(|| error(format!("no `{name}` recorded")))?;
+fn recorded<T: serde::de::DeserializeOwned>(
+    dir: &Path,
+    trainer: &serde_json::Value,
+    name: &str,
+) -> Result<T> {
+    let error = |message: String| Error::Checkpoint {
+        path: dir.join("trainer.json"),
+        message,
+    };
+    let value = trainer
+        .get(name)
+        .cloned()
+        .ok_or_else(|| error(format!("no `{name}` recorded")))?;
     serde_json::from_value(value).map_err(|err| error(format!("`{name}`: {err}")))
 }
 
@@ -259,8 +295,9 @@ fn evaluation<S: TrainingStep>(
     compiled: bool,
 ) -> EvalFn
 where
-    <Params<S> as crate::tree::Tree<Array>>::Of<Option<<S::Optimizer as crate::optim::Optimizer>::Leaf>>:
-        Clone + 'static,
+    <Params<S> as crate::tree::Tree<Array>>::Of<
+        Option<<S::Optimizer as crate::optim::Optimizer>::Leaf>,
+    >: Clone + 'static,
 {
     let n_params = template.layout().params;
     let key = random::key(0).expect("a key from a seed");
@@ -269,7 +306,9 @@ where
             let params = template.params(&args[..n_params])?;
             S::loss(&params, &model, &args[n_params..], &key)
         };
-        run().map(|loss| vec![loss]).map_err(|err| Exception::custom(err.to_string()))
+        run()
+            .map(|loss| vec![loss])
+            .map_err(|err| Exception::custom(err.to_string()))
     };
     if compiled {
         Box::new(compile(loss, false))
