@@ -2,12 +2,36 @@
 
 /// `(name, file name, source)` of every model in `models/`.
 pub const MODELS: &[(&str, &str, &str)] = &[
-    ("gpt2", "models/gpt2.lmx", include_str!("../../models/gpt2.lmx")),
-    ("llama", "models/llama.lmx", include_str!("../../models/llama.lmx")),
-    ("gemma", "models/gemma.lmx", include_str!("../../models/gemma.lmx")),
-    ("mistral", "models/mistral.lmx", include_str!("../../models/mistral.lmx")),
-    ("mixtral", "models/mixtral.lmx", include_str!("../../models/mixtral.lmx")),
-    ("mpt", "models/mpt.lmx", include_str!("../../models/mpt.lmx")),
+    (
+        "gpt2",
+        "models/gpt2.lmx",
+        include_str!("../../models/gpt2.lmx"),
+    ),
+    (
+        "llama",
+        "models/llama.lmx",
+        include_str!("../../models/llama.lmx"),
+    ),
+    (
+        "gemma",
+        "models/gemma.lmx",
+        include_str!("../../models/gemma.lmx"),
+    ),
+    (
+        "mistral",
+        "models/mistral.lmx",
+        include_str!("../../models/mistral.lmx"),
+    ),
+    (
+        "mixtral",
+        "models/mixtral.lmx",
+        include_str!("../../models/mixtral.lmx"),
+    ),
+    (
+        "mpt",
+        "models/mpt.lmx",
+        include_str!("../../models/mpt.lmx"),
+    ),
 ];
 
 /// The file name and source of `model`: a bundled model's name, or a path to a `.lmx` file.
@@ -21,5 +45,8 @@ pub fn source(model: &str) -> anyhow::Result<(String, String)> {
         return Ok((model.to_owned(), source));
     }
     let names: Vec<&str> = MODELS.iter().map(|(name, _, _)| *name).collect();
-    anyhow::bail!("no model `{model}`: the bundled models are {}, or give a path to a .lmx file", names.join(", "))
+    anyhow::bail!(
+        "no model `{model}`: the bundled models are {}, or give a path to a .lmx file",
+        names.join(", ")
+    )
 }

@@ -5,7 +5,12 @@ use lmx_grammar::report::{report, Report};
 use lmx_grammar::CheckedModel;
 
 /// Checks `model`; on success prints its report for `preset` at `batch` x `seq`.
-pub fn check(model: &str, preset: Option<&str>, batch: u64, seq: Option<u64>) -> anyhow::Result<()> {
+pub fn check(
+    model: &str,
+    preset: Option<&str>,
+    batch: u64,
+    seq: Option<u64>,
+) -> anyhow::Result<()> {
     let checked = checked(model)?;
     let preset = preset.unwrap_or("default");
     let report = report(&checked, preset, batch, seq).map_err(|err| anyhow::anyhow!("{err}"))?;
@@ -19,11 +24,19 @@ pub fn count(model: &str, preset: Option<&str>) -> anyhow::Result<()> {
     let checked = checked(model)?;
     let presets: Vec<String> = match preset {
         Some(preset) => vec![preset.to_owned()],
-        None => checked.presets.iter().map(|preset| preset.name.clone()).collect(),
+        None => checked
+            .presets
+            .iter()
+            .map(|preset| preset.name.clone())
+            .collect(),
     };
     for preset in presets {
         let report = report(&checked, &preset, 1, None).map_err(|err| anyhow::anyhow!("{err}"))?;
-        println!("{:<12} {:>16} parameters", preset, group_digits(report.param_count));
+        println!(
+            "{:<12} {:>16} parameters",
+            preset,
+            group_digits(report.param_count)
+        );
     }
     Ok(())
 }
@@ -31,9 +44,14 @@ pub fn count(model: &str, preset: Option<&str>) -> anyhow::Result<()> {
 /// Prints what `model` is: presets, and the report of `preset`.
 pub fn info(model: &str, preset: Option<&str>) -> anyhow::Result<()> {
     let checked = checked(model)?;
-    let names: Vec<&str> = checked.presets.iter().map(|preset| preset.name.as_str()).collect();
+    let names: Vec<&str> = checked
+        .presets
+        .iter()
+        .map(|preset| preset.name.as_str())
+        .collect();
     println!("model   {}\npresets {}\n", checked.name, names.join(", "));
-    let report = report(&checked, preset.unwrap_or("default"), 1, None).map_err(|err| anyhow::anyhow!("{err}"))?;
+    let report = report(&checked, preset.unwrap_or("default"), 1, None)
+        .map_err(|err| anyhow::anyhow!("{err}"))?;
     print_report(&report, false);
     Ok(())
 }
@@ -42,7 +60,11 @@ pub fn info(model: &str, preset: Option<&str>) -> anyhow::Result<()> {
 pub fn models() -> anyhow::Result<()> {
     for (name, file, _) in bundled::MODELS {
         let checked = checked(name)?;
-        let presets: Vec<&str> = checked.presets.iter().map(|preset| preset.name.as_str()).collect();
+        let presets: Vec<&str> = checked
+            .presets
+            .iter()
+            .map(|preset| preset.name.as_str())
+            .collect();
         println!("{name:<10} {file:<22} presets: {}", presets.join(", "));
     }
     Ok(())
@@ -56,7 +78,11 @@ fn checked(model: &str) -> anyhow::Result<CheckedModel> {
 fn print_report(report: &Report, shapes: bool) {
     println!("preset            {}", report.preset);
     println!("parameters        {}", group_digits(report.param_count));
-    println!("FLOPs per token   {} (6N + 12LdT: {})", group_digits(report.flops_per_token), group_digits(report.flops_per_token_6n));
+    println!(
+        "FLOPs per token   {} (6N + 12LdT: {})",
+        group_digits(report.flops_per_token),
+        group_digits(report.flops_per_token_6n)
+    );
     let memory = &report.memory;
     println!(
         "training memory   {} at batch {} x {} (parameters {}, gradients {}, optimizer {}, activations {})",

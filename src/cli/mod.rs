@@ -182,7 +182,8 @@ impl TrainArgs {
     pub fn train_config(&self) -> anyhow::Result<TrainConfig> {
         let mut config = match &self.config {
             Some(path) => {
-                let text = std::fs::read_to_string(path).map_err(|err| anyhow::anyhow!("{}: {err}", path.display()))?;
+                let text = std::fs::read_to_string(path)
+                    .map_err(|err| anyhow::anyhow!("{}: {err}", path.display()))?;
                 toml::from_str(&text).map_err(|err| anyhow::anyhow!("{}: {err}", path.display()))?
             }
             None => TrainConfig::default(),
@@ -218,7 +219,12 @@ impl TrainArgs {
         if self.lr.is_some() || self.warmup.is_some() || self.steps.is_some() {
             let lr = self.lr.unwrap_or(config.schedule.peak_lr());
             let warmup_steps = self.warmup.unwrap_or(config.steps / 10);
-            config.schedule = Schedule::Cosine { lr, warmup_steps, total_steps: config.steps, final_lr: lr / 10.0 };
+            config.schedule = Schedule::Cosine {
+                lr,
+                warmup_steps,
+                total_steps: config.steps,
+                final_lr: lr / 10.0,
+            };
         }
         Ok(config)
     }
@@ -263,7 +269,12 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
             };
             registry::generate(&run, request)
         }
-        Command::Check { file, preset, batch, seq } => check::check(&file, preset.as_deref(), batch, seq),
+        Command::Check {
+            file,
+            preset,
+            batch,
+            seq,
+        } => check::check(&file, preset.as_deref(), batch, seq),
         Command::Info { model, preset } => check::info(&model, preset.as_deref()),
         Command::Count { model, preset } => check::count(&model, preset.as_deref()),
         Command::Models => check::models(),

@@ -13,9 +13,14 @@ struct Curves {
 
 fn read(run: &Path) -> anyhow::Result<Curves> {
     let path = run.join("metrics.jsonl");
-    let text = std::fs::read_to_string(&path).map_err(|err| anyhow::anyhow!("{}: {err}", path.display()))?;
+    let text = std::fs::read_to_string(&path)
+        .map_err(|err| anyhow::anyhow!("{}: {err}", path.display()))?;
     let mut curves = Curves::default();
-    for (number, line) in text.lines().enumerate().filter(|(_, line)| !line.trim().is_empty()) {
+    for (number, line) in text
+        .lines()
+        .enumerate()
+        .filter(|(_, line)| !line.trim().is_empty())
+    {
         let value: serde_json::Value = serde_json::from_str(line)
             .map_err(|err| anyhow::anyhow!("{}:{}: {err}", path.display(), number + 1))?;
         let field = |name: &str| value.get(name).and_then(serde_json::Value::as_f64);
@@ -27,7 +32,9 @@ fn read(run: &Path) -> anyhow::Result<Curves> {
                     curves.lr.push((step, lr));
                 }
             }
-            Some("eval") => curves.val_loss.extend(field("val_loss").map(|loss| (step, loss))),
+            Some("eval") => curves
+                .val_loss
+                .extend(field("val_loss").map(|loss| (step, loss))),
             _ => {}
         }
     }
@@ -51,32 +58,61 @@ fn draw(curves: &Curves, run: &Path, out: &Path) -> anyhow::Result<()> {
     let (top, bottom) = root.split_vertically(440);
     let last_step = curves.loss.last().map_or(1.0, |(step, _)| *step).max(1.0);
 
-    let losses = curves.loss.iter().chain(&curves.val_loss).map(|(_, loss)| *loss);
-    let (low, high) = losses.fold((f64::INFINITY, f64::NEG_INFINITY), |(lo, hi), v| (lo.min(v), hi.max(v)));
+    let losses = curves
+        .loss
+        .iter()
+        .chain(&curves.val_loss)
+        .map(|(_, loss)| *loss);
+    let (low, high) = losses.fold((f64::INFINITY, f64::NEG_INFINITY), |(lo, hi), v| {
+        (lo.min(v), hi.max(v))
+    });
     let mut chart = ChartBuilder::on(&top)
         .caption(format!("loss: {}", run.display()), ("sans-serif", 20))
         .margin(10)
         .x_label_area_size(30)
         .y_label_area_size(50)
         .build_cartesian_2d(0.0..last_step, (low * 0.95)..(high * 1.05))?;
-    chart.configure_mesh().x_desc("step").y_desc("loss").draw()?;
-    chart.draw_series(LineSeries::new(curves.loss.iter().copied(), &BLUE))?.label("train").legend(|(x, y)| PathElement::new([(x, y), (x + 20, y)], BLUE));
+    chart
+        .configure_mesh()
+        .x_desc("step")
+        .y_desc("loss")
+        .draw()?;
+    chart
+        .draw_series(LineSeries::new(curves.loss.iter().copied(), &BLUE))?
+        .label("train")
+        .legend(|(x, y)| PathElement::new([(x, y), (x + 20, y)], BLUE));
     if !curves.val_loss.is_empty() {
         chart
-            .draw_series(LineSeries::new(curves.val_loss.iter().copied(), RED.stroke_width(2)))?
+            .draw_series(LineSeries::new(
+                curves.val_loss.iter().copied(),
+                RED.stroke_width(2),
+            ))?
             .label("validation")
             .legend(|(x, y)| PathElement::new([(x, y), (x + 20, y)], RED));
     }
-    chart.configure_series_labels().border_style(BLACK).background_style(WHITE).draw()?;
+    chart
+        .configure_series_labels()
+        .border_style(BLACK)
+        .background_style(WHITE)
+        .draw()?;
 
-    let peak = curves.lr.iter().map(|(_, lr)| *lr).fold(0.0, f64::max).max(f64::MIN_POSITIVE);
+    let peak = curves
+        .lr
+        .iter()
+        .map(|(_, lr)| *lr)
+        .fold(0.0, f64::max)
+        .max(f64::MIN_POSITIVE);
     let mut chart = ChartBuilder::on(&bottom)
         .caption("learning rate", ("sans-serif", 16))
         .margin(10)
         .x_label_area_size(30)
         .y_label_area_size(50)
         .build_cartesian_2d(0.0..last_step, 0.0..peak * 1.05)?;
-    chart.configure_mesh().x_desc("step").y_label_formatter(&|lr| format!("{lr:.1e}")).draw()?;
+    chart
+        .configure_mesh()
+        .x_desc("step")
+        .y_label_formatter(&|lr| format!("{lr:.1e}"))
+        .draw()?;
     chart.draw_series(LineSeries::new(curves.lr.iter().copied(), &GREEN))?;
     root.present()?;
     Ok(())

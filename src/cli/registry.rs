@@ -30,5 +30,8 @@ macro_rules! registry {
 registry! {}
 
 fn unknown(model: &str) -> anyhow::Result<()> {
-    anyhow::bail!("no trainable model `{model}`; the bundled ones are {}", TRAINABLE.join(", "))
+    anyhow::bail!(
+        "no trainable model `{model}`; the bundled ones are {}",
+        TRAINABLE.join(", ")
+    )
 }

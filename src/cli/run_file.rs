@@ -34,8 +34,13 @@ impl RunFile {
     /// Reads `dir/run.json`.
     pub fn read(dir: &Path) -> anyhow::Result<RunFile> {
         let path = dir.join("run.json");
-        let text = std::fs::read_to_string(&path)
-            .map_err(|err| anyhow::anyhow!("{}: {err} (is {} a run directory?)", path.display(), dir.display()))?;
+        let text = std::fs::read_to_string(&path).map_err(|err| {
+            anyhow::anyhow!(
+                "{}: {err} (is {} a run directory?)",
+                path.display(),
+                dir.display()
+            )
+        })?;
         serde_json::from_str(&text).map_err(|err| anyhow::anyhow!("{}: {err}", path.display()))
     }
 }

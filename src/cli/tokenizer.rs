@@ -23,7 +23,10 @@ impl TokenizerSpec {
     pub fn parse(name: &str, eos: Option<String>) -> TokenizerSpec {
         match name {
             "byte" => TokenizerSpec::Byte,
-            path => TokenizerSpec::HuggingFace { path: PathBuf::from(path), eos },
+            path => TokenizerSpec::HuggingFace {
+                path: PathBuf::from(path),
+                eos,
+            },
         }
     }
 

@@ -3,7 +3,9 @@
 use super::run_file::RunFile;
 use super::tokenizer::TokenizerSpec;
 use lmx::runtime::checkpoint::{self, MODEL_FILE};
-use lmx::runtime::data::{DocumentEncoder, InputFormat, Separator, TokenFile, TokenSource, Windows};
+use lmx::runtime::data::{
+    DocumentEncoder, InputFormat, Separator, TokenFile, TokenSource, Windows,
+};
 use lmx::runtime::generate::{generate, Sampling};
 use lmx::runtime::model::{LanguageModel, TrainingStep};
 use lmx::runtime::train::{EarlyStopping, JsonlLog, ProgressBar, TrainConfig, Trainer};
@@ -57,7 +59,10 @@ where
     }
     let context = S::Model::context_len(&model_config);
     if request.train.seq_len > context {
-        anyhow::bail!("seq_len {} is longer than the model's context of {context}", request.train.seq_len);
+        anyhow::bail!(
+            "seq_len {} is longer than the model's context of {context}",
+            request.train.seq_len
+        );
     }
     let source = tokens(&request.data, tokenizer.as_ref())?;
     let windows = Windows::new(source, request.train.seq_len)?;
@@ -77,14 +82,24 @@ where
         match trainer.latest_checkpoint()? {
             Some(dir) => {
                 trainer.resume(&dir)?;
-                eprintln!("resumed from {} at step {}", dir.display(), trainer.steps_done());
+                eprintln!(
+                    "resumed from {} at step {}",
+                    dir.display(),
+                    trainer.steps_done()
+                );
             }
-            None => eprintln!("no checkpoint in {} yet: starting afresh", out_dir.display()),
+            None => eprintln!(
+                "no checkpoint in {} yet: starting afresh",
+                out_dir.display()
+            ),
         }
     }
     trainer.add_callback(JsonlLog::append(out_dir.join("metrics.jsonl"))?);
     if request.progress {
-        trainer.add_callback(ProgressBar::new(trainer_total(&out_dir)?, trainer.steps_done()));
+        trainer.add_callback(ProgressBar::new(
+            trainer_total(&out_dir)?,
+            trainer.steps_done(),
+        ));
     }
     if patience > 0 {
         trainer.add_callback(EarlyStopping::new(patience));
@@ -95,7 +110,9 @@ where
         S::Model::NAME,
         summary.steps,
         summary.last_loss,
-        summary.last_val_loss.map_or(String::new(), |loss| format!(", validation loss {loss:.4}")),
+        summary
+            .last_val_loss
+            .map_or(String::new(), |loss| format!(", validation loss {loss:.4}")),
         trainer.traces()
     );
     if let Some(reason) = summary.stopped {
@@ -112,11 +129,17 @@ fn trainer_total(out_dir: &Path) -> anyhow::Result<u64> {
 }
 
 /// The token stream of `paths`: token files are mapped, text and JSONL files encoded.
-fn tokens(paths: &[PathBuf], tokenizer: &dyn lmx::runtime::data::Tokenizer) -> anyhow::Result<Arc<dyn TokenSource>> {
+fn tokens(
+    paths: &[PathBuf],
+    tokenizer: &dyn lmx::runtime::data::Tokenizer,
+) -> anyhow::Result<Arc<dyn TokenSource>> {
     if paths.is_empty() {
         anyhow::bail!("no training data: give --data FILE (text, .jsonl or .tokens)");
     }
-    if paths.iter().all(|path| path.extension().is_some_and(|ext| ext == "tokens")) {
+    if paths
+        .iter()
+        .all(|path| path.extension().is_some_and(|ext| ext == "tokens"))
+    {
         if let [path] = paths {
             return Ok(Arc::new(TokenFile::open(path)?));
         }
@@ -141,7 +164,8 @@ pub struct GenerateRequest {
 
 /// Samples from the latest checkpoint of a run of step `S`'s model.
 pub fn sample<S: TrainingStep>(run: &RunFile, request: GenerateRequest) -> anyhow::Result<()> {
-    let config: <S::Model as LanguageModel>::Config = serde_json::from_value(run.model_config.clone())?;
+    let config: <S::Model as LanguageModel>::Config =
+        serde_json::from_value(run.model_config.clone())?;
     let checkpoint = match request.checkpoint {
         Some(dir) => dir,
         None => checkpoint::Checkpoints::new(request.run.join("checkpoints"))
@@ -154,17 +178,24 @@ pub fn sample<S: TrainingStep>(run: &RunFile, request: GenerateRequest) -> anyho
     let prompt = tokenizer.encode(&request.prompt)?;
     print!("{}", request.prompt);
     let mut pending = Vec::new();
-    let generation = generate::<S::Model>(&params, &config, &prompt, &request.sampling, tokenizer.eos_id(), |token| {
-        pending.push(token);
-        // Print as soon as the pending ids decode (a byte tokenizer may split a character).
-        if let Ok(text) = tokenizer.decode(&pending) {
-            if !text.contains('\u{FFFD}') {
-                print!("{text}");
-                let _ = std::io::stdout().flush();
-                pending.clear();
+    let generation = generate::<S::Model>(
+        &params,
+        &config,
+        &prompt,
+        &request.sampling,
+        tokenizer.eos_id(),
+        |token| {
+            pending.push(token);
+            // Print as soon as the pending ids decode (a byte tokenizer may split a character).
+            if let Ok(text) = tokenizer.decode(&pending) {
+                if !text.contains('\u{FFFD}') {
+                    print!("{text}");
+                    let _ = std::io::stdout().flush();
+                    pending.clear();
+                }
             }
-        }
-    })?;
+        },
+    )?;
     println!();
     eprintln!(
         "{} tokens; prompt {:.0} tok/s, decode {:.1} tok/s",
