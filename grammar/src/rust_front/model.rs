@@ -102,13 +102,16 @@ impl FieldOptions {
 impl Model {
     fn analyze(mut item: ItemStruct) -> syn::Result<Model> {
         if !item.generics.params.is_empty() || item.generics.where_clause.is_some() {
-            return Err(syn::Error::new(
-                item.generics.span(),
+            return Err(syn::Error::new_spanned(
+                &item.generics,
                 "a model struct takes no generic parameters: `#[lmx::model]` adds the leaf parameter `T`",
             ));
         }
         let Fields::Named(named) = &mut item.fields else {
-            return Err(syn::Error::new(item.ident.span(), "a model is a struct with named fields"));
+            return Err(syn::Error::new(
+                item.ident.span(),
+                "a model is a struct with named fields",
+            ));
         };
         let mut fields = Vec::new();
         let mut tied = Vec::new();
@@ -126,7 +129,12 @@ impl Model {
             if let Some(path) = &options.tied {
                 match tied_target(path) {
                     Ok(target) => match leaf_generic(&field.ty) {
-                        Ok(ty) => tied.push(Tied { ident, ty, target, doc: doc_attrs(&field.attrs) }),
+                        Ok(ty) => tied.push(Tied {
+                            ident,
+                            ty,
+                            target,
+                            doc: doc_attrs(&field.attrs),
+                        }),
                         Err(err) => errors.push(err),
                     },
                     Err(err) => errors.push(err),
@@ -136,7 +144,12 @@ impl Model {
             match classify(&field.ty, &options) {
                 Ok((kind, ty)) => {
                     field.ty = ty;
-                    fields.push(Field { ident, kind, frozen: options.frozen, no_decay: options.no_decay });
+                    fields.push(Field {
+                        ident,
+                        kind,
+                        frozen: options.frozen,
+                        no_decay: options.no_decay,
+                    });
                     kept.push(field);
                 }
                 Err(err) => errors.push(err),
@@ -171,7 +184,9 @@ impl Model {
             let ident = &field.ident;
             match field.kind {
                 FieldKind::Leaf(_) => quote!(f(&mut self.#ident);),
-                FieldKind::OptionalLeaf(_) => quote!(if let Some(leaf) = &mut self.#ident { f(leaf); }),
+                FieldKind::OptionalLeaf(_) => {
+                    quote!(if let Some(leaf) = &mut self.#ident { f(leaf); })
+                }
                 FieldKind::Tree => quote!(#rt::tree::Tree::<T>::for_each_mut(&mut self.#ident, f);),
             }
         });
@@ -179,7 +194,9 @@ impl Model {
             let ident = &field.ident;
             match field.kind {
                 FieldKind::Leaf(_) => quote!(#ident: f(&self.#ident)),
-                FieldKind::OptionalLeaf(_) => quote!(#ident: self.#ident.as_ref().map(|leaf| f(leaf))),
+                FieldKind::OptionalLeaf(_) => {
+                    quote!(#ident: self.#ident.as_ref().map(|leaf| f(leaf)))
+                }
                 FieldKind::Tree => quote!(#ident: #rt::tree::Tree::<T>::map(&self.#ident, f)),
             }
         });
@@ -205,9 +222,18 @@ impl Model {
             }
         });
         let tied = self.tied.iter().map(|tied| {
-            let Tied { ident, ty, target, doc } = tied;
+            let Tied {
+                ident,
+                ty,
+                target,
+                doc,
+            } = tied;
             let doc = if doc.is_empty() {
-                let path = target.iter().map(|m| quote!(#m).to_string()).collect::<Vec<_>>().join(".");
+                let path = target
+                    .iter()
+                    .map(|m| quote!(#m).to_string())
+                    .collect::<Vec<_>>()
+                    .join(".");
                 let text = format!("`{ident}`, tied to `{path}`: the same leaves, not a copy.");
                 quote!(#[doc = #text])
             } else {
@@ -322,17 +348,31 @@ impl Model {
 
 /// The field's kind and its type with the leaf parameter `T` in place.
 fn classify(ty: &Type, options: &FieldOptions) -> syn::Result<(FieldKind, Type)> {
-    let role = || options.role.clone().unwrap_or_else(|| Ident::new("Other", ty.span()));
+    let role = || {
+        options
+            .role
+            .clone()
+            .unwrap_or_else(|| Ident::new("Other", ty.span()))
+    };
     if is_array(ty) {
-        return Ok((FieldKind::Leaf(role()), syn::parse_quote_spanned!(ty.span()=> T)));
+        return Ok((
+            FieldKind::Leaf(role()),
+            syn::parse_quote_spanned!(ty.span()=> T),
+        ));
     }
     if let Some(inner) = generic_of(ty, "Option") {
         if is_array(inner) {
-            return Ok((FieldKind::OptionalLeaf(role()), syn::parse_quote_spanned!(ty.span()=> Option<T>)));
+            return Ok((
+                FieldKind::OptionalLeaf(role()),
+                syn::parse_quote_spanned!(ty.span()=> Option<T>),
+            ));
         }
     }
     if let Some(role) = &options.role {
-        return Err(syn::Error::new(role.span(), "`role` applies to `Array` and `Option<Array>` leaves"));
+        return Err(syn::Error::new(
+            role.span(),
+            "`role` applies to `Array` and `Option<Array>` leaves",
+        ));
     }
     Ok((FieldKind::Tree, leaf_generic(ty)?))
 }
@@ -342,8 +382,8 @@ fn leaf_generic(ty: &Type) -> syn::Result<Type> {
     for wrapper in ["Vec", "Option", "Box"] {
         if let Some(inner) = generic_of(ty, wrapper) {
             if is_array(inner) {
-                return Err(syn::Error::new(
-                    inner.span(),
+                return Err(syn::Error::new_spanned(
+                    inner,
                     format!("`{wrapper}<Array>` is not a tree: declare the leaves as fields of a `#[lmx::model]` struct"),
                 ));
             }
@@ -354,13 +394,19 @@ fn leaf_generic(ty: &Type) -> syn::Result<Type> {
         }
     }
     let Type::Path(TypePath { qself: None, path }) = ty else {
-        return Err(syn::Error::new(ty.span(), "expected a layer, a model, `Array`, or a `Vec` or `Option` of them"));
+        return Err(syn::Error::new_spanned(
+            ty,
+            "expected a layer, a model, `Array`, or a `Vec` or `Option` of them",
+        ));
     };
     let last = path.segments.last().expect("a path has a segment");
     if !last.arguments.is_empty() {
-        return Err(syn::Error::new(
-            last.arguments.span(),
-            format!("write `{}` without generic arguments: `#[lmx::model]` adds the leaf parameter", last.ident),
+        return Err(syn::Error::new_spanned(
+            &last.arguments,
+            format!(
+                "write `{}` without generic arguments: `#[lmx::model]` adds the leaf parameter",
+                last.ident
+            ),
         ));
     }
     let span = ty.span();
@@ -374,7 +420,9 @@ fn is_array(ty: &Type) -> bool {
 
 /// The type argument of `ty` when `ty` is `wrapper<argument>`.
 fn generic_of<'a>(ty: &'a Type, wrapper: &str) -> Option<&'a Type> {
-    let Type::Path(TypePath { qself: None, path }) = ty else { return None };
+    let Type::Path(TypePath { qself: None, path }) = ty else {
+        return None;
+    };
     let last = path.segments.last()?;
     if last.ident != wrapper {
         return None;
@@ -389,7 +437,9 @@ fn generic_of<'a>(ty: &'a Type, wrapper: &str) -> Option<&'a Type> {
 }
 
 fn generic_of_mut(ty: &mut Type) -> Option<&mut Type> {
-    let Type::Path(TypePath { path, .. }) = ty else { return None };
+    let Type::Path(TypePath { path, .. }) = ty else {
+        return None;
+    };
     match &mut path.segments.last_mut()?.arguments {
         PathArguments::AngleBracketed(args) => match args.args.first_mut()? {
             GenericArgument::Type(inner) => Some(inner),
@@ -404,17 +454,29 @@ fn tied_target(path: &LitStr) -> syn::Result<Vec<Member>> {
     let text = path.value();
     text.split('.')
         .map(|segment| match segment.parse::<u32>() {
-            Ok(_) => Err(syn::Error::new(path.span(), "a tied field names fields, not list elements")),
+            Ok(_) => Err(syn::Error::new(
+                path.span(),
+                "a tied field names fields, not list elements",
+            )),
             Err(_) if !segment.is_empty() => syn::parse_str::<Ident>(segment)
                 .map(|ident| Member::Named(format_ident!("{}", ident, span = path.span())))
-                .map_err(|_| syn::Error::new(path.span(), format!("`{segment}` is not a field name"))),
-            Err(_) => Err(syn::Error::new(path.span(), "expected a dotted field path, e.g. \"model.embed_tokens\"")),
+                .map_err(|_| {
+                    syn::Error::new(path.span(), format!("`{segment}` is not a field name"))
+                }),
+            Err(_) => Err(syn::Error::new(
+                path.span(),
+                "expected a dotted field path, e.g. \"model.embed_tokens\"",
+            )),
         })
         .collect()
 }
 
 fn doc_attrs(attrs: &[syn::Attribute]) -> Vec<syn::Attribute> {
-    attrs.iter().filter(|attr| attr.path().is_ident("doc")).cloned().collect()
+    attrs
+        .iter()
+        .filter(|attr| attr.path().is_ident("doc"))
+        .cloned()
+        .collect()
 }
 
 #[cfg(test)]
@@ -422,7 +484,8 @@ mod tests {
     use super::*;
 
     fn expand_str(item: &str) -> String {
-        let file: syn::File = syn::parse2(expand(quote!(crate = "lmx"), item.parse().unwrap()).unwrap()).unwrap();
+        let file: syn::File =
+            syn::parse2(expand(quote!(crate = "lmx"), item.parse().unwrap()).unwrap()).unwrap();
         prettyplease::unparse(&file)
     }
 
@@ -432,7 +495,10 @@ mod tests {
             "pub struct Block { attn: Attention, layers: Vec<Layer>, head: Option<LinearParams>, \
              #[lmx(role = norm, frozen)] scale: Array, shift: Option<Array> }",
         );
-        assert!(out.contains("pub struct Block<T = lmx::runtime::Array>"), "{out}");
+        assert!(
+            out.contains("pub struct Block<T = lmx::runtime::Array>"),
+            "{out}"
+        );
         assert!(out.contains("attn: Attention<T>"), "{out}");
         assert!(out.contains("layers: Vec<Layer<T>>"), "{out}");
         assert!(out.contains("head: Option<LinearParams<T>>"), "{out}");
@@ -448,13 +514,23 @@ mod tests {
             "pub struct Lm { embed: EmbeddingParams, #[lmx(tied = \"embed\")] head: EmbeddingParams }",
         );
         assert!(!out.contains("head: EmbeddingParams<T>,"), "{out}");
-        assert!(out.contains("pub fn head(&self) -> &EmbeddingParams<T>"), "{out}");
+        assert!(
+            out.contains("pub fn head(&self) -> &EmbeddingParams<T>"),
+            "{out}"
+        );
         assert!(out.contains("&self.embed"), "{out}");
     }
 
     #[test]
     fn errors_are_on_the_fields() {
-        let item = quote!(struct M { #[lmx(role = weight)] a: LinearParams, b: Vec<Array>, c: Foo<u8> });
+        let item = quote!(
+            struct M {
+                #[lmx(role = weight)]
+                a: LinearParams,
+                b: Vec<Array>,
+                c: Foo<u8>,
+            }
+        );
         let err = expand(TokenStream::new(), item).err().unwrap();
         let messages: Vec<String> = err.into_iter().map(|e| e.to_string()).collect();
         assert_eq!(messages.len(), 3, "{messages:?}");
@@ -465,7 +541,16 @@ mod tests {
 
     #[test]
     fn generic_structs_are_rejected() {
-        let err = expand(TokenStream::new(), quote!(struct M<T> { a: T })).err().unwrap();
+        let err = expand(
+            TokenStream::new(),
+            quote!(
+                struct M<T> {
+                    a: T,
+                }
+            ),
+        )
+        .err()
+        .unwrap();
         assert!(err.to_string().contains("adds the leaf parameter"));
     }
 }

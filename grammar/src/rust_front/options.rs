@@ -24,8 +24,15 @@ pub enum Accepts {
 
 impl Options {
     /// Reads the macro's arguments and removes (and reads) the `#[lmx(...)]` attributes of `attrs`.
-    pub fn parse(args: TokenStream, attrs: &mut Vec<Attribute>, accepts: Accepts) -> syn::Result<Options> {
-        let mut options = Options { krate: syn::parse_quote!(::lmx), optimizer: None };
+    pub fn parse(
+        args: TokenStream,
+        attrs: &mut Vec<Attribute>,
+        accepts: Accepts,
+    ) -> syn::Result<Options> {
+        let mut options = Options {
+            krate: syn::parse_quote!(::lmx),
+            optimizer: None,
+        };
         syn::meta::parser(|meta| options.set(meta, accepts)).parse2(args)?;
         for attr in take_lmx_attrs(attrs) {
             attr.parse_nested_meta(|meta| options.set(meta, accepts))?;
@@ -50,7 +57,9 @@ impl Options {
 
 /// Removes the `#[lmx(...)]` attributes from `attrs` and returns them.
 pub fn take_lmx_attrs(attrs: &mut Vec<Attribute>) -> Vec<Attribute> {
-    let (ours, others) = std::mem::take(attrs).into_iter().partition(|attr| attr.path().is_ident("lmx"));
+    let (ours, others) = std::mem::take(attrs)
+        .into_iter()
+        .partition(|attr| attr.path().is_ident("lmx"));
     *attrs = others;
     ours
 }

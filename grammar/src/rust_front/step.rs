@@ -91,12 +91,12 @@ impl Signature {
             };
             let (ty, by_ref) = match &*arg.ty {
                 Type::Reference(reference) if reference.mutability.is_some() => {
-                    errors.push(syn::Error::new(
-                        reference.span(),
+                    errors.push(syn::Error::new_spanned(
+                        reference,
                         format!(
                             "a step cannot mutate `{}`: what a step changes is its compiled state, which the macro \
                              declares (parameters, the optimizer's state for every trainable parameter, step count, \
-                             random key), and a step only returns its loss\n  = help: read the parameters as \
+                             random key), and a step only returns its loss\nhelp: read the parameters as \
                              `&Params<Tensor>` and name the optimizer with `#[lmx::step(optimizer = ...)]`",
                             pat.ident
                         ),

@@ -8,19 +8,24 @@
 //! own tokens, with the graph form to use instead. Values derived from a tensor's static
 //! structure (`shape()`, `len()`, `is_some()`, ...) and from the step's configuration stay free.
 
+use quote::ToTokens;
 use std::collections::HashMap;
 use syn::parse::Parser;
 use syn::punctuated::Punctuated;
-use syn::spanned::Spanned;
 use syn::visit::{self, Visit};
 use syn::{BinOp, Block, Expr, Ident, Local, Pat, Token};
 
 /// The hint that ends every branch diagnostic.
 pub const WHERE_HINT: &str = "compute both sides and select in the graph: `where_(cond, a, b)`";
 
+/// The hint for values read to the host.
+pub const RETURN_HINT: &str =
+    "keep it in the graph; to see it, return it from the step (as the loss or a metric) and read it after the step";
+
 /// Methods that read a value's static structure, never its data.
-const STATIC_METHODS: &[&str] =
-    &["shape", "ndim", "dim", "dtype", "size", "nbytes", "len", "is_empty", "is_some", "is_none"];
+const STATIC_METHODS: &[&str] = &[
+    "shape", "ndim", "dim", "dtype", "size", "nbytes", "len", "is_empty", "is_some", "is_none",
+];
 
 /// Methods that read a tensor's data to the host (or leave the graph).
 const HOST_READS: &[&str] = &[
@@ -41,12 +46,24 @@ const HOST_READS: &[&str] = &[
     "to_string",
 ];
 
-const ASSERTIONS: &[&str] = &["assert", "assert_eq", "assert_ne", "debug_assert", "debug_assert_eq", "debug_assert_ne"];
-const FORMATTERS: &[&str] = &["println", "print", "eprintln", "eprint", "format", "write", "writeln", "panic"];
+const ASSERTIONS: &[&str] = &[
+    "assert",
+    "assert_eq",
+    "assert_ne",
+    "debug_assert",
+    "debug_assert_eq",
+    "debug_assert_ne",
+];
+const FORMATTERS: &[&str] = &[
+    "println", "print", "eprintln", "eprint", "format", "write", "writeln", "panic",
+];
 
 /// Checks `body`, in which the names `tensors` hold tensors; returns every violation.
 pub fn check(tensors: &[Ident], body: &Block) -> Vec<syn::Error> {
-    let mut checker = Checker { scopes: vec![HashMap::new()], errors: Vec::new() };
+    let mut checker = Checker {
+        scopes: vec![HashMap::new()],
+        errors: Vec::new(),
+    };
     for ident in tensors {
         checker.bind(ident, Some(Origin::Tensor(ident.to_string())));
     }
@@ -70,11 +87,13 @@ impl Origin {
         }
     }
 
-    /// How a diagnostic names the value: "`loss`, a tensor" or "`big`, computed from the tensor `loss`".
+    /// How a diagnostic names the value: "the tensor `x`" or "`big` (computed from the tensor `x`)".
     fn describe(&self) -> String {
         match self {
-            Origin::Tensor(name) => format!("`{name}`, a tensor"),
-            Origin::Derived(tensor, local) => format!("`{local}`, computed from the tensor `{tensor}`"),
+            Origin::Tensor(name) => format!("the tensor `{name}`"),
+            Origin::Derived(tensor, local) => {
+                format!("`{local}` (computed from the tensor `{tensor}`)")
+            }
         }
     }
 
@@ -91,16 +110,26 @@ struct Checker {
 
 impl Checker {
     fn bind(&mut self, ident: &Ident, origin: Option<Origin>) {
-        self.scopes.last_mut().expect("a scope").insert(ident.to_string(), origin);
+        self.scopes
+            .last_mut()
+            .expect("a scope")
+            .insert(ident.to_string(), origin);
     }
 
     fn lookup(&self, name: &str) -> Option<&Origin> {
-        self.scopes.iter().rev().find_map(|scope| scope.get(name)).and_then(Option::as_ref)
+        self.scopes
+            .iter()
+            .rev()
+            .find_map(|scope| scope.get(name))
+            .and_then(Option::as_ref)
     }
 
     /// The tensor-derived value `expr` reads, if any.
     fn taint(&self, expr: &Expr) -> Option<Origin> {
-        let mut finder = Taint { checker: self, found: None };
+        let mut finder = Taint {
+            checker: self,
+            found: None,
+        };
         finder.visit_expr(expr);
         finder.found
     }
@@ -114,15 +143,16 @@ impl Checker {
         }
     }
 
-    fn error(&mut self, span: &impl Spanned, message: String) {
-        self.errors.push(syn::Error::new(span.span(), message));
+    /// An error over all of `tokens`.
+    fn error(&mut self, tokens: &impl ToTokens, message: String) {
+        self.errors.push(syn::Error::new_spanned(tokens, message));
     }
 
-    fn branch_error(&mut self, what: &str, span: &impl Spanned, origin: &Origin) {
+    fn branch_error(&mut self, what: &str, tokens: &impl ToTokens, origin: &Origin) {
         self.error(
-            span,
+            tokens,
             format!(
-                "{what} depends on {}: a compiled step never reads a tensor's value\n  = help: {WHERE_HINT}",
+                "{what} depends on {}: a compiled step never reads a tensor's value\nhelp: {WHERE_HINT}",
                 origin.describe()
             ),
         );
@@ -156,7 +186,11 @@ impl Checker {
                 }
             }
             match self.taint(operand) {
-                Some(origin) => self.branch_error(&format!("this operand of `{op}` (which short-circuits)"), operand, &origin),
+                Some(origin) => self.branch_error(
+                    &format!("this operand of `{op}` (which short-circuits)"),
+                    operand,
+                    &origin,
+                ),
                 None => self.visit_expr(operand),
             }
         }
@@ -180,14 +214,20 @@ impl Checker {
     }
 
     fn macro_args(&mut self, mac: &syn::Macro) {
-        let Some(name) = mac.path.get_ident().map(Ident::to_string) else { return };
-        let Ok(args) = Punctuated::<Expr, Token![,]>::parse_terminated.parse2(mac.tokens.clone()) else {
+        let Some(name) = mac.path.get_ident().map(Ident::to_string) else {
+            return;
+        };
+        let Ok(args) = Punctuated::<Expr, Token![,]>::parse_terminated.parse2(mac.tokens.clone())
+        else {
             return;
         };
         if ASSERTIONS.contains(&name.as_str()) {
             let what = format!("`{name}!`");
             if name.ends_with("_eq") || name.ends_with("_ne") {
-                let pair = args.iter().take(2).find_map(|arg| self.taint(arg).map(|o| (arg.clone(), o)));
+                let pair = args
+                    .iter()
+                    .take(2)
+                    .find_map(|arg| self.taint(arg).map(|o| (arg.clone(), o)));
                 match pair {
                     Some((arg, origin)) => self.branch_error(&what, &arg, &origin),
                     None => args.iter().for_each(|arg| self.visit_expr(arg)),
@@ -201,7 +241,7 @@ impl Checker {
                     Some(origin) => self.error(
                         arg,
                         format!(
-                            "`{name}!` formats {}, which reads it to the host: a compiled step never reads a tensor's value\n  = help: return it from the step (as the loss or a metric) and print it after the step",
+                            "`{name}!` formats {}: a compiled step never reads a tensor's value\nhelp: {RETURN_HINT}",
                             origin.describe()
                         ),
                     ),
@@ -279,7 +319,9 @@ impl<'ast> Visit<'ast> for Checker {
         self.scoped(|this| {
             match (&*expr.pat, &*expr.expr) {
                 // `for (index, item) in items.iter().enumerate()`: the index is static.
-                (Pat::Tuple(tuple), Expr::MethodCall(call)) if call.method == "enumerate" && tuple.elems.len() == 2 => {
+                (Pat::Tuple(tuple), Expr::MethodCall(call))
+                    if call.method == "enumerate" && tuple.elems.len() == 2 =>
+                {
                     this.bind_pattern(&tuple.elems[0], None);
                     this.bind_pattern(&tuple.elems[1], origin.as_ref());
                 }
@@ -292,22 +334,25 @@ impl<'ast> Visit<'ast> for Checker {
     fn visit_expr_binary(&mut self, expr: &'ast syn::ExprBinary) {
         match expr.op {
             BinOp::And(_) | BinOp::Or(_) => self.logic(expr),
-            BinOp::Lt(_) | BinOp::Le(_) | BinOp::Gt(_) | BinOp::Ge(_) | BinOp::Eq(_) | BinOp::Ne(_) => {
-                match self.taint(&expr.left).or_else(|| self.taint(&expr.right)) {
-                    Some(origin) => {
-                        let op = &expr.op;
-                        self.error(
+            BinOp::Lt(_)
+            | BinOp::Le(_)
+            | BinOp::Gt(_)
+            | BinOp::Ge(_)
+            | BinOp::Eq(_)
+            | BinOp::Ne(_) => match self.taint(&expr.left).or_else(|| self.taint(&expr.right)) {
+                Some(origin) => {
+                    let op = &expr.op;
+                    self.error(
                             expr,
                             format!(
-                                "`{}` compares {} on the host: a compiled step never reads a tensor's value\n  = help: compare in the graph (`gt`, `lt`, `ge`, `le`, `eq` give a mask), then {WHERE_HINT}",
+                                "`{}` compares {} on the host: a compiled step never reads a tensor's value\nhelp: compare in the graph (`gt`, `lt`, `ge`, `le`, `eq` give a mask), then {WHERE_HINT}",
                                 quote::quote!(#op),
                                 origin.describe()
                             ),
                         );
-                    }
-                    None => visit::visit_expr_binary(self, expr),
                 }
-            }
+                None => visit::visit_expr_binary(self, expr),
+            },
             _ => visit::visit_expr_binary(self, expr),
         }
     }
@@ -330,7 +375,7 @@ impl<'ast> Visit<'ast> for Checker {
                 self.error(
                     &call.method,
                     format!(
-                        "`{}` reads {} to the host: a compiled step never reads a tensor's value\n  = help: {WHERE_HINT}",
+                        "`{}` reads {} on the host: a compiled step never reads a tensor's value\nhelp: {RETURN_HINT}",
                         call.method,
                         origin.describe()
                     ),
@@ -401,7 +446,8 @@ impl<'ast> Visit<'ast> for Taint<'_> {
     }
 
     fn visit_macro(&mut self, mac: &'ast syn::Macro) {
-        if let Ok(args) = Punctuated::<Expr, Token![,]>::parse_terminated.parse2(mac.tokens.clone()) {
+        if let Ok(args) = Punctuated::<Expr, Token![,]>::parse_terminated.parse2(mac.tokens.clone())
+        {
             args.iter().for_each(|arg| self.visit_expr(arg));
         }
     }
@@ -437,7 +483,10 @@ mod tests {
     fn errors(body: &str) -> Vec<String> {
         let block: Block = syn::parse_str(&format!("{{ {body} }}")).unwrap();
         let tensors = [format_ident!("params"), format_ident!("x")];
-        check(&tensors, &block).into_iter().map(|err| err.to_string()).collect()
+        check(&tensors, &block)
+            .into_iter()
+            .map(|err| err.to_string())
+            .collect()
     }
 
     #[test]
@@ -462,7 +511,7 @@ mod tests {
             "let loss = mean(&x)?; if loss > 1.0 {} while loss.gt(&x)? {} match loss.item::<f32>() { _ => {} }",
         );
         assert_eq!(found.len(), 3, "{found:?}");
-        assert!(found[0].starts_with("this `if` depends on `loss`, computed from the tensor `x`"));
+        assert!(found[0].starts_with("this `if` depends on `loss` (computed from the tensor `x`)"));
         assert!(found[1].starts_with("this `while` depends on `loss`"));
         assert!(found[2].starts_with("this `match` depends on `loss`"));
     }
@@ -474,13 +523,16 @@ mod tests {
              let y = if config.flag { x.clone() } else { x.clone() }; if y.ndim() == 2 {}",
         );
         assert_eq!(found.len(), 2, "{found:?}");
-        assert!(found[0].contains("`big`, computed from the tensor `x`"));
-        assert!(found[1].contains("`check`, computed from the tensor `x`"));
+        assert!(found[0].contains("`big` (computed from the tensor `x`)"));
+        assert!(found[1].contains("`check` (computed from the tensor `x`)"));
     }
 
     #[test]
     fn shadowing_clears_taint() {
-        assert_eq!(errors("let a = x.clone(); let a = 3; if a > 2 {}"), Vec::<String>::new());
+        assert_eq!(
+            errors("let a = x.clone(); let a = 3; if a > 2 {}"),
+            Vec::<String>::new()
+        );
     }
 
     #[test]

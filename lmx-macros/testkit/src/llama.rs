@@ -6,7 +6,8 @@ use crate::runtime::nn::init::{self, Keys};
 use crate::runtime::nn::{EmbeddingParams, LinearParams, RmsNormParams};
 use crate::runtime::optim::AdamW;
 use crate::runtime::tensor::nn::{
-    causal_attention, cross_entropy, embedding, linear, merge_heads, rms_norm, rope, silu, split_heads,
+    causal_attention, cross_entropy, embedding, linear, merge_heads, rms_norm, rope, silu,
+    split_heads,
 };
 use crate::runtime::tensor::Tensor;
 use crate::runtime::Result;
@@ -35,7 +36,16 @@ pub struct LlamaConfig {
 impl LlamaConfig {
     /// A model small enough for tests on a CPU.
     pub fn tiny() -> LlamaConfig {
-        LlamaConfig { vocab: 64, dim: 32, layers: 2, heads: 4, kv_heads: 2, hidden: 64, rope_base: 10000.0, eps: 1e-5 }
+        LlamaConfig {
+            vocab: 64,
+            dim: 32,
+            layers: 2,
+            heads: 4,
+            kv_heads: 2,
+            hidden: 64,
+            rope_base: 10000.0,
+            eps: 1e-5,
+        }
     }
 
     fn head_dim(&self) -> i32 {
@@ -139,12 +149,22 @@ impl Llama {
 pub fn forward(params: &Llama<Tensor>, tokens: &Tensor, config: &LlamaConfig) -> Result<Tensor> {
     let mut h = embedding(&params.model.embed_tokens, tokens)?;
     for layer in &params.model.layers {
-        let attended = attention(&layer.self_attn, &rms_norm(&layer.input_layernorm, &h, config.eps)?, config)?;
+        let attended = attention(
+            &layer.self_attn,
+            &rms_norm(&layer.input_layernorm, &h, config.eps)?,
+            config,
+        )?;
         h = h.add(&attended)?;
-        let mixed = mlp(&layer.mlp, &rms_norm(&layer.post_attention_layernorm, &h, config.eps)?)?;
+        let mixed = mlp(
+            &layer.mlp,
+            &rms_norm(&layer.post_attention_layernorm, &h, config.eps)?,
+        )?;
         h = h.add(&mixed)?;
     }
-    linear(&params.lm_head, &rms_norm(&params.model.norm, &h, config.eps)?)
+    linear(
+        &params.lm_head,
+        &rms_norm(&params.model.norm, &h, config.eps)?,
+    )
 }
 
 fn attention(params: &Attention<Tensor>, x: &Tensor, config: &LlamaConfig) -> Result<Tensor> {
@@ -154,16 +174,27 @@ fn attention(params: &Attention<Tensor>, x: &Tensor, config: &LlamaConfig) -> Re
     let v = split_heads(&linear(&params.v_proj, x)?, config.kv_heads)?;
     let q = rope(&q, head_dim, config.rope_base, 0)?;
     let k = rope(&k, head_dim, config.rope_base, 0)?;
-    linear(&params.o_proj, &merge_heads(&causal_attention(&q, &k, &v)?)?)
+    linear(
+        &params.o_proj,
+        &merge_heads(&causal_attention(&q, &k, &v)?)?,
+    )
 }
 
 fn mlp(params: &Mlp<Tensor>, x: &Tensor) -> Result<Tensor> {
     let gate = silu(&linear(&params.gate_proj, x)?)?;
-    linear(&params.down_proj, &gate.multiply(&linear(&params.up_proj, x)?)?)
+    linear(
+        &params.down_proj,
+        &gate.multiply(&linear(&params.up_proj, x)?)?,
+    )
 }
 
 /// The next-token loss: mean cross-entropy of the logits for `tokens` against `targets`.
 #[lmx::step(optimizer = AdamW)]
-pub fn train(params: &Llama<Tensor>, tokens: &Tensor, targets: &Tensor, config: &LlamaConfig) -> Result<Tensor> {
+pub fn train(
+    params: &Llama<Tensor>,
+    tokens: &Tensor,
+    targets: &Tensor,
+    config: &LlamaConfig,
+) -> Result<Tensor> {
     cross_entropy(&forward(params, tokens, config)?, targets)
 }

@@ -12,7 +12,10 @@ fn batch() -> (Array, Array) {
     let ids: Vec<i32> = (0..18).map(|i| (i * 7 + 3) % 64).collect();
     let tokens: Vec<i32> = ids[..8].iter().chain(&ids[9..17]).copied().collect();
     let targets: Vec<i32> = ids[1..9].iter().chain(&ids[10..18]).copied().collect();
-    (Array::from_slice(&tokens, &[2, 8]), Array::from_slice(&targets, &[2, 8]))
+    (
+        Array::from_slice(&tokens, &[2, 8]),
+        Array::from_slice(&targets, &[2, 8]),
+    )
 }
 
 /// The losses of `steps` steps from the same initial weights.
@@ -20,7 +23,10 @@ fn losses(compile: bool, steps: usize) -> (Vec<f32>, usize) {
     let config = LlamaConfig::tiny();
     let optimizer = AdamW::default();
     let mut state = Train::state(Llama::init(&config, 0).unwrap(), &optimizer, 0).unwrap();
-    let options = StepOptions { compile, ..StepOptions::default() };
+    let options = StepOptions {
+        compile,
+        ..StepOptions::default()
+    };
     let mut train = Train::new(&state, optimizer, config, options).unwrap();
     let (tokens, targets) = batch();
     let losses = (0..steps)
@@ -46,7 +52,10 @@ fn compiled_losses_equal_eager_losses() {
     let (eager, traces) = losses(false, 5);
     assert_eq!(traces, 5);
     for (c, e) in compiled.iter().zip(&eager) {
-        assert!((c - e).abs() < 1e-4, "compiled {compiled:?} vs eager {eager:?}");
+        assert!(
+            (c - e).abs() < 1e-4,
+            "compiled {compiled:?} vs eager {eager:?}"
+        );
     }
 }
 
@@ -70,11 +79,18 @@ fn the_step_at_the_host_boundary_is_the_first_loss() {
     let config = LlamaConfig::tiny();
     let params = Llama::init(&config, 0).unwrap();
     let (tokens, targets) = batch();
-    let loss = Train::call(&params, &tokens, &targets, &config).unwrap().item_exact::<f32>();
+    let loss = Train::call(&params, &tokens, &targets, &config)
+        .unwrap()
+        .item_exact::<f32>();
     let (losses, _) = losses(true, 1);
     assert!((loss - losses[0]).abs() < 1e-5);
     // Untrained, the loss is near ln(vocab).
     assert!((loss - (64f32).ln()).abs() < 1.5, "{loss}");
-    let logits = llama::forward(&lmx::runtime::tensor::graph(&params), &tokens.into(), &config).unwrap();
+    let logits = llama::forward(
+        &lmx::runtime::tensor::graph(&params),
+        &tokens.into(),
+        &config,
+    )
+    .unwrap();
     assert_eq!(logits.shape(), &[2, 8, 64]);
 }

@@ -33,25 +33,62 @@ pub struct Tied {
 
 fn block(gate: bool, adapter: bool) -> Block<f32> {
     Block {
-        proj: LinearParams { weight: 1.0, bias: Some(2.0) },
+        proj: LinearParams {
+            weight: 1.0,
+            bias: Some(2.0),
+        },
         norm: RmsNormParams { weight: 3.0 },
         scale: 4.0,
         gate: gate.then_some(5.0),
-        experts: vec![LinearParams { weight: 6.0, bias: None }, LinearParams { weight: 7.0, bias: None }],
-        adapter: adapter.then_some(LinearParams { weight: 8.0, bias: None }),
+        experts: vec![
+            LinearParams {
+                weight: 6.0,
+                bias: None,
+            },
+            LinearParams {
+                weight: 7.0,
+                bias: None,
+            },
+        ],
+        adapter: adapter.then_some(LinearParams {
+            weight: 8.0,
+            bias: None,
+        }),
     }
 }
 
 #[test]
 fn traversal_is_declaration_order_depth_first() {
     let full = block(true, true);
-    assert_eq!(tree::flatten(&full), vec![1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0]);
+    assert_eq!(
+        tree::flatten(&full),
+        vec![1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0]
+    );
     assert_eq!(
         full.names(),
-        ["proj.weight", "proj.bias", "norm.weight", "scale", "gate", "experts.0.weight", "experts.1.weight", "adapter.weight"]
+        [
+            "proj.weight",
+            "proj.bias",
+            "norm.weight",
+            "scale",
+            "gate",
+            "experts.0.weight",
+            "experts.1.weight",
+            "adapter.weight"
+        ]
     );
     let sparse = block(false, false);
-    assert_eq!(sparse.names(), ["proj.weight", "proj.bias", "norm.weight", "scale", "experts.0.weight", "experts.1.weight"]);
+    assert_eq!(
+        sparse.names(),
+        [
+            "proj.weight",
+            "proj.bias",
+            "norm.weight",
+            "scale",
+            "experts.0.weight",
+            "experts.1.weight"
+        ]
+    );
     assert_eq!(sparse.leaf_count(), 6);
 }
 
@@ -81,13 +118,19 @@ fn attributes_set_roles_and_masks() {
     let trainable = block(true, true).trainable_mask();
     assert!(trainable.proj.weight && !trainable.norm.weight && trainable.experts[0].weight);
     let frozen = block(true, true).frozen_mask();
-    assert_eq!(tree::flatten(&frozen), [false, false, true, false, false, false, false, false]);
+    assert_eq!(
+        tree::flatten(&frozen),
+        [false, false, true, false, false, false, false, false]
+    );
 }
 
 #[test]
 fn a_tied_field_is_no_leaf_of_its_own() {
     let keys = &mut init::Keys::from_seed(0).unwrap();
-    let model = Tied { embed: init::embedding(16, 4, keys).unwrap(), blocks: Vec::new() };
+    let model = Tied {
+        embed: init::embedding(16, 4, keys).unwrap(),
+        blocks: Vec::new(),
+    };
     assert_eq!(model.names(), ["embed.weight"]);
     assert!(std::ptr::eq(model.head(), &model.embed));
     assert_eq!(model.parameter_count(), 64);
@@ -100,8 +143,13 @@ fn llama_parameters_have_hugging_face_names() {
     let names = params.names();
     let layer = |i: usize| {
         [
-            "self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj", "mlp.gate_proj",
-            "mlp.up_proj", "mlp.down_proj",
+            "self_attn.q_proj",
+            "self_attn.k_proj",
+            "self_attn.v_proj",
+            "self_attn.o_proj",
+            "mlp.gate_proj",
+            "mlp.up_proj",
+            "mlp.down_proj",
         ]
         .iter()
         .map(move |proj| format!("model.layers.{i}.{proj}.weight"))
@@ -119,13 +167,26 @@ fn llama_parameters_have_hugging_face_names() {
     // 64*32 embeddings, per layer 4 attention maps (32*32, 16*32, 16*32, 32*32), 3 MLP maps of
     // 32*64, 2 norms of 32; a final norm of 32 and a 32*64 head.
     let per_layer = 32 * 32 * 2 + 16 * 32 * 2 + 3 * 32 * 64 + 2 * 32;
-    assert_eq!(params.parameter_count(), 64 * 32 + 2 * per_layer + 32 + 32 * 64);
+    assert_eq!(
+        params.parameter_count(),
+        64 * 32 + 2 * per_layer + 32 + 32 * 64
+    );
     assert_eq!(params.trainable_parameter_count(), params.parameter_count());
-    assert_eq!(params.model.layers[1].self_attn.k_proj.weight.shape(), &[16, 32]);
+    assert_eq!(
+        params.model.layers[1].self_attn.k_proj.weight.shape(),
+        &[16, 32]
+    );
 }
 
 fn small() -> Llama {
-    Llama::init(&LlamaConfig { layers: 1, ..LlamaConfig::tiny() }, 7).unwrap()
+    Llama::init(
+        &LlamaConfig {
+            layers: 1,
+            ..LlamaConfig::tiny()
+        },
+        7,
+    )
+    .unwrap()
 }
 
 fn assert_same(a: &Llama, b: &Llama) {
@@ -140,7 +201,14 @@ fn safetensors_round_trip_by_name() {
     let path = dir.path().join("llama.safetensors");
     let saved = small();
     saved.save_safetensors(&path).unwrap();
-    let mut loaded = Llama::init(&LlamaConfig { layers: 1, ..LlamaConfig::tiny() }, 8).unwrap();
+    let mut loaded = Llama::init(
+        &LlamaConfig {
+            layers: 1,
+            ..LlamaConfig::tiny()
+        },
+        8,
+    )
+    .unwrap();
     loaded.load_safetensors(&path).unwrap();
     assert_same(&loaded, &saved);
 }
@@ -149,29 +217,59 @@ fn safetensors_round_trip_by_name() {
 fn loading_checks_every_tensor_and_names_it() {
     let params = small();
     let mut target = small();
-    let check = |tensors: HashMap<String, Array>, target: &mut Llama| match target.update_from_flat_map(tensors) {
+    let check = |tensors: HashMap<String, Array>, target: &mut Llama| match target
+        .update_from_flat_map(tensors)
+    {
         Err(Error::Layout(message)) => message,
         other => panic!("expected a layout error, got {other:?}"),
     };
 
     let mut missing = params.to_flat_map();
     missing.remove("model.layers.0.mlp.up_proj.weight");
-    assert_eq!(check(missing, &mut target), "tensor `model.layers.0.mlp.up_proj.weight` is missing");
+    assert_eq!(
+        check(missing, &mut target),
+        "tensor `model.layers.0.mlp.up_proj.weight` is missing"
+    );
 
     let mut reshaped = params.to_flat_map();
-    reshaped.insert("lm_head.weight".into(), Array::zeros::<f32>(&[32, 64]).unwrap());
-    assert_eq!(check(reshaped, &mut target), "tensor `lm_head.weight` has shape [32, 64], expected [64, 32]");
+    reshaped.insert(
+        "lm_head.weight".into(),
+        Array::zeros::<f32>(&[32, 64]).unwrap(),
+    );
+    assert_eq!(
+        check(reshaped, &mut target),
+        "tensor `lm_head.weight` has shape [32, 64], expected [64, 32]"
+    );
 
     let mut retyped = params.to_flat_map();
-    retyped.insert("model.norm.weight".into(), Array::zeros::<i32>(&[32]).unwrap());
-    assert_eq!(check(retyped, &mut target), "tensor `model.norm.weight` has dtype Int32, expected Float32");
+    retyped.insert(
+        "model.norm.weight".into(),
+        Array::zeros::<i32>(&[32]).unwrap(),
+    );
+    assert_eq!(
+        check(retyped, &mut target),
+        "tensor `model.norm.weight` has dtype Int32, expected Float32"
+    );
 
     let mut extra = params.to_flat_map();
-    extra.insert("model.rotary_emb.inv_freq".into(), Array::zeros::<f32>(&[4]).unwrap());
-    assert_eq!(check(extra, &mut target), "unexpected tensors: model.rotary_emb.inv_freq");
+    extra.insert(
+        "model.rotary_emb.inv_freq".into(),
+        Array::zeros::<f32>(&[4]).unwrap(),
+    );
+    assert_eq!(
+        check(extra, &mut target),
+        "unexpected tensors: model.rotary_emb.inv_freq"
+    );
 
     // Nothing changed on error: `target` still holds its own weights; a clean map replaces them.
-    let other = Llama::init(&LlamaConfig { layers: 1, ..LlamaConfig::tiny() }, 9).unwrap();
+    let other = Llama::init(
+        &LlamaConfig {
+            layers: 1,
+            ..LlamaConfig::tiny()
+        },
+        9,
+    )
+    .unwrap();
     target.update_from_flat_map(other.to_flat_map()).unwrap();
     assert_same(&target, &other);
 }
@@ -185,7 +283,10 @@ fn a_file_error_names_the_file_and_the_tensor() {
     match two_layers.load_safetensors(&path) {
         Err(Error::Checkpoint { path: at, message }) => {
             assert_eq!(at, path);
-            assert_eq!(message, "tensor `model.layers.1.self_attn.q_proj.weight` is missing");
+            assert_eq!(
+                message,
+                "tensor `model.layers.1.self_attn.q_proj.weight` is missing"
+            );
         }
         other => panic!("expected a checkpoint error, got {other:?}"),
     }

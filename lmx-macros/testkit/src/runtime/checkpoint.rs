@@ -23,14 +23,20 @@ pub fn parameter_count<R: Tree<Array>>(tree: &R, keep: impl Fn(&LeafSpec) -> boo
 
 /// The leaves by dotted name.
 pub fn tree_to_map<R: Tree<Array>>(tree: &R) -> HashMap<String, Array> {
-    tree::names(tree).into_iter().zip(tree::flatten(tree)).collect()
+    tree::names(tree)
+        .into_iter()
+        .zip(tree::flatten(tree))
+        .collect()
 }
 
 /// Replaces every leaf of `tree` by the tensor of its name in `tensors`.
 ///
 /// Fails, naming the tensor, when one is missing, has another shape or dtype, or when `tensors`
 /// holds names the tree does not have.
-pub fn update_tree_from_map<R: Tree<Array>>(tree: &mut R, tensors: HashMap<String, Array>) -> Result<()> {
+pub fn update_tree_from_map<R: Tree<Array>>(
+    tree: &mut R,
+    tensors: HashMap<String, Array>,
+) -> Result<()> {
     let leaves = checked_leaves(tree, tensors).map_err(Error::Layout)?;
     let mut leaves = leaves.into_iter();
     tree.for_each_mut(&mut |leaf| *leaf = leaves.next().expect("one tensor per leaf"));
@@ -39,14 +45,19 @@ pub fn update_tree_from_map<R: Tree<Array>>(tree: &mut R, tensors: HashMap<Strin
 
 /// Writes the leaves of `tree` to the safetensors file `path`, by dotted name.
 pub fn save_tree<R: Tree<Array>>(tree: &R, path: &Path) -> Result<()> {
-    Array::save_safetensors(tree_to_map(tree), None, path)
-        .map_err(|err| Error::Checkpoint { path: path.to_owned(), message: err.to_string() })
+    Array::save_safetensors(tree_to_map(tree), None, path).map_err(|err| Error::Checkpoint {
+        path: path.to_owned(),
+        message: err.to_string(),
+    })
 }
 
 /// Replaces every leaf of `tree` by the tensor of its name in the safetensors file `path`, with
 /// the checks of [`update_tree_from_map`].
 pub fn load_tree<R: Tree<Array>>(tree: &mut R, path: &Path) -> Result<()> {
-    let failure = |message: String| Error::Checkpoint { path: path.to_owned(), message };
+    let failure = |message: String| Error::Checkpoint {
+        path: path.to_owned(),
+        message,
+    };
     let tensors = Array::load_safetensors(path).map_err(|err| failure(err.to_string()))?;
     let leaves = checked_leaves(tree, tensors).map_err(failure)?;
     let mut leaves = leaves.into_iter();
@@ -55,18 +66,31 @@ pub fn load_tree<R: Tree<Array>>(tree: &mut R, path: &Path) -> Result<()> {
 }
 
 /// The tensors of `tensors` in the tree's traversal order, each checked against its leaf.
-fn checked_leaves<R: Tree<Array>>(tree: &R, mut tensors: HashMap<String, Array>) -> Result<Vec<Array>, String> {
+fn checked_leaves<R: Tree<Array>>(
+    tree: &R,
+    mut tensors: HashMap<String, Array>,
+) -> Result<Vec<Array>, String> {
     let names = tree::names(tree);
     let mut leaves = Vec::with_capacity(names.len());
     let mut current = tree::flatten(tree).into_iter();
     for name in names {
         let leaf = current.next().expect("one leaf per name");
-        let tensor = tensors.remove(&name).ok_or_else(|| format!("tensor `{name}` is missing"))?;
+        let tensor = tensors
+            .remove(&name)
+            .ok_or_else(|| format!("tensor `{name}` is missing"))?;
         if tensor.shape() != leaf.shape() {
-            return Err(format!("tensor `{name}` has shape {:?}, expected {:?}", tensor.shape(), leaf.shape()));
+            return Err(format!(
+                "tensor `{name}` has shape {:?}, expected {:?}",
+                tensor.shape(),
+                leaf.shape()
+            ));
         }
         if tensor.dtype() != leaf.dtype() {
-            return Err(format!("tensor `{name}` has dtype {:?}, expected {:?}", tensor.dtype(), leaf.dtype()));
+            return Err(format!(
+                "tensor `{name}` has dtype {:?}, expected {:?}",
+                tensor.dtype(),
+                leaf.dtype()
+            ));
         }
         leaves.push(tensor);
     }

@@ -215,7 +215,12 @@ pub mod nn {
 
     /// Causal fused attention (keys and values may have fewer heads: GQA).
     pub fn causal_attention(q: &Tensor, k: &Tensor, v: &Tensor) -> Result<Tensor> {
-        Ok(Tensor(nn::attention(&q.0, &k.0, &v.0, nn::AttentionMask::Causal)?))
+        Ok(Tensor(nn::attention(
+            &q.0,
+            &k.0,
+            &v.0,
+            nn::AttentionMask::Causal,
+        )?))
     }
 
     /// Mean token cross-entropy, in float32.

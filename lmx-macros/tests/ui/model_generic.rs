@@ -1,0 +1,6 @@
+#[lmx::model]
+pub struct Generic<T> {
+    leaf: T,
+}
+
+fn main() {}
