@@ -11,12 +11,14 @@ pub mod generate;
 pub mod model;
 pub mod nn;
 pub mod optim;
-pub mod schedule;
 pub mod platform;
+pub mod schedule;
 pub mod state;
 pub mod step;
+pub mod tensor;
 pub mod train;
 pub mod tree;
 
 pub use error::{Error, Result};
+pub use mlx_rs;
 pub use mlx_rs::Array;

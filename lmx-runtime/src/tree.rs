@@ -143,6 +143,18 @@ pub fn leaf_count<T, R: Tree<T> + ?Sized>(tree: &R) -> usize {
     count
 }
 
+/// The number of scalars in the leaves of `tree` whose spec passes `keep`.
+pub fn parameter_count<R: Tree<mlx_rs::Array> + ?Sized>(tree: &R, keep: impl Fn(&LeafSpec) -> bool) -> usize {
+    let mut specs = specs(tree).into_iter();
+    let mut count = 0;
+    tree.for_each(&mut |leaf| {
+        if keep(&specs.next().expect("one spec per leaf")) {
+            count += leaf.size();
+        }
+    });
+    count
+}
+
 /// The specs of every leaf of `tree`, in traversal order.
 pub fn specs<T, R: Tree<T> + ?Sized>(tree: &R) -> Vec<LeafSpec> {
     let mut out = Vec::new();

@@ -309,12 +309,12 @@ impl Model {
             impl #name<#rt::Array> {
                 /// The number of scalar parameters.
                 #vis fn parameter_count(&self) -> usize {
-                    #rt::checkpoint::parameter_count(self, |_| true)
+                    #rt::tree::parameter_count(self, |_| true)
                 }
 
                 /// The number of scalar parameters that training updates.
                 #vis fn trainable_parameter_count(&self) -> usize {
-                    #rt::checkpoint::parameter_count(self, |spec| spec.trainable)
+                    #rt::tree::parameter_count(self, |spec| spec.trainable)
                 }
 
                 /// The leaves by dotted name, as mlx-rs modules flatten their parameters (for
@@ -334,12 +334,13 @@ impl Model {
 
                 /// Writes the leaves to a safetensors file, by dotted name.
                 #vis fn save_safetensors(&self, path: impl AsRef<::std::path::Path>) -> #rt::Result<()> {
-                    #rt::checkpoint::save_tree(self, path.as_ref())
+                    #rt::checkpoint::save_tree(path.as_ref(), self)
                 }
 
                 /// Reads every leaf from a safetensors file, checking names, shapes and dtypes.
                 #vis fn load_safetensors(&mut self, path: impl AsRef<::std::path::Path>) -> #rt::Result<()> {
-                    #rt::checkpoint::load_tree(self, path.as_ref())
+                    *self = #rt::checkpoint::load_tree(path.as_ref(), self)?;
+                    Ok(())
                 }
             }
         }

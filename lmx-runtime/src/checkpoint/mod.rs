@@ -18,12 +18,14 @@
 
 pub mod atomic;
 mod file;
+mod maps;
 mod store;
 mod tensor;
 mod train_state;
 mod weights;
 
 pub use atomic::{DurableWriter, FileWriter};
+pub use maps::{tree_to_map, update_tree_from_map};
 pub use store::{dir_name, Checkpoints};
 pub use train_state::{load, MODEL_FILE, OPTIMIZER_FILE, TRAINER_FILE};
 pub use weights::{load_tree, save_tree};

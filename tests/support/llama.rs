@@ -2,15 +2,15 @@
 //! `#[lmx::model]`, its parameters named as Hugging Face's `LlamaForCausalLM` names them
 //! (`model.layers.0.self_attn.q_proj.weight`, ...), and its loss under `#[lmx::step]`.
 
-use crate::runtime::nn::init::{self, Keys};
-use crate::runtime::nn::{EmbeddingParams, LinearParams, RmsNormParams};
-use crate::runtime::optim::AdamW;
-use crate::runtime::tensor::nn::{
+use lmx::runtime::nn::init::{self, Keys};
+use lmx::runtime::nn::{EmbeddingParams, LinearParams, RmsNormParams};
+use lmx::runtime::optim::AdamW;
+use lmx::runtime::tensor::nn::{
     causal_attention, cross_entropy, embedding, linear, merge_heads, rms_norm, rope, silu,
     split_heads,
 };
-use crate::runtime::tensor::Tensor;
-use crate::runtime::Result;
+use lmx::runtime::tensor::Tensor;
+use lmx::runtime::Result;
 
 /// The static shape of a LLaMA.
 #[derive(Clone, Debug, PartialEq)]

@@ -1,8 +1,9 @@
-//! The LLaMA of `lmx::llama` trained through the step `#[lmx::step]` declares and compiles.
+//! The LLaMA of `tests/support/llama.rs` trained through the step `#[lmx::step]` declares and compiles.
 
-extern crate lmx_macros_testkit as lmx;
+#[path = "support/llama.rs"]
+mod llama;
 
-use lmx::llama::{self, Llama, LlamaConfig, Train};
+use llama::{self, Llama, LlamaConfig, Train};
 use lmx::runtime::optim::AdamW;
 use lmx::runtime::step::StepOptions;
 use lmx::runtime::Array;

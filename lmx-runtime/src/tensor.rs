@@ -6,8 +6,8 @@
 //! would branch on a tensor's value does not type-check, and `#[lmx::step]` reports it first, at
 //! its own tokens. Shapes and dtypes are static under compilation, so they stay readable.
 
-use crate::runtime::tree::Tree;
-use crate::runtime::{Array, Result};
+use crate::tree::Tree;
+use crate::{Array, Result};
 use mlx_rs::{ops, Dtype};
 
 /// A graph value inside a step.
@@ -160,8 +160,8 @@ impl Tensor {
 /// The runtime's layers over `Tensor` leaves.
 pub mod nn {
     use super::{arrays, Tensor};
-    use crate::runtime::nn::{self, EmbeddingParams, LayerNormParams, LinearParams, RmsNormParams};
-    use crate::runtime::Result;
+    use crate::nn::{self, EmbeddingParams, LayerNormParams, LinearParams, RmsNormParams};
+    use crate::Result;
 
     /// `x W^T + b`.
     pub fn linear(params: &LinearParams<Tensor>, x: &Tensor) -> Result<Tensor> {

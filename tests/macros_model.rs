@@ -1,8 +1,9 @@
 //! `#[lmx::model]`: trees, names, masks, counts, flat maps and safetensors files.
 
-extern crate lmx_macros_testkit as lmx;
+#[path = "support/llama.rs"]
+mod llama;
 
-use lmx::llama::{Llama, LlamaConfig};
+use llama::{Llama, LlamaConfig};
 use lmx::runtime::nn::{init, EmbeddingParams, LinearParams, RmsNormParams};
 use lmx::runtime::tree::{self, LeafRole, Tree};
 use lmx::runtime::{Array, Error};

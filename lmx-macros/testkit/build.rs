@@ -1,5 +1,0 @@
-include!("../../mlx-sys/link_args.rs");
-
-fn main() {
-    mlx_link_args();
-}
