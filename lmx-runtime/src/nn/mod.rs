@@ -2,7 +2,9 @@
 //! that apply them. Layers are plain functions of their parameters, so a model's forward pass is
 //! a pure function of its parameter tree, as the compiled step requires.
 
-mod leaf_struct;
+mod extra;
 mod layers;
+mod leaf_struct;
 
+pub use extra::*;
 pub use layers::*;

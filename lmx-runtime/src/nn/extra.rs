@@ -1,0 +1,270 @@
+//! Ops that `.lmx` models use beyond the core layers: attention with a window or an additive
+//! bias (ALiBi), ALiBi and sinusoidal tables, top-k routing helpers, static indexing, and scalars
+//! that take their operand's precision. Generated code calls these by name; each is a pure
+//! function of arrays, so it traces into a compiled step like the core layers.
+
+use crate::error::{Error, Result};
+use crate::model::Context;
+use mlx_rs::fast::{self, ScaledDotProductAttentionMask};
+use mlx_rs::{ops, Array, Dtype};
+
+/// `value` as a scalar array that keeps `like`'s precision: `like`'s dtype when that is a
+/// floating type or when `value` is integral, float32 otherwise.
+pub fn literal(value: f64, like: &Array) -> Result<Array> {
+    let dtype = like.dtype();
+    let keeps = matches!(
+        dtype,
+        Dtype::Float16 | Dtype::Bfloat16 | Dtype::Float32 | Dtype::Float64
+    ) || value.fract() == 0.0;
+    let dtype = if keeps { dtype } else { Dtype::Float32 };
+    Ok(Array::from_f32(value as f32).as_dtype(dtype)?)
+}
+
+/// `x` cut into `N` equal parts along `axis`.
+pub fn split<const N: usize>(x: &Array, axis: i32) -> Result<[Array; N]> {
+    let parts = x.split_equal(N as i32, axis)?;
+    let found = parts.len();
+    parts
+        .try_into()
+        .map_err(|_| Error::Layout(format!("split into {N} parts gave {found}")))
+}
+
+/// Softmax along `axis`, computed in float32 precision.
+pub fn softmax(x: &Array, axis: i32) -> Result<Array> {
+    Ok(ops::softmax_axis(x, axis, true)?)
+}
+
+/// Log-softmax along `axis`.
+pub fn log_softmax(x: &Array, axis: i32) -> Result<Array> {
+    Ok(mlx_rs::nn::log_softmax(x, axis)?)
+}
+
+/// `max(x, 0)`.
+pub fn relu(x: &Array) -> Result<Array> {
+    Ok(mlx_rs::nn::relu(x)?)
+}
+
+/// `log(1 + exp(x))`.
+pub fn softplus(x: &Array) -> Result<Array> {
+    Ok(mlx_rs::nn::softplus(x)?)
+}
+
+/// The `k` largest values along the last axis and their indices (in no particular order).
+pub fn top_k(x: &Array, k: i32) -> Result<(Array, Array)> {
+    let last = x.ndim() as i32 - 1;
+    let width = x.shape()[x.ndim() - 1];
+    let order = ops::argpartition_axis(x.negative()?, k - 1, last)?;
+    let indices = order.take_axis(Array::arange::<_, i32>(None, k.min(width), None)?, last)?;
+    let values = x.take_along_axis(&indices, last)?;
+    Ok((values, indices))
+}
+
+/// Float32 one-hot vectors of width `n` for integer `indices`: `[...] -> [..., n]`.
+pub fn one_hot(indices: &Array, n: i32) -> Result<Array> {
+    let classes = Array::arange::<_, i32>(None, n, None)?;
+    Ok(indices
+        .expand_dims(-1)?
+        .eq(&classes)?
+        .as_dtype(Dtype::Float32)?)
+}
+
+/// Rotary position embedding over the whole last axis of `[B, heads, T, head_dim]`, positions
+/// starting at `offset` (MLX's fused kernel, the half-split layout of LLaMA's weights).
+pub fn rotary(x: &Array, base: f32, offset: i32) -> Result<Array> {
+    let dims = x.shape()[x.ndim() - 1];
+    super::rope(x, dims, base, offset)
+}
+
+/// `x` converted to float32.
+pub fn as_float(x: &Array) -> Result<Array> {
+    Ok(x.as_dtype(Dtype::Float32)?)
+}
+
+/// `x` with no gradient flowing back through it.
+pub fn stop_gradient(x: &Array) -> Result<Array> {
+    Ok(mlx_rs::stop_gradient(x)?)
+}
+
+/// Int32 positions `start .. start + len`.
+pub fn arange(start: i32, len: i32) -> Result<Array> {
+    Ok(Array::arange::<_, i32>(start, start + len, None)?)
+}
+
+/// ALiBi slopes of `heads` heads as MPT computes them (maximum bias 8): `2^(-8 i / n)` for the
+/// next power of two `n`, interleaved when `heads` is not a power of two.
+pub fn alibi_slopes(heads: i32) -> Vec<f32> {
+    let padded = (heads.max(1) as u32).next_power_of_two() as i32;
+    let all: Vec<f32> = (1..=padded)
+        .map(|i| 2f32.powf(-(i as f32) * 8.0 / padded as f32))
+        .collect();
+    if padded == heads {
+        return all;
+    }
+    let odd = all.iter().skip(1).step_by(2);
+    let even = all.iter().step_by(2);
+    odd.chain(even).take(heads as usize).copied().collect()
+}
+
+/// The ALiBi bias `[heads, len, len]`: `slope_h * (j - i)` for query `i` and key `j`.
+pub fn alibi(heads: i32, len: i32) -> Result<Array> {
+    let slopes = Array::from_slice(&alibi_slopes(heads), &[heads, 1, 1]);
+    let positions = Array::arange::<_, f32>(None, len, None)?;
+    let distance = positions
+        .reshape(&[1, len])?
+        .subtract(positions.reshape(&[len, 1])?)?;
+    Ok(slopes.multiply(distance)?)
+}
+
+/// Sinusoidal position table `[len, dim]` for positions `start .. start + len`: sines in the
+/// first half of the features, cosines in the second, frequencies `10000^(-2i/dim)`.
+pub fn sinusoidal(start: i32, len: i32, dim: i32) -> Result<Array> {
+    let half = dim / 2;
+    let positions = Array::arange::<_, f32>(start as f32, (start + len) as f32, None)?;
+    let exponents = Array::arange::<_, f32>(None, half as f32, None)?
+        .multiply(Array::from_f32(-(10000f32.ln()) / half.max(1) as f32))?;
+    let angles = positions
+        .reshape(&[len, 1])?
+        .multiply(ops::exp(exponents)?.reshape(&[1, half])?)?;
+    Ok(ops::concatenate(
+        &[ops::sin(&angles)?, ops::cos(&angles)?],
+        1,
+    )?)
+}
+
+/// One subscript of a static index expression.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Subscript {
+    /// `...`: every remaining leading axis.
+    Ellipsis,
+    /// `i`: one position (negative counts from the end); the axis is dropped.
+    At(i32),
+    /// `a:b` with either end open (negative counts from the end).
+    Range(Option<i32>, Option<i32>),
+}
+
+/// `x[subscripts]` with static subscripts, as NumPy reads them.
+pub fn index(x: &Array, subscripts: &[Subscript]) -> Result<Array> {
+    let rank = x.ndim();
+    let explicit = subscripts
+        .iter()
+        .filter(|s| **s != Subscript::Ellipsis)
+        .count();
+    let mut axes = Vec::with_capacity(rank);
+    for subscript in subscripts {
+        match subscript {
+            Subscript::Ellipsis => axes.extend(std::iter::repeat_n(
+                Subscript::Range(None, None),
+                rank.saturating_sub(explicit),
+            )),
+            other => axes.push(*other),
+        }
+    }
+    let mut out = x.clone();
+    let mut axis = 0i32;
+    for subscript in axes {
+        let size = out.shape()[axis as usize];
+        let resolve = |i: i32| {
+            if i < 0 {
+                (i + size).max(0)
+            } else {
+                i.min(size)
+            }
+        };
+        match subscript {
+            Subscript::At(i) => {
+                out = out.take_axis(Array::from_int(resolve(i)), axis)?;
+            }
+            Subscript::Range(start, end) => {
+                let (start, end) = (start.map_or(0, resolve), end.map_or(size, resolve));
+                if (start, end) != (0, size) {
+                    let picked = Array::arange::<_, i32>(start, end.max(start), None)?;
+                    out = out.take_axis(picked, axis)?;
+                }
+                axis += 1;
+            }
+            Subscript::Ellipsis => {}
+        }
+    }
+    Ok(out)
+}
+
+/// How an attention call masks and scales its scores.
+#[derive(Clone, Copy, Debug)]
+pub struct AttentionOptions<'a> {
+    /// Each query sees only itself and earlier keys.
+    pub causal: bool,
+    /// The factor applied to `q k^T` (`1/sqrt(head_dim)` when `None`).
+    pub scale: Option<f32>,
+    /// A query sees only keys fewer than `window` positions away.
+    pub window: Option<i32>,
+    /// An additive bias broadcast against the scores `[B, heads, T_q, T_k]` (ALiBi).
+    pub bias: Option<&'a Array>,
+}
+
+/// Attention of layer `layer` over `[B, heads, T, head_dim]` queries, keys and values.
+///
+/// Plain causal attention goes through [`Context::attend`], so the key-value cache works during
+/// generation (a scale other than `1/sqrt(head_dim)` is folded into the queries). Attention with
+/// a window, a bias or without the causal mask runs MLX's fused kernel with an explicit mask over
+/// the keys of this call only: `Context` does not yet expose its cache for such masks.
+pub fn attend(
+    ctx: &mut Context,
+    layer: usize,
+    q: &Array,
+    k: &Array,
+    v: &Array,
+    options: AttentionOptions<'_>,
+) -> Result<Array> {
+    let head_dim = q.shape()[q.ndim() - 1] as f32;
+    let scale = options.scale.unwrap_or(1.0 / head_dim.sqrt());
+    if options.causal && options.window.is_none() && options.bias.is_none() {
+        let factor = scale * head_dim.sqrt();
+        if (factor - 1.0).abs() <= 1e-6 {
+            return ctx.attend(layer, q, k, v);
+        }
+        return ctx.attend(layer, &q.multiply(literal(f64::from(factor), q)?)?, k, v);
+    }
+    let mask = attention_mask(q, k, &options)?;
+    let mask = mask.as_ref().map(ScaledDotProductAttentionMask::Array);
+    Ok(fast::scaled_dot_product_attention(
+        q, k, v, scale, mask, None,
+    )?)
+}
+
+/// The additive mask `[T_q, T_k]` (plus the bias) of `options`, `None` when nothing is masked.
+fn attention_mask(q: &Array, k: &Array, options: &AttentionOptions<'_>) -> Result<Option<Array>> {
+    let (q_len, k_len) = (q.shape()[2], k.shape()[2]);
+    let rows = Array::arange::<_, i32>(k_len - q_len, k_len, None)?.reshape(&[q_len, 1])?;
+    let cols = Array::arange::<_, i32>(None, k_len, None)?.reshape(&[1, k_len])?;
+    let ahead = cols.subtract(&rows)?;
+    let mut visible: Option<Array> = None;
+    let mut restrict = |condition: Array| -> Result<()> {
+        visible = Some(match visible.take() {
+            Some(v) => v.logical_and(&condition)?,
+            None => condition,
+        });
+        Ok(())
+    };
+    if options.causal {
+        restrict(ahead.le(Array::from_int(0))?)?;
+    }
+    if let Some(window) = options.window {
+        restrict(ahead.gt(Array::from_int(-window))?)?;
+        if !options.causal {
+            restrict(ahead.lt(Array::from_int(window))?)?;
+        }
+    }
+    let blocked = match visible {
+        Some(visible) => {
+            let zero = literal(0.0, q)?;
+            let minus_inf = Array::from_f32(f32::NEG_INFINITY).as_dtype(q.dtype())?;
+            Some(ops::select(&visible, &zero, &minus_inf)?)
+        }
+        None => None,
+    };
+    Ok(match (blocked, options.bias) {
+        (Some(mask), Some(bias)) => Some(mask.add(bias.as_dtype(q.dtype())?)?),
+        (None, Some(bias)) => Some(bias.as_dtype(q.dtype())?),
+        (mask, None) => mask,
+    })
+}
