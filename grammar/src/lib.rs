@@ -8,7 +8,9 @@
 //! parameter counts, shapes, FLOPs and memory for a preset.
 
 pub mod ast;
+pub mod build;
 pub mod check;
+pub mod codegen;
 pub mod diag;
 pub mod dim;
 pub mod eval;

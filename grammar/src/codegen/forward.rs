@@ -1,0 +1,1753 @@
+//! Forward passes and step losses: `.lmx` statements and expressions to Rust over mlx-rs.
+//!
+//! Static values become plain Rust values computed from the configuration (`i64`, `f64`, `bool`,
+//! `String`, enums); tensors become `Array`s. Static loops and branches stay Rust loops and
+//! branches over those values; calls of blocks become method calls on the parameter structs.
+
+use std::cell::Cell;
+use std::collections::HashMap;
+use std::rc::Rc;
+
+use proc_macro2::{Literal, TokenStream};
+use quote::{format_ident, quote};
+
+use super::names::{ident, snake};
+use super::Gen;
+use crate::ast::{Arg, BinaryOp, Body, Expr, ExprKind, StmtKind, Subscript, UnaryOp};
+use crate::diag::Diagnostic;
+use crate::ir::{LayerKind, ParamTree};
+use crate::span::Span;
+
+pub(crate) type R<T> = Result<T, Diagnostic>;
+
+/// A diagnostic for a construct the checker accepts but the code generator cannot translate.
+pub(crate) fn unsupported(span: Span, what: &str) -> Diagnostic {
+    Diagnostic::new(
+        "lmx::codegen::unsupported",
+        format!("{what} cannot be compiled to Rust yet"),
+        span,
+        "not supported by the code generator",
+    )
+}
+
+/// The Rust type of a static value.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) enum SType {
+    Int,
+    Float,
+    Bool,
+    Str,
+    /// A config enum: its Rust type name.
+    Enum(String),
+}
+
+/// How a tuple value is destructured.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) enum TupleForm {
+    /// `[a, b, c]` (from `split`).
+    Array,
+    /// `(a, b)` (from `top_k`).
+    Tuple,
+}
+
+/// What a parameter entry is when a forward pass uses it.
+#[derive(Debug, Clone)]
+pub(crate) enum Module {
+    /// A library layer (or a tied use of one).
+    Layer {
+        kind: LayerKind,
+        tied: bool,
+        place: TokenStream,
+        args: Vec<(String, Expr)>,
+        decl: Env,
+    },
+    /// One block instance.
+    Block {
+        block: String,
+        place: TokenStream,
+        args: Vec<(String, Expr)>,
+        decl: Env,
+    },
+    /// A list of block instances.
+    List {
+        block: String,
+        place: TokenStream,
+        args: Vec<(String, Expr)>,
+        var: Option<String>,
+        start: Expr,
+        decl: Env,
+    },
+    /// A nested group.
+    Group {
+        tree: ParamTree,
+        place: TokenStream,
+        decl: Env,
+    },
+}
+
+/// The translated kind of a value.
+#[derive(Debug, Clone)]
+pub(crate) enum Val {
+    Static(SType),
+    Tensor,
+    Module(Box<Module>),
+}
+
+/// A name in scope: what it is, its Rust expression, and how it was used.
+#[derive(Debug, Clone)]
+pub(crate) struct Binding {
+    pub val: Val,
+    pub tokens: TokenStream,
+    /// The Rust value is a `&Array` (an input), not an owned `Array`.
+    pub is_ref: bool,
+    pub used: Rc<Cell<bool>>,
+    pub mutable: Rc<Cell<bool>>,
+}
+
+impl Binding {
+    pub fn new(val: Val, tokens: TokenStream) -> Binding {
+        Binding {
+            val,
+            tokens,
+            is_ref: false,
+            used: Rc::default(),
+            mutable: Rc::default(),
+        }
+    }
+}
+
+/// Names in scope, innermost frame last.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Env {
+    frames: Vec<HashMap<String, Binding>>,
+}
+
+impl Env {
+    pub fn new() -> Env {
+        Env {
+            frames: vec![HashMap::new()],
+        }
+    }
+
+    pub fn push(&mut self) {
+        self.frames.push(HashMap::new());
+    }
+
+    pub fn pop(&mut self) {
+        self.frames.pop();
+    }
+
+    pub fn bind(&mut self, name: &str, binding: Binding) {
+        if let Some(frame) = self.frames.last_mut() {
+            frame.insert(name.to_string(), binding);
+        }
+    }
+
+    pub fn get(&self, name: &str) -> Option<&Binding> {
+        self.frames.iter().rev().find_map(|f| f.get(name))
+    }
+}
+
+/// A Rust expression with its precedence (10 = postfix or atom), so operands get parentheses
+/// only where Rust needs them.
+#[derive(Debug, Clone)]
+pub(crate) struct S {
+    pub ts: TokenStream,
+    pub prec: u8,
+    /// The value when the expression is a literal.
+    pub lit: Option<f64>,
+}
+
+impl S {
+    fn atom(ts: TokenStream) -> S {
+        S {
+            ts,
+            prec: 10,
+            lit: None,
+        }
+    }
+
+    /// The expression, parenthesised when its precedence is below `min`.
+    pub fn at(&self, min: u8) -> TokenStream {
+        let ts = &self.ts;
+        if self.prec < min {
+            quote!((#ts))
+        } else {
+            ts.clone()
+        }
+    }
+}
+
+fn int_lit(i: i64) -> S {
+    let lit = Literal::i64_unsuffixed(i.unsigned_abs() as i64);
+    if i < 0 {
+        S {
+            ts: quote!(-#lit),
+            prec: 9,
+            lit: Some(i as f64),
+        }
+    } else {
+        S {
+            ts: quote!(#lit),
+            prec: 10,
+            lit: Some(i as f64),
+        }
+    }
+}
+
+fn float_lit(x: f64) -> S {
+    let lit = Literal::f64_unsuffixed(x.abs());
+    if x < 0.0 {
+        S {
+            ts: quote!(-#lit),
+            prec: 9,
+            lit: Some(x),
+        }
+    } else {
+        S {
+            ts: quote!(#lit),
+            prec: 10,
+            lit: Some(x),
+        }
+    }
+}
+
+/// A tensor expression: an `Array`, or a `&Array` when `is_ref`.
+#[derive(Debug, Clone)]
+pub(crate) struct T {
+    pub ts: TokenStream,
+    pub is_ref: bool,
+    /// A plain local name (cheap to mention twice).
+    pub simple: bool,
+}
+
+impl T {
+    fn owned(ts: TokenStream) -> T {
+        T {
+            ts,
+            is_ref: false,
+            simple: false,
+        }
+    }
+
+    /// The expression as a `&Array`.
+    pub fn r(&self) -> TokenStream {
+        let ts = &self.ts;
+        if self.is_ref {
+            ts.clone()
+        } else {
+            quote!(&#ts)
+        }
+    }
+}
+
+/// A translated expression.
+#[derive(Debug, Clone)]
+pub(crate) enum X {
+    Static(S, SType),
+    Tensor(T),
+    Tuple(TokenStream, Vec<Val>, TupleForm),
+    Module(Box<Module>),
+}
+
+/// A flag shared between a binding and the `let` that declares it (read, reassigned).
+pub(crate) type Flag = Rc<Cell<bool>>;
+
+/// One statement of a body being built; `let`s are rendered once the body's names are settled.
+pub(crate) enum GenStmt {
+    Let {
+        names: Vec<(String, Flag, Flag)>,
+        form: Option<TupleForm>,
+        value: TokenStream,
+        /// Left out when its single name is never read (size bindings).
+        optional: bool,
+    },
+    Raw(TokenStream),
+}
+
+/// Renders statements, naming unread bindings `_name` and reassigned ones `mut name`.
+pub(crate) fn render(stmts: Vec<GenStmt>) -> TokenStream {
+    let mut out = TokenStream::new();
+    for stmt in stmts {
+        match stmt {
+            GenStmt::Raw(ts) => out.extend(ts),
+            GenStmt::Let {
+                names,
+                form,
+                value,
+                optional,
+            } => {
+                if optional && names.iter().all(|(_, used, _)| !used.get()) {
+                    continue;
+                }
+                let pats: Vec<TokenStream> = names
+                    .iter()
+                    .map(|(name, used, mutable)| {
+                        let id = if used.get() {
+                            ident(name)
+                        } else {
+                            format_ident!("_{}", name)
+                        };
+                        if mutable.get() {
+                            quote!(mut #id)
+                        } else {
+                            quote!(#id)
+                        }
+                    })
+                    .collect();
+                let pat = match form {
+                    None => quote!(#(#pats)*),
+                    Some(TupleForm::Array) => quote!([#(#pats),*]),
+                    Some(TupleForm::Tuple) => quote!((#(#pats),*)),
+                };
+                out.extend(quote!(let #pat = #value;));
+            }
+        }
+    }
+    out
+}
+
+/// Where a body is translated: a block's method, the model's forward, or a step's loss.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) enum Site {
+    Block,
+    Root,
+    Step,
+}
+
+/// The translator of one function body.
+pub(crate) struct Fx<'g, 'm> {
+    pub g: &'g Gen<'m>,
+    pub site: Site,
+    pub env: Env,
+    /// Statements of the body being built, innermost last.
+    pub bodies: Vec<Vec<GenStmt>>,
+    /// Whether the function reads `pass` (config, offset, attention, or blocks that need it).
+    pub uses_pass: bool,
+    /// Whether it needs `pass` mutably (attention, block calls).
+    pub pass_mut: bool,
+    /// Whether it reads the configuration.
+    pub uses_config: bool,
+    /// Whether it reads `pass.offset`.
+    pub uses_offset: bool,
+    /// Whether it attends.
+    pub attends: bool,
+    /// Names that cannot be used for temporaries.
+    pub taken: Vec<String>,
+    temps: usize,
+}
+
+impl<'g, 'm> Fx<'g, 'm> {
+    pub fn new(g: &'g Gen<'m>, site: Site, env: Env) -> Self {
+        Fx {
+            g,
+            site,
+            env,
+            bodies: vec![Vec::new()],
+            uses_pass: false,
+            pass_mut: false,
+            uses_config: false,
+            uses_offset: false,
+            attends: false,
+            taken: g.taken.clone(),
+            temps: 0,
+        }
+    }
+
+    fn emit(&mut self, stmt: GenStmt) {
+        if let Some(body) = self.bodies.last_mut() {
+            body.push(stmt);
+        }
+    }
+
+    /// A fresh name for a temporary.
+    fn temp(&mut self, base: &str) -> String {
+        loop {
+            self.temps += 1;
+            let name = if self.temps == 1 {
+                base.to_string()
+            } else {
+                format!("{base}{}", self.temps)
+            };
+            if !self.taken.contains(&name) {
+                self.taken.push(name.clone());
+                return name;
+            }
+        }
+    }
+
+    fn lookup(&mut self, name: &str, span: Span) -> R<Binding> {
+        let b = self
+            .env
+            .get(name)
+            .cloned()
+            .ok_or_else(|| unsupported(span, &format!("the name `{name}` in this position")))?;
+        b.used.set(true);
+        if b.tokens.to_string().starts_with("config") {
+            self.uses_config = true;
+        }
+        Ok(b)
+    }
+
+    fn config_place(&mut self) -> TokenStream {
+        self.uses_config = true;
+        quote!(config)
+    }
+
+    fn offset(&mut self) -> TokenStream {
+        self.uses_pass = true;
+        self.uses_offset = true;
+        quote!(pass.offset)
+    }
+
+    /// Binds a function's tensor inputs and their size symbols; returns the prelude (copies of
+    /// inputs the body reassigns, sizes) and the signature's input parameters.
+    pub fn inputs(&mut self, f: &crate::ast::Forward) -> R<(TokenStream, Vec<TokenStream>)> {
+        let inputs: Vec<(String, Vec<Expr>)> = f
+            .inputs
+            .iter()
+            .map(|i| (i.name.name.clone(), i.ty.shape.clone()))
+            .collect();
+        self.inputs_of(&inputs, &f.body)
+    }
+
+    /// [`Fx::inputs`] for named inputs with shapes.
+    pub fn inputs_of(
+        &mut self,
+        inputs: &[(String, Vec<Expr>)],
+        body: &Body,
+    ) -> R<(TokenStream, Vec<TokenStream>)> {
+        let mut assigned = Vec::new();
+        assigned_names(body, &mut assigned);
+        let mut sig = Vec::new();
+        let mut prelude = TokenStream::new();
+        for (name, _) in inputs {
+            let id = ident(name);
+            sig.push(quote!(#id: &Array));
+            let mut b = Binding::new(Val::Tensor, quote!(#id));
+            if assigned.contains(name) {
+                b.mutable.set(true);
+                prelude.extend(quote!(let mut #id = #id.clone();));
+            } else {
+                b.is_ref = true;
+            }
+            self.env.bind(name, b);
+        }
+        for (name, shape) in inputs {
+            let id = ident(name);
+            for (axis, dim) in shape.iter().enumerate() {
+                let ExprKind::Name(sym) = &dim.kind else {
+                    continue;
+                };
+                if !sym.chars().next().is_some_and(char::is_uppercase)
+                    || self.env.get(sym).is_some()
+                {
+                    continue;
+                }
+                let local = {
+                    let lower = snake(sym);
+                    if self.taken.contains(&lower) {
+                        self.temp(&format!("{lower}_len"))
+                    } else {
+                        self.taken.push(lower.clone());
+                        lower
+                    }
+                };
+                let b = Binding::new(
+                    Val::Static(SType::Int),
+                    ident(&local).into_token_stream_plain(),
+                );
+                let axis = Literal::usize_unsuffixed(axis);
+                self.emit(GenStmt::Let {
+                    names: vec![(local, b.used.clone(), b.mutable.clone())],
+                    form: None,
+                    value: quote!(i64::from(#id.dim(#axis))),
+                    optional: true,
+                });
+                self.env.bind(sym, b);
+            }
+        }
+        Ok((prelude, sig))
+    }
+
+    /// A translated value as an owned `Array` expression (a function's result).
+    pub fn owned_tensor(&mut self, x: X, span: Span) -> R<TokenStream> {
+        let t = self.tensor(x, span)?;
+        Ok(if t.is_ref { owned(t) } else { t.ts })
+    }
+
+    /// A function's `Ok(value)`, or the call itself when it already returns the runtime's
+    /// `Result` (`nn::f(..)?`, `layer.forward(..)?`, `pass.attend(..)?`).
+    pub fn ok(&self, value: TokenStream) -> TokenStream {
+        use proc_macro2::{Delimiter, TokenTree};
+        let tokens: Vec<TokenTree> = value.clone().into_iter().collect();
+        let n = tokens.len();
+        let single_call = n >= 3
+            && matches!(&tokens[n - 1], TokenTree::Punct(p) if p.as_char() == '?')
+            && matches!(&tokens[n - 2], TokenTree::Group(g) if g.delimiter() == Delimiter::Parenthesis)
+            && tokens[..n - 2].iter().all(|t| {
+                !matches!(t, TokenTree::Group(_))
+                    && !matches!(t, TokenTree::Punct(p) if p.as_char() == '?')
+            });
+        let runtime = match (&tokens.first(), &tokens.get(n.wrapping_sub(3))) {
+            (Some(TokenTree::Ident(first)), _) if first == "nn" => true,
+            (_, Some(TokenTree::Ident(last))) => last == "forward" || last == "attend",
+            _ => false,
+        };
+        if single_call && runtime {
+            tokens[..n - 1].iter().cloned().collect()
+        } else {
+            quote!(Ok(#value))
+        }
+    }
+
+    // ---------------------------------------------------------------- statements
+
+    /// Translates `body` in a new scope; returns its statements and the translated tail.
+    pub fn body(&mut self, body: &Body) -> R<(TokenStream, Option<X>)> {
+        self.env.push();
+        self.bodies.push(Vec::new());
+        let result = self.stmts(body);
+        let stmts = self.bodies.pop().unwrap_or_default();
+        self.env.pop();
+        let tail = result?;
+        Ok((render(stmts), tail))
+    }
+
+    /// Translates the statements of `body` into the current scope; returns the tail value.
+    pub fn stmts(&mut self, body: &Body) -> R<Option<X>> {
+        let last = body.stmts.len().saturating_sub(1);
+        let mut tail = None;
+        for (i, stmt) in body.stmts.iter().enumerate() {
+            match &stmt.kind {
+                StmtKind::Expr(e) if i == last => tail = Some(self.expr(e)?),
+                _ => self.stmt(stmt)?,
+            }
+        }
+        Ok(tail)
+    }
+
+    pub fn stmt(&mut self, stmt: &crate::ast::Stmt) -> R<()> {
+        match &stmt.kind {
+            StmtKind::Let(names, value) => {
+                let x = self.expr(value)?;
+                self.let_names(
+                    names.iter().map(|n| n.name.as_str()).collect(),
+                    x,
+                    stmt.span,
+                )
+            }
+            StmtKind::Assign(name, value) => {
+                let x = self.expr(value)?;
+                let b = self
+                    .env
+                    .get(&name.name)
+                    .cloned()
+                    .ok_or_else(|| unsupported(name.span, "assigning this name"))?;
+                b.mutable.set(true);
+                let target = ident(&name.name);
+                let value = match (&b.val, x) {
+                    (Val::Tensor, x) => self.tensor(x, name.span)?.ts,
+                    (Val::Static(ty), X::Static(s, from)) => convert(&s, &from, ty),
+                    _ => return Err(unsupported(stmt.span, "this assignment")),
+                };
+                self.emit(GenStmt::Raw(quote!(#target = #value;)));
+                Ok(())
+            }
+            StmtKind::For(vars, range, body) => self.for_loop(vars, range, body),
+            StmtKind::Expr(e) => {
+                if let ExprKind::If(cond, then, otherwise) = &e.kind {
+                    let ts = self.if_stmt(cond, then, otherwise.as_ref())?;
+                    self.emit(GenStmt::Raw(ts));
+                    return Ok(());
+                }
+                let x = self.expr(e)?;
+                if let X::Tensor(t) = x {
+                    let ts = t.ts;
+                    self.emit(GenStmt::Raw(quote!(#ts;)));
+                }
+                Ok(())
+            }
+            StmtKind::While(..) => Err(unsupported(stmt.span, "`while`")),
+            StmtKind::Optimizer(_)
+            | StmtKind::Accumulate(_)
+            | StmtKind::Update(_)
+            | StmtKind::Metrics(_) => Ok(()),
+        }
+    }
+
+    /// Binds `names` to `x` with a `let`.
+    pub fn let_names(&mut self, names: Vec<&str>, x: X, span: Span) -> R<()> {
+        let (value, vals, form) = match x {
+            X::Static(s, ty) => (s.ts, vec![Val::Static(ty)], None),
+            X::Tensor(t) => {
+                let ts = if t.is_ref {
+                    let ts = t.ts;
+                    quote!(#ts.clone())
+                } else {
+                    t.ts
+                };
+                (ts, vec![Val::Tensor], None)
+            }
+            X::Tuple(ts, vals, form) => (ts, vals, Some(form)),
+            X::Module(m) => {
+                // A module alias: no Rust binding, the name refers to the same parameters.
+                if let [name] = names.as_slice() {
+                    self.env
+                        .bind(name, Binding::new(Val::Module(m), TokenStream::new()));
+                    return Ok(());
+                }
+                return Err(unsupported(span, "binding a module to several names"));
+            }
+        };
+        if vals.len() != names.len() {
+            return Err(unsupported(span, "this destructuring"));
+        }
+        let mut pats = Vec::new();
+        for (name, val) in names.iter().zip(vals) {
+            let b = Binding::new(val, ident(name).into_token_stream_plain());
+            pats.push((name.to_string(), b.used.clone(), b.mutable.clone()));
+            self.env.bind(name, b);
+        }
+        let form = if pats.len() == 1 { None } else { form };
+        self.emit(GenStmt::Let {
+            names: pats,
+            form,
+            value,
+            optional: false,
+        });
+        Ok(())
+    }
+
+    fn if_stmt(&mut self, cond: &Expr, then: &Body, otherwise: Option<&Body>) -> R<TokenStream> {
+        let c = self.static_expr(cond)?;
+        let c = c.0.ts;
+        let (then_ts, then_tail) = self.body(then)?;
+        let then_tail = self.discard(then_tail)?;
+        let else_ts = match otherwise {
+            Some(b) => {
+                let (ts, tail) = self.body(b)?;
+                let tail = self.discard(tail)?;
+                quote!(else { #ts #tail })
+            }
+            None => TokenStream::new(),
+        };
+        Ok(quote!(if #c { #then_ts #then_tail } #else_ts))
+    }
+
+    /// A tail value in statement position: its side effects only.
+    fn discard(&mut self, tail: Option<X>) -> R<TokenStream> {
+        Ok(match tail {
+            Some(X::Tensor(t)) if !t.simple => {
+                let ts = t.ts;
+                quote!(#ts;)
+            }
+            _ => TokenStream::new(),
+        })
+    }
+
+    fn for_loop(
+        &mut self,
+        vars: &[crate::ast::Ident],
+        range: &crate::ast::Range,
+        body: &Body,
+    ) -> R<()> {
+        if let Some(end) = &range.end {
+            let (start, _) = self.static_expr(&range.start)?;
+            let (end, _) = self.static_expr(end)?;
+            let [var] = vars else {
+                return Err(unsupported(range.span, "several variables over a range"));
+            };
+            self.env.push();
+            let b = Binding::new(
+                Val::Static(SType::Int),
+                ident(&var.name).into_token_stream_plain(),
+            );
+            let used = b.used.clone();
+            self.env.bind(&var.name, b);
+            let result = self.body(body);
+            self.env.pop();
+            let (ts, tail) = result?;
+            let tail = self.discard(tail)?;
+            let var_id = if used.get() {
+                ident(&var.name)
+            } else {
+                format_ident!("_{}", var.name)
+            };
+            let (start, end) = (start.at(7), end.at(7));
+            self.emit(GenStmt::Raw(
+                quote!(for #var_id in #start..#end { #ts #tail }),
+            ));
+            return Ok(());
+        }
+        let list = match self.expr(&range.start)? {
+            X::Module(m) => *m,
+            _ => return Err(unsupported(range.span, "a loop over this value")),
+        };
+        let Module::List {
+            block,
+            place,
+            args,
+            var,
+            start,
+            decl,
+        } = list
+        else {
+            return Err(unsupported(range.span, "a loop over this value"));
+        };
+        let (index_name, elem) = match vars {
+            [elem] => (None, &elem.name),
+            [index, elem] => (Some(index.name.clone()), &elem.name),
+            _ => return Err(unsupported(range.span, "this loop pattern")),
+        };
+        let index_name = match (&index_name, &var) {
+            (Some(n), _) => Some(n.clone()),
+            (None, Some(_)) => Some(self.temp(&format!("{}_index", snake(elem)))),
+            (None, None) => None,
+        };
+        self.env.push();
+        let mut index_used = None;
+        let mut decl = decl;
+        if let Some(index) = &index_name {
+            let b = Binding::new(
+                Val::Static(SType::Int),
+                ident(index).into_token_stream_plain(),
+            );
+            index_used = Some(b.used.clone());
+            if vars.len() == 2 {
+                self.env.bind(index, b.clone());
+            }
+            if let Some(v) = &var {
+                // The list's element variable counts from the list's start.
+                let offset = self.static_in(&start, &decl.clone())?;
+                let index_id = ident(index);
+                let tokens = if offset.0.lit == Some(0.0) {
+                    quote!(#index_id)
+                } else {
+                    let o = offset.0.at(7);
+                    quote!((#o + #index_id))
+                };
+                decl.push();
+                decl.bind(
+                    v,
+                    Binding {
+                        used: b.used.clone(),
+                        ..Binding::new(Val::Static(SType::Int), tokens)
+                    },
+                );
+            }
+        }
+        let elem_binding = Binding::new(
+            Val::Module(Box::new(Module::Block {
+                block,
+                place: ident(elem).into_token_stream_plain(),
+                args,
+                decl,
+            })),
+            ident(elem).into_token_stream_plain(),
+        );
+        let elem_used = elem_binding.used.clone();
+        self.env.bind(elem, elem_binding);
+        let result = self.body(body);
+        self.env.pop();
+        let (ts, tail) = result?;
+        let tail = self.discard(tail)?;
+        let elem_id = if elem_used.get() {
+            ident(elem)
+        } else {
+            format_ident!("_{}", elem)
+        };
+        let header = match (index_name, index_used) {
+            (Some(index), Some(used)) if used.get() => {
+                let index_id = ident(&index);
+                quote!((#index_id, #elem_id) in (0_i64..).zip(&#place))
+            }
+            _ => quote!(#elem_id in &#place),
+        };
+        self.emit(GenStmt::Raw(quote!(for #header { #ts #tail })));
+        Ok(())
+    }
+
+    // ---------------------------------------------------------------- expressions
+
+    /// A static expression and its type.
+    pub fn static_expr(&mut self, e: &Expr) -> R<(S, SType)> {
+        match self.expr(e)? {
+            X::Static(s, ty) => Ok((s, ty)),
+            _ => Err(unsupported(
+                e.span,
+                "a tensor where a static value is needed",
+            )),
+        }
+    }
+
+    /// A static expression evaluated in another environment (where a parameter was declared).
+    pub fn static_in(&mut self, e: &Expr, env: &Env) -> R<(S, SType)> {
+        let saved = std::mem::replace(&mut self.env, env.clone());
+        let result = self.static_expr(e);
+        self.env = saved;
+        result
+    }
+
+    /// A static expression as `i32` (sizes, axes).
+    pub fn i32_expr(&mut self, e: &Expr) -> R<TokenStream> {
+        let (s, ty) = self.static_expr(e)?;
+        Ok(cast(&s, &ty, "i32"))
+    }
+
+    fn f32_expr(&mut self, e: &Expr) -> R<TokenStream> {
+        let (s, ty) = self.static_expr(e)?;
+        Ok(cast(&s, &ty, "f32"))
+    }
+
+    fn bool_expr(&mut self, e: &Expr) -> R<TokenStream> {
+        Ok(self.static_expr(e)?.0.ts)
+    }
+
+    /// A tensor from a translated expression (statics become scalars of float32).
+    fn tensor(&mut self, x: X, span: Span) -> R<T> {
+        match x {
+            X::Tensor(t) => Ok(t),
+            X::Static(s, ty) => {
+                let v = cast(&s, &ty, "f32");
+                Ok(T::owned(quote!(Array::from_f32(#v))))
+            }
+            _ => Err(unsupported(span, "this value as a tensor")),
+        }
+    }
+
+    fn tensor_expr(&mut self, e: &Expr) -> R<T> {
+        let x = self.expr(e)?;
+        self.tensor(x, e.span)
+    }
+
+    /// `t` as a simple name, hoisting it into a `let` when it is a larger expression.
+    fn hoist(&mut self, t: T, base: &str) -> T {
+        if t.simple {
+            return t;
+        }
+        let name = self.temp(base);
+        let id = ident(&name);
+        let value = t.ts;
+        self.emit(GenStmt::Raw(quote!(let #id = #value;)));
+        T {
+            ts: quote!(#id),
+            is_ref: t.is_ref,
+            simple: true,
+        }
+    }
+
+    /// A static operand as a scalar array with the precision of `like`.
+    fn scalar_like(&mut self, s: &S, ty: &SType, like: &T) -> T {
+        let v = cast(s, ty, "f64");
+        let r = like.r();
+        T::owned(quote!(nn::literal(#v, #r)?))
+    }
+
+    pub fn expr(&mut self, e: &Expr) -> R<X> {
+        match &e.kind {
+            ExprKind::Int(i) => Ok(X::Static(int_lit(*i), SType::Int)),
+            ExprKind::Float(x) => Ok(X::Static(float_lit(*x), SType::Float)),
+            ExprKind::Bool(b) => Ok(X::Static(S::atom(quote!(#b)), SType::Bool)),
+            ExprKind::Str(s) => Ok(X::Static(S::atom(quote!(#s)), SType::Str)),
+            ExprKind::Name(n) => {
+                if self.env.get(n).is_none() {
+                    if let Some((ty, variant)) = self.g.variant(n) {
+                        return Ok(X::Static(S::atom(variant), SType::Enum(ty)));
+                    }
+                }
+                let b = self.lookup(n, e.span)?;
+                Ok(match b.val {
+                    Val::Static(ty) => X::Static(S::atom(b.tokens), ty),
+                    Val::Tensor => X::Tensor(T {
+                        ts: b.tokens,
+                        is_ref: b.is_ref,
+                        simple: true,
+                    }),
+                    Val::Module(m) => X::Module(m),
+                })
+            }
+            ExprKind::List(_) => Err(unsupported(e.span, "a list outside a shape")),
+            ExprKind::Unary(op, inner) => match (op, self.expr(inner)?) {
+                (UnaryOp::Neg, X::Static(s, ty)) => {
+                    let inner = s.at(9);
+                    Ok(X::Static(
+                        S {
+                            ts: quote!(-#inner),
+                            prec: 9,
+                            lit: s.lit.map(|x| -x),
+                        },
+                        ty,
+                    ))
+                }
+                (UnaryOp::Not, X::Static(s, ty)) => {
+                    let inner = s.at(9);
+                    Ok(X::Static(
+                        S {
+                            ts: quote!(!#inner),
+                            prec: 9,
+                            lit: None,
+                        },
+                        ty,
+                    ))
+                }
+                (UnaryOp::Neg, X::Tensor(t)) => {
+                    let ts = t.ts;
+                    Ok(X::Tensor(T::owned(quote!(#ts.negative()?))))
+                }
+                _ => Err(unsupported(e.span, "this operator")),
+            },
+            ExprKind::Binary(op, _, a, b) => self.binary(*op, a, b, e.span),
+            ExprKind::Call(callee, args) => self.call(callee, args, e.span),
+            ExprKind::Member(target, field) => match self.expr(target)? {
+                X::Module(m) => match *m {
+                    Module::Group { tree, place, decl } => {
+                        let idx = tree
+                            .entries
+                            .iter()
+                            .position(|en| en.name == field.name)
+                            .ok_or_else(|| unsupported(field.span, "this member"))?;
+                        let fields = super::field_names(&tree);
+                        let f = &fields[idx];
+                        let entry = &tree.entries[idx];
+                        let place = if entry.guard.is_some() {
+                            guarded(quote!(#place.#f), &entry.name)
+                        } else {
+                            quote!(#place.#f)
+                        };
+                        Ok(X::Module(Box::new(
+                            self.g.module(entry, place, &decl, e.span)?,
+                        )))
+                    }
+                    _ => Err(unsupported(e.span, "this member access")),
+                },
+                _ => Err(unsupported(e.span, "this member access")),
+            },
+            ExprKind::Index(target, subs) => self.index(target, subs, e.span),
+            ExprKind::If(cond, then, otherwise) => {
+                let (c, _) = self.static_expr(cond)?;
+                let c = c.ts;
+                let Some(otherwise) = otherwise else {
+                    return Err(unsupported(e.span, "an `if` value without `else`"));
+                };
+                let (then_ts, then_tail) = self.body(then)?;
+                let (else_ts, else_tail) = self.body(otherwise)?;
+                let (Some(a), Some(b)) = (then_tail, else_tail) else {
+                    return Err(unsupported(e.span, "an `if` branch without a value"));
+                };
+                match (a, b) {
+                    (X::Static(sa, ta), X::Static(sb, tb)) => {
+                        let ty = if ta == SType::Float || tb == SType::Float {
+                            SType::Float
+                        } else {
+                            ta.clone()
+                        };
+                        let (a, b) = (convert(&sa, &ta, &ty), convert(&sb, &tb, &ty));
+                        Ok(X::Static(
+                            S {
+                                ts: quote!(if #c { #then_ts #a } else { #else_ts #b }),
+                                prec: 10,
+                                lit: None,
+                            },
+                            ty,
+                        ))
+                    }
+                    (a, b) => {
+                        let a = self.tensor(a, then.span)?;
+                        let b = self.tensor(b, otherwise.span)?;
+                        let (a, b) = (owned(a), owned(b));
+                        Ok(X::Tensor(T::owned(
+                            quote!(if #c { #then_ts #a } else { #else_ts #b }),
+                        )))
+                    }
+                }
+            }
+        }
+    }
+
+    fn binary(&mut self, op: BinaryOp, a: &Expr, b: &Expr, span: Span) -> R<X> {
+        let xa = self.expr(a)?;
+        let xb = self.expr(b)?;
+        match (xa, xb) {
+            (X::Static(sa, ta), X::Static(sb, tb)) => static_binary(op, sa, ta, sb, tb, span),
+            (xa, xb) => {
+                let method = match op {
+                    BinaryOp::Add => "add",
+                    BinaryOp::Sub => "subtract",
+                    BinaryOp::Mul => "multiply",
+                    BinaryOp::Div => "divide",
+                    BinaryOp::Rem => "remainder",
+                    BinaryOp::Pow => "power",
+                    BinaryOp::MatMul => "matmul",
+                    BinaryOp::Eq => "eq",
+                    BinaryOp::Ne => "ne",
+                    BinaryOp::Lt => "lt",
+                    BinaryOp::Le => "le",
+                    BinaryOp::Gt => "gt",
+                    BinaryOp::Ge => "ge",
+                    BinaryOp::And | BinaryOp::Or => {
+                        return Err(unsupported(span, "`and`/`or` on tensors"))
+                    }
+                };
+                let method = format_ident!("{}", method);
+                let (ta, tb) = self.operands(xa, xb, span)?;
+                let (recv, arg) = (ta.ts, tb.r());
+                Ok(X::Tensor(T::owned(quote!(#recv.#method(#arg)?))))
+            }
+        }
+    }
+
+    /// Two operands as tensors, a static one taking the other's precision.
+    fn operands(&mut self, xa: X, xb: X, span: Span) -> R<(T, T)> {
+        Ok(match (xa, xb) {
+            (X::Tensor(ta), X::Static(s, ty)) => {
+                let ta = self.hoist(ta, "value");
+                let tb = self.scalar_like(&s, &ty, &ta);
+                (ta, tb)
+            }
+            (X::Static(s, ty), X::Tensor(tb)) => {
+                let tb = self.hoist(tb, "value");
+                let ta = self.scalar_like(&s, &ty, &tb);
+                (ta, tb)
+            }
+            (xa, xb) => (self.tensor(xa, span)?, self.tensor(xb, span)?),
+        })
+    }
+
+    fn index(&mut self, target: &Expr, subs: &[Subscript], span: Span) -> R<X> {
+        match self.expr(target)? {
+            X::Static(s, SType::Str) => {
+                let [Subscript::Index(i)] = subs else {
+                    return Err(unsupported(span, "this string index"));
+                };
+                let (i, ity) = self.static_expr(i)?;
+                let i = cast(&i, &ity, "usize");
+                let s = s.at(10);
+                Ok(X::Static(
+                    S::atom(quote!(#s.chars().nth(#i).map(String::from).unwrap_or_default())),
+                    SType::Str,
+                ))
+            }
+            X::Tensor(t) => {
+                let mut items = Vec::new();
+                for sub in subs {
+                    items.push(match sub {
+                        Subscript::Ellipsis(_) => quote!(nn::Subscript::Ellipsis),
+                        Subscript::Index(i) => {
+                            let i = self.i32_expr(i)?;
+                            quote!(nn::Subscript::At(#i))
+                        }
+                        Subscript::Slice(a, b, _) => {
+                            let a = match a {
+                                Some(a) => {
+                                    let a = self.i32_expr(a)?;
+                                    quote!(Some(#a))
+                                }
+                                None => quote!(None),
+                            };
+                            let b = match b {
+                                Some(b) => {
+                                    let b = self.i32_expr(b)?;
+                                    quote!(Some(#b))
+                                }
+                                None => quote!(None),
+                            };
+                            quote!(nn::Subscript::Range(#a, #b))
+                        }
+                    });
+                }
+                let r = t.r();
+                Ok(X::Tensor(T::owned(quote!(nn::index(#r, &[#(#items),*])?))))
+            }
+            _ => Err(unsupported(span, "indexing this value")),
+        }
+    }
+
+    // ---------------------------------------------------------------- calls
+
+    fn call(&mut self, callee: &Expr, args: &[Arg], span: Span) -> R<X> {
+        if let ExprKind::Name(name) = &callee.kind {
+            let bound = self.env.get(name).is_some();
+            if !bound {
+                return self.builtin(name, args, span);
+            }
+        }
+        match self.expr(callee)? {
+            X::Module(m) => self.module_call(*m, args, span),
+            _ => Err(unsupported(span, "calling this value")),
+        }
+    }
+
+    fn module_call(&mut self, m: Module, args: &[Arg], span: Span) -> R<X> {
+        match m {
+            Module::Layer {
+                kind,
+                tied,
+                place,
+                args: layer_args,
+                decl,
+            } => {
+                let x = self.arg_tensor(args, 0, "x", span)?;
+                let x = x.r();
+                let eps = |fx: &mut Self| -> R<TokenStream> {
+                    let e = layer_args
+                        .iter()
+                        .find(|(n, _)| n == "eps")
+                        .map(|(_, e)| e.clone())
+                        .ok_or_else(|| unsupported(span, "a norm without `eps`"))?;
+                    let (s, ty) = fx.static_in(&e, &decl)?;
+                    Ok(cast(&s, &ty, "f32"))
+                };
+                let ts = match (kind, tied) {
+                    (LayerKind::Embedding, false) => quote!(nn::embedding(&#place, #x)?),
+                    (LayerKind::Embedding, true) => quote!(nn::embedding_as_linear(&#place, #x)?),
+                    (LayerKind::Linear, _) => quote!(nn::linear(&#place, #x)?),
+                    (LayerKind::LayerNorm, _) => {
+                        let eps = eps(self)?;
+                        quote!(nn::layer_norm(&#place, #x, #eps)?)
+                    }
+                    (LayerKind::RmsNorm, _) => {
+                        let eps = eps(self)?;
+                        quote!(nn::rms_norm(&#place, #x, #eps)?)
+                    }
+                };
+                Ok(X::Tensor(T::owned(ts)))
+            }
+            Module::Block {
+                block,
+                place,
+                args: block_args,
+                decl,
+            } => {
+                let info = self.g.block_info(&block);
+                let mut call_args = Vec::new();
+                if info.needs_pass {
+                    self.uses_pass = true;
+                    self.pass_mut = true;
+                    call_args.push(if self.site == Site::Root {
+                        quote!(&mut pass)
+                    } else {
+                        quote!(pass)
+                    });
+                }
+                let ir = self
+                    .g
+                    .model
+                    .block(&block)
+                    .ok_or_else(|| unsupported(span, "this block"))?;
+                for (i, (name, _, default)) in ir.args.iter().enumerate() {
+                    if !info.args_used.get(i).copied().unwrap_or(true) {
+                        continue;
+                    }
+                    let want = self.g.arg_type(&block, i);
+                    let (s, ty) = match block_args.iter().find(|(n, _)| n == name) {
+                        Some((_, e)) => self.static_in(e, &decl)?,
+                        None => {
+                            let d = default.as_ref().ok_or_else(|| {
+                                unsupported(span, "a block argument without a value")
+                            })?;
+                            let globals = self.g.globals();
+                            self.static_in(d, &globals)?
+                        }
+                    };
+                    call_args.push(match want {
+                        SType::Str => {
+                            let s = s.at(9);
+                            quote!(&#s)
+                        }
+                        _ => convert(&s, &ty, &want),
+                    });
+                }
+                let inputs = &ir.forward.inputs;
+                for i in 0..inputs.len() {
+                    let t = self.arg_tensor(args, i, "", span)?;
+                    call_args.push(t.r());
+                }
+                Ok(X::Tensor(T::owned(
+                    quote!(#place.forward(#(#call_args),*)?),
+                )))
+            }
+            _ => Err(unsupported(span, "calling this parameter group")),
+        }
+    }
+
+    fn arg<'a>(&self, args: &'a [Arg], pos: usize, name: &str) -> Option<&'a Expr> {
+        args.iter()
+            .find(|a| a.name.as_ref().is_some_and(|n| n.name == name))
+            .or_else(|| args.iter().filter(|a| a.name.is_none()).nth(pos))
+            .map(|a| &a.value)
+    }
+
+    fn arg_tensor(&mut self, args: &[Arg], pos: usize, name: &str, span: Span) -> R<T> {
+        let e = self
+            .arg(args, pos, name)
+            .ok_or_else(|| unsupported(span, "a call without this argument"))?;
+        self.tensor_expr(e)
+    }
+
+    fn arg_i32(
+        &mut self,
+        args: &[Arg],
+        pos: usize,
+        name: &str,
+        default: Option<i64>,
+        span: Span,
+    ) -> R<TokenStream> {
+        match self.arg(args, pos, name) {
+            Some(e) => self.i32_expr(e),
+            None => default
+                .map(|d| int_lit(d).ts)
+                .ok_or_else(|| unsupported(span, &format!("a call without `{name}`"))),
+        }
+    }
+
+    fn shape(&mut self, e: &Expr) -> R<TokenStream> {
+        let ExprKind::List(dims) = &e.kind else {
+            return Err(unsupported(e.span, "a shape that is not a list"));
+        };
+        let dims = dims
+            .iter()
+            .map(|d| self.i32_expr(d))
+            .collect::<R<Vec<_>>>()?;
+        Ok(quote!(&[#(#dims),*]))
+    }
+
+    /// Whether `e` is a sequence-length symbol, whose positions start at the cache offset.
+    fn is_size_symbol(&self, e: &Expr) -> bool {
+        matches!(&e.kind, ExprKind::Name(n) if n.chars().next().is_some_and(char::is_uppercase))
+    }
+
+    fn builtin(&mut self, name: &str, args: &[Arg], span: Span) -> R<X> {
+        let all_static = !args.is_empty()
+            && args.iter().all(|a| {
+                matches!(&a.value.kind, ExprKind::Int(_) | ExprKind::Float(_))
+                    || self.static_kind(&a.value)
+            });
+        if all_static {
+            if let Some(x) = self.static_call(name, args, span)? {
+                return Ok(x);
+            }
+        }
+        let t = |ts: TokenStream| Ok(X::Tensor(T::owned(ts)));
+        match name {
+            "gelu" | "gelu_approx" | "silu" | "relu" | "softplus" | "stop_gradient"
+            | "as_float" => {
+                let x = self.arg_tensor(args, 0, "x", span)?.r();
+                let f = format_ident!(
+                    "{}",
+                    match name {
+                        "gelu_approx" => "gelu_tanh",
+                        other => other,
+                    }
+                );
+                t(quote!(nn::#f(#x)?))
+            }
+            "sigmoid" | "tanh" | "exp" | "log" | "sqrt" | "rsqrt" | "abs" | "square" | "sin"
+            | "cos" => {
+                let x = self.arg_tensor(args, 0, "x", span)?.r();
+                let f = format_ident!("{}", name);
+                t(quote!(ops::#f(#x)?))
+            }
+            "softmax" | "log_softmax" => {
+                let x = self.arg_tensor(args, 0, "x", span)?.r();
+                let axis = self.arg_i32(args, 1, "axis", Some(-1), span)?;
+                let f = format_ident!("{}", name);
+                t(quote!(nn::#f(#x, #axis)?))
+            }
+            "dropout" => Err(unsupported(
+                span,
+                "`dropout` (a forward pass gets no random key from the runtime yet)",
+            )),
+            "sum" | "mean" | "max" | "min" | "logsumexp" => {
+                let x = self.arg_tensor(args, 0, "x", span)?;
+                let keep = match self.arg(args, 2, "keepdims") {
+                    Some(e) => self.bool_expr(e)?,
+                    None => quote!(false),
+                };
+                let recv = x.ts;
+                match self.arg(args, 1, "axis") {
+                    Some(axis) => {
+                        let axis = self.i32_expr(axis)?;
+                        let f = format_ident!("{}_axis", name);
+                        t(quote!(#recv.#f(#axis, #keep)?))
+                    }
+                    None => {
+                        let f = format_ident!("{}", name);
+                        t(quote!(#recv.#f(#keep)?))
+                    }
+                }
+            }
+            "maximum" | "minimum" | "logical_and" | "logical_or" => {
+                let a = self
+                    .arg(args, 0, "a")
+                    .ok_or_else(|| unsupported(span, "this call"))?;
+                let b = self
+                    .arg(args, 1, "b")
+                    .ok_or_else(|| unsupported(span, "this call"))?;
+                let (xa, xb) = (self.expr(a)?, self.expr(b)?);
+                let (a, b) = self.operands(xa, xb, span)?;
+                let f = format_ident!("{}", name);
+                let (a, b) = (a.r(), b.r());
+                t(quote!(ops::#f(#a, #b)?))
+            }
+            "logical_not" => {
+                let x = self.arg_tensor(args, 0, "x", span)?.r();
+                t(quote!(ops::logical_not(#x)?))
+            }
+            "where" => {
+                let c = self.arg_tensor(args, 0, "cond", span)?.r();
+                let a = self
+                    .arg(args, 1, "a")
+                    .ok_or_else(|| unsupported(span, "this call"))?;
+                let b = self
+                    .arg(args, 2, "b")
+                    .ok_or_else(|| unsupported(span, "this call"))?;
+                let (xa, xb) = (self.expr(a)?, self.expr(b)?);
+                let (a, b) = self.operands(xa, xb, span)?;
+                let (a, b) = (a.r(), b.r());
+                t(quote!(ops::select(#c, #a, #b)?))
+            }
+            "reshape" => {
+                let x = self.arg_tensor(args, 0, "x", span)?.ts;
+                let shape = self
+                    .arg(args, 1, "shape")
+                    .ok_or_else(|| unsupported(span, "this call"))?;
+                let shape = self.shape(shape)?;
+                t(quote!(#x.reshape(#shape)?))
+            }
+            "transpose" => {
+                let x = self.arg_tensor(args, 0, "x", span)?.ts;
+                match self.arg(args, 1, "axes") {
+                    Some(perm) => {
+                        let perm = self.shape(perm)?;
+                        t(quote!(#x.transpose_axes(#perm)?))
+                    }
+                    None => t(quote!(#x.transpose()?)),
+                }
+            }
+            "swapaxes" => {
+                let x = self.arg_tensor(args, 0, "x", span)?.ts;
+                let a = self.arg_i32(args, 1, "a", None, span)?;
+                let b = self.arg_i32(args, 2, "b", None, span)?;
+                t(quote!(#x.swap_axes(#a, #b)?))
+            }
+            "expand_dims" => {
+                let x = self.arg_tensor(args, 0, "x", span)?.ts;
+                let axis = self.arg_i32(args, 1, "axis", None, span)?;
+                t(quote!(#x.expand_dims(#axis)?))
+            }
+            "squeeze" => {
+                let x = self.arg_tensor(args, 0, "x", span)?.ts;
+                let axis = self.arg_i32(args, 1, "axis", None, span)?;
+                t(quote!(#x.squeeze_axes(&[#axis])?))
+            }
+            "split" => {
+                let x = self.arg_tensor(args, 0, "x", span)?.r();
+                let n = match self.arg(args, 1, "n").map(|e| &e.kind) {
+                    Some(ExprKind::Int(n)) => usize::try_from(*n).unwrap_or(0),
+                    _ => return Err(unsupported(span, "`split` into a non-literal count")),
+                };
+                let axis = self.arg_i32(args, 2, "axis", Some(-1), span)?;
+                let count = Literal::usize_unsuffixed(n);
+                Ok(X::Tuple(
+                    quote!(nn::split::<#count>(#x, #axis)?),
+                    vec![Val::Tensor; n],
+                    TupleForm::Array,
+                ))
+            }
+            "concat" => {
+                let list = self
+                    .arg(args, 0, "xs")
+                    .ok_or_else(|| unsupported(span, "this call"))?;
+                let ExprKind::List(items) = &list.kind else {
+                    return Err(unsupported(span, "`concat` of a non-list"));
+                };
+                let items = items
+                    .iter()
+                    .map(|i| self.tensor_expr(i).map(|t| t.r()))
+                    .collect::<R<Vec<_>>>()?;
+                let axis = self.arg_i32(args, 1, "axis", Some(0), span)?;
+                t(quote!(ops::concatenate(&[#(#items),*], #axis)?))
+            }
+            "matmul" => {
+                let a = self.arg_tensor(args, 0, "a", span)?.ts;
+                let b = self.arg_tensor(args, 1, "b", span)?.r();
+                t(quote!(#a.matmul(#b)?))
+            }
+            "arange" => {
+                let n = self
+                    .arg(args, 0, "n")
+                    .ok_or_else(|| unsupported(span, "this call"))?;
+                let start = if self.is_size_symbol(n) {
+                    self.offset()
+                } else {
+                    quote!(0)
+                };
+                let n = self.i32_expr(n)?;
+                t(quote!(nn::arange(#start, #n)?))
+            }
+            "zeros" | "ones" => {
+                let shape = self
+                    .arg(args, 0, "shape")
+                    .ok_or_else(|| unsupported(span, "this call"))?;
+                let shape = self.shape(shape)?;
+                let f = format_ident!("{}", name);
+                t(quote!(Array::#f::<f32>(#shape)?))
+            }
+            "attention" => self.attention(args, span),
+            "rope" => {
+                let x = self.arg_tensor(args, 0, "x", span)?.r();
+                let base = match self.arg(args, 1, "base") {
+                    Some(b) => self.f32_expr(b)?,
+                    None => quote!(10000.0),
+                };
+                let offset = self.offset();
+                t(quote!(nn::rotary(#x, #base, #offset)?))
+            }
+            "alibi" => {
+                let heads = self.arg_i32(args, 0, "heads", None, span)?;
+                let len = self.arg_i32(args, 1, "len", None, span)?;
+                t(quote!(nn::alibi(#heads, #len)?))
+            }
+            "sinusoidal" => {
+                let len = self
+                    .arg(args, 0, "len")
+                    .ok_or_else(|| unsupported(span, "this call"))?;
+                let start = if self.is_size_symbol(len) {
+                    self.offset()
+                } else {
+                    quote!(0)
+                };
+                let len = self.i32_expr(len)?;
+                let dim = self.arg_i32(args, 1, "dim", None, span)?;
+                t(quote!(nn::sinusoidal(#start, #len, #dim)?))
+            }
+            "one_hot" => {
+                let x = self.arg_tensor(args, 0, "indices", span)?.r();
+                let n = self.arg_i32(args, 1, "n", None, span)?;
+                t(quote!(nn::one_hot(#x, #n)?))
+            }
+            "argsort" => {
+                let x = self.arg_tensor(args, 0, "x", span)?.r();
+                t(quote!(ops::argsort(#x)?))
+            }
+            "argpartition" => {
+                let x = self.arg_tensor(args, 0, "x", span)?.r();
+                let kth = self.arg_i32(args, 1, "kth", None, span)?;
+                t(quote!(ops::argpartition(#x, #kth)?))
+            }
+            "top_k" => {
+                let x = self.arg_tensor(args, 0, "x", span)?.r();
+                let k = self.arg_i32(args, 1, "k", None, span)?;
+                Ok(X::Tuple(
+                    quote!(nn::top_k(#x, #k)?),
+                    vec![Val::Tensor, Val::Tensor],
+                    TupleForm::Tuple,
+                ))
+            }
+            "take_along_axis" => {
+                let x = self.arg_tensor(args, 0, "x", span)?.ts;
+                let i = self.arg_tensor(args, 1, "indices", span)?.r();
+                let axis = self.arg_i32(args, 2, "axis", Some(-1), span)?;
+                t(quote!(#x.take_along_axis(#i, #axis)?))
+            }
+            "cross_entropy" => {
+                let l = self.arg_tensor(args, 0, "logits", span)?.r();
+                let y = self.arg_tensor(args, 1, "targets", span)?.r();
+                t(quote!(nn::cross_entropy(#l, #y)?))
+            }
+            "forward" if self.site == Site::Step => {
+                let n = self.g.model.forward.inputs.len();
+                let mut inputs = Vec::new();
+                for i in 0..n {
+                    inputs.push(self.arg_tensor(args, i, "", span)?.r());
+                }
+                let config = self.config_place();
+                t(quote!(forward(params, #config, #(#inputs,)* &mut Context::training())?))
+            }
+            _ => Err(unsupported(span, &format!("`{name}` here"))),
+        }
+    }
+
+    /// Whether `e` is a static expression (without translating it).
+    fn static_kind(&self, e: &Expr) -> bool {
+        match &e.kind {
+            ExprKind::Int(_) | ExprKind::Float(_) | ExprKind::Bool(_) | ExprKind::Str(_) => true,
+            ExprKind::Name(n) => {
+                self.g.variant(n).is_some()
+                    || matches!(self.env.get(n).map(|b| &b.val), Some(Val::Static(_)))
+            }
+            ExprKind::Unary(_, a) => self.static_kind(a),
+            ExprKind::Binary(_, _, a, b) => self.static_kind(a) && self.static_kind(b),
+            ExprKind::Call(callee, args) => {
+                matches!(&callee.kind, ExprKind::Name(n) if self.env.get(n).is_none())
+                    && !args.is_empty()
+                    && args.iter().all(|a| self.static_kind(&a.value))
+            }
+            ExprKind::Index(t, _) => self.static_kind(t),
+            _ => false,
+        }
+    }
+
+    /// Static functions of static arguments; `None` when `name` is not one.
+    fn static_call(&mut self, name: &str, args: &[Arg], span: Span) -> R<Option<X>> {
+        let vals = args
+            .iter()
+            .map(|a| self.static_expr(&a.value))
+            .collect::<R<Vec<_>>>()?;
+        let float = |(s, ty): &(S, SType)| S {
+            ts: cast(s, ty, "f64"),
+            prec: if s.lit.is_some() { 10 } else { 8 },
+            lit: s.lit,
+        };
+        let method = |recv: &S, m: &str| {
+            let r = recv.at(10);
+            let m = format_ident!("{}", m);
+            S::atom(quote!(#r.#m()))
+        };
+        Ok(Some(match (name, vals.as_slice()) {
+            ("sqrt" | "exp" | "abs" | "sin" | "cos" | "tanh", [v]) => {
+                X::Static(method(&float(v), name), SType::Float)
+            }
+            ("log", [v]) => X::Static(method(&float(v), "ln"), SType::Float),
+            ("rsqrt", [v]) => {
+                let r = method(&float(v), "sqrt").ts;
+                X::Static(
+                    S {
+                        ts: quote!(1.0 / #r),
+                        prec: 7,
+                        lit: None,
+                    },
+                    SType::Float,
+                )
+            }
+            ("square", [v]) => {
+                let r = float(v).at(10);
+                X::Static(S::atom(quote!(#r.powi(2))), SType::Float)
+            }
+            ("min" | "max", [a, b]) => {
+                let ints = a.1 == SType::Int && b.1 == SType::Int;
+                let (a, b) = if ints {
+                    (a.0.clone(), b.0.clone())
+                } else {
+                    (float(a), float(b))
+                };
+                let f = format_ident!("{}", name);
+                let (ra, rb) = (a.at(10), b.ts);
+                let ty = if ints { SType::Int } else { SType::Float };
+                X::Static(S::atom(quote!(#ra.#f(#rb))), ty)
+            }
+            ("len", [(s, SType::Str)]) => {
+                let r = s.at(10);
+                X::Static(
+                    S {
+                        ts: quote!(#r.chars().count() as i64),
+                        prec: 8,
+                        lit: None,
+                    },
+                    SType::Int,
+                )
+            }
+            ("int", [(s, ty)]) => X::Static(
+                S {
+                    ts: cast(s, ty, "i64"),
+                    prec: 8,
+                    lit: None,
+                },
+                SType::Int,
+            ),
+            ("float", [v]) => X::Static(float(v), SType::Float),
+            (
+                "gelu" | "gelu_approx" | "silu" | "relu" | "sigmoid" | "softplus" | "stop_gradient"
+                | "as_float" | "bool",
+                _,
+            ) => return Err(unsupported(span, &format!("`{name}` of a static value"))),
+            _ => return Ok(None),
+        }))
+    }
+
+    fn attention(&mut self, args: &[Arg], span: Span) -> R<X> {
+        let q = self.arg_tensor(args, 0, "q", span)?.r();
+        let k = self.arg_tensor(args, 1, "k", span)?.r();
+        let v = self.arg_tensor(args, 2, "v", span)?.r();
+        let keyword = |name: &str| {
+            args.iter()
+                .find(|a| a.name.as_ref().is_some_and(|n| n.name == name))
+                .map(|a| a.value.clone())
+        };
+        let causal = match keyword("causal") {
+            Some(e) => self.bool_expr(&e)?,
+            None => quote!(false),
+        };
+        let scale = match keyword("scale") {
+            Some(e) => {
+                let s = self.f32_expr(&e)?;
+                quote!(Some(#s))
+            }
+            None => quote!(None),
+        };
+        let window = match keyword("window") {
+            Some(e) => {
+                let w = self.i32_expr(&e)?;
+                quote!(Some(#w))
+            }
+            None => quote!(None),
+        };
+        let bias = match keyword("bias") {
+            Some(e) => {
+                let b = self.tensor_expr(&e)?;
+                let b = self.hoist(b, "bias");
+                let r = b.r();
+                quote!(Some(#r))
+            }
+            None => quote!(None),
+        };
+        self.uses_pass = true;
+        self.pass_mut = true;
+        self.attends = true;
+        Ok(X::Tensor(T::owned(quote!(
+            pass.attend(#q, #k, #v, nn::AttentionOptions { causal: #causal, scale: #scale, window: #window, bias: #bias })?
+        ))))
+    }
+}
+
+/// Names a body (and its nested bodies) assigns with `a = ..`.
+fn assigned_names(body: &Body, out: &mut Vec<String>) {
+    for s in &body.stmts {
+        match &s.kind {
+            StmtKind::Assign(n, _) => out.push(n.name.clone()),
+            StmtKind::For(_, _, b) | StmtKind::While(_, b) => assigned_names(b, out),
+            StmtKind::Expr(Expr {
+                kind: ExprKind::If(_, a, b),
+                ..
+            }) => {
+                assigned_names(a, out);
+                if let Some(b) = b {
+                    assigned_names(b, out);
+                }
+            }
+            _ => {}
+        }
+    }
+}
+
+/// Access to a guarded parameter: an error, never a panic, when its guard did not hold.
+pub(crate) fn guarded(place: TokenStream, name: &str) -> TokenStream {
+    let message = format!("`{name}` exists only when its guard holds for this configuration");
+    quote!(#place.as_ref().ok_or_else(|| Error::Config(#message.into()))?)
+}
+
+/// An owned `Array` from a tensor expression.
+fn owned(t: T) -> TokenStream {
+    let ts = t.ts;
+    if t.is_ref || t.simple {
+        quote!(#ts.clone())
+    } else {
+        ts
+    }
+}
+
+/// `s` (of type `from`) as the Rust type `to` (`i32`, `i64`, `usize`, `f32`, `f64`).
+pub(crate) fn cast(s: &S, from: &SType, to: &str) -> TokenStream {
+    if let Some(x) = s.lit {
+        let float = to.starts_with('f');
+        if float {
+            return float_lit(x).ts;
+        }
+        if x.fract() == 0.0 {
+            return int_lit(x as i64).ts;
+        }
+    }
+    let natural = match from {
+        SType::Int => "i64",
+        SType::Float => "f64",
+        _ => "",
+    };
+    if natural == to {
+        return s.ts.clone();
+    }
+    let inner = s.at(8);
+    let to = format_ident!("{}", to);
+    quote!(#inner as #to)
+}
+
+/// `s` converted between static types (ints widen to floats).
+pub(crate) fn convert(s: &S, from: &SType, to: &SType) -> TokenStream {
+    match (from, to) {
+        (SType::Int, SType::Float) => cast(s, from, "f64"),
+        _ => s.ts.clone(),
+    }
+}
+
+fn static_binary(op: BinaryOp, sa: S, ta: SType, sb: S, tb: SType, span: Span) -> R<X> {
+    use BinaryOp::*;
+    let float = ta == SType::Float || tb == SType::Float;
+    let numeric = |t: &SType| matches!(t, SType::Int | SType::Float);
+    let (sa, sb) = if float && numeric(&ta) && numeric(&tb) {
+        let fa = S {
+            ts: cast(&sa, &ta, "f64"),
+            prec: if sa.lit.is_some() { sa.prec } else { 8 },
+            lit: sa.lit,
+        };
+        let fb = S {
+            ts: cast(&sb, &tb, "f64"),
+            prec: if sb.lit.is_some() { sb.prec } else { 8 },
+            lit: sb.lit,
+        };
+        (fa, fb)
+    } else {
+        (sa, sb)
+    };
+    let num_ty = if float { SType::Float } else { ta.clone() };
+    let (prec, sym, ty) = match op {
+        Or => (2, quote!(||), SType::Bool),
+        And => (3, quote!(&&), SType::Bool),
+        Eq => (4, quote!(==), SType::Bool),
+        Ne => (4, quote!(!=), SType::Bool),
+        Lt => (4, quote!(<), SType::Bool),
+        Le => (4, quote!(<=), SType::Bool),
+        Gt => (4, quote!(>), SType::Bool),
+        Ge => (4, quote!(>=), SType::Bool),
+        Add => (6, quote!(+), num_ty),
+        Sub => (6, quote!(-), num_ty),
+        Mul => (7, quote!(*), num_ty),
+        Div => (7, quote!(/), num_ty),
+        Rem => (7, quote!(%), num_ty),
+        Pow => {
+            let base = sa.at(10);
+            let ts = if float {
+                let e = sb.ts;
+                quote!(#base.powf(#e))
+            } else {
+                let e = cast(&sb, &tb, "u32");
+                quote!(#base.pow(#e))
+            };
+            return Ok(X::Static(S::atom(ts), num_ty));
+        }
+        MatMul => return Err(unsupported(span, "`@` of static values")),
+    };
+    if matches!(ty, SType::Str) || matches!(ty, SType::Enum(_)) && prec > 4 {
+        return Err(unsupported(span, "arithmetic on strings or enums"));
+    }
+    let left_min = if prec == 4 { 5 } else { prec };
+    let (a, b) = (sa.at(left_min), sb.at(prec + 1));
+    Ok(X::Static(
+        S {
+            ts: quote!(#a #sym #b),
+            prec,
+            lit: None,
+        },
+        ty,
+    ))
+}
+
+/// Token streams of plain identifiers.
+pub(crate) trait PlainTokens {
+    fn into_token_stream_plain(self) -> TokenStream;
+}
+
+impl PlainTokens for proc_macro2::Ident {
+    fn into_token_stream_plain(self) -> TokenStream {
+        quote!(#self)
+    }
+}

@@ -1,0 +1,238 @@
+//! Training steps: a unit struct per `step` implementing `TrainingStep`, and `TrainState`.
+
+use proc_macro2::{Literal, TokenStream};
+use quote::{format_ident, quote};
+
+use super::forward::{unsupported, Fx, Site, R};
+use super::names::{camel, ident};
+use super::Gen;
+use crate::ast::{Expr, ExprKind, Step, StmtKind};
+use crate::eval::{eval, Value};
+use crate::ir::{OptimizerKind, StepIr};
+
+/// Every step's struct and impl, and `TrainState` for the first step.
+pub(crate) fn steps(g: &Gen<'_>) -> R<TokenStream> {
+    let mut out = TokenStream::new();
+    for (i, (ir, ast)) in g.model.steps.iter().zip(&g.model.ast.steps).enumerate() {
+        let name = format_ident!("{}", camel(&ir.name));
+        out.extend(step(g, ir, ast)?);
+        let state = if i == 0 {
+            format_ident!("TrainState")
+        } else {
+            format_ident!("{}TrainState", camel(&ir.name))
+        };
+        let doc = format!(
+            " Everything step `{}` reads and writes: parameters, optimizer state, step, key.",
+            ir.name
+        );
+        out.extend(quote! {
+            #[doc = #doc]
+            pub type #state = ::lmx::runtime::state::TrainState<Params, <#name as TrainingStep>::Optimizer>;
+        });
+    }
+    Ok(out)
+}
+
+fn value(g: &Gen<'_>, e: &Expr) -> R<f64> {
+    let env = g
+        .model
+        .preset("default")
+        .map(|p| p.values.clone())
+        .unwrap_or_default();
+    match eval(e, &env) {
+        Ok(Value::Int(i)) => Ok(i as f64),
+        Ok(Value::Float(x)) => Ok(x),
+        _ => Err(unsupported(e.span, "a step setting that is not a number")),
+    }
+}
+
+fn f32_lit(x: f64) -> TokenStream {
+    let lit = Literal::f32_unsuffixed(x as f32);
+    quote!(#lit)
+}
+
+fn step(g: &Gen<'_>, ir: &StepIr, ast: &Step) -> R<TokenStream> {
+    let name = format_ident!("{}", camel(&ir.name));
+    let model = format_ident!("{}", g.model.name);
+    let hyper = |n: &str| -> R<TokenStream> {
+        match ir.optimizer.args.iter().find(|(a, _)| a == n) {
+            Some((_, e)) => Ok(f32_lit(value(g, e)?)),
+            None => {
+                let d = ir
+                    .optimizer
+                    .kind
+                    .hyper_parameters()
+                    .iter()
+                    .find(|(a, _)| *a == n)
+                    .map_or(0.0, |(_, v)| *v);
+                Ok(f32_lit(d))
+            }
+        }
+    };
+    let (opt_ty, opt_value) = match ir.optimizer.kind {
+        OptimizerKind::Sgd => {
+            let (m, wd) = (hyper("momentum")?, hyper("weight_decay")?);
+            (
+                quote!(optim::Sgd),
+                quote!(optim::Sgd { momentum: #m, weight_decay: #wd, ..optim::Sgd::default() }),
+            )
+        }
+        OptimizerKind::Adam => {
+            let (b1, b2, eps) = (hyper("beta1")?, hyper("beta2")?, hyper("eps")?);
+            (
+                quote!(optim::Adam),
+                quote!(optim::Adam { beta1: #b1, beta2: #b2, eps: #eps, bias_correction: false }),
+            )
+        }
+        OptimizerKind::AdamW => {
+            let (b1, b2, eps, wd) = (
+                hyper("beta1")?,
+                hyper("beta2")?,
+                hyper("eps")?,
+                hyper("weight_decay")?,
+            );
+            (
+                quote!(optim::AdamW),
+                quote!(optim::AdamW {
+                    adam: optim::Adam { beta1: #b1, beta2: #b2, eps: #eps, bias_correction: false },
+                    weight_decay: #wd,
+                }),
+            )
+        }
+        OptimizerKind::Lion => {
+            let (b1, b2, wd) = (hyper("beta1")?, hyper("beta2")?, hyper("weight_decay")?);
+            (
+                quote!(optim::Lion),
+                quote!(optim::Lion { beta1: #b1, beta2: #b2, weight_decay: #wd }),
+            )
+        }
+    };
+    let accumulation = value(g, &ir.accumulate)?;
+    if accumulation < 1.0 || accumulation.fract() != 0.0 {
+        return Err(unsupported(ir.accumulate.span, "this accumulation count"));
+    }
+    let accumulation = Literal::usize_unsuffixed(accumulation as usize);
+    let clip = match &ir.clip {
+        Some(e) => {
+            let c = f32_lit(value(g, e)?);
+            quote!(Some(#c))
+        }
+        None => quote!(None),
+    };
+
+    // The loss: the statements before `grad(..)`, and the value `grad` differentiates.
+    let mut loss_expr = None;
+    let mut norm_name = None;
+    let mut before = Vec::new();
+    for s in &ast.body.stmts {
+        if let Some(e) = find_call(s, "grad") {
+            loss_expr = Some(e);
+            if let StmtKind::Let(names, _) = &s.kind {
+                if find_call(s, "clip_grad_norm").is_some() {
+                    norm_name = names.get(1).map(|n| n.name.clone());
+                }
+            }
+            break;
+        }
+        before.push(s.clone());
+    }
+    let loss_expr =
+        loss_expr.ok_or_else(|| unsupported(ast.name.span, "a step without `grad(loss)`"))?;
+    let loss_name = match &loss_expr.kind {
+        ExprKind::Name(n) => Some(n.clone()),
+        _ => None,
+    };
+    for (m, span) in ast
+        .body
+        .stmts
+        .iter()
+        .filter_map(|s| match &s.kind {
+            StmtKind::Metrics(ms) => Some(ms.iter().map(move |m| (m.name.clone(), m.span))),
+            _ => None,
+        })
+        .flatten()
+    {
+        if Some(&m) != loss_name.as_ref() && Some(&m) != norm_name.as_ref() {
+            return Err(unsupported(
+                span,
+                "a metric other than the loss and the gradient norm",
+            ));
+        }
+    }
+    let mut fx = Fx::new(g, Site::Step, g.globals());
+    let inputs: Vec<(String, Vec<Expr>)> = ast
+        .inputs
+        .iter()
+        .map(|i| (i.name.name.clone(), i.ty.shape.clone()))
+        .collect();
+    let names: Vec<_> = inputs.iter().map(|(n, _)| ident(n)).collect();
+    let body = crate::ast::Body {
+        stmts: before,
+        span: ast.body.span,
+    };
+    let (prelude, _) = fx.inputs_of(&inputs, &body)?;
+    fx.stmts(&body)?;
+    let loss = fx.expr(&loss_expr)?;
+    let loss = fx.owned_tensor(loss, loss_expr.span)?;
+    let loss = fx.ok(loss);
+    let stmts = super::forward::render(fx.bodies.pop().unwrap_or_default());
+    let config = if fx.uses_config {
+        quote!(config)
+    } else {
+        quote!(_config)
+    };
+    let count = names.len();
+    let step_name = &ir.name;
+    let message = format!("step `{step_name}` takes {count} inputs, got {{}}");
+    let doc = format!(" The training step `{step_name}` of `{}`.", g.model.name);
+    Ok(quote! {
+        #[doc = #doc]
+        #[derive(Clone, Copy, Debug, Default)]
+        pub struct #name;
+
+        impl TrainingStep for #name {
+            type Model = #model;
+            type Optimizer = #opt_ty;
+
+            const NAME: &'static str = #step_name;
+
+            fn optimizer() -> #opt_ty {
+                #opt_value
+            }
+
+            fn options() -> StepOptions {
+                StepOptions { clip_norm: #clip, compile: true, accumulation: #accumulation }
+            }
+
+            fn loss(params: &Params, #config: &Config, batch: &[Array], _key: &Array) -> Result<Array> {
+                let [#(#names),*] = batch else {
+                    return Err(Error::Layout(format!(#message, batch.len())));
+                };
+                #prelude
+                #stmts
+                #loss
+            }
+        }
+    })
+}
+
+/// The first argument of the first call of `name` in a statement.
+fn find_call(s: &crate::ast::Stmt, name: &str) -> Option<Expr> {
+    fn walk(e: &Expr, name: &str) -> Option<Expr> {
+        match &e.kind {
+            ExprKind::Call(callee, args) => {
+                if matches!(&callee.kind, ExprKind::Name(n) if n == name) {
+                    return args.first().map(|a| a.value.clone());
+                }
+                args.iter().find_map(|a| walk(&a.value, name))
+            }
+            ExprKind::Binary(_, _, a, b) => walk(a, name).or_else(|| walk(b, name)),
+            ExprKind::Unary(_, a) | ExprKind::Member(a, _) | ExprKind::Index(a, _) => walk(a, name),
+            _ => None,
+        }
+    }
+    match &s.kind {
+        StmtKind::Let(_, e) | StmtKind::Assign(_, e) | StmtKind::Expr(e) => walk(e, name),
+        _ => None,
+    }
+}
