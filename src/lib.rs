@@ -3,3 +3,13 @@
 
 /// The runtime: typed parameter trees, the compiled step, optimizers, layers, data, devices.
 pub use lmx_runtime as runtime;
+
+// Generated code names the runtime `::lmx::runtime`, inside this crate as in any other.
+extern crate self as lmx;
+
+/// The bundled models of `models/`, compiled from their `.lmx` files by `build.rs`: one module
+/// per model (`models::gpt2`, `models::llama`, ...) with its `Config`, `Params`, `init`, `forward`,
+/// the model type implementing `LanguageModel`, and its training steps implementing `TrainingStep`.
+pub mod models {
+    include!(concat!(env!("OUT_DIR"), "/models.rs"));
+}
