@@ -12,8 +12,9 @@
 //! It must stay within [`TOLERANCE`].
 //!
 //! Also checked: incremental decoding with the key-value cache (`Context::generation`) gives
-//! the full forward pass's logits at every position (GPT-2 and LLaMA), and the comparison is
-//! sensitive enough to catch a 0.1% change of one parameter.
+//! the full forward pass's logits at every position, for every model (sliding-window and ALiBi
+//! attention included), and the comparison is sensitive enough to catch a 0.1% change of one
+//! parameter.
 
 use lmx::models::{gemma, gpt2, llama, mistral, mixtral, mpt};
 use lmx::runtime::checkpoint::load_tree;
@@ -212,4 +213,26 @@ fn gpt2_cached_decoding_matches_full_forward() -> Result<()> {
 #[test]
 fn llama_cached_decoding_matches_full_forward() -> Result<()> {
     cache_matches_full_forward::<llama::Llama>()
+}
+
+#[test]
+fn gemma_cached_decoding_matches_full_forward() -> Result<()> {
+    cache_matches_full_forward::<gemma::Gemma>()
+}
+
+/// Past the sliding window: the cached keys are masked by the window too.
+#[test]
+fn mistral_cached_decoding_matches_full_forward() -> Result<()> {
+    cache_matches_full_forward::<mistral::Mistral>()
+}
+
+#[test]
+fn mixtral_cached_decoding_matches_full_forward() -> Result<()> {
+    cache_matches_full_forward::<mixtral::Mixtral>()
+}
+
+/// The ALiBi bias covers the cached keys.
+#[test]
+fn mpt_cached_decoding_matches_full_forward() -> Result<()> {
+    cache_matches_full_forward::<mpt::Mpt>()
 }

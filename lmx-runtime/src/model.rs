@@ -93,6 +93,16 @@ impl Context {
         crate::nn::attention(q, &k, &v, mask)
     }
 
+    /// The keys and values that layer `layer`'s queries see, `[B, heads, T_k, head_dim]`: during
+    /// generation `k` and `v` are appended to the cache first and the whole cache is returned;
+    /// in training they are returned as they are. (For attention masked otherwise than causally.)
+    pub fn keys_values(&mut self, layer: usize, k: &Array, v: &Array) -> Result<(Array, Array)> {
+        match self.cache.as_mut() {
+            Some(cache) => cache.extend(layer, k, v),
+            None => Ok((k.clone(), v.clone())),
+        }
+    }
+
     /// Marks `tokens` new tokens as consumed (called once per forward pass by generated code).
     pub fn advance(&mut self, tokens: i32) {
         if let Some(cache) = self.cache.as_mut() {

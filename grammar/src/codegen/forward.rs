@@ -1406,8 +1406,18 @@ impl<'g, 'm> Fx<'g, 'm> {
             }
             "alibi" => {
                 let heads = self.arg_i32(args, 0, "heads", None, span)?;
-                let len = self.arg_i32(args, 1, "len", None, span)?;
-                t(quote!(nn::alibi(#heads, #len)?))
+                let len = self
+                    .arg(args, 1, "len")
+                    .ok_or_else(|| unsupported(span, "a call without `len`"))?;
+                // Over a sequence length, the queries follow the cached tokens and the bias
+                // covers the cached keys too.
+                let start = if self.is_size_symbol(len) {
+                    self.offset()
+                } else {
+                    quote!(0)
+                };
+                let len = self.i32_expr(len)?;
+                t(quote!(nn::alibi(#heads, #start, #len)?))
             }
             "sinusoidal" => {
                 let len = self

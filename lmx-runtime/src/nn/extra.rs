@@ -105,13 +105,17 @@ pub fn alibi_slopes(heads: i32) -> Vec<f32> {
     odd.chain(even).take(heads as usize).copied().collect()
 }
 
-/// The ALiBi bias `[heads, len, len]`: `slope_h * (j - i)` for query `i` and key `j`.
-pub fn alibi(heads: i32, len: i32) -> Result<Array> {
+/// The ALiBi bias of the `len` queries at positions `start .. start + len` over the keys at
+/// `0 .. start + len`: `[heads, len, start + len]`, `slope_h * (j - i)` for query `i` and key `j`.
+/// `start` is the number of cached tokens: 0 in training, where the bias is `[heads, len, len]`.
+pub fn alibi(heads: i32, start: i32, len: i32) -> Result<Array> {
     let slopes = Array::from_slice(&alibi_slopes(heads), &[heads, 1, 1]);
-    let positions = Array::arange::<_, f32>(None, len, None)?;
-    let distance = positions
-        .reshape(&[1, len])?
-        .subtract(positions.reshape(&[len, 1])?)?;
+    let total = start + len;
+    let keys = Array::arange::<_, f32>(None, total as f32, None)?;
+    let queries = Array::arange::<_, f32>(start as f32, total as f32, None)?;
+    let distance = keys
+        .reshape(&[1, total])?
+        .subtract(queries.reshape(&[len, 1])?)?;
     Ok(slopes.multiply(distance)?)
 }
 
@@ -203,10 +207,11 @@ pub struct AttentionOptions<'a> {
 
 /// Attention of layer `layer` over `[B, heads, T, head_dim]` queries, keys and values.
 ///
-/// Plain causal attention goes through [`Context::attend`], so the key-value cache works during
-/// generation (a scale other than `1/sqrt(head_dim)` is folded into the queries). Attention with
-/// a window, a bias or without the causal mask runs MLX's fused kernel with an explicit mask over
-/// the keys of this call only: `Context` does not yet expose its cache for such masks.
+/// Plain causal attention goes through [`Context::attend`] (a scale other than `1/sqrt(head_dim)`
+/// is folded into the queries). Attention with a window, a bias or without the causal mask runs
+/// MLX's fused kernel with an explicit mask over every key the queries see: during generation the
+/// cached keys and this call's ([`Context::keys_values`]), the queries being the last positions.
+/// A bias must then cover those keys: `[.., T_q, T_k]` (see [`alibi`]'s `start`).
 pub fn attend(
     ctx: &mut Context,
     layer: usize,
@@ -224,10 +229,11 @@ pub fn attend(
         }
         return ctx.attend(layer, &q.multiply(literal(f64::from(factor), q)?)?, k, v);
     }
-    let mask = attention_mask(q, k, &options)?;
+    let (k, v) = ctx.keys_values(layer, k, v)?;
+    let mask = attention_mask(q, &k, &options)?;
     let mask = mask.as_ref().map(ScaledDotProductAttentionMask::Array);
     Ok(fast::scaled_dot_product_attention(
-        q, k, v, scale, mask, None,
+        q, &k, &v, scale, mask, None,
     )?)
 }
 
