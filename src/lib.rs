@@ -4,6 +4,10 @@
 /// The runtime: typed parameter trees, the compiled step, optimizers, layers, data, devices.
 pub use lmx_runtime as runtime;
 
+/// `#[lmx::model]`: a typed parameter tree from a Rust struct. `#[lmx::step]`: a training or
+/// evaluation step whose tensors cannot reach the host, compiled over a declared state.
+pub use lmx_macros::{model, step};
+
 // Generated code names the runtime `::lmx::runtime`, inside this crate as in any other.
 extern crate self as lmx;
 

@@ -1,9 +1,11 @@
 //! The LLaMA of `tests/support/llama.rs` trained through the step `#[lmx::step]` declares and compiles.
 
+// Shared with other tests, which use parts this one does not.
+#[allow(dead_code)]
 #[path = "support/llama.rs"]
 mod llama;
 
-use llama::{self, Llama, LlamaConfig, Train};
+use llama::{Llama, LlamaConfig, Train};
 use lmx::runtime::optim::AdamW;
 use lmx::runtime::step::StepOptions;
 use lmx::runtime::Array;

@@ -1,5 +1,6 @@
 //! The `lmx` command line.
 
+pub mod bench;
 pub mod bundled;
 pub mod check;
 pub mod plot;
@@ -75,6 +76,8 @@ pub enum Command {
     },
     /// Show the MLX library, BLAS and backends in use.
     Platform,
+    /// Measure the reference GPT's training step beside the Python MLX anchor.
+    Bench(bench::BenchArgs),
 }
 
 /// `lmx train`'s options; a TOML file (`--config`) gives the defaults that flags override.
@@ -84,7 +87,7 @@ pub struct TrainArgs {
     #[arg(long, default_value = "gpt2")]
     pub model: String,
     /// Its preset.
-    #[arg(long, default_value = "tiny")]
+    #[arg(long, default_value = "bytes")]
     pub preset: String,
     /// Training data: text, `.jsonl` (field "text") or `.tokens` files.
     #[arg(long, num_args = 1.., default_value = "data/shakespeare.txt")]
@@ -137,6 +140,9 @@ pub struct TrainArgs {
     /// No progress bar.
     #[arg(long)]
     pub quiet: bool,
+    /// After training, sample this many tokens from the model (0: none).
+    #[arg(long, default_value_t = 300)]
+    pub sample: usize,
 }
 
 /// Precision, as a flag.
@@ -257,7 +263,20 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
                 resume: args.resume,
                 progress: !args.quiet,
             };
-            registry::train(request)
+            let out_dir = request.train.out_dir.clone();
+            registry::train(request)?;
+            if args.sample == 0 {
+                return Ok(());
+            }
+            println!("\nsample:");
+            let run = run_file::RunFile::read(&out_dir)?;
+            let request = train::GenerateRequest {
+                run: out_dir,
+                checkpoint: None,
+                prompt: "ROMEO:".into(),
+                sampling: lmx::runtime::generate::Sampling { max_tokens: args.sample, ..Default::default() },
+            };
+            registry::generate(&run, request)
         }
         Command::Generate(args) => {
             let run = run_file::RunFile::read(&args.run)?;
@@ -283,6 +302,7 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
             println!("{}", path.display());
             Ok(())
         }
+        Command::Bench(args) => bench::bench(&args),
         Command::Platform => {
             println!("{}", lmx::runtime::platform::describe());
             Ok(())

@@ -27,7 +27,14 @@ macro_rules! registry {
     };
 }
 
-registry! {}
+registry! {
+    "gpt2" => lmx::models::gpt2::Train,
+    "llama" => lmx::models::llama::Train,
+    "gemma" => lmx::models::gemma::Train,
+    "mistral" => lmx::models::mistral::Train,
+    "mixtral" => lmx::models::mixtral::Train,
+    "mpt" => lmx::models::mpt::Train,
+}
 
 fn unknown(model: &str) -> anyhow::Result<()> {
     anyhow::bail!(

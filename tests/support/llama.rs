@@ -76,14 +76,14 @@ pub struct LlamaModel {
 /// One decoder layer: pre-norm attention and pre-norm SwiGLU, each with a residual.
 #[lmx::model]
 pub struct DecoderLayer {
-    /// Grouped-query self-attention.
-    pub self_attn: Attention,
-    /// The SwiGLU feed-forward layer.
-    pub mlp: Mlp,
     /// The norm before attention.
     pub input_layernorm: RmsNormParams,
+    /// Grouped-query self-attention.
+    pub self_attn: Attention,
     /// The norm before the feed-forward layer.
     pub post_attention_layernorm: RmsNormParams,
+    /// The SwiGLU feed-forward layer.
+    pub mlp: Mlp,
 }
 
 /// Self-attention projections (no biases).

@@ -94,7 +94,7 @@ fn container(
     out.extend(quote! {
         impl #name {
             /// Fresh parameters as MLX initialises its layers: linear weights and biases uniform
-            /// in `±1/sqrt(input)`, embeddings standard normal, norms ones (and zeros).
+            /// in `±1/sqrt(input)`, embeddings normal with standard deviation `1/sqrt(dim)`, norms ones (and zeros).
             pub fn init(#(#sig),*) -> Result<Self> {
                 Ok(#value)
             }

@@ -20,13 +20,18 @@ pub fn update_tree_from_map<R: Tree<Array>>(tree: &mut R, mut tensors: HashMap<S
     let mut leaves = Vec::with_capacity(names.len());
     for (name, leaf) in names.iter().zip(tree::flatten(tree)) {
         let tensor = tensors.remove(name).ok_or_else(|| Error::Layout(format!("tensor `{name}` is missing")))?;
-        if tensor.shape() != leaf.shape() || tensor.dtype() != leaf.dtype() {
+        if tensor.shape() != leaf.shape() {
             return Err(Error::Layout(format!(
-                "tensor `{name}` is {:?} {:?}, the tree expects {:?} {:?}",
-                tensor.dtype(),
+                "tensor `{name}` has shape {:?}, expected {:?}",
                 tensor.shape(),
-                leaf.dtype(),
                 leaf.shape()
+            )));
+        }
+        if tensor.dtype() != leaf.dtype() {
+            return Err(Error::Layout(format!(
+                "tensor `{name}` has dtype {:?}, expected {:?}",
+                tensor.dtype(),
+                leaf.dtype()
             )));
         }
         leaves.push(tensor);

@@ -201,10 +201,10 @@ pub mod init {
         })
     }
 
-    /// An embedding as MLX initialises it: standard normal.
+    /// An embedding as MLX initialises it: normal with standard deviation `1/sqrt(dim)`.
     pub fn embedding(vocab: i32, dim: i32, keys: &mut Keys) -> Result<EmbeddingParams> {
         Ok(EmbeddingParams {
-            weight: normal(&[vocab, dim], 1.0, &keys.next()?)?,
+            weight: normal(&[vocab, dim], (dim as f32).powf(-0.5), &keys.next()?)?,
         })
     }
 
