@@ -4,7 +4,10 @@ use std::path::Path;
 use std::process::Command;
 
 fn lmx(args: &[&str]) -> String {
-    let output = Command::new(env!("CARGO_BIN_EXE_lmx")).args(args).output().expect("lmx runs");
+    let output = Command::new(env!("CARGO_BIN_EXE_lmx"))
+        .args(args)
+        .output()
+        .expect("lmx runs");
     let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
     assert!(
         output.status.success(),
@@ -29,19 +32,54 @@ fn train_resume_generate() {
     let dir = tempfile::tempdir().unwrap();
     let run = dir.path().join("run");
     let run_arg = run.to_str().unwrap();
-    let common: [&str; 11] = ["--preset", "tiny-bytes", "--batch-size", "4", "--seq-len", "32", "--quiet", "--sample", "0", "--out", run_arg];
+    let common: [&str; 11] = [
+        "--preset",
+        "tiny-bytes",
+        "--batch-size",
+        "4",
+        "--seq-len",
+        "32",
+        "--quiet",
+        "--sample",
+        "0",
+        "--out",
+        run_arg,
+    ];
 
-    let trained = lmx(&[&["train", "--steps", "50", "--checkpoint-every", "25"][..], &common].concat());
+    let trained = lmx(&[
+        &["train", "--steps", "50", "--checkpoint-every", "25"][..],
+        &common,
+    ]
+    .concat());
     assert!(trained.contains("trained gpt2 to step 50"), "{trained}");
-    assert!(run.join("checkpoints/step-000050/model.safetensors").is_file());
+    assert!(run
+        .join("checkpoints/step-000050/model.safetensors")
+        .is_file());
 
     let resumed = lmx(&[&["train", "--steps", "60", "--resume"][..], &common].concat());
     assert!(resumed.contains("to step 60"), "{resumed}");
-    assert_eq!(steps_logged(&run), (1..=60).collect::<Vec<_>>(), "one log line per step, none repeated");
+    assert_eq!(
+        steps_logged(&run),
+        (1..=60).collect::<Vec<_>>(),
+        "one log line per step, none repeated"
+    );
 
-    let text = lmx(&["generate", "--run", run_arg, "--prompt", "ROMEO:", "--max-tokens", "20", "--temperature", "0"]);
+    let text = lmx(&[
+        "generate",
+        "--run",
+        run_arg,
+        "--prompt",
+        "ROMEO:",
+        "--max-tokens",
+        "20",
+        "--temperature",
+        "0",
+    ]);
     assert!(text.starts_with("ROMEO:"), "{text}");
-    assert!(text.trim_end().len() > "ROMEO:".len(), "nothing generated: {text:?}");
+    assert!(
+        text.trim_end().len() > "ROMEO:".len(),
+        "nothing generated: {text:?}"
+    );
 
     let plot = lmx(&["plot", run_arg]);
     assert!(Path::new(plot.trim()).is_file());

@@ -7,6 +7,7 @@
 #[path = "support/llama.rs"]
 mod llama_rs;
 
+use llama_rs::{Llama, LlamaConfig};
 use lmx::models::llama;
 use lmx::runtime::checkpoint::tree_to_map;
 use lmx::runtime::model::{Context, LanguageModel, TrainingStep};
@@ -14,7 +15,6 @@ use lmx::runtime::state::TrainState;
 use lmx::runtime::step::{StepOptions, TrainStep};
 use lmx::runtime::tensor::{graph, Tensor};
 use lmx::runtime::{tree, Array};
-use llama_rs::{Llama, LlamaConfig};
 
 /// `llama.lmx`'s `tiny` preset, and the same shape for the Rust LLaMA.
 fn configs() -> (llama::Config, LlamaConfig) {
@@ -37,7 +37,9 @@ fn same_weights() -> (llama::Params, Llama) {
     let (lmx_config, rust_config) = configs();
     let lmx_params = llama::Llama::init(&lmx_config, 0).unwrap();
     let mut rust_params = Llama::init(&rust_config, 1).unwrap();
-    rust_params.update_from_flat_map(tree_to_map(&lmx_params)).unwrap();
+    rust_params
+        .update_from_flat_map(tree_to_map(&lmx_params))
+        .unwrap();
     (lmx_params, rust_params)
 }
 
@@ -45,11 +47,20 @@ fn batch() -> (Array, Array) {
     let ids: Vec<i32> = (0..34).map(|i| (i * 37 + 11) % 256).collect();
     let tokens: Vec<i32> = ids[..16].iter().chain(&ids[17..33]).copied().collect();
     let targets: Vec<i32> = ids[1..17].iter().chain(&ids[18..34]).copied().collect();
-    (Array::from_slice(&tokens, &[2, 16]), Array::from_slice(&targets, &[2, 16]))
+    (
+        Array::from_slice(&tokens, &[2, 16]),
+        Array::from_slice(&targets, &[2, 16]),
+    )
 }
 
 fn max_abs_difference(a: &Array, b: &Array) -> f32 {
-    a.subtract(b).unwrap().abs().unwrap().max(false).unwrap().item_exact::<f32>()
+    a.subtract(b)
+        .unwrap()
+        .abs()
+        .unwrap()
+        .max(false)
+        .unwrap()
+        .item_exact::<f32>()
 }
 
 #[test]
@@ -66,7 +77,8 @@ fn outputs_are_identical_on_the_same_weights() {
     let (lmx_config, rust_config) = configs();
     let (lmx_params, rust_params) = same_weights();
     let (tokens, _) = batch();
-    let ours = llama::Llama::forward(&lmx_params, &lmx_config, &tokens, &mut Context::training()).unwrap();
+    let ours =
+        llama::Llama::forward(&lmx_params, &lmx_config, &tokens, &mut Context::training()).unwrap();
     let theirs = llama_rs::forward(&graph(&rust_params), &Tensor::from(tokens), &rust_config)
         .unwrap()
         .into_array();
@@ -88,7 +100,9 @@ fn losses_are_identical_over_ten_steps() {
     let mut lmx_step = TrainStep::new(
         &lmx_state,
         optimizer.clone(),
-        move |params: &llama::Params, batch: &[Array], key: &Array| llama::Train::loss(params, &config, batch, key),
+        move |params: &llama::Params, batch: &[Array], key: &Array| {
+            llama::Train::loss(params, &config, batch, key)
+        },
         options,
     )
     .unwrap();
@@ -97,10 +111,20 @@ fn losses_are_identical_over_ten_steps() {
 
     for step in 0..10 {
         let lr = 1e-2;
-        let ours = lmx_step.step(&mut lmx_state, lr, &[tokens.clone(), targets.clone()]).unwrap();
-        let theirs = rust_step.step(&mut rust_state, lr, &tokens, &targets).unwrap();
-        let (ours, theirs) = (ours.loss.item_exact::<f32>(), theirs.loss.item_exact::<f32>());
-        assert!((ours - theirs).abs() <= 1e-5, "step {step}: .lmx loss {ours}, Rust loss {theirs}");
+        let ours = lmx_step
+            .step(&mut lmx_state, lr, &[tokens.clone(), targets.clone()])
+            .unwrap();
+        let theirs = rust_step
+            .step(&mut rust_state, lr, &tokens, &targets)
+            .unwrap();
+        let (ours, theirs) = (
+            ours.loss.item_exact::<f32>(),
+            theirs.loss.item_exact::<f32>(),
+        );
+        assert!(
+            (ours - theirs).abs() <= 1e-5,
+            "step {step}: .lmx loss {ours}, Rust loss {theirs}"
+        );
     }
     assert_eq!((lmx_step.traces(), rust_step.traces()), (1, 1));
 }

@@ -1,7 +1,6 @@
 //! Pass cases: a step may branch on its configuration and on its tree's structure, loop over
 //! blocks, and read shapes; its result is what the same code computes outside a step.
 
-
 use lmx::runtime::nn::{init, LinearParams};
 use lmx::runtime::optim::Adam;
 use lmx::runtime::step::StepOptions;

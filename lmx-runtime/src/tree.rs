@@ -144,7 +144,10 @@ pub fn leaf_count<T, R: Tree<T> + ?Sized>(tree: &R) -> usize {
 }
 
 /// The number of scalars in the leaves of `tree` whose spec passes `keep`.
-pub fn parameter_count<R: Tree<mlx_rs::Array> + ?Sized>(tree: &R, keep: impl Fn(&LeafSpec) -> bool) -> usize {
+pub fn parameter_count<R: Tree<mlx_rs::Array> + ?Sized>(
+    tree: &R,
+    keep: impl Fn(&LeafSpec) -> bool,
+) -> usize {
     let mut specs = specs(tree).into_iter();
     let mut count = 0;
     tree.for_each(&mut |leaf| {

@@ -134,7 +134,8 @@ impl Callback for Collect {
 
 /// One row of lmx: the anchor's model and data shapes, through `Trainer`.
 fn measure(args: &BenchArgs, name: &str, dtype: &str, compile: bool) -> anyhow::Result<Row> {
-    let mut config = gpt2::Config::preset(name).ok_or_else(|| anyhow::anyhow!("models/gpt2.lmx has no preset `{name}`"))?;
+    let mut config = gpt2::Config::preset(name)
+        .ok_or_else(|| anyhow::anyhow!("models/gpt2.lmx has no preset `{name}`"))?;
     // The anchor's positional table is as long as the run's sequences.
     config.ctx = args.seq as _;
     let precision = match dtype {
@@ -145,14 +146,19 @@ fn measure(args: &BenchArgs, name: &str, dtype: &str, compile: bool) -> anyhow::
     let vocab = gpt2::Gpt2::vocab_size(&config) as u64;
     let mut rng = SplitMix64::new(0);
     // One batch of random tokens, drawn once, as the anchor does.
-    let tokens: Vec<u32> = (0..args.batch * args.seq + 1).map(|_| rng.below(vocab) as u32).collect();
+    let tokens: Vec<u32> = (0..args.batch * args.seq + 1)
+        .map(|_| rng.below(vocab) as u32)
+        .collect();
     let windows = Windows::new(Arc::new(tokens), args.seq)?;
     let out_dir = std::env::temp_dir().join(format!("lmx-bench-{}", std::process::id()));
     let train = TrainConfig {
         steps: args.warmup + args.steps,
         batch_size: args.batch,
         seq_len: args.seq,
-        schedule: Schedule::Constant { lr: 3e-4, warmup_steps: 0 },
+        schedule: Schedule::Constant {
+            lr: 3e-4,
+            warmup_steps: 0,
+        },
         compile,
         precision,
         validation_fraction: 0.0,
@@ -177,7 +183,8 @@ fn measure(args: &BenchArgs, name: &str, dtype: &str, compile: bool) -> anyhow::
     times.sort_by(f64::total_cmp);
     let median_ms = times[times.len() / 2];
     let tokens_per_s = (args.batch * args.seq) as f64 / (median_ms / 1e3);
-    let flops_per_token = 6.0 * params as f64 + 12.0 * (config.n_layers as f64) * (config.d_model as f64) * args.seq as f64;
+    let flops_per_token = 6.0 * params as f64
+        + 12.0 * (config.n_layers as f64) * (config.d_model as f64) * args.seq as f64;
     Ok(Row {
         implementation: "lmx".into(),
         device: device_name(),
@@ -190,7 +197,9 @@ fn measure(args: &BenchArgs, name: &str, dtype: &str, compile: bool) -> anyhow::
         median_ms,
         tokens_per_s,
         mfu: flops_per_token * tokens_per_s / (args.peak_tflops * 1e12),
-        loss_first: reports.first().map_or(f64::NAN, |report| report.loss as f64),
+        loss_first: reports
+            .first()
+            .map_or(f64::NAN, |report| report.loss as f64),
         loss_last: reports.last().map_or(f64::NAN, |report| report.loss as f64),
         peak_mib: Some(peak),
     })
@@ -198,7 +207,9 @@ fn measure(args: &BenchArgs, name: &str, dtype: &str, compile: bool) -> anyhow::
 
 fn count(params: &gpt2::Params) -> u64 {
     let mut total = 0;
-    lmx::runtime::tree::Tree::for_each(params, &mut |leaf: &mlx_rs::Array| total += leaf.size() as u64);
+    lmx::runtime::tree::Tree::for_each(params, &mut |leaf: &mlx_rs::Array| {
+        total += leaf.size() as u64
+    });
     total
 }
 
@@ -210,30 +221,54 @@ fn device_name() -> String {
 }
 
 /// One row of the Python MLX anchor, with the same BLAS as this process on the CPU.
-fn anchor(args: &BenchArgs, script: &Path, config: &str, dtype: &str, compile: bool) -> anyhow::Result<Row> {
+fn anchor(
+    args: &BenchArgs,
+    script: &Path,
+    config: &str,
+    dtype: &str,
+    compile: bool,
+) -> anyhow::Result<Row> {
     let mut command = Command::new(&args.python);
     command.arg(script).args([
-        "--config", config,
-        "--batch", &args.batch.to_string(),
-        "--seq", &args.seq.to_string(),
-        "--steps", &args.steps.to_string(),
-        "--warmup", &args.warmup.to_string(),
-        "--compile", if compile { "1" } else { "0" },
-        "--dtype", dtype,
-        "--device", &device_name(),
-        "--peak_tflops", &args.peak_tflops.to_string(),
+        "--config",
+        config,
+        "--batch",
+        &args.batch.to_string(),
+        "--seq",
+        &args.seq.to_string(),
+        "--steps",
+        &args.steps.to_string(),
+        "--warmup",
+        &args.warmup.to_string(),
+        "--compile",
+        if compile { "1" } else { "0" },
+        "--dtype",
+        dtype,
+        "--device",
+        &device_name(),
+        "--peak_tflops",
+        &args.peak_tflops.to_string(),
     ]);
     if device_name() == "cpu" {
         if let Some(blas) = platform::blas_library() {
             command.env("LD_PRELOAD", blas);
         }
     }
-    let output = command.output().map_err(|err| anyhow::anyhow!("cannot run {}: {err}", args.python))?;
+    let output = command
+        .output()
+        .map_err(|err| anyhow::anyhow!("cannot run {}: {err}", args.python))?;
     if !output.status.success() {
-        anyhow::bail!("the anchor failed:\n{}", String::from_utf8_lossy(&output.stderr));
+        anyhow::bail!(
+            "the anchor failed:\n{}",
+            String::from_utf8_lossy(&output.stderr)
+        );
     }
     let stdout = String::from_utf8_lossy(&output.stdout);
-    let line = stdout.lines().rev().find(|line| line.starts_with('{')).ok_or_else(|| anyhow::anyhow!("the anchor printed no JSON"))?;
+    let line = stdout
+        .lines()
+        .rev()
+        .find(|line| line.starts_with('{'))
+        .ok_or_else(|| anyhow::anyhow!("the anchor printed no JSON"))?;
     let mut row: Row = serde_json::from_str(line)?;
     row.device = device_name();
     Ok(row)
@@ -242,11 +277,23 @@ fn anchor(args: &BenchArgs, script: &Path, config: &str, dtype: &str, compile: b
 fn print_table(rows: &[(Row, Option<Row>)]) {
     println!(
         "{:<8} {:<9} {:<9} {:>10} {:>12} {:>8} {:>12} {:>7} {:>17} {:>10}",
-        "config", "mode", "dtype", "lmx ms", "anchor ms", "speedup", "lmx tok/s", "MFU", "loss first→last", "peak MiB"
+        "config",
+        "mode",
+        "dtype",
+        "lmx ms",
+        "anchor ms",
+        "speedup",
+        "lmx tok/s",
+        "MFU",
+        "loss first→last",
+        "peak MiB"
     );
     for (ours, anchor) in rows {
         let (anchor_ms, speedup) = match anchor {
-            Some(anchor) => (format!("{:.3}", anchor.median_ms), format!("{:.2}x", anchor.median_ms / ours.median_ms)),
+            Some(anchor) => (
+                format!("{:.3}", anchor.median_ms),
+                format!("{:.2}x", anchor.median_ms / ours.median_ms),
+            ),
             None => ("-".into(), "-".into()),
         };
         println!(

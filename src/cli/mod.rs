@@ -274,7 +274,10 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
                 run: out_dir,
                 checkpoint: None,
                 prompt: "ROMEO:".into(),
-                sampling: lmx::runtime::generate::Sampling { max_tokens: args.sample, ..Default::default() },
+                sampling: lmx::runtime::generate::Sampling {
+                    max_tokens: args.sample,
+                    ..Default::default()
+                },
             };
             registry::generate(&run, request)
         }

@@ -44,14 +44,14 @@ pub struct TrainConfig {
 impl Default for TrainConfig {
     fn default() -> Self {
         TrainConfig {
-            steps: 200,
+            steps: 300,
             batch_size: 16,
             seq_len: 128,
             schedule: Schedule::Cosine {
-                lr: 1e-3,
-                warmup_steps: 20,
-                total_steps: 200,
-                final_lr: 1e-4,
+                lr: 3e-3,
+                warmup_steps: 30,
+                total_steps: 300,
+                final_lr: 3e-4,
             },
             seed: 0,
             compile: true,
