@@ -224,3 +224,29 @@ fn a_non_finite_loss_stops_the_run_naming_the_step_and_the_last_checkpoint() {
         "{err}"
     );
 }
+
+#[test]
+fn bfloat16_training_keeps_parameters_and_moments_in_bfloat16_and_learns() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut config = config(dir.path(), 16);
+    config.precision = lmx_runtime::train::Precision::Bfloat16;
+    let mut trainer = Trainer::<Train>::new(257, config, windows()).unwrap();
+    let before = trainer.validation_loss().unwrap().unwrap();
+    let summary = trainer.run().unwrap();
+    assert!(
+        summary.last_val_loss.unwrap() < before * 0.9,
+        "{summary:?} from {before}"
+    );
+    let state = trainer.state();
+    assert_eq!(state.params.weight.dtype(), mlx_rs::Dtype::Bfloat16);
+    let moments = state.opt.weight.as_ref().expect("the table is trainable");
+    assert_eq!(
+        (moments.m.dtype(), moments.v.dtype()),
+        (mlx_rs::Dtype::Bfloat16, mlx_rs::Dtype::Bfloat16)
+    );
+    assert_eq!(
+        state.step.dtype(),
+        mlx_rs::Dtype::Float32,
+        "the step count stays float32"
+    );
+}
