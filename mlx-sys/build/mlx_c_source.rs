@@ -99,6 +99,8 @@ fn fetch_published(cache: &Path, cargo_home: &Path) -> PathBuf {
             fs::write(
                 project.join("Cargo.toml"),
                 "[package]\nname = \"fetch-mlx-c\"\nversion = \"0.0.0\"\nedition = \"2021\"\n\n\
+                 # Outside any enclosing workspace (the cache sits in a target directory).\n\
+                 [workspace]\n\n\
                  [dependencies]\nmlx-sys = { version = \"=0.7.0\", default-features = false }\n",
             )
         })
