@@ -848,14 +848,17 @@ fn imports(body: &TokenStream) -> TokenStream {
     if !mlx.is_empty() {
         out.extend(quote!(use ::lmx::runtime::mlx_rs::{#(#mlx),*};));
     }
-    let model: Vec<TokenStream> = ["Context", "LanguageModel", "TrainingStep"]
-        .iter()
-        .filter(|w| has(w))
-        .map(|w| {
-            let id = format_ident!("{}", w);
-            quote!(#id)
-        })
-        .collect();
+    let used = |names: &[&str]| -> Vec<TokenStream> {
+        names
+            .iter()
+            .filter(|w| has(w))
+            .map(|w| {
+                let id = format_ident!("{}", w);
+                quote!(#id)
+            })
+            .collect()
+    };
+    let model = used(&["Context", "LanguageModel", "TrainingStep"]);
     if !model.is_empty() {
         out.extend(quote!(use ::lmx::runtime::model::{#(#model),*};));
     }
@@ -869,14 +872,7 @@ fn imports(body: &TokenStream) -> TokenStream {
     if !nn.is_empty() {
         out.extend(quote!(use ::lmx::runtime::nn::{#(#nn),*};));
     }
-    let tree: Vec<TokenStream> = ["FieldAttrs", "LeafRole", "LeafSpec", "Scope", "Tree"]
-        .iter()
-        .filter(|w| has(w))
-        .map(|w| {
-            let id = format_ident!("{}", w);
-            quote!(#id)
-        })
-        .collect();
+    let tree = used(&["FieldAttrs", "LeafRole", "LeafSpec", "Scope", "Tree"]);
     if !tree.is_empty() {
         out.extend(quote!(use ::lmx::runtime::tree::{#(#tree),*};));
     }
