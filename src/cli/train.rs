@@ -11,7 +11,7 @@ use lmx::runtime::model::{LanguageModel, TrainingStep};
 use lmx::runtime::train::{EarlyStopping, JsonlLog, ProgressBar, TrainConfig, Trainer};
 use lmx::runtime::tree::Tree;
 use std::io::Write;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Arc;
 
 /// What `lmx train` was asked to do, once flags and the TOML file are merged.
@@ -77,6 +77,7 @@ where
     .write(&out_dir)?;
 
     let patience = request.train.early_stopping_patience;
+    let total_steps = request.train.steps;
     let mut trainer = Trainer::<S>::new(model_config, request.train, windows)?;
     if request.resume {
         match trainer.latest_checkpoint()? {
@@ -96,10 +97,7 @@ where
     }
     trainer.add_callback(JsonlLog::append(out_dir.join("metrics.jsonl"))?);
     if request.progress {
-        trainer.add_callback(ProgressBar::new(
-            trainer_total(&out_dir)?,
-            trainer.steps_done(),
-        ));
+        trainer.add_callback(ProgressBar::new(total_steps, trainer.steps_done()));
     }
     if patience > 0 {
         trainer.add_callback(EarlyStopping::new(patience));
@@ -122,10 +120,6 @@ where
         println!("checkpoint: {}", dir.display());
     }
     Ok(())
-}
-
-fn trainer_total(out_dir: &Path) -> anyhow::Result<u64> {
-    Ok(RunFile::read(out_dir)?.train.steps)
 }
 
 /// The token stream of `paths`: token files are mapped, text and JSONL files encoded.
