@@ -57,6 +57,9 @@ pub struct StepMetrics {
     pub loss: Array,
     /// The global gradient norm before clipping.
     pub grad_norm: Array,
+    /// Every array the step produced (the next state, the loss, the gradient norm): what the
+    /// evaluation boundary evaluates.
+    pub outputs: Vec<Array>,
 }
 
 type PureFn = Box<dyn FnMut(&[Array]) -> std::result::Result<Vec<Array>, Exception>>;
@@ -196,6 +199,7 @@ where
         Ok(StepMetrics {
             loss,
             grad_norm: outputs[n + 1].clone(),
+            outputs,
         })
     }
 

@@ -157,9 +157,7 @@ where
             let (inputs, targets) = next.to_arrays();
             let lr = self.config.schedule.lr(self.done);
             let metrics = self.step.step(&mut self.state, lr, &[inputs, targets])?;
-            let mut outputs = self.state.flatten();
-            outputs.extend([metrics.loss.clone(), metrics.grad_norm.clone()]);
-            async_eval(&outputs)?;
+            async_eval(&metrics.outputs)?;
             // The host prepares the next batch while the device computes this step.
             let position = self.train_batches.position();
             next = self.train_batches.next_batch()?;
