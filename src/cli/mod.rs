@@ -76,8 +76,9 @@ pub enum Command {
     },
     /// Show the MLX library, BLAS and backends in use.
     Platform,
-    /// Measure the reference GPT's training step beside the Python MLX anchor.
-    Bench(bench::BenchArgs),
+    /// Measure lmx beside the Python MLX anchors: training steps, generation.
+    #[command(subcommand)]
+    Bench(bench::BenchCommand),
 }
 
 /// `lmx train`'s options; a TOML file (`--config`) gives the defaults that flags override.
@@ -305,7 +306,7 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
             println!("{}", path.display());
             Ok(())
         }
-        Command::Bench(args) => bench::bench(&args),
+        Command::Bench(command) => bench::run(&command),
         Command::Platform => {
             println!("{}", lmx::runtime::platform::describe());
             Ok(())

@@ -1,4 +1,4 @@
-//! `lmx bench`: the reference GPT (models/gpt2.lmx at the anchors' four configs) trained through
+//! `lmx bench train`: the reference GPT (models/gpt2.lmx at the anchors' four configs) trained through
 //! the real trainer, side by side with the Python MLX anchor in the same invocation.
 
 use lmx::models::gpt2;

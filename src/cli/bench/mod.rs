@@ -1,0 +1,19 @@
+//! `lmx bench`: lmx measured side by side with the Python MLX anchors, in one invocation.
+
+pub mod train;
+
+use clap::Subcommand;
+
+/// What to measure.
+#[derive(Subcommand)]
+pub enum BenchCommand {
+    /// The reference GPT's training step (models/gpt2.lmx at the anchors' configs).
+    Train(train::BenchArgs),
+}
+
+/// Runs one benchmark.
+pub fn run(command: &BenchCommand) -> anyhow::Result<()> {
+    match command {
+        BenchCommand::Train(args) => train::bench(args),
+    }
+}
