@@ -5,7 +5,11 @@ use std::fs::File;
 use std::io::{BufWriter, Write};
 use std::path::{Path, PathBuf};
 
-/// One step, as measured after its evaluation boundary.
+/// One step, reported once its loss is on the host.
+///
+/// The trainer reads a step's loss only after it has dispatched the next step, so that the device
+/// never waits for the host: a report arrives one step late, and a [`Control::Stop`] returned
+/// from [`Callback::on_step`] takes effect after the step already in flight.
 #[derive(Clone, Debug, PartialEq, serde::Serialize)]
 pub struct StepReport {
     /// The number of updates made, counting this one.
@@ -18,8 +22,11 @@ pub struct StepReport {
     pub grad_norm: f32,
     /// The learning rate of this update.
     pub lr: f32,
-    /// Tokens per second over this step.
+    /// Tokens per second over this step: its tokens over the time since the previous report.
     pub tokens_per_s: f64,
+    /// Milliseconds the host spent building and dispatching this step (the batch, the graph, the
+    /// compiled call). Close to the step's own time, it means the run is bound by the host.
+    pub host_ms: f64,
     /// Model FLOPs utilisation against the configured peak, when one is configured.
     pub mfu: Option<f64>,
     /// Seconds since the run started.
@@ -40,7 +47,8 @@ pub struct EvalReport {
 pub enum Control {
     /// Go on.
     Continue,
-    /// Stop after this step, for the reason given.
+    /// Stop, for the reason given: after this step from [`Callback::on_eval`], after the step in
+    /// flight from [`Callback::on_step`].
     Stop(String),
 }
 

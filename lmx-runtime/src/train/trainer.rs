@@ -33,6 +33,25 @@ pub struct TrainSummary {
     pub checkpoint: Option<PathBuf>,
 }
 
+/// A step dispatched to the device whose loss the host has not read yet.
+struct InFlight {
+    step: u64,
+    loss: Array,
+    grad_norm: Array,
+    lr: f32,
+    host_s: f64,
+}
+
+/// What a run has seen so far.
+struct Progress {
+    started: Instant,
+    last_report: Instant,
+    last_loss: f32,
+    last_val_loss: Option<f32>,
+    stopped: Option<String>,
+    last_checkpoint: Option<PathBuf>,
+}
+
 /// Trains the model of a declared [`TrainingStep`] on token windows.
 pub struct Trainer<S: TrainingStep> {
     model: ModelConfig<S>,
@@ -144,76 +163,48 @@ where
 
     /// Trains until `config.steps` updates are made, a callback stops the run, or the loss stops
     /// being finite (an error naming the step and the last good checkpoint).
+    ///
+    /// The loop keeps one step in flight: it dispatches step `n + 1` before it reads step `n`'s
+    /// loss, so the host builds the next graph while the device computes. It waits for the device
+    /// only where it must: at validation, at checkpoints and at the end.
     pub fn run(&mut self) -> Result<TrainSummary> {
-        let started = Instant::now();
-        let tokens_per_step = (self.config.batch_size * self.config.seq_len) as f64;
+        let mut progress = Progress {
+            started: Instant::now(),
+            last_report: Instant::now(),
+            last_loss: f32::NAN,
+            last_val_loss: None,
+            stopped: None,
+            last_checkpoint: self.checkpoints.latest()?,
+        };
         let mut next = self.train_batches.next_batch()?;
-        let mut last_loss = f32::NAN;
-        let mut last_val_loss = None;
-        let mut stopped = None;
-        let mut last_checkpoint = self.checkpoints.latest()?;
-        while self.done < self.config.steps {
-            let step_started = Instant::now();
+        let mut in_flight: Option<InFlight> = None;
+        while self.done < self.config.steps && progress.stopped.is_none() {
+            let dispatched = Instant::now();
             let (inputs, targets) = next.to_arrays();
             let lr = self.config.schedule.lr(self.done);
             let metrics = self.step.step(&mut self.state, lr, &[inputs, targets])?;
             async_eval(&metrics.outputs)?;
-            // The host prepares the next batch while the device computes this step.
-            let position = self.train_batches.position();
-            next = self.train_batches.next_batch()?;
-            let loss = metrics.loss.item_exact::<f32>();
             self.done += 1;
-            if !loss.is_finite() {
-                return Err(Error::Diverged {
-                    loss,
-                    step: self.done,
-                    last_checkpoint,
-                });
-            }
-            last_loss = loss;
-            let seconds = step_started.elapsed().as_secs_f64();
-            let tokens_per_s = tokens_per_step / seconds;
-            let report = StepReport {
+            let current = InFlight {
                 step: self.done,
-                total_steps: self.config.steps,
-                loss,
-                grad_norm: metrics.grad_norm.item_exact::<f32>(),
+                loss: metrics.loss,
+                grad_norm: metrics.grad_norm,
                 lr,
-                tokens_per_s,
-                mfu: (self.config.peak_tflops > 0.0).then(|| {
-                    self.flops_per_token * tokens_per_s / (self.config.peak_tflops * 1e12)
-                }),
-                elapsed_s: started.elapsed().as_secs_f64(),
+                host_s: dispatched.elapsed().as_secs_f64(),
             };
-            let mut controls = Vec::new();
-            for callback in &mut self.callbacks {
-                controls.push(callback.on_step(&report)?);
+            // The position before `next` is drawn: resuming from this step draws it again.
+            let position = self.train_batches.position();
+            if self.done < self.config.steps {
+                next = self.train_batches.next_batch()?;
             }
-            let at_end = self.done == self.config.steps;
-            if self.config.eval_every > 0 && (self.done % self.config.eval_every == 0 || at_end) {
-                if let Some(val_loss) = self.validation_loss()? {
-                    last_val_loss = Some(val_loss);
-                    let report = EvalReport {
-                        step: self.done,
-                        val_loss,
-                    };
-                    for callback in &mut self.callbacks {
-                        controls.push(callback.on_eval(&report)?);
-                    }
+            if let Some(previous) = in_flight.replace(current) {
+                self.report(previous, &mut progress)?;
+            }
+            if self.at_boundary() || progress.stopped.is_some() {
+                if let Some(current) = in_flight.take() {
+                    self.report(current, &mut progress)?;
                 }
-            }
-            stopped = controls.into_iter().find_map(|control| match control {
-                Control::Stop(reason) => Some(reason),
-                Control::Continue => None,
-            });
-            let periodic =
-                self.config.checkpoint_every > 0 && self.done % self.config.checkpoint_every == 0;
-            if periodic || at_end || stopped.is_some() {
-                // The position saved is the one before `next` was drawn: resuming draws it again.
-                last_checkpoint = Some(self.save_checkpoint(position)?);
-            }
-            if stopped.is_some() {
-                break;
+                self.boundary(position, &mut progress)?;
             }
         }
         for callback in &mut self.callbacks {
@@ -221,11 +212,82 @@ where
         }
         Ok(TrainSummary {
             steps: self.done,
-            last_loss,
-            last_val_loss,
-            stopped,
-            checkpoint: last_checkpoint,
+            last_loss: progress.last_loss,
+            last_val_loss: progress.last_val_loss,
+            stopped: progress.stopped,
+            checkpoint: progress.last_checkpoint,
         })
+    }
+
+    /// Whether the step just dispatched ends the run or is due for validation or a checkpoint.
+    fn at_boundary(&self) -> bool {
+        let due = |every: u64| every > 0 && self.done % every == 0;
+        self.done == self.config.steps
+            || due(self.config.eval_every)
+            || due(self.config.checkpoint_every)
+    }
+
+    /// Reads a step's loss and gradient norm (waiting for the device if it must) and tells the
+    /// callbacks.
+    fn report(&mut self, step: InFlight, progress: &mut Progress) -> Result<()> {
+        let loss = step.loss.item_exact::<f32>();
+        if !loss.is_finite() {
+            return Err(Error::Diverged {
+                loss,
+                step: step.step,
+                last_checkpoint: progress.last_checkpoint.clone(),
+            });
+        }
+        progress.last_loss = loss;
+        let now = Instant::now();
+        let seconds = now.duration_since(progress.last_report).as_secs_f64();
+        progress.last_report = now;
+        let tokens_per_s = (self.config.batch_size * self.config.seq_len) as f64 / seconds;
+        let report = StepReport {
+            step: step.step,
+            total_steps: self.config.steps,
+            loss,
+            grad_norm: step.grad_norm.item_exact::<f32>(),
+            lr: step.lr,
+            tokens_per_s,
+            host_ms: step.host_s * 1e3,
+            mfu: (self.config.peak_tflops > 0.0)
+                .then(|| self.flops_per_token * tokens_per_s / (self.config.peak_tflops * 1e12)),
+            elapsed_s: progress.started.elapsed().as_secs_f64(),
+        };
+        for callback in &mut self.callbacks {
+            if let Control::Stop(reason) = callback.on_step(&report)? {
+                progress.stopped.get_or_insert(reason);
+            }
+        }
+        Ok(())
+    }
+
+    /// Validation and checkpoints after the last dispatched step, with nothing in flight.
+    fn boundary(&mut self, position: BatchPosition, progress: &mut Progress) -> Result<()> {
+        let done = self.done;
+        let at_end = done == self.config.steps;
+        let due = |every: u64| every > 0 && done % every == 0;
+        if self.config.eval_every > 0 && (due(self.config.eval_every) || at_end) {
+            if let Some(val_loss) = self.validation_loss()? {
+                progress.last_val_loss = Some(val_loss);
+                let report = EvalReport {
+                    step: self.done,
+                    val_loss,
+                };
+                for callback in &mut self.callbacks {
+                    if let Control::Stop(reason) = callback.on_eval(&report)? {
+                        progress.stopped.get_or_insert(reason);
+                    }
+                }
+            }
+        }
+        if due(self.config.checkpoint_every) || at_end || progress.stopped.is_some() {
+            progress.last_checkpoint = Some(self.save_checkpoint(position)?);
+        }
+        // Time spent here is not the next step's.
+        progress.last_report = Instant::now();
+        Ok(())
     }
 
     /// The mean loss over up to `eval_batches` validation batches, in order.
