@@ -45,9 +45,15 @@ pub struct BenchArgs {
     /// The Python interpreter for the anchor.
     #[arg(long, default_value = "python3")]
     pub python: String,
-    /// Also write the rows as JSON lines here.
+    /// Runs of each row, alternating lmx and the anchor; the table shows the median run.
+    #[arg(long, default_value_t = 1)]
+    pub repeats: usize,
+    /// Also write every run as a JSON line here.
     #[arg(long)]
     pub json: Option<PathBuf>,
+    /// Also draw the lmx/anchor speedups of the rows to this SVG file.
+    #[arg(long)]
+    pub plot: Option<PathBuf>,
 }
 
 /// One measurement, with the anchors' JSON fields.
@@ -83,10 +89,38 @@ pub struct Row {
     /// Peak memory in MiB, where measured.
     #[serde(default)]
     pub peak_mib: Option<f64>,
+    /// Median milliseconds per step that the host spent building and dispatching the step
+    /// (lmx only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host_ms: Option<f64>,
+    /// Which of the repeated runs this is (0-based).
+    #[serde(default)]
+    pub repeat: usize,
 }
 
-/// Runs every row, the anchor beside each when asked, and prints the table.
+/// One row of the table: the median of lmx's runs, and of the anchor's when it ran.
+pub struct Measured {
+    /// lmx.
+    pub ours: Row,
+    /// The Python MLX anchor.
+    pub anchor: Option<Row>,
+}
+
+/// The run whose `median_ms` is the median of `runs` (the lower middle one for an even count).
+fn median_run(runs: &[Row]) -> Option<Row> {
+    let mut sorted: Vec<&Row> = runs.iter().collect();
+    sorted.sort_by(|a, b| a.median_ms.total_cmp(&b.median_ms));
+    sorted
+        .get((sorted.len().max(1) - 1) / 2)
+        .map(|row| (*row).clone())
+}
+
+/// Runs every row, the anchor beside each when asked, and prints the tables.
 pub fn bench(args: &BenchArgs) -> anyhow::Result<()> {
+    if args.repeats == 0 {
+        anyhow::bail!("--repeats must be at least 1");
+    }
+    let mut runs = Vec::new();
     let mut rows = Vec::new();
     for config in &args.configs {
         for dtype in &args.dtypes {
@@ -96,29 +130,43 @@ pub fn bench(args: &BenchArgs) -> anyhow::Result<()> {
                     "eager" => false,
                     other => anyhow::bail!("unknown mode `{other}`: use compiled or eager"),
                 };
-                let ours = measure(args, config, dtype, compile)?;
-                eprintln!("{}", serde_json::to_string(&ours)?);
-                let anchor = match &args.anchor {
-                    Some(script) => {
-                        let row = anchor(args, script, config, dtype, compile)?;
+                let (mut ours, mut anchors) = (Vec::new(), Vec::new());
+                for repeat in 0..args.repeats {
+                    let row = Row {
+                        repeat,
+                        ..measure(args, config, dtype, compile)?
+                    };
+                    eprintln!("{}", serde_json::to_string(&row)?);
+                    ours.push(row);
+                    if let Some(script) = &args.anchor {
+                        let row = Row {
+                            repeat,
+                            ..anchor(args, script, config, dtype, compile)?
+                        };
                         eprintln!("{}", serde_json::to_string(&row)?);
-                        Some(row)
+                        anchors.push(row);
                     }
-                    None => None,
-                };
-                rows.push((ours, anchor));
+                }
+                rows.push(Measured {
+                    ours: median_run(&ours).expect("at least one run"),
+                    anchor: median_run(&anchors),
+                });
+                runs.extend(ours.into_iter().chain(anchors));
             }
         }
     }
     if let Some(path) = &args.json {
-        let lines: Vec<String> = rows
+        let lines: Vec<String> = runs
             .iter()
-            .flat_map(|(ours, anchor)| std::iter::once(ours).chain(anchor))
             .map(serde_json::to_string)
             .collect::<Result<_, _>>()?;
         std::fs::write(path, lines.join("\n") + "\n")?;
     }
     print_table(&rows);
+    print_compile_table(&rows);
+    if let Some(path) = &args.plot {
+        super::chart::speedups(&rows, path)?;
+    }
     Ok(())
 }
 
@@ -180,8 +228,12 @@ fn measure(args: &BenchArgs, name: &str, dtype: &str, compile: bool) -> anyhow::
         .iter()
         .map(|report| (args.batch * args.seq) as f64 / report.tokens_per_s * 1e3)
         .collect();
-    times.sort_by(f64::total_cmp);
-    let median_ms = times[times.len() / 2];
+    let median_ms = median(&mut times);
+    let mut host: Vec<f64> = reports[args.warmup as usize..]
+        .iter()
+        .map(|report| report.host_ms)
+        .collect();
+    let host_ms = median(&mut host);
     let tokens_per_s = (args.batch * args.seq) as f64 / (median_ms / 1e3);
     let flops_per_token = 6.0 * params as f64
         + 12.0 * (config.n_layers as f64) * (config.d_model as f64) * args.seq as f64;
@@ -202,7 +254,15 @@ fn measure(args: &BenchArgs, name: &str, dtype: &str, compile: bool) -> anyhow::
             .map_or(f64::NAN, |report| report.loss as f64),
         loss_last: reports.last().map_or(f64::NAN, |report| report.loss as f64),
         peak_mib: Some(peak),
+        host_ms: Some(host_ms),
+        repeat: 0,
     })
+}
+
+/// The median of `values` (the upper middle one for an even count), NaN when empty.
+fn median(values: &mut [f64]) -> f64 {
+    values.sort_by(f64::total_cmp);
+    values.get(values.len() / 2).copied().unwrap_or(f64::NAN)
 }
 
 fn count(params: &gpt2::Params) -> u64 {
@@ -229,7 +289,7 @@ fn anchor(
     compile: bool,
 ) -> anyhow::Result<Row> {
     let mut command = Command::new(&args.python);
-    command.arg(script).args([
+    command.args(["-c", WITH_PEAK_MEMORY]).arg(script).args([
         "--config",
         config,
         "--batch",
@@ -264,51 +324,121 @@ fn anchor(
         );
     }
     let stdout = String::from_utf8_lossy(&output.stdout);
-    let line = stdout
-        .lines()
-        .rev()
-        .find(|line| line.starts_with('{'))
-        .ok_or_else(|| anyhow::anyhow!("the anchor printed no JSON"))?;
-    let mut row: Row = serde_json::from_str(line)?;
+    let json_line = |field: &str| {
+        stdout
+            .lines()
+            .rev()
+            .find(|line| line.starts_with('{') && line.contains(field))
+            .ok_or_else(|| anyhow::anyhow!("the anchor printed no JSON line with `{field}`"))
+    };
+    let mut row: Row = serde_json::from_str(json_line("\"median_ms\"")?)?;
+    let peak: serde_json::Value = serde_json::from_str(json_line("\"peak_memory\"")?)?;
     row.device = device_name();
+    row.peak_mib = peak["peak_memory"]
+        .as_f64()
+        .map(|bytes| bytes / (1024.0 * 1024.0));
     Ok(row)
 }
 
-fn print_table(rows: &[(Row, Option<Row>)]) {
+/// Runs the anchor script given as the first argument with the rest as its arguments, then
+/// prints MLX's peak memory as one more JSON line: the anchor itself does not measure it.
+const WITH_PEAK_MEMORY: &str = "\
+import json, runpy, sys
+import mlx.core as mx
+sys.argv = sys.argv[1:]
+runpy.run_path(sys.argv[0], run_name='__main__')
+print(json.dumps({'peak_memory': mx.get_peak_memory()}))
+";
+
+fn print_table(rows: &[Measured]) {
     println!(
-        "{:<8} {:<9} {:<9} {:>10} {:>12} {:>8} {:>12} {:>7} {:>17} {:>10}",
+        "{:<8} {:<9} {:<9} {:>10} {:>10} {:>8} {:>8} {:>11} {:>6} {:>17} {:>9} {:>9}",
         "config",
         "mode",
         "dtype",
         "lmx ms",
         "anchor ms",
         "speedup",
+        "host ms",
         "lmx tok/s",
         "MFU",
         "loss first→last",
-        "peak MiB"
+        "lmx MiB",
+        "anchor MiB"
     );
-    for (ours, anchor) in rows {
-        let (anchor_ms, speedup) = match anchor {
-            Some(anchor) => (
-                format!("{:.3}", anchor.median_ms),
-                format!("{:.2}x", anchor.median_ms / ours.median_ms),
-            ),
-            None => ("-".into(), "-".into()),
+    for Measured { ours, anchor } in rows {
+        let anchor_field = |field: fn(&Row) -> Option<f64>, digits: usize| {
+            anchor
+                .as_ref()
+                .and_then(field)
+                .map_or("-".to_string(), |value| format!("{value:.digits$}"))
         };
+        let speedup = anchor.as_ref().map_or("-".to_string(), |anchor| {
+            format!("{:.2}x", anchor.median_ms / ours.median_ms)
+        });
         println!(
-            "{:<8} {:<9} {:<9} {:>10.3} {:>12} {:>8} {:>12.0} {:>6.1}% {:>8.3}→{:<8.3} {:>10.1}",
+            "{:<8} {:<9} {:<9} {:>10.3} {:>10} {:>8} {:>8.3} {:>11.0} {:>5.1}% {:>8.3}→{:<8.3} {:>9.1} {:>9}",
             ours.config,
             if ours.compile { "compiled" } else { "eager" },
             ours.dtype,
             ours.median_ms,
-            anchor_ms,
+            anchor_field(|row| Some(row.median_ms), 3),
             speedup,
+            ours.host_ms.unwrap_or(f64::NAN),
             ours.tokens_per_s,
             ours.mfu * 100.0,
             ours.loss_first,
             ours.loss_last,
-            ours.peak_mib.unwrap_or(f64::NAN)
+            ours.peak_mib.unwrap_or(f64::NAN),
+            anchor_field(|row| row.peak_mib, 1),
+        );
+    }
+}
+
+/// The seed's compile table: eager and compiled ms per step and their ratio, for every config and
+/// precision measured both ways.
+fn print_compile_table(rows: &[Measured]) {
+    let find = |config: &str, dtype: &str, compile: bool| {
+        rows.iter().find(|row| {
+            row.ours.config == config && row.ours.dtype == dtype && row.ours.compile == compile
+        })
+    };
+    let mut printed_header = false;
+    for compiled in rows.iter().filter(|row| row.ours.compile) {
+        let Some(eager) = find(&compiled.ours.config, &compiled.ours.dtype, false) else {
+            continue;
+        };
+        if !printed_header {
+            println!(
+                "\n{:<8} {:<9} {:>12} {:>12} {:>8} {:>12} {:>12} {:>8}",
+                "config",
+                "dtype",
+                "lmx eager",
+                "lmx comp.",
+                "speedup",
+                "anchor eager",
+                "anchor comp.",
+                "speedup"
+            );
+            printed_header = true;
+        }
+        let anchor = match (&eager.anchor, &compiled.anchor) {
+            (Some(eager), Some(compiled)) => format!(
+                "{:>12.3} {:>12.3} {:>7.2}x",
+                eager.median_ms,
+                compiled.median_ms,
+                eager.median_ms / compiled.median_ms
+            ),
+            _ => format!("{:>12} {:>12} {:>8}", "-", "-", "-"),
+        };
+        println!(
+            "{:<8} {:<9} {:>12.3} {:>12.3} {:>7.2}x {}",
+            compiled.ours.config,
+            compiled.ours.dtype,
+            eager.ours.median_ms,
+            compiled.ours.median_ms,
+            eager.ours.median_ms / compiled.ours.median_ms,
+            anchor
         );
     }
 }
