@@ -250,3 +250,56 @@ fn bfloat16_training_keeps_parameters_and_moments_in_bfloat16_and_learns() {
         "the step count stays float32"
     );
 }
+
+/// A run of `steps` with no validation or checkpoint before the end, overlapping steps or not.
+fn run_plain(dir: &Path, steps: u64, overlap: bool, stop_at: Option<u64>) -> Trainer<Train> {
+    let config = TrainConfig {
+        eval_every: 0,
+        checkpoint_every: 0,
+        overlap,
+        ..config(dir, steps)
+    };
+    let mut trainer = Trainer::<Train>::new(257, config, windows()).unwrap();
+    trainer.add_callback(JsonlLog::append(dir.join("metrics.jsonl")).unwrap());
+    if let Some(step) = stop_at {
+        trainer.add_callback(StopAt(step));
+    }
+    trainer.run().unwrap();
+    trainer
+}
+
+#[test]
+fn overlapping_steps_changes_no_number() {
+    let (overlapped, sequential) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let a = run_plain(overlapped.path(), 20, true, None);
+    let b = run_plain(sequential.path(), 20, false, None);
+    let (losses_a, losses_b) = (
+        logged_losses(overlapped.path()),
+        logged_losses(sequential.path()),
+    );
+    assert_eq!(losses_a.len(), 20);
+    assert_eq!(losses_a, losses_b);
+    let (weights_a, weights_b) = (&a.state().params.weight, &b.state().params.weight);
+    assert_eq!(
+        weights_a.as_slice::<f32>(),
+        weights_b.as_slice::<f32>(),
+        "the same parameters after 20 steps"
+    );
+}
+
+#[test]
+fn a_stop_from_a_step_report_lands_after_the_step_in_flight() {
+    let (overlapped, sequential) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let a = run_plain(overlapped.path(), 20, true, Some(5));
+    assert_eq!(
+        a.steps_done(),
+        6,
+        "step 6 was dispatched before step 5's report"
+    );
+    assert_eq!(
+        a.latest_checkpoint().unwrap(),
+        Some(overlapped.path().join("checkpoints/step-000006"))
+    );
+    let b = run_plain(sequential.path(), 20, false, Some(5));
+    assert_eq!(b.steps_done(), 5);
+}

@@ -7,9 +7,10 @@ use std::path::{Path, PathBuf};
 
 /// One step, reported once its loss is on the host.
 ///
-/// The trainer reads a step's loss only after it has dispatched the next step, so that the device
-/// never waits for the host: a report arrives one step late, and a [`Control::Stop`] returned
-/// from [`Callback::on_step`] takes effect after the step already in flight.
+/// With [`TrainConfig::overlap`](super::TrainConfig::overlap), the trainer reads a step's loss
+/// only after it has dispatched the next step, so that the device never waits for the host: a
+/// report arrives one step late, and a [`Control::Stop`] returned from [`Callback::on_step`]
+/// takes effect after the step already in flight.
 #[derive(Clone, Debug, PartialEq, serde::Serialize)]
 pub struct StepReport {
     /// The number of updates made, counting this one.
@@ -24,8 +25,9 @@ pub struct StepReport {
     pub lr: f32,
     /// Tokens per second over this step: its tokens over the time since the previous report.
     pub tokens_per_s: f64,
-    /// Milliseconds the host spent building and dispatching this step (the batch, the graph, the
-    /// compiled call). Close to the step's own time, it means the run is bound by the host.
+    /// Milliseconds the host spent building this step's graph (the batch arrays, the compiled
+    /// call) before handing it to the device. Close to the step's own time, it means the run is
+    /// bound by the host.
     pub host_ms: f64,
     /// Model FLOPs utilisation against the configured peak, when one is configured.
     pub mfu: Option<f64>,

@@ -23,6 +23,10 @@ pub struct TrainConfig {
     pub compile: bool,
     /// Parameter precision.
     pub precision: Precision,
+    /// Dispatch each step before reading the previous one's loss, so that the device never waits
+    /// for the host (faster where the host's per-step work shows, at the cost of the next step's
+    /// buffers being allocated while the current one runs). `false`: one step at a time.
+    pub overlap: bool,
     /// Fraction of windows held out for validation.
     pub validation_fraction: f64,
     /// Evaluate the validation loss every this many steps (0: never).
@@ -56,6 +60,7 @@ impl Default for TrainConfig {
             seed: 0,
             compile: true,
             precision: Precision::Float32,
+            overlap: true,
             validation_fraction: 0.05,
             eval_every: 100,
             eval_batches: 8,

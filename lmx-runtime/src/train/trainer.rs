@@ -164,9 +164,9 @@ where
     /// Trains until `config.steps` updates are made, a callback stops the run, or the loss stops
     /// being finite (an error naming the step and the last good checkpoint).
     ///
-    /// The loop keeps one step in flight: it dispatches step `n + 1` before it reads step `n`'s
-    /// loss, so the host builds the next graph while the device computes. It waits for the device
-    /// only where it must: at validation, at checkpoints and at the end.
+    /// With `config.overlap`, the loop keeps one step in flight: it dispatches step `n + 1` before
+    /// it reads step `n`'s loss, so the host builds the next graph while the device computes, and
+    /// waits for the device only where it must: at validation, at checkpoints and at the end.
     pub fn run(&mut self) -> Result<TrainSummary> {
         let mut progress = Progress {
             started: Instant::now(),
@@ -183,6 +183,7 @@ where
             let (inputs, targets) = next.to_arrays();
             let lr = self.config.schedule.lr(self.done);
             let metrics = self.step.step(&mut self.state, lr, &[inputs, targets])?;
+            let host_s = dispatched.elapsed().as_secs_f64();
             async_eval(&metrics.outputs)?;
             self.done += 1;
             let current = InFlight {
@@ -190,7 +191,7 @@ where
                 loss: metrics.loss,
                 grad_norm: metrics.grad_norm,
                 lr,
-                host_s: dispatched.elapsed().as_secs_f64(),
+                host_s,
             };
             // The position before `next` is drawn: resuming from this step draws it again.
             let position = self.train_batches.position();
@@ -200,7 +201,7 @@ where
             if let Some(previous) = in_flight.replace(current) {
                 self.report(previous, &mut progress)?;
             }
-            if self.at_boundary() || progress.stopped.is_some() {
+            if !self.config.overlap || self.at_boundary() || progress.stopped.is_some() {
                 if let Some(current) = in_flight.take() {
                     self.report(current, &mut progress)?;
                 }

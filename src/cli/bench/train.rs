@@ -45,6 +45,10 @@ pub struct BenchArgs {
     /// The Python interpreter for the anchor.
     #[arg(long, default_value = "python3")]
     pub python: String,
+    /// Run lmx one step at a time, without dispatching a step before the previous one's loss is
+    /// read (as the anchor does).
+    #[arg(long)]
+    pub no_overlap: bool,
     /// Runs of each row, alternating lmx and the anchor; the table shows the median run.
     #[arg(long, default_value_t = 1)]
     pub repeats: usize,
@@ -209,6 +213,7 @@ fn measure(args: &BenchArgs, name: &str, dtype: &str, compile: bool) -> anyhow::
         },
         compile,
         precision,
+        overlap: !args.no_overlap,
         validation_fraction: 0.0,
         eval_every: 0,
         out_dir: out_dir.clone(),
