@@ -36,12 +36,11 @@ leaf_struct! {
     }
 }
 
-/// `x W^T + b`.
+/// `x W^T + b` (with a bias, one fused `addmm`, as MLX's `nn.Linear`).
 pub fn linear(params: &LinearParams, x: &Array) -> Result<Array> {
-    let y = x.matmul(params.weight.t())?;
     Ok(match &params.bias {
-        Some(bias) => y.add(bias)?,
-        None => y,
+        Some(bias) => ops::addmm(bias, x, params.weight.t(), 1.0, 1.0)?,
+        None => x.matmul(params.weight.t())?,
     })
 }
 
@@ -141,17 +140,6 @@ pub fn attention(q: &Array, k: &Array, v: &Array, mask: AttentionMask<'_>) -> Re
 /// at `offset` (MLX's fused kernel, non-traditional half-split layout as in LLaMA's HF weights).
 pub fn rope(x: &Array, dims: i32, base: f32, offset: i32) -> Result<Array> {
     Ok(fast::rope(x, dims, false, base, 1.0, offset, None)?)
-}
-
-/// Mean token cross-entropy of `logits: [..., vocab]` against integer `targets: [...]`,
-/// computed in float32 whatever the logits' precision.
-pub fn cross_entropy(logits: &Array, targets: &Array) -> Result<Array> {
-    let logits = logits.as_dtype(Dtype::Float32)?;
-    let log_norm = logits.logsumexp_axis(-1, false)?;
-    let picked = logits
-        .take_along_axis(targets.expand_dims(-1)?, -1)?
-        .squeeze_axes(&[-1])?;
-    Ok(log_norm.subtract(picked)?.mean(false)?)
 }
 
 /// A scalar of `dtype`, for arithmetic that keeps its operand's precision.

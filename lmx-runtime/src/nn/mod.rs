@@ -5,6 +5,8 @@
 mod extra;
 mod layers;
 mod leaf_struct;
+mod loss;
 
 pub use extra::*;
 pub use layers::*;
+pub use loss::*;

@@ -1,0 +1,167 @@
+//! The token cross-entropy, fused on MLX's CUDA backend.
+
+use crate::device::{default_kind, DeviceKind};
+use crate::error::{Error, Result};
+use mlx_rs::{Array, Dtype, Stream};
+
+/// Mean token cross-entropy of `logits: [..., vocab]` against integer `targets: [...]`,
+/// computed in float32 whatever the logits' precision.
+///
+/// On MLX's CUDA backend this is MLX's fused kernel (what `mlx.nn.losses.cross_entropy` uses
+/// there): it reads the logits in their own precision and accumulates in float32, so neither a
+/// float32 copy of the logits nor their softmax is ever stored, which at a 50K vocabulary is most
+/// of a step's activation memory. Elsewhere it is `logsumexp(logits) - logits[target]` over
+/// float32 logits.
+pub fn cross_entropy(logits: &Array, targets: &Array) -> Result<Array> {
+    let per_token = if fused_cross_entropy_available() {
+        fused_cross_entropy(logits, targets)?
+    } else {
+        composed_cross_entropy(logits, targets)?
+    };
+    Ok(per_token.as_dtype(Dtype::Float32)?.mean(false)?)
+}
+
+/// Whether [`cross_entropy`] takes MLX's fused kernel: the default device is a CUDA GPU.
+pub fn fused_cross_entropy_available() -> bool {
+    // SAFETY: `available` outlives the call; mlx-c writes one bool and reports failure by status.
+    let mut available = false;
+    let status = unsafe { mlx_sys::mlx_cuda_is_available(&mut available) };
+    status == 0 && available && matches!(default_kind(), Ok(DeviceKind::Gpu))
+}
+
+/// Per-token losses, `logsumexp(logits) - logits[target]`, in float32.
+fn composed_cross_entropy(logits: &Array, targets: &Array) -> Result<Array> {
+    let logits = logits.as_dtype(Dtype::Float32)?;
+    let log_norm = logits.logsumexp_axis(-1, false)?;
+    let picked = logits
+        .take_along_axis(targets.expand_dims(-1)?, -1)?
+        .squeeze_axes(&[-1])?;
+    Ok(log_norm.subtract(picked)?)
+}
+
+/// Per-token losses from MLX's fused kernel (`mlx::core::fast::cross_entropy`).
+fn fused_cross_entropy(logits: &Array, targets: &Array) -> Result<Array> {
+    let (logits_shape, targets_shape) = (logits.shape(), targets.shape());
+    if logits_shape.split_last().map(|(_, rest)| rest) != Some(targets_shape) {
+        return Err(Error::Layout(format!(
+            "cross_entropy: targets of shape {targets_shape:?} for logits of shape {logits_shape:?}"
+        )));
+    }
+    let stream = Stream::thread_local_or_default();
+    // SAFETY: mlx-c owns the result handle it writes into `out`; `Array::from_ptr` takes that
+    // ownership exactly once. The inputs are borrowed for the duration of the call.
+    let (status, out) = unsafe {
+        let mut out = mlx_sys::mlx_array_new();
+        let status = mlx_sys::mlx_fast_cross_entropy(
+            &mut out,
+            logits.as_ptr(),
+            targets.as_ptr(),
+            stream.as_ptr(),
+        );
+        (status, Array::from_ptr(out))
+    };
+    if status != 0 {
+        return Err(Error::Layout(format!(
+            "MLX's fused cross-entropy rejected logits {logits_shape:?} ({:?}) and targets \
+             {targets_shape:?} ({:?})",
+            logits.dtype(),
+            targets.dtype()
+        )));
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `log(sum(exp(row))) - row[target]` in f64.
+    fn reference(rows: &[Vec<f32>], targets: &[i32]) -> f64 {
+        let total: f64 = rows
+            .iter()
+            .zip(targets)
+            .map(|(row, &target)| {
+                let max = row.iter().copied().fold(f32::MIN, f32::max) as f64;
+                let sum: f64 = row.iter().map(|&x| (x as f64 - max).exp()).sum();
+                max + sum.ln() - row[target as usize] as f64
+            })
+            .sum();
+        total / rows.len() as f64
+    }
+
+    fn case() -> (Vec<Vec<f32>>, Vec<i32>) {
+        let rows: Vec<Vec<f32>> = (0..6)
+            .map(|i| {
+                (0..11)
+                    .map(|j| ((i * 7 + j * 3) % 13) as f32 * 0.7 - 4.0)
+                    .collect()
+            })
+            .collect();
+        (rows, vec![0, 3, 10, 5, 5, 7])
+    }
+
+    #[test]
+    fn cross_entropy_matches_a_hand_computed_mean() {
+        let (rows, targets) = case();
+        let flat: Vec<f32> = rows.concat();
+        let logits = Array::from_slice(&flat, &[2, 3, 11]);
+        let targets_array = Array::from_slice(&targets, &[2, 3]);
+        let loss = cross_entropy(&logits, &targets_array).unwrap();
+        assert_eq!(loss.dtype(), Dtype::Float32);
+        let expected = reference(&rows, &targets);
+        assert!((loss.item_exact::<f32>() as f64 - expected).abs() < 1e-5);
+    }
+
+    #[test]
+    fn the_fused_kernel_agrees_with_the_composed_losses() {
+        let (rows, targets) = case();
+        let logits = Array::from_slice(&rows.concat(), &[6, 11]);
+        let targets = Array::from_slice(&targets, &[6]);
+        let fused = fused_cross_entropy(&logits, &targets).unwrap();
+        let composed = composed_cross_entropy(&logits, &targets).unwrap();
+        let difference = fused
+            .subtract(&composed)
+            .unwrap()
+            .abs()
+            .unwrap()
+            .max(false)
+            .unwrap();
+        assert!(difference.item_exact::<f32>() < 1e-5);
+    }
+
+    #[test]
+    fn the_fused_kernel_has_the_gradient_softmax_minus_one_hot() {
+        let (rows, targets) = case();
+        let logits = Array::from_slice(&rows.concat(), &[6, 11]);
+        let targets_array = Array::from_slice(&targets, &[6]);
+        let loss =
+            move |args: &[Array]| -> std::result::Result<Vec<Array>, mlx_rs::error::Exception> {
+                let per_token = fused_cross_entropy(&args[0], &targets_array)
+                    .map_err(|err| mlx_rs::error::Exception::custom(err.to_string()))?;
+                Ok(vec![per_token.mean(false)?])
+            };
+        let (_, grads) = mlx_rs::transforms::value_and_grad(loss)(&[logits]).unwrap();
+        let grad: Vec<f32> = grads[0].as_slice().to_vec();
+        for (i, (row, &target)) in rows.iter().zip(&targets).enumerate() {
+            let max = row.iter().copied().fold(f32::MIN, f32::max) as f64;
+            let sum: f64 = row.iter().map(|&x| (x as f64 - max).exp()).sum();
+            for (j, &x) in row.iter().enumerate() {
+                let softmax = (x as f64 - max).exp() / sum;
+                let one_hot = if j == target as usize { 1.0 } else { 0.0 };
+                let expected = (softmax - one_hot) / rows.len() as f64;
+                assert!(
+                    (grad[i * 11 + j] as f64 - expected).abs() < 1e-6,
+                    "[{i}, {j}]"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn the_fused_kernel_names_mismatched_shapes() {
+        let logits = Array::zeros::<f32>(&[2, 3, 5]).unwrap();
+        let targets = Array::zeros::<i32>(&[2, 4]).unwrap();
+        let err = fused_cross_entropy(&logits, &targets).unwrap_err();
+        assert!(err.to_string().contains("[2, 4]"), "{err}");
+    }
+}
