@@ -25,9 +25,20 @@ pub fn clip_by_global_norm(grads: &[Array], max_norm: f32) -> Result<(Vec<Array>
         Array::from_f32(max_norm).divide(norm.add(Array::from_f32(EPS))?)?,
         Array::from_f32(1.0),
     )?;
-    let clipped = grads
-        .iter()
-        .map(|grad| Ok(grad.multiply(scale.as_dtype(grad.dtype())?)?))
-        .collect::<Result<Vec<_>>>()?;
+    // One conversion of the scale per precision, not one per gradient.
+    let mut scales: Vec<(Dtype, Array)> = Vec::new();
+    let mut clipped = Vec::with_capacity(grads.len());
+    for grad in grads {
+        let dtype = grad.dtype();
+        let scale = match scales.iter().find(|(seen, _)| *seen == dtype) {
+            Some((_, scale)) => scale.clone(),
+            None => {
+                let converted = scale.as_dtype(dtype)?;
+                scales.push((dtype, converted.clone()));
+                converted
+            }
+        };
+        clipped.push(grad.multiply(scale)?);
+    }
     Ok((clipped, norm))
 }

@@ -3,6 +3,7 @@
 //! that take their operand's precision. Generated code calls these by name; each is a pure
 //! function of arrays, so it traces into a compiled step like the core layers.
 
+use super::scalar;
 use crate::error::{Error, Result};
 use crate::model::Context;
 use mlx_rs::fast::{self, ScaledDotProductAttentionMask};
@@ -17,7 +18,7 @@ pub fn literal(value: f64, like: &Array) -> Result<Array> {
         Dtype::Float16 | Dtype::Bfloat16 | Dtype::Float32 | Dtype::Float64
     ) || value.fract() == 0.0;
     let dtype = if keeps { dtype } else { Dtype::Float32 };
-    Ok(Array::from_f32(value as f32).as_dtype(dtype)?)
+    scalar(value as f32, dtype)
 }
 
 /// `x` cut into `N` equal parts along `axis`.

@@ -69,12 +69,13 @@ pub fn rms_norm(params: &RmsNormParams, x: &Array, eps: f32) -> Result<Array> {
     Ok(fast::rms_norm(x, Some(&params.weight), eps)?)
 }
 
-/// GELU with the exact error function: `x/2 (1 + erf(x/sqrt 2))`.
+/// GELU with the exact error function: `x (1 + erf(x/sqrt 2)) / 2`, in the order MLX's `nn.gelu`
+/// computes it, so that the backward pass keeps the same intermediates.
 pub fn gelu(x: &Array) -> Result<Array> {
-    let half = scalar(0.5, x.dtype())?;
-    let erf = ops::erf(x.multiply(scalar(std::f32::consts::FRAC_1_SQRT_2, x.dtype())?)?)?;
-    Ok(x.multiply(&half)?
-        .multiply(erf.add(scalar(1.0, x.dtype())?)?)?)
+    let dtype = x.dtype();
+    let erf = ops::erf(x.multiply(scalar(std::f32::consts::FRAC_1_SQRT_2, dtype)?)?)?;
+    Ok(x.multiply(erf.add(scalar(1.0, dtype)?)?)?
+        .multiply(scalar(0.5, dtype)?)?)
 }
 
 /// GELU's tanh approximation, as GPT-2 trained with it (`gelu_new`).
@@ -143,8 +144,17 @@ pub fn rope(x: &Array, dims: i32, base: f32, offset: i32) -> Result<Array> {
 }
 
 /// A scalar of `dtype`, for arithmetic that keeps its operand's precision.
+///
+/// Floating and `int32` scalars are made directly in their type, with no conversion in the
+/// graph: a compiled step inlines them as constants, and an eager one launches no kernel for them.
 pub fn scalar(value: f32, dtype: Dtype) -> Result<Array> {
-    Ok(Array::from_f32(value).as_dtype(dtype)?)
+    Ok(match dtype {
+        Dtype::Float32 => Array::from_f32(value),
+        Dtype::Bfloat16 => Array::from_slice(&[half::bf16::from_f32(value)], &[]),
+        Dtype::Float16 => Array::from_slice(&[half::f16::from_f32(value)], &[]),
+        Dtype::Int32 if value.fract() == 0.0 => Array::from_int(value as i32),
+        other => Array::from_f32(value).as_dtype(other)?,
+    })
 }
 
 /// Positions `0..len` as int32.

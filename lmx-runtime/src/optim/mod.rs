@@ -52,7 +52,7 @@ pub trait Optimizer: Clone + 'static {
     ) -> Result<(Array, Self::Leaf)>;
 }
 
-/// `value` as a float32 scalar array of the dtype of `like`.
+/// `value` as a scalar array of the dtype of `like`.
 pub(crate) fn constant(value: f32, like: &Array) -> Result<Array> {
-    Ok(Array::from_f32(value).as_dtype(like.dtype())?)
+    crate::nn::scalar(value, like.dtype())
 }
