@@ -36,12 +36,13 @@ leaf_struct! {
     }
 }
 
-/// `x W^T + b`.
+/// `x W^T + b`, with a bias in one fused `addmm` as `mlx.nn.Linear` computes it (on the CPU, BLAS
+/// then adds the bias in the product's own pass, and picks its faster small-matrix kernels for a
+/// single token).
 pub fn linear(params: &LinearParams, x: &Array) -> Result<Array> {
-    let y = x.matmul(params.weight.t())?;
     Ok(match &params.bias {
-        Some(bias) => y.add(bias)?,
-        None => y,
+        Some(bias) => ops::addmm(bias, x, params.weight.t(), None, None)?,
+        None => x.matmul(params.weight.t())?,
     })
 }
 
