@@ -71,6 +71,12 @@ pub struct Row {
     /// The device.
     #[serde(default)]
     pub device: String,
+    /// Prompt tokens per second of each timed run, in order.
+    #[serde(default)]
+    pub prompt_runs: Vec<f64>,
+    /// Decode tokens per second of each timed run, in order.
+    #[serde(default)]
+    pub decode_runs: Vec<f64>,
 }
 
 /// The model sizes the anchor takes as flags, read from an lmx configuration.
@@ -272,6 +278,8 @@ fn measure<M: LanguageModel>(
         prompt_tokens_per_s: median(samples.iter().map(|sample| sample.0)),
         decode_tokens_per_s: median(samples.iter().map(|sample| sample.1)),
         device: device_name(),
+        prompt_runs: samples.iter().map(|sample| sample.0).collect(),
+        decode_runs: samples.iter().map(|sample| sample.1).collect(),
     };
     let ours = row("lmx", &ours);
     eprintln!("{}", serde_json::to_string(&ours)?);
