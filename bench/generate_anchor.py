@@ -1,4 +1,4 @@
-"""Generation speed in Python MLX, written the way mlx-lm writes it: the anchor for `lmx bench --generate`.
+"""Generation speed in Python MLX, written the way mlx-lm writes it: the anchor for `lmx bench generate`.
 
 GPT-2 (learned positions, LayerNorm, GELU, tied head) and LLaMA (RMSNorm, RoPE, SwiGLU, GQA) with
 random weights, a KV cache grown in steps of 256 as mlx_lm.models.cache.KVCache does, greedy decoding

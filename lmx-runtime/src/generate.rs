@@ -3,14 +3,18 @@
 use crate::data::rng::SplitMix64;
 use crate::error::{Error, Result};
 use crate::model::{Context, LanguageModel};
-use mlx_rs::{ops::indexing::IndexOp, transforms::eval, Array, Dtype};
+use mlx_rs::error::Exception;
+use mlx_rs::ops::indexing::{argmax_axis, IndexOp};
+use mlx_rs::transforms::{async_eval, eval};
+use mlx_rs::{Array, Dtype};
 use std::time::Instant;
 
 /// How the next token is chosen.
 #[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 #[serde(default)]
 pub struct Sampling {
-    /// 0 picks the most likely token (greedy); otherwise logits are divided by it.
+    /// 0 (or less) picks the first most likely token (greedy, on the device); otherwise logits are
+    /// divided by it and the token is sampled on the host.
     pub temperature: f32,
     /// Keep only the `k` most likely tokens.
     pub top_k: Option<usize>,
@@ -39,14 +43,21 @@ impl Default for Sampling {
 pub struct Generation {
     /// The generated tokens (the prompt excluded).
     pub tokens: Vec<u32>,
-    /// Prompt tokens processed per second.
+    /// Prompt tokens per second, over the prompt's forward pass and the first token.
     pub prompt_tokens_per_s: f64,
-    /// Generated tokens per second, after the prompt.
+    /// Generated tokens per second after the first.
     pub decode_tokens_per_s: f64,
 }
 
 /// Generates up to `sampling.max_tokens` tokens after `prompt`, calling `on_token` with each, and
-/// stops early at `stop` or at the model's context length.
+/// stops early at `stop` or when prompt and generated tokens fill the model's context.
+///
+/// Greedy decoding (`temperature` 0) picks the first most likely token on the device and, as
+/// mlx-lm does, queues the next token's forward pass (`async_eval`) before reading the current
+/// token to the host, so that the device never waits for the host. Sampling picks on the host.
+///
+/// Timing, as mlx-lm and `bench/generate_anchor.py` measure it: prompt tokens per second over the
+/// prompt's forward pass and the first token; decode tokens per second over the remaining tokens.
 pub fn generate<M: LanguageModel>(
     params: &M::Params,
     config: &M::Config,
@@ -67,60 +78,122 @@ pub fn generate<M: LanguageModel>(
             prompt.len()
         )));
     }
-    let mut sampler = Sampler {
-        sampling: sampling.clone(),
-        rng: SplitMix64::new(sampling.seed),
+    let limit = sampling.max_tokens.min(context_len - prompt.len());
+    let mut tokens = Vec::with_capacity(limit);
+    if limit == 0 {
+        return Ok(Generation {
+            tokens,
+            prompt_tokens_per_s: 0.0,
+            decode_tokens_per_s: 0.0,
+        });
+    }
+    let mut decoder = Decoder::<M> {
+        params,
+        config,
+        ctx: Context::generation(),
+        sampler: (sampling.temperature > 0.0).then(|| Sampler {
+            sampling: sampling.clone(),
+            rng: SplitMix64::new(sampling.seed),
+        }),
     };
-    let mut ctx = Context::generation();
     let started = Instant::now();
     let ids: Vec<i32> = prompt.iter().map(|&id| id as i32).collect();
-    let mut logits = last_logits::<M>(params, config, &ids, &mut ctx)?;
+    let mut pending = decoder.step(&Array::from_slice(&ids, &[1, ids.len() as i32]))?;
+    pending.wait()?;
     let prompt_seconds = started.elapsed().as_secs_f64();
     let decode_started = Instant::now();
-    let mut tokens = Vec::new();
-    while tokens.len() < sampling.max_tokens && prompt.len() + tokens.len() < context_len {
-        let token = sampler.next(&logits)?;
+    loop {
+        let more = tokens.len() + 1 < limit;
+        let queued = match &pending {
+            Pending::Device(token) if more => Some(decoder.step(&token.reshape(&[1, 1])?)?),
+            _ => None,
+        };
+        let token = pending.read()?;
         tokens.push(token);
         on_token(token);
-        if Some(token) == stop || tokens.len() == sampling.max_tokens {
+        if Some(token) == stop || !more {
             break;
         }
-        logits = last_logits::<M>(params, config, &[token as i32], &mut ctx)?;
+        pending = match queued {
+            Some(next) => next,
+            None => decoder.step(&Array::from_slice(&[token as i32], &[1, 1]))?,
+        };
     }
     let decode_seconds = decode_started.elapsed().as_secs_f64();
     Ok(Generation {
-        prompt_tokens_per_s: prompt.len() as f64 / prompt_seconds,
+        prompt_tokens_per_s: prompt.len() as f64 / prompt_seconds.max(f64::MIN_POSITIVE),
         decode_tokens_per_s: tokens.len().saturating_sub(1) as f64
             / decode_seconds.max(f64::MIN_POSITIVE),
         tokens,
     })
 }
 
-/// The float32 logits of the last position after feeding `ids`.
-fn last_logits<M: LanguageModel>(
-    params: &M::Params,
-    config: &M::Config,
-    ids: &[i32],
-    ctx: &mut Context,
-) -> Result<Vec<f32>> {
-    let tokens = Array::from_slice(ids, &[1, ids.len() as i32]);
-    let logits = M::forward(params, config, &tokens, ctx)?;
-    let last = logits.index((0, -1)).as_dtype(Dtype::Float32)?;
-    eval([&last])?;
-    Ok(last.as_slice::<f32>().to_vec())
+/// The next token: on the device while it may still be computing (greedy), or on the host.
+enum Pending {
+    /// A `uint32` array of one token, queued for evaluation.
+    Device(Array),
+    /// A token sampled on the host.
+    Host(u32),
 }
 
-/// Picks tokens from logits on the host, reproducibly from its seed.
+impl Pending {
+    /// Waits until the token is computed.
+    fn wait(&self) -> Result<()> {
+        if let Pending::Device(token) = self {
+            eval([token])?;
+        }
+        Ok(())
+    }
+
+    /// The token, on the host.
+    fn read(&self) -> Result<u32> {
+        match self {
+            Pending::Device(token) => token
+                .try_item_exact::<u32>()
+                .map_err(|err| Exception::custom(format!("reading the next token: {err}")).into()),
+            Pending::Host(token) => Ok(*token),
+        }
+    }
+}
+
+/// A model with its key-value cache and, unless decoding greedily, its sampler.
+struct Decoder<'a, M: LanguageModel> {
+    params: &'a M::Params,
+    config: &'a M::Config,
+    ctx: Context,
+    sampler: Option<Sampler>,
+}
+
+impl<M: LanguageModel> Decoder<'_, M> {
+    /// Feeds `tokens` (`[1, T]`) and picks the token after them: greedily on the device (queued,
+    /// not waited for), or sampled on the host from the float32 logits.
+    fn step(&mut self, tokens: &Array) -> Result<Pending> {
+        let logits = M::forward(self.params, self.config, tokens, &mut self.ctx)?;
+        let last = logits.index((0, -1));
+        match self.sampler.as_mut() {
+            None => {
+                let token = argmax_axis(&last, -1, false)?;
+                async_eval([&token])?;
+                Ok(Pending::Device(token))
+            }
+            Some(sampler) => {
+                let last = last.as_dtype(Dtype::Float32)?;
+                eval([&last])?;
+                Ok(Pending::Host(sampler.next(last.as_slice::<f32>())))
+            }
+        }
+    }
+}
+
+/// Samples tokens from logits on the host, reproducibly from its seed.
 struct Sampler {
     sampling: Sampling,
     rng: SplitMix64,
 }
 
 impl Sampler {
-    fn next(&mut self, logits: &[f32]) -> Result<u32> {
-        if self.sampling.temperature <= 0.0 {
-            return Ok(argmax(logits));
-        }
+    /// A token drawn from the tempered distribution of `logits`, cut to the top `k` and top `p`.
+    fn next(&mut self, logits: &[f32]) -> u32 {
         let mut order: Vec<usize> = (0..logits.len()).collect();
         order.sort_by(|&a, &b| logits[b].total_cmp(&logits[a]));
         if let Some(k) = self.sampling.top_k {
@@ -148,17 +221,9 @@ impl Sampler {
         for (index, weight) in weights[..kept].iter().enumerate() {
             draw -= weight;
             if draw < 0.0 {
-                return Ok(order[index] as u32);
+                return order[index] as u32;
             }
         }
-        Ok(order[kept - 1] as u32)
+        order[kept - 1] as u32
     }
-}
-
-fn argmax(values: &[f32]) -> u32 {
-    values
-        .iter()
-        .enumerate()
-        .max_by(|a, b| a.1.total_cmp(b.1))
-        .map_or(0, |(index, _)| index as u32)
 }

@@ -5,6 +5,7 @@
 
 use crate::error::Result;
 use crate::tree::Tree;
+use mlx_rs::ops::indexing::{IndexOp, TryIndexMutOp};
 use mlx_rs::Array;
 use serde::{de::DeserializeOwned, Serialize};
 
@@ -78,7 +79,8 @@ impl Context {
     }
 
     /// Attention of layer `layer` with causal masking: `q`, `k`, `v` are `[B, heads, T, head_dim]`
-    /// (keys and values may have fewer heads); `k` and `v` are appended to the cache first.
+    /// (keys and values may have fewer heads); during generation `k` and `v` are written into the
+    /// cache first and the queries attend to every position it holds.
     pub fn attend(&mut self, layer: usize, q: &Array, k: &Array, v: &Array) -> Result<Array> {
         let Some(cache) = self.cache.as_mut() else {
             return crate::nn::attention(q, k, v, crate::nn::AttentionMask::Causal);
@@ -94,7 +96,7 @@ impl Context {
     }
 
     /// The keys and values that layer `layer`'s queries see, `[B, heads, T_k, head_dim]`: during
-    /// generation `k` and `v` are appended to the cache first and the whole cache is returned;
+    /// generation `k` and `v` are written into the cache first and its filled part is returned;
     /// in training they are returned as they are. (For attention masked otherwise than causally.)
     pub fn keys_values(&mut self, layer: usize, k: &Array, v: &Array) -> Result<(Array, Array)> {
         match self.cache.as_mut() {
@@ -111,7 +113,9 @@ impl Context {
     }
 }
 
-/// Keys and values of every attention layer so far.
+/// Keys and values of every attention layer so far, as mlx-lm's `KVCache` keeps them: per layer
+/// a buffer `[B, heads, capacity, head_dim]` grown in steps of [`KvCache::STEP`] positions and
+/// written in place, of which the first `len` positions are filled.
 #[derive(Clone)]
 struct KvCache {
     layers: Vec<Option<(Array, Array)>>,
@@ -119,21 +123,45 @@ struct KvCache {
 }
 
 impl KvCache {
+    /// Positions added to a layer's buffer when it is full.
+    const STEP: i32 = 256;
+
+    /// Writes `k` and `v` (`[B, heads, T, head_dim]`) at positions `len .. len + T` of layer
+    /// `layer`'s buffers and returns the filled part, `[.., :len + T, :]`.
     fn extend(&mut self, layer: usize, k: &Array, v: &Array) -> Result<(Array, Array)> {
         if self.layers.len() <= layer {
             self.layers.resize(layer + 1, None);
         }
-        let slot = &mut self.layers[layer];
-        let next = match slot.take() {
-            Some((k0, v0)) => (
-                mlx_rs::ops::concatenate(&[k0, k.clone()], 2)?,
-                mlx_rs::ops::concatenate(&[v0, v.clone()], 2)?,
-            ),
-            None => (k.clone(), v.clone()),
+        let start = self.len;
+        let end = start + k.dim(2);
+        let (mut keys, mut values) = match self.layers[layer].take() {
+            Some((keys, values)) if keys.dim(2) >= end => (keys, values),
+            held => {
+                let (keys, values) = held.unzip();
+                (grow(keys, k, start)?, grow(values, v, start)?)
+            }
         };
-        *slot = Some(next.clone());
-        Ok(next)
+        keys.try_index_mut((.., .., start..end, ..), k)?;
+        values.try_index_mut((.., .., start..end, ..), v)?;
+        let filled = (
+            keys.index((.., .., ..end, ..)),
+            values.index((.., .., ..end, ..)),
+        );
+        self.layers[layer] = Some((keys, values));
+        Ok(filled)
     }
+}
+
+/// A buffer with room for `new`'s positions after the first `filled` positions of `held`: those,
+/// then zeros for `new`'s length rounded up to a multiple of [`KvCache::STEP`].
+fn grow(held: Option<Array>, new: &Array, filled: i32) -> Result<Array> {
+    let shape = new.shape();
+    let room = (new.dim(2) + KvCache::STEP - 1) / KvCache::STEP * KvCache::STEP;
+    let zeros = mlx_rs::ops::zeros_dtype(&[shape[0], shape[1], room, shape[3]], new.dtype())?;
+    Ok(match held {
+        Some(held) => mlx_rs::ops::concatenate(&[held.index((.., .., ..filled, ..)), zeros], 2)?,
+        None => zeros,
+    })
 }
 
 /// A training step declared with a model (in a `.lmx` file's `step` or by `#[lmx::step]`): its
@@ -161,4 +189,63 @@ pub trait TrainingStep: 'static {
         batch: &[Array],
         key: &Array,
     ) -> Result<Array>;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::nn::{attention, AttentionMask};
+    use mlx_rs::{ops, random};
+
+    /// `x[:, :, start..end]`.
+    fn positions(x: &Array, start: i32, end: i32) -> Array {
+        x.index((.., .., start..end, ..))
+    }
+
+    /// Cached attention over the calls `bounds` cuts the sequence into, against causal attention
+    /// over the whole sequence: the cache must hold the same keys and values after each growth.
+    fn cached_matches_full(bounds: &[i32]) -> Result<()> {
+        let len = *bounds.last().expect("bounds");
+        let key = random::key(7)?;
+        let (kq, kkv) = random::split(&key, 2)?;
+        let q = random::normal::<f32>(&[1, 4, len, 8][..], None, None, &kq)?;
+        let kv = random::normal::<f32>(&[2, 1, 2, len, 8][..], None, None, &kkv)?;
+        let (k, v) = (kv.index(0), kv.index(1));
+        let full = attention(&q, &k, &v, AttentionMask::Causal)?;
+        let mut ctx = Context::generation();
+        let mut outputs = Vec::new();
+        for pair in bounds.windows(2) {
+            let (start, end) = (pair[0], pair[1]);
+            assert_eq!(ctx.offset(), start);
+            outputs.push(ctx.attend(
+                0,
+                &positions(&q, start, end),
+                &positions(&k, start, end),
+                &positions(&v, start, end),
+            )?);
+            ctx.advance(end - start);
+        }
+        let cached = ops::concatenate(&outputs, 2)?;
+        let error = cached
+            .subtract(&full)?
+            .abs()?
+            .max(None)?
+            .item_exact::<f32>();
+        assert!(error < 1e-5, "bounds {bounds:?}: max error {error:e}");
+        Ok(())
+    }
+
+    /// Single tokens and short calls that cross the first growth step (256 positions), a call
+    /// that straddles it, and a first call longer than one step followed by tokens that cross
+    /// the next one (512).
+    #[test]
+    fn cached_attention_crosses_growth_steps() -> Result<()> {
+        let mut singles = vec![0, 1, 6, 250];
+        singles.extend(251..=300);
+        cached_matches_full(&singles)?;
+        cached_matches_full(&[0, 200, 262, 270])?;
+        let mut long_first = vec![0, 300, 500];
+        long_first.extend(501..=520);
+        cached_matches_full(&long_first)
+    }
 }

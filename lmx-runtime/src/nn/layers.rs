@@ -36,10 +36,12 @@ leaf_struct! {
     }
 }
 
-/// `x W^T + b` (with a bias, one fused `addmm`, as MLX's `nn.Linear`).
+/// `x W^T + b`, with a bias in one fused `addmm` as `mlx.nn.Linear` computes it (on the CPU, BLAS
+/// then adds the bias in the product's own pass, and picks its faster small-matrix kernels for a
+/// single token).
 pub fn linear(params: &LinearParams, x: &Array) -> Result<Array> {
     Ok(match &params.bias {
-        Some(bias) => ops::addmm(bias, x, params.weight.t(), 1.0, 1.0)?,
+        Some(bias) => ops::addmm(bias, x, params.weight.t(), None, None)?,
         None => x.matmul(params.weight.t())?,
     })
 }

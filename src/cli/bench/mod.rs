@@ -1,6 +1,7 @@
 //! `lmx bench`: lmx measured side by side with the Python MLX anchors, in one invocation.
 
 pub mod chart;
+pub mod generate;
 pub mod train;
 
 use clap::Subcommand;
@@ -10,11 +11,14 @@ use clap::Subcommand;
 pub enum BenchCommand {
     /// The reference GPT's training step (models/gpt2.lmx at the anchors' configs).
     Train(train::BenchArgs),
+    /// Generation speed of the bundled GPT-2 and LLaMA, prompt and decode (greedy, random weights).
+    Generate(generate::GenerateBenchArgs),
 }
 
 /// Runs one benchmark.
 pub fn run(command: &BenchCommand) -> anyhow::Result<()> {
     match command {
         BenchCommand::Train(args) => train::bench(args),
+        BenchCommand::Generate(args) => generate::bench(args),
     }
 }

@@ -1,0 +1,389 @@
+//! `lmx bench generate`: generation speed of the bundled GPT-2 and LLaMA (random weights, greedy
+//! decoding through `lmx_runtime::generate::generate`), side by side with the mlx-lm-style Python
+//! MLX anchor (`bench/generate_anchor.py`) at the same sizes, the two runs alternating.
+
+use lmx::models::{gpt2, llama};
+use lmx::runtime::data::rng::SplitMix64;
+use lmx::runtime::device::{default_kind, DeviceKind};
+use lmx::runtime::generate::{generate, Sampling};
+use lmx::runtime::model::LanguageModel;
+use lmx::runtime::platform;
+use lmx::runtime::train::Precision;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+/// What to measure.
+#[derive(clap::Args)]
+pub struct GenerateBenchArgs {
+    /// Models: gpt2, llama.
+    #[arg(long, value_delimiter = ',', default_value = "gpt2,llama")]
+    pub models: Vec<String>,
+    /// The preset of models/gpt2.lmx.
+    #[arg(long, default_value = "124m")]
+    pub gpt2_preset: String,
+    /// The preset of models/llama.lmx.
+    #[arg(long, default_value = "tiny")]
+    pub llama_preset: String,
+    /// Precisions: float32, bfloat16.
+    #[arg(long, value_delimiter = ',', default_value = "float32")]
+    pub dtypes: Vec<String>,
+    /// Prompt tokens (random).
+    #[arg(long, default_value_t = 128)]
+    pub prompt: usize,
+    /// Tokens to generate.
+    #[arg(long, default_value_t = 128)]
+    pub tokens: usize,
+    /// Timed generations of each implementation (after one untimed warm-up); medians are reported.
+    #[arg(long, default_value_t = 3)]
+    pub repeats: usize,
+    /// The Python MLX anchor script (bench/generate_anchor.py), run after each timed lmx run.
+    #[arg(long)]
+    pub anchor: Option<PathBuf>,
+    /// The Python interpreter for the anchor.
+    #[arg(long, default_value = "python3")]
+    pub python: String,
+    /// Also write the rows as JSON lines here.
+    #[arg(long)]
+    pub json: Option<PathBuf>,
+}
+
+/// One measurement (medians over the repeats), with the anchor's JSON fields.
+#[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
+pub struct Row {
+    /// `lmx` or `python-mlx`.
+    #[serde(rename = "impl")]
+    pub implementation: String,
+    /// `gpt2` or `llama`.
+    pub model: String,
+    /// The lmx preset whose sizes both implementations use.
+    #[serde(default)]
+    pub preset: String,
+    /// Prompt tokens.
+    pub prompt: usize,
+    /// Generated tokens.
+    pub tokens: usize,
+    /// float32 or bfloat16.
+    pub dtype: String,
+    /// Prompt tokens per second: the prompt's forward pass and the first token.
+    pub prompt_tokens_per_s: f64,
+    /// Generated tokens per second after the first.
+    pub decode_tokens_per_s: f64,
+    /// The device.
+    #[serde(default)]
+    pub device: String,
+    /// Prompt tokens per second of each timed run, in order.
+    #[serde(default)]
+    pub prompt_runs: Vec<f64>,
+    /// Decode tokens per second of each timed run, in order.
+    #[serde(default)]
+    pub decode_runs: Vec<f64>,
+}
+
+/// The model sizes the anchor takes as flags, read from an lmx configuration.
+struct Sizes {
+    dim: i64,
+    layers: i64,
+    heads: i64,
+    kv_heads: i64,
+    hidden: i64,
+    vocab: i64,
+    ctx: i64,
+}
+
+impl Sizes {
+    fn gpt2(config: &gpt2::Config) -> anyhow::Result<Sizes> {
+        anyhow::ensure!(
+            config.eps == 1e-5,
+            "the anchor's GPT-2 normalises with eps 1e-5, the preset with {}",
+            config.eps
+        );
+        Ok(Sizes {
+            dim: config.d_model,
+            layers: config.n_layers,
+            heads: config.n_heads,
+            kv_heads: config.n_heads,
+            hidden: config.d_ff(),
+            vocab: config.vocab,
+            ctx: config.ctx,
+        })
+    }
+
+    fn llama(config: &llama::Config) -> anyhow::Result<Sizes> {
+        anyhow::ensure!(
+            config.rope_base == 10000.0 && config.eps == 1e-5,
+            "the anchor's LLaMA has rope base 10000 and eps 1e-5, the preset {} and {}",
+            config.rope_base,
+            config.eps
+        );
+        Ok(Sizes {
+            dim: config.d_model,
+            layers: config.n_layers,
+            heads: config.n_heads,
+            kv_heads: config.n_kv_heads,
+            hidden: config.d_ff,
+            vocab: config.vocab,
+            ctx: config.ctx,
+        })
+    }
+
+    /// The anchor's flags for these sizes.
+    fn flags(&self) -> Vec<String> {
+        [
+            ("--dim", self.dim),
+            ("--layers", self.layers),
+            ("--heads", self.heads),
+            ("--kv-heads", self.kv_heads),
+            ("--hidden", self.hidden),
+            ("--vocab", self.vocab),
+            ("--ctx", self.ctx),
+        ]
+        .into_iter()
+        .flat_map(|(flag, value)| [flag.to_string(), value.to_string()])
+        .collect()
+    }
+}
+
+/// One model at one precision: which, at which sizes.
+struct Case<'a> {
+    model: &'a str,
+    preset: &'a str,
+    dtype: &'a str,
+    precision: Precision,
+    sizes: Sizes,
+}
+
+/// Runs every model at every precision, the anchor alternating with lmx when asked, and prints
+/// the table.
+pub fn bench(args: &GenerateBenchArgs) -> anyhow::Result<()> {
+    anyhow::ensure!(
+        args.prompt > 0 && args.tokens > 0 && args.repeats > 0,
+        "--prompt, --tokens and --repeats must be at least 1"
+    );
+    let mut rows = Vec::new();
+    for model in &args.models {
+        for dtype in &args.dtypes {
+            let precision = match dtype.as_str() {
+                "float32" => Precision::Float32,
+                "bfloat16" => Precision::Bfloat16,
+                other => anyhow::bail!("unknown dtype `{other}`: use float32 or bfloat16"),
+            };
+            let row = match model.as_str() {
+                "gpt2" => {
+                    let config = preset::<gpt2::Gpt2>(&args.gpt2_preset)?;
+                    let case = Case {
+                        model,
+                        preset: &args.gpt2_preset,
+                        dtype,
+                        precision,
+                        sizes: Sizes::gpt2(&config)?,
+                    };
+                    measure::<gpt2::Gpt2>(args, &case, &config)?
+                }
+                "llama" => {
+                    let config = preset::<llama::Llama>(&args.llama_preset)?;
+                    let case = Case {
+                        model,
+                        preset: &args.llama_preset,
+                        dtype,
+                        precision,
+                        sizes: Sizes::llama(&config)?,
+                    };
+                    measure::<llama::Llama>(args, &case, &config)?
+                }
+                other => anyhow::bail!("unknown model `{other}`: use gpt2 or llama"),
+            };
+            rows.push(row);
+        }
+    }
+    if let Some(path) = &args.json {
+        let lines: Vec<String> = rows
+            .iter()
+            .flat_map(|(ours, anchor)| std::iter::once(ours).chain(anchor))
+            .map(serde_json::to_string)
+            .collect::<Result<_, _>>()?;
+        std::fs::write(path, lines.join("\n") + "\n")
+            .map_err(|err| anyhow::anyhow!("{}: {err}", path.display()))?;
+    }
+    print_table(&rows);
+    Ok(())
+}
+
+/// `M`'s preset `name`.
+fn preset<M: LanguageModel>(name: &str) -> anyhow::Result<M::Config> {
+    M::preset(name).ok_or_else(|| {
+        anyhow::anyhow!(
+            "models/{}.lmx has no preset `{name}` (it has {})",
+            M::NAME,
+            M::presets().join(", ")
+        )
+    })
+}
+
+/// One row of lmx and, with `--anchor`, one of the anchor: a warm-up generation, then the timed
+/// generations of lmx, each followed by one run of the anchor; medians of each.
+fn measure<M: LanguageModel>(
+    args: &GenerateBenchArgs,
+    case: &Case<'_>,
+    config: &M::Config,
+) -> anyhow::Result<(Row, Option<Row>)> {
+    anyhow::ensure!(
+        args.prompt + args.tokens <= M::context_len(config),
+        "{} at {}: {} prompt and {} generated tokens do not fit its context of {}",
+        case.model,
+        case.preset,
+        args.prompt,
+        args.tokens,
+        M::context_len(config)
+    );
+    let params = case.precision.cast(&M::init(config, 0)?)?;
+    let vocab = M::vocab_size(config) as u64;
+    let mut rng = SplitMix64::new(0);
+    let prompt: Vec<u32> = (0..args.prompt).map(|_| rng.below(vocab) as u32).collect();
+    let sampling = Sampling {
+        temperature: 0.0,
+        top_k: None,
+        top_p: None,
+        seed: 0,
+        max_tokens: args.tokens,
+    };
+    let run = || -> anyhow::Result<(f64, f64)> {
+        let generation = generate::<M>(&params, config, &prompt, &sampling, None, |_| ())?;
+        anyhow::ensure!(
+            generation.tokens.len() == args.tokens,
+            "lmx generated {} tokens, not {}",
+            generation.tokens.len(),
+            args.tokens
+        );
+        Ok((
+            generation.prompt_tokens_per_s,
+            generation.decode_tokens_per_s,
+        ))
+    };
+    run()?;
+    let mut ours = Vec::new();
+    let mut theirs = Vec::new();
+    for _ in 0..args.repeats {
+        ours.push(run()?);
+        if let Some(script) = &args.anchor {
+            theirs.push(anchor(args, script, case)?);
+        }
+    }
+    let row = |implementation: &str, samples: &[(f64, f64)]| Row {
+        implementation: implementation.into(),
+        model: case.model.into(),
+        preset: case.preset.into(),
+        prompt: args.prompt,
+        tokens: args.tokens,
+        dtype: case.dtype.into(),
+        prompt_tokens_per_s: median(samples.iter().map(|sample| sample.0)),
+        decode_tokens_per_s: median(samples.iter().map(|sample| sample.1)),
+        device: device_name(),
+        prompt_runs: samples.iter().map(|sample| sample.0).collect(),
+        decode_runs: samples.iter().map(|sample| sample.1).collect(),
+    };
+    let ours = row("lmx", &ours);
+    eprintln!("{}", serde_json::to_string(&ours)?);
+    let theirs = (!theirs.is_empty()).then(|| row("python-mlx", &theirs));
+    if let Some(theirs) = &theirs {
+        eprintln!("{}", serde_json::to_string(theirs)?);
+    }
+    Ok((ours, theirs))
+}
+
+/// The median of `values` (the mean of the middle two for an even count).
+fn median(values: impl Iterator<Item = f64>) -> f64 {
+    let mut values: Vec<f64> = values.collect();
+    values.sort_by(f64::total_cmp);
+    let middle = values.len() / 2;
+    if values.len() % 2 == 1 {
+        values[middle]
+    } else {
+        (values[middle - 1] + values[middle]) / 2.0
+    }
+}
+
+fn device_name() -> String {
+    match default_kind() {
+        Ok(DeviceKind::Gpu) => "gpu".into(),
+        _ => "cpu".into(),
+    }
+}
+
+/// One run of the anchor (its own warm-up and one timed generation) at `case`'s sizes, with the
+/// same BLAS as this process on the CPU: its prompt and decode tokens per second.
+fn anchor(args: &GenerateBenchArgs, script: &Path, case: &Case<'_>) -> anyhow::Result<(f64, f64)> {
+    let mut command = Command::new(&args.python);
+    command
+        .arg(script)
+        .args(["--model", case.model])
+        .args(case.sizes.flags())
+        .args(["--prompt", &args.prompt.to_string()])
+        .args(["--tokens", &args.tokens.to_string()])
+        .args(["--dtype", case.dtype])
+        .args(["--device", &device_name()]);
+    if device_name() == "cpu" {
+        if let Some(blas) = platform::blas_library() {
+            command.env("LD_PRELOAD", blas);
+        }
+    }
+    let output = command
+        .output()
+        .map_err(|err| anyhow::anyhow!("cannot run {}: {err}", args.python))?;
+    if !output.status.success() {
+        anyhow::bail!(
+            "the anchor ({}) failed:\n{}",
+            script.display(),
+            String::from_utf8_lossy(&output.stderr)
+        );
+    }
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let line = stdout
+        .lines()
+        .rev()
+        .find(|line| line.starts_with('{'))
+        .ok_or_else(|| anyhow::anyhow!("the anchor printed no JSON:\n{stdout}"))?;
+    let row: Row = serde_json::from_str(line)
+        .map_err(|err| anyhow::anyhow!("the anchor's line `{line}`: {err}"))?;
+    Ok((row.prompt_tokens_per_s, row.decode_tokens_per_s))
+}
+
+fn print_table(rows: &[(Row, Option<Row>)]) {
+    println!(
+        "{:<6} {:<7} {:<9} {:>14} {:>14} {:>7} {:>14} {:>14} {:>7}",
+        "model",
+        "preset",
+        "dtype",
+        "lmx prompt t/s",
+        "anchor prompt",
+        "ratio",
+        "lmx decode t/s",
+        "anchor decode",
+        "ratio"
+    );
+    let cell = |anchor: Option<f64>, ours: f64| match anchor {
+        Some(anchor) => (format!("{anchor:.1}"), format!("{:.2}x", ours / anchor)),
+        None => ("-".into(), "-".into()),
+    };
+    for (ours, anchor) in rows {
+        let (prompt, prompt_ratio) = cell(
+            anchor.as_ref().map(|row| row.prompt_tokens_per_s),
+            ours.prompt_tokens_per_s,
+        );
+        let (decode, decode_ratio) = cell(
+            anchor.as_ref().map(|row| row.decode_tokens_per_s),
+            ours.decode_tokens_per_s,
+        );
+        println!(
+            "{:<6} {:<7} {:<9} {:>14.1} {:>14} {:>7} {:>14.1} {:>14} {:>7}",
+            ours.model,
+            ours.preset,
+            ours.dtype,
+            ours.prompt_tokens_per_s,
+            prompt,
+            prompt_ratio,
+            ours.decode_tokens_per_s,
+            decode,
+            decode_ratio
+        );
+    }
+}
