@@ -71,33 +71,6 @@ pub fn rms_norm(params: &RmsNormParams, x: &Array, eps: f32) -> Result<Array> {
     Ok(fast::rms_norm(x, Some(&params.weight), eps)?)
 }
 
-/// GELU with the exact error function: `x (1 + erf(x/sqrt 2)) / 2`, in the order MLX's `nn.gelu`
-/// computes it, so that the backward pass keeps the same intermediates.
-pub fn gelu(x: &Array) -> Result<Array> {
-    let dtype = x.dtype();
-    let erf = ops::erf(x.multiply(scalar(std::f32::consts::FRAC_1_SQRT_2, dtype)?)?)?;
-    Ok(x.multiply(erf.add(scalar(1.0, dtype)?)?)?
-        .multiply(scalar(0.5, dtype)?)?)
-}
-
-/// GELU's tanh approximation, as GPT-2 trained with it (`gelu_new`).
-pub fn gelu_tanh(x: &Array) -> Result<Array> {
-    let dtype = x.dtype();
-    let inner = x
-        .add(
-            x.power(scalar(3.0, dtype)?)?
-                .multiply(scalar(0.044715, dtype)?)?,
-        )?
-        .multiply(scalar((2.0 / std::f32::consts::PI).sqrt(), dtype)?)?;
-    let gate = ops::tanh(inner)?.add(scalar(1.0, dtype)?)?;
-    Ok(x.multiply(gate)?.multiply(scalar(0.5, dtype)?)?)
-}
-
-/// SiLU (swish): `x sigmoid(x)`.
-pub fn silu(x: &Array) -> Result<Array> {
-    Ok(x.multiply(ops::sigmoid(x)?)?)
-}
-
 /// Splits `[B, T, heads * head_dim]` into heads: `[B, heads, T, head_dim]`.
 pub fn split_heads(x: &Array, heads: i32) -> Result<Array> {
     let shape = x.shape();

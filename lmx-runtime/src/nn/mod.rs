@@ -2,11 +2,13 @@
 //! that apply them. Layers are plain functions of their parameters, so a model's forward pass is
 //! a pure function of its parameter tree, as the compiled step requires.
 
+mod activation;
 mod extra;
 mod layers;
 mod leaf_struct;
 mod loss;
 
+pub use activation::*;
 pub use extra::*;
 pub use layers::*;
 pub use loss::*;
