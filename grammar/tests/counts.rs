@@ -48,6 +48,8 @@ fn gpt2_anchor_presets_match_the_reference_structure() {
 fn llama_published_counts() {
     assert_eq!(count("llama.lmx", "7b"), 6_738_415_616);
     assert_eq!(count("llama.lmx", "13b"), 13_015_864_320);
+    // TinyLlama-1.1B (Zhang et al., 2024), the LLaMA of the generation benchmark.
+    assert_eq!(count("llama.lmx", "tinyllama-1.1b"), 1_100_048_384);
     assert_eq!(count("llama.lmx", "70b"), 68_976_648_192);
 }
 
