@@ -1,0 +1,70 @@
+#!/bin/bash
+# The GPU tables of docs/benchmarks.md, in two parts that each fit one 10-minute call on the GPU
+# machine (see ../shared/gpu/README.md for staging MLX's CUDA build there).
+#
+#     bash bench/gpu.sh 1 OUT   # bf16 compile table (tiny, small, medium), GPT-2 124M bf16
+#     bash bench/gpu.sh 2 OUT   # float32 compile table, generation, PyTorch anchor, nsys profiles
+#
+# Environment: LMX (the lmx binary, default target/release/lmx), ANCHORS (the folder holding
+# anchor_mlx.py and anchor_torch.py, default ../shared/bench), PYTHON (default python3, with MLX).
+# Every result lands in OUT: the tables (*.txt), every run (*.jsonl), the plots (*.svg).
+set -u
+part=${1:?part 1 or 2}
+out=${2:?output folder}
+mkdir -p "$out"
+lmx=${LMX:-target/release/lmx}
+anchors=${ANCHORS:-../shared/bench}
+python=${PYTHON:-python3}
+here=$(dirname "$0")
+
+train() {  # name, then the rest of `lmx bench train`'s arguments
+    local name=$1
+    shift
+    "$lmx" --device gpu bench train --anchor "$anchors/anchor_mlx.py" --python "$python" \
+        --json "$out/$name.jsonl" "$@" > "$out/$name.txt" 2>&1
+    echo "exit status $?" >> "$out/$name.txt"
+}
+
+case $part in
+1)
+    nvidia-smi --query-gpu=name,driver_version --format=csv > "$out/machine.txt" 2>&1
+    "$python" -c "import mlx.core as mx; print('mlx', mx.__version__, mx.default_device())" \
+        >> "$out/machine.txt" 2>&1
+    # Untimed: MLX's CUDA backend compiles its kernels on first use (cached for the later runs).
+    "$lmx" --device gpu bench train --configs tiny,small,medium --dtypes bfloat16,float32 \
+        --batch 16 --seq 256 --steps 2 --warmup 1 > "$out/kernels.txt" 2>&1
+    train train-bf16 --configs tiny,small,medium --modes compiled,eager --dtypes bfloat16 \
+        --batch 16 --seq 256 --steps 50 --warmup 10 --repeats 3 --plot "$out/train-bf16.svg"
+    train gpt2-bf16 --configs gpt2 --modes compiled --dtypes bfloat16 \
+        --batch 16 --seq 1024 --steps 30 --warmup 5 --repeats 2
+    ;;
+2)
+    train train-f32 --configs tiny,small,medium --modes compiled,eager --dtypes float32 \
+        --batch 16 --seq 256 --steps 50 --warmup 10 --repeats 3 --plot "$out/train-f32.svg"
+    "$lmx" --device gpu bench generate --models gpt2,llama --llama-preset tinyllama-1.1b \
+        --dtypes bfloat16 --repeats 3 --anchor "$here/generate_anchor.py" --python "$python" \
+        --json "$out/generate.jsonl" > "$out/generate.txt" 2>&1
+    "$python" "$anchors/anchor_torch.py" --config gpt2 --batch 16 --seq 1024 --steps 30 \
+        --compile 1 --dtype bfloat16 > "$out/torch.txt" 2>&1
+    nsys=$(command -v nsys || ls /opt/nvidia/nsight-*/*/host/target-linux-x64/nsys 2>/dev/null | head -1)
+    if [ -n "$nsys" ]; then
+        for who in lmx anchor; do
+            if [ "$who" = lmx ]; then
+                run=("$lmx" --device gpu bench train --configs gpt2 --modes compiled
+                    --dtypes bfloat16 --batch 16 --seq 1024 --steps 20 --warmup 5)
+            else
+                run=("$python" "$anchors/anchor_mlx.py" --config gpt2 --batch 16 --seq 1024
+                    --steps 20 --warmup 5 --dtype bfloat16 --device gpu)
+            fi
+            "$nsys" profile -t cuda --sample=none --cpuctxsw=none -f true -o "/tmp/profile-$who" \
+                "${run[@]}" > "$out/profile-$who.log" 2>&1
+            "$nsys" stats -r cuda_gpu_kern_sum,cuda_api_sum -f csv -o "$out/profile-$who" \
+                "/tmp/profile-$who.nsys-rep" >> "$out/profile-$who.log" 2>&1
+        done
+    fi
+    ;;
+*)
+    echo "unknown part $part: use 1 or 2" >&2
+    exit 2
+    ;;
+esac
