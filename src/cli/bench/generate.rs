@@ -4,13 +4,13 @@
 
 use lmx::models::{gpt2, llama};
 use lmx::runtime::data::rng::SplitMix64;
-use lmx::runtime::device::{default_kind, DeviceKind};
 use lmx::runtime::generate::{generate, Sampling};
 use lmx::runtime::model::LanguageModel;
-use lmx::runtime::platform;
 use lmx::runtime::train::Precision;
 use std::path::{Path, PathBuf};
 use std::process::Command;
+
+use super::anchor::{device_name, output_of};
 
 /// What to measure.
 #[derive(clap::Args)]
@@ -277,7 +277,7 @@ fn measure<M: LanguageModel>(
         dtype: case.dtype.into(),
         prompt_tokens_per_s: median(samples.iter().map(|sample| sample.0)),
         decode_tokens_per_s: median(samples.iter().map(|sample| sample.1)),
-        device: device_name(),
+        device: device_name().into(),
         prompt_runs: samples.iter().map(|sample| sample.0).collect(),
         decode_runs: samples.iter().map(|sample| sample.1).collect(),
     };
@@ -302,13 +302,6 @@ fn median(values: impl Iterator<Item = f64>) -> f64 {
     }
 }
 
-fn device_name() -> String {
-    match default_kind() {
-        Ok(DeviceKind::Gpu) => "gpu".into(),
-        _ => "cpu".into(),
-    }
-}
-
 /// One run of the anchor (its own warm-up and one timed generation) at `case`'s sizes, with the
 /// same BLAS as this process on the CPU: its prompt and decode tokens per second.
 fn anchor(args: &GenerateBenchArgs, script: &Path, case: &Case<'_>) -> anyhow::Result<(f64, f64)> {
@@ -320,23 +313,8 @@ fn anchor(args: &GenerateBenchArgs, script: &Path, case: &Case<'_>) -> anyhow::R
         .args(["--prompt", &args.prompt.to_string()])
         .args(["--tokens", &args.tokens.to_string()])
         .args(["--dtype", case.dtype])
-        .args(["--device", &device_name()]);
-    if device_name() == "cpu" {
-        if let Some(blas) = platform::blas_library() {
-            command.env("LD_PRELOAD", blas);
-        }
-    }
-    let output = command
-        .output()
-        .map_err(|err| anyhow::anyhow!("cannot run {}: {err}", args.python))?;
-    if !output.status.success() {
-        anyhow::bail!(
-            "the anchor ({}) failed:\n{}",
-            script.display(),
-            String::from_utf8_lossy(&output.stderr)
-        );
-    }
-    let stdout = String::from_utf8_lossy(&output.stdout);
+        .args(["--device", device_name()]);
+    let stdout = output_of(command, &script.display().to_string())?;
     let line = stdout
         .lines()
         .rev()

@@ -1,5 +1,6 @@
 //! `lmx bench`: lmx measured side by side with the Python MLX anchors, in one invocation.
 
+mod anchor;
 pub mod chart;
 pub mod generate;
 pub mod train;

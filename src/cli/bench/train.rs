@@ -3,14 +3,15 @@
 
 use lmx::models::gpt2;
 use lmx::runtime::data::{rng::SplitMix64, Windows};
-use lmx::runtime::device::{default_kind, DeviceKind};
 use lmx::runtime::model::LanguageModel;
 use lmx::runtime::schedule::Schedule;
 use lmx::runtime::train::{Callback, Control, Precision, StepReport, TrainConfig, Trainer};
-use lmx::runtime::{platform, Result as RuntimeResult};
+use lmx::runtime::Result as RuntimeResult;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::{Arc, Mutex};
+
+use super::anchor::{device_name, output_of};
 
 /// What to measure.
 #[derive(clap::Args)]
@@ -244,7 +245,7 @@ fn measure(args: &BenchArgs, name: &str, dtype: &str, compile: bool) -> anyhow::
         + 12.0 * (config.n_layers as f64) * (config.d_model as f64) * args.seq as f64;
     Ok(Row {
         implementation: "lmx".into(),
-        device: device_name(),
+        device: device_name().into(),
         config: name.into(),
         batch: args.batch,
         seq: args.seq,
@@ -278,13 +279,6 @@ fn count(params: &gpt2::Params) -> u64 {
     total
 }
 
-fn device_name() -> String {
-    match default_kind() {
-        Ok(DeviceKind::Gpu) => "gpu".into(),
-        _ => "cpu".into(),
-    }
-}
-
 /// One row of the Python MLX anchor, with the same BLAS as this process on the CPU.
 fn anchor(
     args: &BenchArgs,
@@ -310,25 +304,11 @@ fn anchor(
         "--dtype",
         dtype,
         "--device",
-        &device_name(),
+        device_name(),
         "--peak_tflops",
         &args.peak_tflops.to_string(),
     ]);
-    if device_name() == "cpu" {
-        if let Some(blas) = platform::blas_library() {
-            command.env("LD_PRELOAD", blas);
-        }
-    }
-    let output = command
-        .output()
-        .map_err(|err| anyhow::anyhow!("cannot run {}: {err}", args.python))?;
-    if !output.status.success() {
-        anyhow::bail!(
-            "the anchor failed:\n{}",
-            String::from_utf8_lossy(&output.stderr)
-        );
-    }
-    let stdout = String::from_utf8_lossy(&output.stdout);
+    let stdout = output_of(command, &script.display().to_string())?;
     let json_line = |field: &str| {
         stdout
             .lines()
@@ -338,7 +318,7 @@ fn anchor(
     };
     let mut row: Row = serde_json::from_str(json_line("\"median_ms\"")?)?;
     let peak: serde_json::Value = serde_json::from_str(json_line("\"peak_memory\"")?)?;
-    row.device = device_name();
+    row.device = device_name().into();
     row.peak_mib = peak["peak_memory"]
         .as_f64()
         .map(|bytes| bytes / (1024.0 * 1024.0));
