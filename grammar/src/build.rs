@@ -94,6 +94,7 @@ pub fn compile_dir(dir: &Path, out: &Path) -> Result<CompileStats, String> {
     if !errors.is_empty() {
         return Err(errors);
     }
+    modules.extend(sources_table(&names)?);
     let file = syn::parse2::<syn::File>(modules)
         .map_err(|e| format!("lmx: the code generator produced invalid Rust: {e}"))?;
     let text = format!(
@@ -108,6 +109,23 @@ pub fn compile_dir(dir: &Path, out: &Path) -> Result<CompileStats, String> {
     Ok(CompileStats {
         files,
         seconds: start.elapsed().as_secs_f64(),
+    })
+}
+
+/// `SOURCES`: every compiled model's module name, `.lmx` file and source text (included from the
+/// file, so a program that embeds the models can also show and re-check them).
+fn sources_table(names: &[(String, PathBuf)]) -> Result<TokenStream, String> {
+    let mut rows = Vec::new();
+    for (module, file) in names {
+        let absolute =
+            std::fs::canonicalize(file).map_err(|e| format!("{}: {e}", file.display()))?;
+        let shown = file.display().to_string();
+        let absolute = absolute.display().to_string();
+        rows.push(quote::quote! { (#module, #shown, include_str!(#absolute)) });
+    }
+    Ok(quote::quote! {
+        /// Every model compiled here: its module name, its `.lmx` file and the file's source.
+        pub const SOURCES: &[(&str, &str, &str)] = &[#(#rows),*];
     })
 }
 

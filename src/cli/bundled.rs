@@ -1,38 +1,7 @@
 //! The `.lmx` sources of the bundled models, for `lmx info`, `lmx count` and `lmx models`.
 
-/// `(name, file name, source)` of every model in `models/`.
-pub const MODELS: &[(&str, &str, &str)] = &[
-    (
-        "gpt2",
-        "models/gpt2.lmx",
-        include_str!("../../models/gpt2.lmx"),
-    ),
-    (
-        "llama",
-        "models/llama.lmx",
-        include_str!("../../models/llama.lmx"),
-    ),
-    (
-        "gemma",
-        "models/gemma.lmx",
-        include_str!("../../models/gemma.lmx"),
-    ),
-    (
-        "mistral",
-        "models/mistral.lmx",
-        include_str!("../../models/mistral.lmx"),
-    ),
-    (
-        "mixtral",
-        "models/mixtral.lmx",
-        include_str!("../../models/mixtral.lmx"),
-    ),
-    (
-        "mpt",
-        "models/mpt.lmx",
-        include_str!("../../models/mpt.lmx"),
-    ),
-];
+/// `(name, file name, source)` of every model in `models/`, as build.rs compiled them.
+pub const MODELS: &[(&str, &str, &str)] = lmx::models::SOURCES;
 
 /// The file name and source of `model`: a bundled model's name, or a path to a `.lmx` file.
 pub fn source(model: &str) -> anyhow::Result<(String, String)> {

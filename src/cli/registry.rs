@@ -42,3 +42,19 @@ fn unknown(model: &str) -> anyhow::Result<()> {
         TRAINABLE.join(", ")
     )
 }
+
+#[cfg(test)]
+mod tests {
+    /// A model added to `models/` fails here until the registry above names its step type.
+    #[test]
+    fn every_bundled_model_is_trainable() {
+        let mut bundled: Vec<&str> = super::super::bundled::MODELS
+            .iter()
+            .map(|(name, _, _)| *name)
+            .collect();
+        let mut trainable = super::TRAINABLE.to_vec();
+        bundled.sort_unstable();
+        trainable.sort_unstable();
+        assert_eq!(bundled, trainable);
+    }
+}
