@@ -1,9 +1,9 @@
 //! Layers: parameter structs and the pure functions that apply them.
 
 use super::leaf_struct::leaf_struct;
+use super::linear_grad::linear_with_row_major_grad;
 use crate::error::Result;
 use mlx_rs::fast::{self, ScaledDotProductAttentionMask};
-use mlx_rs::ops;
 use mlx_rs::{random, Array, Dtype};
 
 leaf_struct! {
@@ -38,12 +38,9 @@ leaf_struct! {
 
 /// `x W^T + b`, with a bias in one fused `addmm` as `mlx.nn.Linear` computes it (on the CPU, BLAS
 /// then adds the bias in the product's own pass, and picks its faster small-matrix kernels for a
-/// single token).
+/// single token), and `W`'s gradient made in `W`'s own layout (see `linear_grad`).
 pub fn linear(params: &LinearParams, x: &Array) -> Result<Array> {
-    Ok(match &params.bias {
-        Some(bias) => ops::addmm(bias, x, params.weight.t(), None, None)?,
-        None => x.matmul(params.weight.t())?,
-    })
+    linear_with_row_major_grad(x, &params.weight, params.bias.as_ref())
 }
 
 /// The rows of the table for integer `ids`: `[...] -> [..., dim]`.
@@ -53,7 +50,7 @@ pub fn embedding(params: &EmbeddingParams, ids: &Array) -> Result<Array> {
 
 /// `x` projected on the embedding table, as a tied output head: `[..., dim] -> [..., vocab]`.
 pub fn embedding_as_linear(params: &EmbeddingParams, x: &Array) -> Result<Array> {
-    Ok(x.matmul(params.weight.t())?)
+    linear_with_row_major_grad(x, &params.weight, None)
 }
 
 /// Layer normalisation over the last axis (MLX's fused kernel).

@@ -6,6 +6,7 @@ mod activation;
 mod extra;
 mod layers;
 mod leaf_struct;
+mod linear_grad;
 mod loss;
 
 pub use activation::*;
