@@ -13,6 +13,7 @@
 //! `[x, w]` or `[x, w, b]` and the vector-Jacobian product below.
 
 use crate::error::{Error, Result};
+use mlx_rs::error::Exception;
 use mlx_rs::{ops, Array};
 use std::cell::RefCell;
 use std::ffi::c_void;
@@ -32,6 +33,8 @@ impl Drop for CustomLinear {
 
 thread_local! {
     static LINEAR: RefCell<Option<CustomLinear>> = const { RefCell::new(None) };
+    /// Why the last callback failed: mlx-c reports only a status, so the cause waits here.
+    static FAILURE: RefCell<Option<Error>> = const { RefCell::new(None) };
 }
 
 /// `x @ w.T (+ b)` over the last axis of `x`, with the gradient of `w` computed as `dy.T @ x`.
@@ -124,9 +127,10 @@ fn apply(closure: mlx_sys::mlx_closure, inputs: &[Array]) -> Result<Vec<Array>> 
         let result = if status == 0 {
             arrays_of(output)
         } else {
-            Err(Error::Layout(
-                "the linear layer failed (shapes: x's last axis must be w's second)".into(),
-            ))
+            let cause = FAILURE.with(|failure| failure.borrow_mut().take());
+            Err(cause.unwrap_or_else(|| {
+                Error::Mlx(Exception::custom("the linear layer failed inside MLX"))
+            }))
         };
         mlx_sys::mlx_vector_array_free(output);
         result
@@ -151,7 +155,8 @@ unsafe fn arrays_of(vector: mlx_sys::mlx_vector_array) -> Result<Vec<Array>> {
     Ok(arrays)
 }
 
-/// Writes `arrays` into the result vector of a callback; 0 on success, as mlx-c expects.
+/// Writes `arrays` into the result vector of a callback; 0 on success, as mlx-c expects, and
+/// otherwise 1 with the cause kept for [`apply`].
 ///
 /// # Safety
 /// `result` points to a live mlx-c vector of arrays.
@@ -164,7 +169,10 @@ unsafe fn write_result(
             let handles: Vec<mlx_sys::mlx_array> = arrays.iter().map(|a| a.as_ptr()).collect();
             mlx_sys::mlx_vector_array_set_data(result, handles.as_ptr(), handles.len())
         }
-        Err(_) => 1,
+        Err(err) => {
+            FAILURE.with(|failure| *failure.borrow_mut() = Some(err));
+            1
+        }
     }
 }
 
@@ -197,7 +205,6 @@ fn panicked() -> Error {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use mlx_rs::error::Exception;
     use mlx_rs::random;
     use mlx_rs::transforms::{compile::compile, value_and_grad_with_argnums as value_and_grad};
 
@@ -300,9 +307,16 @@ mod tests {
     }
 
     #[test]
-    fn mismatched_shapes_are_an_error_not_a_crash() {
+    fn mismatched_shapes_are_an_error_that_names_them() {
         let x = Array::from_slice(&[1.0f32, 2.0, 3.0], &[1, 3]);
         let w = Array::from_slice(&[1.0f32, 0.0], &[1, 2]);
-        assert!(linear_with_row_major_grad(&x, &w, None).is_err());
+        let message = linear_with_row_major_grad(&x, &w, None)
+            .unwrap_err()
+            .to_string();
+        assert!(message.contains("[matmul]"), "{message}");
+        assert!(
+            message.contains("(1,3)") && message.contains("(2,1)"),
+            "{message}"
+        );
     }
 }
