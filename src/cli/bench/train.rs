@@ -223,7 +223,7 @@ fn measure(args: &BenchArgs, name: &str, dtype: &str, compile: bool) -> anyhow::
     };
     mlx_rs::memory::reset_peak_memory()?;
     let reports = Arc::new(Mutex::new(Vec::new()));
-    let mut trainer = Trainer::<gpt2::Train>::new(config.clone(), train, windows)?;
+    let mut trainer = Trainer::<gpt2::Anchor>::new(config.clone(), train, windows)?;
     trainer.add_callback(Collect(reports.clone()));
     trainer.run()?;
     let peak = mlx_rs::memory::peak_memory()? as f64 / (1024.0 * 1024.0);
