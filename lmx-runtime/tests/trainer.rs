@@ -1,6 +1,7 @@
 //! The training loop: exact resume, validation, logs, and a non-finite loss stopping the run.
 
 use lmx_runtime::data::{ByteTokenizer, DocumentEncoder, Separator, Windows};
+use lmx_runtime::device::DeviceKind;
 use lmx_runtime::model::{Context, LanguageModel, TrainingStep};
 use lmx_runtime::nn::{self, init::Keys, EmbeddingParams};
 use lmx_runtime::optim::AdamW;
@@ -109,6 +110,25 @@ fn config(out_dir: &Path, steps: u64) -> TrainConfig {
     }
 }
 
+/// Asserts that two runs logged the same losses: bit for bit on the CPU, whose backend is
+/// deterministic. MLX's CUDA backend sums the embedding table's gradient with atomic adds, whose
+/// order varies from run to run, so there two identical runs already differ in the last bits of
+/// a loss; there the losses must agree to 1e-6, relative.
+fn assert_same_losses(got: &[(u64, f32)], expected: &[(u64, f32)], what: &str) {
+    if lmx_runtime::device::default_kind().unwrap() == DeviceKind::Cpu {
+        assert_eq!(got, expected, "{what}: bit-identical losses");
+        return;
+    }
+    assert_eq!(got.len(), expected.len(), "{what}: {got:?} vs {expected:?}");
+    for (&(step, a), &(expected_step, b)) in got.iter().zip(expected) {
+        assert_eq!(step, expected_step, "{what}: {got:?} vs {expected:?}");
+        assert!(
+            (a - b).abs() <= 1e-6 * b.abs(),
+            "{what}: step {step}: loss {a} vs {b}"
+        );
+    }
+}
+
 /// The training losses logged in `dir/metrics.jsonl`, by step.
 fn logged_losses(dir: &Path) -> Vec<(u64, f32)> {
     std::fs::read_to_string(dir.join("metrics.jsonl"))
@@ -175,10 +195,7 @@ fn resuming_gives_the_losses_of_an_uninterrupted_run() {
     let resumed = train(parts.path(), 24, true);
     assert_eq!(resumed.steps_done(), 24);
     let got = logged_losses(parts.path());
-    assert_eq!(
-        got, expected,
-        "bit-identical losses after resuming at step 16"
-    );
+    assert_same_losses(&got, &expected, "resumed at step 16");
 }
 
 #[test]
@@ -278,12 +295,18 @@ fn overlapping_steps_changes_no_number() {
         logged_losses(sequential.path()),
     );
     assert_eq!(losses_a.len(), 20);
-    assert_eq!(losses_a, losses_b);
+    assert_same_losses(&losses_a, &losses_b, "overlapped");
     let (weights_a, weights_b) = (&a.state().params.weight, &b.state().params.weight);
-    assert_eq!(
-        weights_a.as_slice::<f32>(),
-        weights_b.as_slice::<f32>(),
-        "the same parameters after 20 steps"
+    let difference = weights_a
+        .subtract(weights_b)
+        .and_then(|d| d.abs())
+        .and_then(|d| d.max(None))
+        .unwrap()
+        .item::<f32>();
+    let deterministic = lmx_runtime::device::default_kind().unwrap() == DeviceKind::Cpu;
+    assert!(
+        difference <= if deterministic { 0.0 } else { 1e-6 },
+        "the same parameters after 20 steps: they differ by {difference:e}"
     );
 }
 

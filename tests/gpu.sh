@@ -1,0 +1,26 @@
+#!/bin/bash
+# Runs test binaries on the GPU machine (MLX's CUDA backend), where `cargo test` cannot run: build
+# them here (`cargo test --no-run`, the paths it prints), carry them over with MLX's CUDA build
+# (../shared/gpu/README.md), then
+#
+#     bash tests/gpu.sh OUT BINARY...
+#
+# Each binary runs alone, one test at a time (MLX is not thread-safe; `cargo test` gets this from
+# .cargo/config.toml), with float32 matrix products in float32: MLX's CUDA backend otherwise
+# computes them in TF32 (MLX_ENABLE_TF32, on by default), about 1e-3 relative error, and the tests
+# compare with float32 references to 1e-4. The output of every binary lands in OUT/tests.txt.
+set -u
+out=${1:?output folder}
+shift
+mkdir -p "$out"
+export RUST_TEST_THREADS=1 MLX_ENABLE_TF32=0
+failed=0
+for binary in "$@"; do
+    echo "== $binary" >> "$out/tests.txt"
+    timeout 300 "$binary" >> "$out/tests.txt" 2>&1
+    status=$?
+    echo "exit status $status" >> "$out/tests.txt"
+    [ $status -eq 0 ] || failed=1
+done
+grep -E "^== |^test result|^exit status|FAILED|panicked" "$out/tests.txt"
+exit $failed
