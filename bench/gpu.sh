@@ -3,7 +3,7 @@
 # machine (see ../shared/gpu/README.md for staging MLX's CUDA build there).
 #
 #     bash bench/gpu.sh 1 OUT   # bf16 compile table (tiny, small, medium), GPT-2 124M bf16
-#     bash bench/gpu.sh 2 OUT   # float32 compile table, generation, PyTorch anchor, nsys profiles
+#     bash bench/gpu.sh 2 OUT   # float32 compile table, generation, PyTorch anchor
 #
 # Environment: LMX (the lmx binary, default target/release/lmx), ANCHORS (the folder holding
 # anchor_mlx.py and anchor_torch.py, default ../shared/bench), PYTHON (default python3, with MLX).
@@ -39,29 +39,13 @@ case $part in
         --batch 16 --seq 1024 --steps 30 --warmup 5 --repeats 2
     ;;
 2)
-    train train-f32 --configs tiny,small,medium --modes compiled,eager --dtypes float32 \
-        --batch 16 --seq 256 --steps 50 --warmup 10 --repeats 3 --plot "$out/train-f32.svg"
     "$lmx" --device gpu bench generate --models gpt2,llama --llama-preset tinyllama-1.1b \
-        --dtypes bfloat16 --repeats 3 --anchor "$here/generate_anchor.py" --python "$python" \
+        --dtypes bfloat16 --repeats 2 --anchor "$here/generate_anchor.py" --python "$python" \
         --json "$out/generate.jsonl" > "$out/generate.txt" 2>&1
     "$python" "$anchors/anchor_torch.py" --config gpt2 --batch 16 --seq 1024 --steps 30 \
         --compile 1 --dtype bfloat16 > "$out/torch.txt" 2>&1
-    nsys=$(command -v nsys || ls /opt/nvidia/nsight-*/*/host/target-linux-x64/nsys 2>/dev/null | head -1)
-    if [ -n "$nsys" ]; then
-        for who in lmx anchor; do
-            if [ "$who" = lmx ]; then
-                run=("$lmx" --device gpu bench train --configs gpt2 --modes compiled
-                    --dtypes bfloat16 --batch 16 --seq 1024 --steps 20 --warmup 5)
-            else
-                run=("$python" "$anchors/anchor_mlx.py" --config gpt2 --batch 16 --seq 1024
-                    --steps 20 --warmup 5 --dtype bfloat16 --device gpu)
-            fi
-            "$nsys" profile -t cuda --sample=none --cpuctxsw=none -f true -o "/tmp/profile-$who" \
-                "${run[@]}" > "$out/profile-$who.log" 2>&1
-            "$nsys" stats -r cuda_gpu_kern_sum,cuda_api_sum -f csv -o "$out/profile-$who" \
-                "/tmp/profile-$who.nsys-rep" >> "$out/profile-$who.log" 2>&1
-        done
-    fi
+    train train-f32 --configs tiny,small,medium --modes compiled,eager --dtypes float32 \
+        --batch 16 --seq 256 --steps 50 --warmup 10 --repeats 2 --plot "$out/train-f32.svg"
     ;;
 *)
     echo "unknown part $part: use 1 or 2" >&2
