@@ -3,6 +3,7 @@
 use crate::data::rng::SplitMix64;
 use crate::error::{Error, Result};
 use crate::model::{Context, LanguageModel};
+use crate::nn;
 use mlx_rs::error::Exception;
 use mlx_rs::ops::indexing::{argmax_axis, IndexOp};
 use mlx_rs::transforms::{async_eval, eval};
@@ -168,7 +169,8 @@ impl<M: LanguageModel> Decoder<'_, M> {
     /// Feeds `tokens` (`[1, T]`) and picks the token after them: greedily on the device (queued,
     /// not waited for), or sampled on the host from the float32 logits.
     fn step(&mut self, tokens: &Array) -> Result<Pending> {
-        let logits = M::forward(self.params, self.config, tokens, &mut self.ctx)?;
+        let (params, config, ctx) = (self.params, self.config, &mut self.ctx);
+        let logits = nn::without_gradients(|| M::forward(params, config, tokens, ctx))?;
         let last = logits.index((0, -1));
         match self.sampler.as_mut() {
             None => {
