@@ -302,7 +302,7 @@ fn overlapping_steps_changes_no_number() {
         .and_then(|d| d.abs())
         .and_then(|d| d.max(None))
         .unwrap()
-        .item::<f32>();
+        .item_exact::<f32>();
     let deterministic = lmx_runtime::device::default_kind().unwrap() == DeviceKind::Cpu;
     assert!(
         difference <= if deterministic { 0.0 } else { 1e-6 },
