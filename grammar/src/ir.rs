@@ -114,7 +114,7 @@ pub enum LayerKind {
     Linear,
     /// `layer_norm(dim, eps = 1e-5, bias = true)`: `weight [dim]`, `bias [dim]`.
     LayerNorm,
-    /// `rms_norm(dim, eps = 1e-6)`: `weight [dim]`.
+    /// `rms_norm(dim, eps = 1e-6, offset = 0.0)`: `weight [dim]`, scaling by `offset + weight`.
     RmsNorm,
 }
 
@@ -158,6 +158,7 @@ impl LayerKind {
             LayerKind::RmsNorm => &[
                 ("dim", ArgTy::Int, None),
                 ("eps", ArgTy::Float, Some("1e-6")),
+                ("offset", ArgTy::Float, Some("0.0")),
             ],
         }
     }

@@ -795,7 +795,8 @@ impl<'g, 'm> Fx<'g, 'm> {
         Ok(cast(&s, &ty, "i32"))
     }
 
-    fn f32_expr(&mut self, e: &Expr) -> R<TokenStream> {
+    /// A static expression as `f32` (a layer's float argument).
+    pub fn f32_expr(&mut self, e: &Expr) -> R<TokenStream> {
         let (s, ty) = self.static_expr(e)?;
         Ok(cast(&s, &ty, "f32"))
     }
@@ -1108,7 +1109,14 @@ impl<'g, 'm> Fx<'g, 'm> {
                     }
                     (LayerKind::RmsNorm, _) => {
                         let eps = eps(self)?;
-                        quote!(nn::rms_norm(&#place, #x, #eps)?)
+                        match layer_args.iter().find(|(n, _)| n == "offset") {
+                            Some((_, offset)) if !is_zero(offset) => {
+                                let (s, ty) = self.static_in(offset, &decl)?;
+                                let offset = cast(&s, &ty, "f32");
+                                quote!(nn::rms_norm_with_offset(&#place, #x, #eps, #offset)?)
+                            }
+                            _ => quote!(nn::rms_norm(&#place, #x, #eps)?),
+                        }
                     }
                 };
                 Ok(X::Tensor(T::owned(ts)))
@@ -1655,6 +1663,11 @@ fn owned(t: T) -> TokenStream {
     } else {
         ts
     }
+}
+
+/// Whether `e` is a literal zero, such as a layer argument left at its default.
+pub fn is_zero(e: &Expr) -> bool {
+    matches!(e.kind, ExprKind::Float(v) if v == 0.0) || matches!(e.kind, ExprKind::Int(0))
 }
 
 /// `s` (of type `from`) as the Rust type `to` (`i32`, `i64`, `usize`, `f32`, `f64`).

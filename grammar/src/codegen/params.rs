@@ -4,7 +4,7 @@
 use proc_macro2::{Ident, TokenStream};
 use quote::{format_ident, quote};
 
-use super::forward::{cast, unsupported, Binding, Fx, SType, Site, Val, R};
+use super::forward::{cast, is_zero, unsupported, Binding, Fx, SType, Site, Val, R};
 use super::names::{camel, fresh, ident};
 use super::{field_names, Gen};
 use crate::ast::Expr;
@@ -297,7 +297,13 @@ fn init_struct(
                     }
                     LayerKind::RmsNorm => {
                         let d = fx.i32_expr(&arg("dim")?)?;
-                        quote!(nn::init::rms_norm(#d)?)
+                        match arg("offset") {
+                            Ok(offset) if !is_zero(&offset) => {
+                                let offset = fx.f32_expr(&offset)?;
+                                quote!(nn::init::rms_norm_with_offset(#d, #offset)?)
+                            }
+                            _ => quote!(nn::init::rms_norm(#d)?),
+                        }
                     }
                 }
             }

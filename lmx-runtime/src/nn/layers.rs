@@ -1,5 +1,6 @@
 //! Layers: parameter structs and the pure functions that apply them.
 
+use super::extra::literal;
 use super::leaf_struct::leaf_struct;
 use super::linear_grad::linear_with_row_major_grad;
 use crate::error::Result;
@@ -66,6 +67,20 @@ pub fn layer_norm(params: &LayerNormParams, x: &Array, eps: f32) -> Result<Array
 /// RMS normalisation over the last axis (MLX's fused kernel).
 pub fn rms_norm(params: &RmsNormParams, x: &Array, eps: f32) -> Result<Array> {
     Ok(fast::rms_norm(x, Some(&params.weight), eps)?)
+}
+
+/// RMS normalisation scaled by `offset + weight` rather than `weight`, as Gemma's norms are
+/// (`offset = 1`; its checkpoints store `weight` alone).
+pub fn rms_norm_with_offset(
+    params: &RmsNormParams,
+    x: &Array,
+    eps: f32,
+    offset: f32,
+) -> Result<Array> {
+    let scale = params
+        .weight
+        .add(literal(f64::from(offset), &params.weight)?)?;
+    Ok(fast::rms_norm(x, Some(&scale), eps)?)
 }
 
 /// Splits `[B, T, heads * head_dim]` into heads: `[B, heads, T, head_dim]`.
@@ -190,6 +205,14 @@ pub mod init {
     pub fn rms_norm(dim: i32) -> Result<RmsNormParams> {
         Ok(RmsNormParams {
             weight: ones(&[dim])?,
+        })
+    }
+
+    /// An RMS norm scaled by `offset + weight`: `1 - offset` everywhere, so that it starts as
+    /// the identity scale (zeros for Gemma's `offset = 1`, as Hugging Face initialises it).
+    pub fn rms_norm_with_offset(dim: i32, offset: f32) -> Result<RmsNormParams> {
+        Ok(RmsNormParams {
+            weight: Array::full::<f32>(&[dim], Array::from_f32(1.0 - offset))?,
         })
     }
 
