@@ -8,7 +8,9 @@
 //! For each model `<name>` it writes, into the given folder (default `tests/fixtures`):
 //! - `<name>_tiny.safetensors`: the parameters by their dotted tree names
 //!   (`lmx::runtime::tree::names`), stored as float16 to keep the fixtures small; both the Rust
-//!   test and the Python reference widen them to float32, so both compute on identical weights;
+//!   test and the Python reference widen them to float32, so both compute on identical weights.
+//!   Leaves that start constant (norm scales, biases) get noise of standard deviation 0.1, so
+//!   that the reference checks how each of them is applied, not only its initial value;
 //! - `<name>_tiny_io.safetensors`: `tokens`, int32 `[2, T]`. The Python reference
 //!   (`tests/reference/models.py`) adds the logits it computes as `logits`.
 //!
@@ -18,6 +20,7 @@ use lmx::models::{gemma, gpt2, llama, mistral, mixtral, mpt};
 use lmx::runtime::checkpoint::save_tree;
 use lmx::runtime::mlx_rs::{random, Dtype};
 use lmx::runtime::model::LanguageModel;
+use lmx::runtime::nn::init::Keys;
 use lmx::runtime::tree::{self, Tree};
 use lmx::runtime::{Array, Error, Result};
 use std::path::{Path, PathBuf};
@@ -29,10 +32,25 @@ const SEED: u64 = 2024;
 fn export<M: LanguageModel>(dir: &Path, len: i32, token_seed: u64) -> Result<()> {
     let config = M::preset("tiny").expect("every bundled model has a tiny preset");
     let params = M::init(&config, SEED)?;
+    let mut keys = Keys::from_seed(SEED)?;
     let halves = tree::flatten(&params)
         .iter()
-        .map(|leaf| leaf.as_dtype(Dtype::Float16))
-        .collect::<std::result::Result<Vec<_>, _>>()?;
+        .map(|leaf| -> Result<Array> {
+            let constant =
+                leaf.max(None)?.item_exact::<f32>() == leaf.min(None)?.item_exact::<f32>();
+            let leaf = if constant {
+                leaf.add(random::normal::<f32>(
+                    leaf.shape(),
+                    None,
+                    0.1,
+                    &keys.next()?,
+                )?)?
+            } else {
+                leaf.clone()
+            };
+            Ok(leaf.as_dtype(Dtype::Float16)?)
+        })
+        .collect::<Result<Vec<_>>>()?;
     let halves = tree::rebuild(&params, halves)?;
     save_tree(&dir.join(format!("{}_tiny.safetensors", M::NAME)), &halves)?;
 

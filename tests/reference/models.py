@@ -2,8 +2,7 @@
 
 Each model is written the way mlx-lm writes its architecture (mlx.nn layers, mx.fast kernels),
 but follows the semantics of its .lmx file where they differ from the published model: GPT-2 and
-MPT use the exact (erf) GELU, Gemma multiplies by the RMSNorm weight itself (not 1 + weight),
-Mistral's tiny preset attends globally in every 4th layer and through a sliding window of 32
+MPT use the exact (erf) GELU, Mistral's tiny preset attends globally in every 4th layer and through a sliding window of 32
 elsewhere. Module attribute names make each parameter's dotted name the one the generated Rust
 tree uses (`lmx::runtime::tree::names`), so the weights load by name with `strict=True`.
 
@@ -193,12 +192,24 @@ class MixtralSparseMoe(nn.Module):
         return y
 
 
-class LlamaDecoderLayer(nn.Module):
-    def __init__(self, args: Args, window: int = 0, mlp=None):
+class GemmaRMSNorm(nn.Module):
+    """Gemma's RMSNorm, as mlx-lm writes it: the scale is 1 + weight."""
+
+    def __init__(self, dims: int, eps: float):
         super().__init__()
-        self.input_layernorm = nn.RMSNorm(args.d_model, eps=args.eps)
+        self.weight = mx.zeros((dims,))
+        self.eps = eps
+
+    def __call__(self, x: mx.array) -> mx.array:
+        return mx.fast.rms_norm(x, 1.0 + self.weight, self.eps)
+
+
+class LlamaDecoderLayer(nn.Module):
+    def __init__(self, args: Args, window: int = 0, mlp=None, norm=nn.RMSNorm):
+        super().__init__()
+        self.input_layernorm = norm(args.d_model, eps=args.eps)
         self.self_attn = LlamaAttention(args, window)
-        self.post_attention_layernorm = nn.RMSNorm(args.d_model, eps=args.eps)
+        self.post_attention_layernorm = norm(args.d_model, eps=args.eps)
         self.moe = bool(args.n_experts)
         if self.moe:
             self.block_sparse_moe = MixtralSparseMoe(args)
@@ -212,11 +223,11 @@ class LlamaDecoderLayer(nn.Module):
 
 
 class LlamaModel(nn.Module):
-    def __init__(self, args: Args, layers):
+    def __init__(self, args: Args, layers, norm=nn.RMSNorm):
         super().__init__()
         self.embed_tokens = nn.Embedding(args.vocab, args.d_model)
         self.layers = layers
-        self.norm = nn.RMSNorm(args.d_model, eps=args.eps)
+        self.norm = norm(args.d_model, eps=args.eps)
 
 
 class Llama(nn.Module):
@@ -243,16 +254,16 @@ class Llama(nn.Module):
 
 class Gemma(nn.Module):
     """Gemma: embeddings scaled by sqrt(d_model), GeGLU (tanh GELU), multi-query attention,
-    tied head; the RMSNorm scale is the weight itself, as gemma.lmx writes it."""
+    RMSNorm scaled by 1 + weight, tied head."""
 
     def __init__(self, args: Args):
         super().__init__()
         self.d_model = args.d_model
         layers = [
-            LlamaDecoderLayer(args, mlp=GatedMlp(args, nn.gelu_approx))
+            LlamaDecoderLayer(args, mlp=GatedMlp(args, nn.gelu_approx), norm=GemmaRMSNorm)
             for _ in range(args.n_layers)
         ]
-        self.model = LlamaModel(args, layers)
+        self.model = LlamaModel(args, layers, norm=GemmaRMSNorm)
 
     def __call__(self, tokens: mx.array) -> mx.array:
         h = self.model.embed_tokens(tokens) * (self.d_model**0.5)
