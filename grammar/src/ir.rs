@@ -297,6 +297,19 @@ pub enum OptimizerKind {
     AdamW,
     /// Lion.
     Lion,
+    /// Adafactor: second moments factored into row and column statistics.
+    Adafactor,
+}
+
+/// The default of an optimizer setting, which also gives its type.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum SettingDefault {
+    /// A float setting.
+    Float(f64),
+    /// A flag.
+    Bool(bool),
+    /// A float setting that is off unless given (Adafactor's `beta1`).
+    Unset,
 }
 
 impl OptimizerKind {
@@ -307,38 +320,63 @@ impl OptimizerKind {
             OptimizerKind::Adam => "adam",
             OptimizerKind::AdamW => "adamw",
             OptimizerKind::Lion => "lion",
+            OptimizerKind::Adafactor => "adafactor",
         }
     }
 
     /// All optimizers.
-    pub const ALL: [OptimizerKind; 4] = [
+    pub const ALL: [OptimizerKind; 5] = [
         OptimizerKind::Sgd,
         OptimizerKind::Adam,
         OptimizerKind::AdamW,
         OptimizerKind::Lion,
+        OptimizerKind::Adafactor,
     ];
 
     /// Hyper-parameters and their defaults.
-    pub fn hyper_parameters(self) -> &'static [(&'static str, f64)] {
+    pub fn hyper_parameters(self) -> &'static [(&'static str, SettingDefault)] {
+        use SettingDefault::{Bool, Float, Unset};
         match self {
-            OptimizerKind::Sgd => &[("momentum", 0.0), ("weight_decay", 0.0)],
-            OptimizerKind::Adam => &[("beta1", 0.9), ("beta2", 0.999), ("eps", 1e-8)],
-            OptimizerKind::AdamW => &[
-                ("beta1", 0.9),
-                ("beta2", 0.999),
-                ("eps", 1e-8),
-                ("weight_decay", 0.01),
+            OptimizerKind::Sgd => &[("momentum", Float(0.0)), ("weight_decay", Float(0.0))],
+            OptimizerKind::Adam => &[
+                ("beta1", Float(0.9)),
+                ("beta2", Float(0.999)),
+                ("eps", Float(1e-8)),
             ],
-            OptimizerKind::Lion => &[("beta1", 0.9), ("beta2", 0.99), ("weight_decay", 0.0)],
+            OptimizerKind::AdamW => &[
+                ("beta1", Float(0.9)),
+                ("beta2", Float(0.999)),
+                ("eps", Float(1e-8)),
+                ("weight_decay", Float(0.01)),
+            ],
+            OptimizerKind::Lion => &[
+                ("beta1", Float(0.9)),
+                ("beta2", Float(0.99)),
+                ("weight_decay", Float(0.0)),
+            ],
+            // MLX's Adafactor defaults; `eps_square` and `eps_scale` are MLX's `eps` pair.
+            OptimizerKind::Adafactor => &[
+                ("eps_square", Float(1e-30)),
+                ("eps_scale", Float(1e-3)),
+                ("clip_threshold", Float(1.0)),
+                ("decay_rate", Float(-0.8)),
+                ("beta1", Unset),
+                ("weight_decay", Float(0.0)),
+                ("scale_parameter", Bool(true)),
+                ("relative_step", Bool(true)),
+                ("warmup_init", Bool(false)),
+            ],
         }
     }
 
-    /// Per-parameter moments the optimizer keeps (each the shape of the parameter).
+    /// Per-parameter moments the optimizer keeps (each the shape of the parameter, except
+    /// Adafactor's second moment: a row and a column vector for a matrix).
     pub fn moments(self) -> &'static [&'static str] {
         match self {
             OptimizerKind::Sgd => &["momentum"],
             OptimizerKind::Adam | OptimizerKind::AdamW => &["m", "v"],
             OptimizerKind::Lion => &["m"],
+            OptimizerKind::Adafactor => &["second"],
         }
     }
 }

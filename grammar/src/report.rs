@@ -150,11 +150,12 @@ pub fn report(
         .iter()
         .fold(0u64, |acc, p| acc.saturating_add(p.numel()));
     let d_model = values.get("d_model").and_then(Value::as_f64).unwrap_or(0.0) as u64;
-    let optimizer = model
-        .steps
-        .first()
-        .map(|s| s.optimizer.kind)
-        .unwrap_or(OptimizerKind::AdamW);
+    let optimizer = model.steps.first().map(|s| &s.optimizer);
+    let optimizer_elements = optimizer_elements(
+        optimizer.map_or(OptimizerKind::AdamW, |o| o.kind),
+        optimizer.is_some_and(|o| o.args.iter().any(|(name, _)| name == "beta1")),
+        &walk.params,
+    );
     let bytes = 4u64;
     Ok(Report {
         preset: preset.to_string(),
@@ -172,13 +173,34 @@ pub fn report(
         memory: Memory {
             parameters: param_count.saturating_mul(bytes),
             gradients: param_count.saturating_mul(bytes),
-            optimizer: param_count
-                .saturating_mul(bytes)
-                .saturating_mul(optimizer.moments().len() as u64),
+            optimizer: optimizer_elements.saturating_mul(bytes),
             activations: activations.saturating_mul(bytes),
         },
         params: walk.params,
     })
+}
+
+/// The elements of an optimizer's state for `params`: a moment the shape of every parameter per
+/// moment, except Adafactor's second moment, a row and a column vector for each parameter of two
+/// or more axes (its first moment exists when `beta1` is given).
+fn optimizer_elements(kind: OptimizerKind, first_moment: bool, params: &[ParamShape]) -> u64 {
+    let count: u64 = params
+        .iter()
+        .fold(0u64, |acc, p| acc.saturating_add(p.numel()));
+    if kind != OptimizerKind::Adafactor {
+        return count.saturating_mul(kind.moments().len() as u64);
+    }
+    let second = params.iter().fold(0u64, |acc, p| {
+        let factored = match p.shape.as_slice() {
+            [lead @ .., rows, cols] => {
+                let lead = lead.iter().fold(1u64, |a, b| a.saturating_mul(*b));
+                lead.saturating_mul(rows.saturating_add(*cols))
+            }
+            _ => p.numel(),
+        };
+        acc.saturating_add(factored)
+    });
+    second.saturating_add(if first_moment { count } else { 0 })
 }
 
 struct Walk<'a> {
@@ -393,5 +415,40 @@ impl Sizes {
             activations = activations.saturating_add(n);
         }
         Ok((attention, activations))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn shapes(shapes: &[&[u64]]) -> Vec<ParamShape> {
+        shapes
+            .iter()
+            .map(|shape| ParamShape {
+                name: String::new(),
+                shape: shape.to_vec(),
+            })
+            .collect()
+    }
+
+    #[test]
+    fn optimizer_state_counts_adafactor_factored_and_the_others_per_moment() {
+        // A [2, 16, 8] stack of matrices, a [16, 8] matrix and an [8] vector: 392 elements.
+        let params = shapes(&[&[2, 16, 8], &[16, 8], &[8]]);
+        let factored = 2 * (16 + 8) + (16 + 8) + 8;
+        assert_eq!(
+            optimizer_elements(OptimizerKind::Adafactor, false, &params),
+            factored
+        );
+        assert_eq!(
+            optimizer_elements(OptimizerKind::Adafactor, true, &params),
+            factored + 392
+        );
+        assert_eq!(
+            optimizer_elements(OptimizerKind::AdamW, false, &params),
+            2 * 392
+        );
+        assert_eq!(optimizer_elements(OptimizerKind::Sgd, false, &params), 392);
     }
 }

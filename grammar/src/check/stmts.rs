@@ -6,7 +6,7 @@ use super::{Checker, Context};
 use crate::ast::{self, Body, Expr, ExprKind, Forward, StmtKind};
 use crate::diag::Diagnostic;
 use crate::dim::shape_text;
-use crate::ir::{FnFacts, OptimizerIr, OptimizerKind, StateSlot, StepIr};
+use crate::ir::{FnFacts, OptimizerIr, OptimizerKind, SettingDefault, StateSlot, StepIr};
 use crate::span::Span;
 use crate::types::{ModuleTy, StaticTy, TensorTy, Ty};
 
@@ -511,7 +511,7 @@ impl Checker<'_> {
                     call.name.span,
                     "not an optimizer",
                 )
-                .with_help("optimizers are sgd, adam, adamw and lion"),
+                .with_help("optimizers are sgd, adam, adamw, lion and adafactor"),
             );
             return;
         };
@@ -536,7 +536,11 @@ impl Checker<'_> {
                 ));
                 continue;
             };
-            if !kind.hyper_parameters().iter().any(|(n, _)| *n == name.name) {
+            let Some(&(_, default)) = kind
+                .hyper_parameters()
+                .iter()
+                .find(|(n, _)| *n == name.name)
+            else {
                 let names: Vec<&str> = kind.hyper_parameters().iter().map(|(n, _)| *n).collect();
                 self.error(
                     Diagnostic::new(
@@ -548,9 +552,13 @@ impl Checker<'_> {
                     .with_help(format!("its settings are: {}", names.join(", "))),
                 );
                 continue;
-            }
+            };
             let t = self.infer(&a.value, &mut scope, Context::Step);
-            self.expect_static(&t, &StaticTy::Float, a.value.span, "an optimizer setting");
+            let expected = match default {
+                SettingDefault::Bool(_) => StaticTy::Bool,
+                SettingDefault::Float(_) | SettingDefault::Unset => StaticTy::Float,
+            };
+            self.expect_static(&t, &expected, a.value.span, "an optimizer setting");
             args.push((name.name.clone(), a.value.clone()));
         }
         state.optimizer = Some(OptimizerIr { kind, args });

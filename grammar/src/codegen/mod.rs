@@ -899,6 +899,45 @@ fn imports(body: &TokenStream) -> TokenStream {
 mod tests {
     use super::*;
 
+    /// A model whose step declares `optimizer`.
+    fn with_optimizer(optimizer: &str) -> String {
+        format!(
+            "model Tiny {{
+                config {{ vocab: int = 16 }}
+                params {{ wte: embedding(vocab, 8) proj: linear(8, vocab) }}
+                forward(tokens: [B, T] int) -> [B, T, vocab] {{ proj(wte(tokens)) }}
+                step train(tokens: [B, T] int, targets: [B, T] int) {{
+                    optimizer {optimizer}
+                    let loss = cross_entropy(forward(tokens), targets)
+                    let grads = grad(loss)
+                    update grads
+                }}
+            }}"
+        )
+    }
+
+    #[test]
+    fn adafactor_settings_reach_the_runtime_optimizer_and_the_rest_keep_mlx_defaults() {
+        let source =
+            with_optimizer("adafactor(beta1 = 0.9, relative_step = false, clip_threshold = 2.0)");
+        let model = crate::compile_str(&source).expect("checks");
+        let code: String = generate(&model)
+            .expect("generates")
+            .split_whitespace()
+            .collect();
+        let expected = "optim::Adafactor{eps_square:1e-30,eps_scale:0.001,clip_threshold:2.0,\
+                        decay_rate:-0.8,beta1:Some(0.9),weight_decay:0.0,scale_parameter:true,\
+                        relative_step:false,warmup_init:false,}";
+        assert!(code.contains(expected), "{code}");
+        let defaults: String =
+            generate(&crate::compile_str(&with_optimizer("adafactor()")).unwrap())
+                .unwrap()
+                .split_whitespace()
+                .collect();
+        assert!(defaults.contains("beta1:None,"), "{defaults}");
+        assert!(defaults.contains("relative_step:true,"), "{defaults}");
+    }
+
     #[test]
     fn every_bundled_model_generates_valid_rust() {
         let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/../models");

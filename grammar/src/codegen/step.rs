@@ -8,7 +8,7 @@ use super::names::{camel, ident};
 use super::Gen;
 use crate::ast::{Expr, ExprKind, Step, StmtKind};
 use crate::eval::{eval, Value};
-use crate::ir::{OptimizerKind, StepIr};
+use crate::ir::{OptimizerKind, SettingDefault, StepIr};
 
 /// Every step's struct and impl, and `TrainState` for the first step.
 pub(crate) fn steps(g: &Gen<'_>) -> R<TokenStream> {
@@ -46,28 +46,69 @@ fn value(g: &Gen<'_>, e: &Expr) -> R<f64> {
     }
 }
 
+fn flag_value(g: &Gen<'_>, e: &Expr) -> R<bool> {
+    let env = g
+        .model
+        .preset("default")
+        .map(|p| p.values.clone())
+        .unwrap_or_default();
+    match eval(e, &env) {
+        Ok(Value::Bool(b)) => Ok(b),
+        _ => Err(unsupported(
+            e.span,
+            "an optimizer flag that is not true or false",
+        )),
+    }
+}
+
+/// `x` as an `f32` literal, written the shortest way that reads back the same (`1e-30`, `0.9`).
 fn f32_lit(x: f64) -> TokenStream {
-    let lit = Literal::f32_unsuffixed(x as f32);
-    quote!(#lit)
+    format!("{:?}", x as f32)
+        .parse()
+        .expect("a float's Debug form is a Rust literal")
 }
 
 fn step(g: &Gen<'_>, ir: &StepIr, ast: &Step) -> R<TokenStream> {
     let name = format_ident!("{}", camel(&ir.name));
     let model = format_ident!("{}", g.model.name);
+    let given = |n: &str| {
+        ir.optimizer
+            .args
+            .iter()
+            .find(|(a, _)| a == n)
+            .map(|(_, e)| e)
+    };
+    let default = |n: &str| {
+        ir.optimizer
+            .kind
+            .hyper_parameters()
+            .iter()
+            .find(|(a, _)| *a == n)
+            .map_or(SettingDefault::Unset, |(_, d)| *d)
+    };
     let hyper = |n: &str| -> R<TokenStream> {
-        match ir.optimizer.args.iter().find(|(a, _)| a == n) {
-            Some((_, e)) => Ok(f32_lit(value(g, e)?)),
-            None => {
-                let d = ir
-                    .optimizer
-                    .kind
-                    .hyper_parameters()
-                    .iter()
-                    .find(|(a, _)| *a == n)
-                    .map_or(0.0, |(_, v)| *v);
-                Ok(f32_lit(d))
-            }
+        match (given(n), default(n)) {
+            (Some(e), _) => Ok(f32_lit(value(g, e)?)),
+            (None, SettingDefault::Float(d)) => Ok(f32_lit(d)),
+            (None, _) => Ok(f32_lit(0.0)),
         }
+    };
+    let flag = |n: &str| -> R<TokenStream> {
+        let on = match (given(n), default(n)) {
+            (Some(e), _) => flag_value(g, e)?,
+            (None, SettingDefault::Bool(d)) => d,
+            (None, _) => false,
+        };
+        Ok(quote!(#on))
+    };
+    let optional = |n: &str| -> R<TokenStream> {
+        Ok(match given(n) {
+            Some(e) => {
+                let x = f32_lit(value(g, e)?);
+                quote!(Some(#x))
+            }
+            None => quote!(None),
+        })
     };
     let (opt_ty, opt_value) = match ir.optimizer.kind {
         OptimizerKind::Sgd => {
@@ -104,6 +145,34 @@ fn step(g: &Gen<'_>, ir: &StepIr, ast: &Step) -> R<TokenStream> {
             (
                 quote!(optim::Lion),
                 quote!(optim::Lion { beta1: #b1, beta2: #b2, weight_decay: #wd }),
+            )
+        }
+        OptimizerKind::Adafactor => {
+            let (eps_square, eps_scale) = (hyper("eps_square")?, hyper("eps_scale")?);
+            let (clip, decay, wd) = (
+                hyper("clip_threshold")?,
+                hyper("decay_rate")?,
+                hyper("weight_decay")?,
+            );
+            let beta1 = optional("beta1")?;
+            let (scale, relative, warmup) = (
+                flag("scale_parameter")?,
+                flag("relative_step")?,
+                flag("warmup_init")?,
+            );
+            (
+                quote!(optim::Adafactor),
+                quote!(optim::Adafactor {
+                    eps_square: #eps_square,
+                    eps_scale: #eps_scale,
+                    clip_threshold: #clip,
+                    decay_rate: #decay,
+                    beta1: #beta1,
+                    weight_decay: #wd,
+                    scale_parameter: #scale,
+                    relative_step: #relative,
+                    warmup_init: #warmup,
+                }),
             )
         }
     };
