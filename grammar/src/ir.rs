@@ -40,6 +40,12 @@ impl CheckedModel {
     pub fn block(&self, name: &str) -> Option<&BlockIr> {
         self.blocks.iter().find(|b| b.name == name)
     }
+
+    /// Whether a forward pass draws random numbers (dropout): its training steps then carry a
+    /// random key in their state and hand it to the forward pass.
+    pub fn uses_rng(&self) -> bool {
+        self.forward.uses_rng || self.blocks.iter().any(|b| b.forward.uses_rng)
+    }
 }
 
 /// One configuration entry.

@@ -51,16 +51,19 @@ pub trait LanguageModel: 'static {
     }
 }
 
-/// Per-call state of a forward pass: the key-value cache during generation, none in training.
+/// Per-call state of a forward pass: the key-value cache during generation, and in a training
+/// step the random key that dropout draws its masks from.
 #[derive(Default)]
 pub struct Context {
     cache: Option<KvCache>,
+    key: Option<Array>,
 }
 
 impl Context {
-    /// A forward pass over whole sequences, as in training.
+    /// A forward pass over whole sequences, as in training. Without [`Context::with_key`] dropout
+    /// passes its input through, as in evaluation.
     pub fn training() -> Context {
-        Context { cache: None }
+        Context::default()
     }
 
     /// A forward pass that keeps the keys and values of every attention layer across calls.
@@ -70,7 +73,26 @@ impl Context {
                 layers: Vec::new(),
                 len: 0,
             }),
+            key: None,
         }
+    }
+
+    /// This context with dropout on, its masks drawn from `key` (a training step's key).
+    pub fn with_key(self, key: Array) -> Context {
+        Context {
+            key: Some(key),
+            ..self
+        }
+    }
+
+    /// A fresh key for the next random draw of this pass, `None` when dropout is off.
+    pub fn next_key(&mut self) -> Result<Option<Array>> {
+        let Some(key) = self.key.take() else {
+            return Ok(None);
+        };
+        let (carry, draw) = mlx_rs::random::split(&key, 2)?;
+        self.key = Some(carry);
+        Ok(Some(draw))
     }
 
     /// The position of the first token of this call: how many tokens the cache already holds.

@@ -400,6 +400,18 @@ impl Checker<'_> {
             "softmax" | "log_softmax" | "dropout" => {
                 if name == "dropout" {
                     self.facts.uses_rng = true;
+                    match args.get(1, "p") {
+                        Some((e, t)) => {
+                            let t = t.clone();
+                            self.expect_static(
+                                &t,
+                                &StaticTy::Float,
+                                e.span,
+                                "a dropout probability",
+                            );
+                        }
+                        None => self.missing_arg(span, name, "p"),
+                    }
                 }
                 self.tensor_arg(args, 0, "x", name)
                     .map_or(Ty::Unknown, |t| Ty::Tensor(TensorTy { origin: span, ..t }))

@@ -332,6 +332,8 @@ pub(crate) struct Fx<'g, 'm> {
     pub uses_offset: bool,
     /// Whether it attends.
     pub attends: bool,
+    /// Whether it draws dropout masks (from `pass.ctx`'s key).
+    pub drops: bool,
     /// Names that cannot be used for temporaries.
     pub taken: Vec<String>,
     temps: usize,
@@ -349,6 +351,7 @@ impl<'g, 'm> Fx<'g, 'm> {
             uses_config: false,
             uses_offset: false,
             attends: false,
+            drops: false,
             taken: g.taken.clone(),
             temps: 0,
         }
@@ -477,7 +480,7 @@ impl<'g, 'm> Fx<'g, 'm> {
     }
 
     /// A function's `Ok(value)`, or the call itself when it already returns the runtime's
-    /// `Result` (`nn::f(..)?`, `layer.forward(..)?`, `pass.attend(..)?`).
+    /// `Result` (`nn::f(..)?`, `layer.forward(..)?`, `pass.attend(..)?`, `pass.dropout(..)?`).
     pub fn ok(&self, value: TokenStream) -> TokenStream {
         use proc_macro2::{Delimiter, TokenTree};
         let tokens: Vec<TokenTree> = value.clone().into_iter().collect();
@@ -491,7 +494,9 @@ impl<'g, 'm> Fx<'g, 'm> {
             });
         let runtime = match (&tokens.first(), &tokens.get(n.wrapping_sub(3))) {
             (Some(TokenTree::Ident(first)), _) if first == "nn" => true,
-            (_, Some(TokenTree::Ident(last))) => last == "forward" || last == "attend",
+            (_, Some(TokenTree::Ident(last))) => {
+                last == "forward" || last == "attend" || last == "dropout"
+            }
             _ => false,
         };
         if single_call && runtime {
@@ -1262,10 +1267,19 @@ impl<'g, 'm> Fx<'g, 'm> {
                 let f = format_ident!("{}", name);
                 t(quote!(nn::#f(#x, #axis)?))
             }
-            "dropout" => Err(unsupported(
-                span,
-                "`dropout` (a forward pass gets no random key from the runtime yet)",
-            )),
+            "dropout" => {
+                // Computed first: `x` may itself borrow `pass` (a block's output).
+                let x = self.arg_tensor(args, 0, "x", span)?;
+                let x = self.hoist(x, "branch").r();
+                let p = match self.arg(args, 1, "p") {
+                    Some(e) => self.f32_expr(e)?,
+                    None => return Err(unsupported(span, "`dropout` without `p`")),
+                };
+                self.uses_pass = true;
+                self.pass_mut = true;
+                self.drops = true;
+                t(quote!(pass.dropout(#x, #p)?))
+            }
             "sum" | "mean" | "max" | "min" | "logsumexp" => {
                 let x = self.arg_tensor(args, 0, "x", span)?;
                 let keep = match self.arg(args, 2, "keepdims") {
@@ -1481,7 +1495,12 @@ impl<'g, 'm> Fx<'g, 'm> {
                     inputs.push(self.arg_tensor(args, i, "", span)?.r());
                 }
                 let config = self.config_place();
-                t(quote!(forward(params, #config, #(#inputs,)* &mut Context::training())?))
+                let ctx = if self.g.model.uses_rng() {
+                    quote!(&mut Context::training().with_key(key.clone()))
+                } else {
+                    quote!(&mut Context::training())
+                };
+                t(quote!(forward(params, #config, #(#inputs,)* #ctx)?))
             }
             _ => Err(unsupported(span, &format!("`{name}` here"))),
         }

@@ -92,6 +92,8 @@ pub(crate) struct BlockInfo {
     pub uses_offset: bool,
     /// Whether it attends.
     pub attends: bool,
+    /// Whether it draws dropout masks.
+    pub drops: bool,
     /// The `impl` with its forward method.
     pub code: TokenStream,
 }
@@ -407,6 +409,7 @@ impl<'m> Gen<'m> {
                     uses_config: false,
                     uses_offset: false,
                     attends: false,
+                    drops: false,
                     code: TokenStream::new(),
                 }
             }
@@ -494,6 +497,7 @@ impl<'m> Gen<'m> {
             uses_config: fx.uses_config,
             uses_offset: fx.uses_offset,
             attends: fx.attends,
+            drops: fx.drops,
             code,
         })
     }
@@ -527,10 +531,12 @@ impl<'m> Gen<'m> {
         let has_config = self.any_block(|b| b.uses_config);
         let has_offset = fx.uses_offset || self.any_block(|b| b.uses_offset);
         let has_attention = fx.attends || self.any_block(|b| b.attends);
+        let has_dropout = fx.drops || self.any_block(|b| b.drops);
+        let has_ctx = has_attention || has_dropout;
         let any_pass = fx.uses_pass || self.any_block(|b| b.needs_pass);
         let first_input = inputs_names(ast).into_iter().next().unwrap_or_default();
         let first = ident(&first_input);
-        let advance_on = if has_attention {
+        let advance_on = if has_ctx {
             quote!(pass.ctx)
         } else {
             quote!(ctx)
@@ -546,12 +552,15 @@ impl<'m> Gen<'m> {
                 .push(quote!(#[doc = " The position of this call's first token."] offset: i32,));
             pass_init.push(quote!(offset: ctx.offset(),));
         }
-        if has_attention {
-            pass_fields.push(quote!(#[doc = " The runtime context (the key-value cache during generation)."] ctx: &'a mut Context,));
-            pass_fields.push(quote!(#[doc = " Attention calls so far: the cache slot of the next one."] attention: usize,));
-            pass_init.push(quote!(ctx, attention: 0,));
+        if has_ctx {
+            pass_fields.push(quote!(#[doc = " The runtime context (the key-value cache during generation, the dropout key in training)."] ctx: &'a mut Context,));
+            pass_init.push(quote!(ctx,));
         }
-        let lifetime = if has_config || has_attention {
+        if has_attention {
+            pass_fields.push(quote!(#[doc = " Attention calls so far: the cache slot of the next one."] attention: usize,));
+            pass_init.push(quote!(attention: 0,));
+        }
+        let lifetime = if has_config || has_ctx {
             quote!(<'a>)
         } else {
             TokenStream::new()
@@ -571,10 +580,23 @@ impl<'m> Gen<'m> {
             } else {
                 TokenStream::new()
             };
+            let dropout = if has_dropout {
+                quote! {
+                    impl Pass<'_> {
+                        /// Dropout with probability `p`, on in a training step and off otherwise.
+                        fn dropout(&mut self, x: &Array, p: f32) -> Result<Array> {
+                            nn::dropout(x, p, self.ctx)
+                        }
+                    }
+                }
+            } else {
+                TokenStream::new()
+            };
             quote! {
                 /// What a forward pass threads through its blocks.
                 pub struct Pass #lifetime { #(#pass_fields)* }
                 #attend
+                #dropout
             }
         } else {
             TokenStream::new()

@@ -176,6 +176,11 @@ fn step(g: &Gen<'_>, ir: &StepIr, ast: &Step) -> R<TokenStream> {
             )
         }
     };
+    let key = if g.model.uses_rng() {
+        format_ident!("key")
+    } else {
+        format_ident!("_key")
+    };
     let accumulation = value(g, &ir.accumulate)?;
     if accumulation < 1.0 || accumulation.fract() != 0.0 {
         return Err(unsupported(ir.accumulate.span, "this accumulation count"));
@@ -273,7 +278,7 @@ fn step(g: &Gen<'_>, ir: &StepIr, ast: &Step) -> R<TokenStream> {
                 StepOptions { clip_norm: #clip, compile: true, accumulation: #accumulation }
             }
 
-            fn loss(params: &Params, #config: &Config, batch: &[Array], _key: &Array) -> Result<Array> {
+            fn loss(params: &Params, #config: &Config, batch: &[Array], #key: &Array) -> Result<Array> {
                 let [#(#names),*] = batch else {
                     return Err(Error::Layout(format!(#message, batch.len())));
                 };

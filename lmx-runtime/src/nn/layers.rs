@@ -4,8 +4,9 @@ use super::extra::literal;
 use super::leaf_struct::leaf_struct;
 use super::linear_grad::linear_with_row_major_grad;
 use crate::error::Result;
+use crate::model::Context;
 use mlx_rs::fast::{self, ScaledDotProductAttentionMask};
-use mlx_rs::{random, Array, Dtype};
+use mlx_rs::{ops, random, Array, Dtype};
 
 leaf_struct! {
     /// A linear map `y = x W^T + b` with `weight: [out, in]` and an optional `bias: [out]`.
@@ -81,6 +82,26 @@ pub fn rms_norm_with_offset(
         .weight
         .add(literal(f64::from(offset), &params.weight)?)?;
     Ok(fast::rms_norm(x, Some(&scale), eps)?)
+}
+
+/// Dropout: each element of `x` zeroed with probability `p` and the rest scaled by `1 / (1 - p)`,
+/// with a mask drawn from `ctx`'s key. Where `ctx` has no key (evaluation, generation) or `p` is
+/// 0, `x` passes through unchanged.
+pub fn dropout(x: &Array, p: f32, ctx: &mut Context) -> Result<Array> {
+    if !(0.0..1.0).contains(&p) {
+        return Err(crate::error::Error::Layout(format!(
+            "dropout needs a probability in [0, 1), not {p}"
+        )));
+    }
+    if p == 0.0 {
+        return Ok(x.clone());
+    }
+    let Some(key) = ctx.next_key()? else {
+        return Ok(x.clone());
+    };
+    let keep = random::bernoulli(&Array::from_f32(1.0 - p), x.shape(), &key)?;
+    let scale = literal(f64::from(1.0 / (1.0 - p)), x)?;
+    Ok(ops::select(&keep, &x.multiply(&scale)?, &literal(0.0, x)?)?)
 }
 
 /// Splits `[B, T, heads * head_dim]` into heads: `[B, heads, T, head_dim]`.
@@ -236,5 +257,55 @@ pub mod init {
             self.key = carry;
             Ok(sub)
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ones() -> Array {
+        Array::ones::<f32>(&[200, 100]).unwrap()
+    }
+
+    #[test]
+    fn dropout_zeroes_about_p_of_the_elements_and_scales_the_rest() {
+        let mut ctx = Context::training().with_key(random::key(7).unwrap());
+        let first = dropout(&ones(), 0.25, &mut ctx).unwrap();
+        let values = first.as_slice::<f32>();
+        let zeros = values.iter().filter(|&&v| v == 0.0).count() as f64 / values.len() as f64;
+        assert!(
+            (zeros - 0.25).abs() < 0.02,
+            "{zeros} of the elements dropped"
+        );
+        assert!(values
+            .iter()
+            .all(|&v| v == 0.0 || (v - 1.0 / 0.75).abs() < 1e-6));
+
+        let second = dropout(&ones(), 0.25, &mut ctx).unwrap();
+        assert_ne!(
+            second.as_slice::<f32>(),
+            values,
+            "each call draws a new mask"
+        );
+        let mut again = Context::training().with_key(random::key(7).unwrap());
+        let replayed = dropout(&ones(), 0.25, &mut again).unwrap();
+        assert_eq!(
+            replayed.as_slice::<f32>(),
+            values,
+            "the same key, the same mask"
+        );
+    }
+
+    #[test]
+    fn dropout_without_a_key_or_with_p_zero_is_the_identity() {
+        let x = ones();
+        let evaluated = dropout(&x, 0.5, &mut Context::training()).unwrap();
+        assert_eq!(evaluated.as_slice::<f32>(), x.as_slice::<f32>());
+        let mut ctx = Context::training().with_key(random::key(0).unwrap());
+        let off = dropout(&x, 0.0, &mut ctx).unwrap();
+        assert_eq!(off.as_slice::<f32>(), x.as_slice::<f32>());
+        let message = dropout(&x, 1.0, &mut ctx).unwrap_err().to_string();
+        assert!(message.contains("[0, 1), not 1"), "{message}");
     }
 }
