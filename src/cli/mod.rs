@@ -6,6 +6,7 @@ pub mod check;
 pub mod plot;
 pub mod registry;
 pub mod run_file;
+pub mod settings;
 pub mod tokenizer;
 pub mod train;
 
@@ -90,6 +91,10 @@ pub struct TrainArgs {
     /// Its preset.
     #[arg(long, default_value = "bytes")]
     pub preset: String,
+    /// Changes a setting of the model's configuration on top of the preset (repeatable), e.g.
+    /// `--set pdrop=0.1`.
+    #[arg(long = "set", value_name = "NAME=VALUE")]
+    pub settings: Vec<settings::Setting>,
     /// Training data: text, `.jsonl` (field "text") or `.tokens` files.
     #[arg(long, num_args = 1.., default_value = "data/shakespeare.txt")]
     pub data: Vec<PathBuf>,
@@ -258,6 +263,7 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
             let request = train::TrainRequest {
                 model: args.model.clone(),
                 preset: args.preset.clone(),
+                settings: args.settings.clone(),
                 data: args.data.clone(),
                 tokenizer: tokenizer::TokenizerSpec::parse(&args.tokenizer, args.eos.clone()),
                 train: args.train_config()?,

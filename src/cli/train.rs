@@ -20,6 +20,8 @@ pub struct TrainRequest {
     pub model: String,
     /// Its preset.
     pub preset: String,
+    /// Settings changed on top of the preset.
+    pub settings: Vec<super::settings::Setting>,
     /// Text (`.txt`), JSONL (`.jsonl`) or token (`.tokens`) files.
     pub data: Vec<PathBuf>,
     /// The tokenizer.
@@ -47,6 +49,7 @@ where
             S::Model::presets().join(", ")
         )
     })?;
+    let model_config = super::settings::apply(&model_config, &request.settings, S::Model::NAME)?;
     let tokenizer = request.tokenizer.load()?;
     let vocab = S::Model::vocab_size(&model_config);
     if tokenizer.vocab_size() > vocab {
