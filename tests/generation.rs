@@ -35,7 +35,7 @@ fn cache_crosses_growth_step<M: LanguageModel>(config: &M::Config) -> Result<()>
     let params = M::init(config, 0)?;
     let vocab = M::vocab_size(config) as i32;
     let tokens = random::randint::<_, i32>(0, vocab, &[1, LEN][..], &random::key(1)?)?;
-    let full = M::forward(&params, config, &tokens, &mut Context::training())?;
+    let full = M::forward(&params, config, &tokens, &mut Context::evaluation())?;
     let mut bounds = vec![0, 1, 6, 250];
     bounds.extend(251..=LEN);
     let mut ctx = Context::generation();
@@ -132,7 +132,7 @@ fn greedy_generation_follows_the_full_forward_pass() -> Result<()> {
         .map(|&id| id as i32)
         .collect();
     let input = Array::from_slice(&sequence, &[1, sequence.len() as i32]);
-    let logits = llama::Llama::forward(&params, &config, &input, &mut Context::training())?;
+    let logits = llama::Llama::forward(&params, &config, &input, &mut Context::evaluation())?;
     let logits = logits.index((0, prompt.len() as i32 - 1..));
     let best = logits.max_axis(-1, false)?;
     let picked = logits

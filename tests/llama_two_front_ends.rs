@@ -77,8 +77,13 @@ fn outputs_are_identical_on_the_same_weights() {
     let (lmx_config, rust_config) = configs();
     let (lmx_params, rust_params) = same_weights();
     let (tokens, _) = batch();
-    let ours =
-        llama::Llama::forward(&lmx_params, &lmx_config, &tokens, &mut Context::training()).unwrap();
+    let ours = llama::Llama::forward(
+        &lmx_params,
+        &lmx_config,
+        &tokens,
+        &mut Context::evaluation(),
+    )
+    .unwrap();
     let theirs = llama_rs::forward(&graph(&rust_params), &Tensor::from(tokens), &rust_config)
         .unwrap()
         .into_array();
@@ -101,7 +106,7 @@ fn losses_are_identical_over_ten_steps() {
         &lmx_state,
         optimizer.clone(),
         move |params: &llama::Params, batch: &[Array], key: &Array| {
-            llama::Train::loss(params, &config, batch, key)
+            llama::Train::loss(params, &config, batch, Some(key))
         },
         options,
     )

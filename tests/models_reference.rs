@@ -82,7 +82,12 @@ impl<M: LanguageModel> Fixture<M> {
 
     /// The logits of the generated forward pass over the whole sequences.
     fn forward(&self, params: &M::Params) -> Result<Array> {
-        M::forward(params, &self.config, &self.tokens, &mut Context::training())
+        M::forward(
+            params,
+            &self.config,
+            &self.tokens,
+            &mut Context::evaluation(),
+        )
     }
 }
 

@@ -56,7 +56,7 @@ macro_rules! assert_learns {
             &state,
             optimizer,
             move |p: &<Model as LanguageModel>::Params, b: &[Array], k: &Array| {
-                <$step>::loss(p, &cfg, b, k)
+                <$step>::loss(p, &cfg, b, Some(k))
             },
             <$step>::options(),
         )?;

@@ -40,12 +40,6 @@ impl CheckedModel {
     pub fn block(&self, name: &str) -> Option<&BlockIr> {
         self.blocks.iter().find(|b| b.name == name)
     }
-
-    /// Whether a forward pass draws random numbers (dropout): its training steps then carry a
-    /// random key in their state and hand it to the forward pass.
-    pub fn uses_rng(&self) -> bool {
-        self.forward.uses_rng || self.blocks.iter().any(|b| b.forward.uses_rng)
-    }
 }
 
 /// One configuration entry.
@@ -392,7 +386,7 @@ impl OptimizerKind {
 pub enum StateSlot {
     /// The parameter tree.
     Params,
-    /// A per-parameter optimizer moment tree (`m`, `v`, `momentum`).
+    /// A per-parameter optimizer moment tree (`m`, `v`, `momentum`, Adafactor's `second`).
     Moment(&'static str),
     /// Accumulated gradients, when `accumulate` is more than one micro-batch.
     GradAccum,

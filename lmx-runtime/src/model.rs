@@ -60,10 +60,25 @@ pub struct Context {
 }
 
 impl Context {
-    /// A forward pass over whole sequences, as in training. Without [`Context::with_key`] dropout
-    /// passes its input through, as in evaluation.
-    pub fn training() -> Context {
+    /// A forward pass over whole sequences with dropout off: validation, evaluation, checks
+    /// against a reference.
+    pub fn evaluation() -> Context {
         Context::default()
+    }
+
+    /// A training step's forward pass over whole sequences: dropout on, its masks drawn from
+    /// `key` (a new one for every draw).
+    pub fn training(key: &Array) -> Context {
+        Context {
+            cache: None,
+            key: Some(key.clone()),
+        }
+    }
+
+    /// The forward pass of a step's loss: [`Context::training`] with the step's key, or
+    /// [`Context::evaluation`] where the loss is evaluated without one (validation).
+    pub fn for_step(key: Option<&Array>) -> Context {
+        key.map_or_else(Context::evaluation, Context::training)
     }
 
     /// A forward pass that keeps the keys and values of every attention layer across calls.
@@ -77,16 +92,8 @@ impl Context {
         }
     }
 
-    /// This context with dropout on, its masks drawn from `key` (a training step's key).
-    pub fn with_key(self, key: Array) -> Context {
-        Context {
-            key: Some(key),
-            ..self
-        }
-    }
-
     /// A fresh key for the next random draw of this pass, `None` when dropout is off.
-    pub fn next_key(&mut self) -> Result<Option<Array>> {
+    pub(crate) fn next_key(&mut self) -> Result<Option<Array>> {
         let Some(key) = self.key.take() else {
             return Ok(None);
         };
@@ -204,12 +211,14 @@ pub trait TrainingStep: 'static {
     /// Clipping and accumulation as declared; `compile` is on.
     fn options() -> crate::step::StepOptions;
 
-    /// The loss of one (micro-)batch: `batch` holds the declared inputs in order.
+    /// The loss of one (micro-)batch: `batch` holds the declared inputs in order; `key` is the
+    /// step's random key, which dropout draws its masks from, and `None` where the loss is only
+    /// evaluated (validation), with dropout off.
     fn loss(
         params: &<Self::Model as LanguageModel>::Params,
         config: &<Self::Model as LanguageModel>::Config,
         batch: &[Array],
-        key: &Array,
+        key: Option<&Array>,
     ) -> Result<Array>;
 }
 

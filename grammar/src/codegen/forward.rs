@@ -334,9 +334,10 @@ pub(crate) struct Fx<'g, 'm> {
     pub attends: bool,
     /// Whether it draws dropout masks (from `pass.ctx`'s key).
     pub drops: bool,
+    /// In a step: the context its `forward(..)` calls share (one dropout key stream per step).
+    pub step_ctx: Option<String>,
     /// Names that cannot be used for temporaries.
     pub taken: Vec<String>,
-    temps: usize,
 }
 
 impl<'g, 'm> Fx<'g, 'm> {
@@ -352,8 +353,8 @@ impl<'g, 'm> Fx<'g, 'm> {
             uses_offset: false,
             attends: false,
             drops: false,
+            step_ctx: None,
             taken: g.taken.clone(),
-            temps: 0,
         }
     }
 
@@ -363,20 +364,14 @@ impl<'g, 'm> Fx<'g, 'm> {
         }
     }
 
-    /// A fresh name for a temporary.
+    /// A fresh name for a temporary: `base` itself while it is free, then `base2`, `base3`, ...
     fn temp(&mut self, base: &str) -> String {
-        loop {
-            self.temps += 1;
-            let name = if self.temps == 1 {
-                base.to_string()
-            } else {
-                format!("{base}{}", self.temps)
-            };
-            if !self.taken.contains(&name) {
-                self.taken.push(name.clone());
-                return name;
-            }
-        }
+        let name = std::iter::once(base.to_string())
+            .chain((2..).map(|n| format!("{base}{n}")))
+            .find(|name| !self.taken.contains(name))
+            .expect("an unbounded sequence of names has a free one");
+        self.taken.push(name.clone());
+        name
     }
 
     fn lookup(&mut self, name: &str, span: Span) -> R<Binding> {
@@ -1270,7 +1265,7 @@ impl<'g, 'm> Fx<'g, 'm> {
             "dropout" => {
                 // Computed first: `x` may itself borrow `pass` (a block's output).
                 let x = self.arg_tensor(args, 0, "x", span)?;
-                let x = self.hoist(x, "branch").r();
+                let x = self.hoist(x, "dropout_in").r();
                 let p = match self.arg(args, 1, "p") {
                     Some(e) => self.f32_expr(e)?,
                     None => return Err(unsupported(span, "`dropout` without `p`")),
@@ -1495,12 +1490,16 @@ impl<'g, 'm> Fx<'g, 'm> {
                     inputs.push(self.arg_tensor(args, i, "", span)?.r());
                 }
                 let config = self.config_place();
-                let ctx = if self.g.model.uses_rng() {
-                    quote!(&mut Context::training().with_key(key.clone()))
-                } else {
-                    quote!(&mut Context::training())
+                let ctx = match &self.step_ctx {
+                    Some(name) => name.clone(),
+                    None => {
+                        let name = self.temp("context");
+                        self.step_ctx = Some(name.clone());
+                        name
+                    }
                 };
-                t(quote!(forward(params, #config, #(#inputs,)* #ctx)?))
+                let ctx = ident(&ctx);
+                t(quote!(forward(params, #config, #(#inputs,)* &mut #ctx)?))
             }
             _ => Err(unsupported(span, &format!("`{name}` here"))),
         }

@@ -553,7 +553,15 @@ impl<'m> Gen<'m> {
             pass_init.push(quote!(offset: ctx.offset(),));
         }
         if has_ctx {
-            pass_fields.push(quote!(#[doc = " The runtime context (the key-value cache during generation, the dropout key in training)."] ctx: &'a mut Context,));
+            let doc = match (has_attention, has_dropout) {
+                (true, true) => {
+                    " The runtime context: the key-value cache during generation, the dropout key \
+                     in training."
+                }
+                (true, false) => " The runtime context (the key-value cache during generation).",
+                _ => " The runtime context (the dropout key in training).",
+            };
+            pass_fields.push(quote!(#[doc = #doc] ctx: &'a mut Context,));
             pass_init.push(quote!(ctx,));
         }
         if has_attention {
@@ -566,37 +574,33 @@ impl<'m> Gen<'m> {
             TokenStream::new()
         };
         let pass_struct = if any_pass {
-            let attend = if has_attention {
+            let attend = has_attention.then(|| {
                 quote! {
-                    impl Pass<'_> {
-                        /// Attention over this call's queries, keys and values, in the next cache slot.
-                        fn attend(&mut self, q: &Array, k: &Array, v: &Array, options: nn::AttentionOptions<'_>) -> Result<Array> {
-                            let layer = self.attention;
-                            self.attention += 1;
-                            nn::attend(self.ctx, layer, q, k, v, options)
-                        }
+                    /// Attention over this call's queries, keys and values, in the next cache slot.
+                    fn attend(&mut self, q: &Array, k: &Array, v: &Array, options: nn::AttentionOptions<'_>) -> Result<Array> {
+                        let layer = self.attention;
+                        self.attention += 1;
+                        nn::attend(self.ctx, layer, q, k, v, options)
                     }
                 }
-            } else {
-                TokenStream::new()
-            };
-            let dropout = if has_dropout {
+            });
+            let dropout = has_dropout.then(|| {
                 quote! {
-                    impl Pass<'_> {
-                        /// Dropout with probability `p`, on in a training step and off otherwise.
-                        fn dropout(&mut self, x: &Array, p: f32) -> Result<Array> {
-                            nn::dropout(x, p, self.ctx)
-                        }
+                    /// Dropout with probability `p`: on in a training step, off otherwise.
+                    fn dropout(&mut self, x: &Array, p: f32) -> Result<Array> {
+                        nn::dropout(x, p, self.ctx)
                     }
                 }
+            });
+            let methods = if has_ctx {
+                quote!(impl Pass<'_> { #attend #dropout })
             } else {
                 TokenStream::new()
             };
             quote! {
                 /// What a forward pass threads through its blocks.
                 pub struct Pass #lifetime { #(#pass_fields)* }
-                #attend
-                #dropout
+                #methods
             }
         } else {
             TokenStream::new()

@@ -33,27 +33,33 @@ pub(crate) fn steps(g: &Gen<'_>) -> R<TokenStream> {
     Ok(out)
 }
 
-fn value(g: &Gen<'_>, e: &Expr) -> R<f64> {
+/// The value of a step setting, evaluated in the declared defaults.
+fn evaluate(g: &Gen<'_>, e: &Expr) -> Option<Value> {
     let env = g
         .model
         .preset("default")
         .map(|p| p.values.clone())
         .unwrap_or_default();
-    match eval(e, &env) {
-        Ok(Value::Int(i)) => Ok(i as f64),
-        Ok(Value::Float(x)) => Ok(x),
-        _ => Err(unsupported(e.span, "a step setting that is not a number")),
-    }
+    eval(e, &env).ok()
 }
 
+/// A numeric step setting, within `f32`'s range.
+fn value(g: &Gen<'_>, e: &Expr) -> R<f64> {
+    let x = match evaluate(g, e) {
+        Some(Value::Int(i)) => i as f64,
+        Some(Value::Float(x)) => x,
+        _ => return Err(unsupported(e.span, "a step setting that is not a number")),
+    };
+    if x.abs() > f64::from(f32::MAX) {
+        return Err(unsupported(e.span, "a step setting beyond f32's range"));
+    }
+    Ok(x)
+}
+
+/// An optimizer flag.
 fn flag_value(g: &Gen<'_>, e: &Expr) -> R<bool> {
-    let env = g
-        .model
-        .preset("default")
-        .map(|p| p.values.clone())
-        .unwrap_or_default();
-    match eval(e, &env) {
-        Ok(Value::Bool(b)) => Ok(b),
+    match evaluate(g, e) {
+        Some(Value::Bool(b)) => Ok(b),
         _ => Err(unsupported(
             e.span,
             "an optimizer flag that is not true or false",
@@ -176,11 +182,6 @@ fn step(g: &Gen<'_>, ir: &StepIr, ast: &Step) -> R<TokenStream> {
             )
         }
     };
-    let key = if g.model.uses_rng() {
-        format_ident!("key")
-    } else {
-        format_ident!("_key")
-    };
     let accumulation = value(g, &ir.accumulate)?;
     if accumulation < 1.0 || accumulation.fract() != 0.0 {
         return Err(unsupported(ir.accumulate.span, "this accumulation count"));
@@ -250,6 +251,17 @@ fn step(g: &Gen<'_>, ir: &StepIr, ast: &Step) -> R<TokenStream> {
     let loss = fx.owned_tensor(loss, loss_expr.span)?;
     let loss = fx.ok(loss);
     let stmts = super::forward::render(fx.bodies.pop().unwrap_or_default());
+    // One context for every `forward(..)` of the step, so that each dropout draws a new mask.
+    let (key, context) = match &fx.step_ctx {
+        Some(name) => {
+            let name = ident(name);
+            (
+                format_ident!("key"),
+                quote!(let mut #name = Context::for_step(key);),
+            )
+        }
+        None => (format_ident!("_key"), TokenStream::new()),
+    };
     let config = if fx.uses_config {
         quote!(config)
     } else {
@@ -278,10 +290,11 @@ fn step(g: &Gen<'_>, ir: &StepIr, ast: &Step) -> R<TokenStream> {
                 StepOptions { clip_norm: #clip, compile: true, accumulation: #accumulation }
             }
 
-            fn loss(params: &Params, #config: &Config, batch: &[Array], #key: &Array) -> Result<Array> {
+            fn loss(params: &Params, #config: &Config, batch: &[Array], #key: Option<&Array>) -> Result<Array> {
                 let [#(#names),*] = batch else {
                     return Err(Error::Layout(format!(#message, batch.len())));
                 };
+                #context
                 #prelude
                 #stmts
                 #loss

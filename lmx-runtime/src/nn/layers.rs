@@ -270,7 +270,7 @@ mod tests {
 
     #[test]
     fn dropout_zeroes_about_p_of_the_elements_and_scales_the_rest() {
-        let mut ctx = Context::training().with_key(random::key(7).unwrap());
+        let mut ctx = Context::training(&random::key(7).unwrap());
         let first = dropout(&ones(), 0.25, &mut ctx).unwrap();
         let values = first.as_slice::<f32>();
         let zeros = values.iter().filter(|&&v| v == 0.0).count() as f64 / values.len() as f64;
@@ -288,7 +288,7 @@ mod tests {
             values,
             "each call draws a new mask"
         );
-        let mut again = Context::training().with_key(random::key(7).unwrap());
+        let mut again = Context::training(&random::key(7).unwrap());
         let replayed = dropout(&ones(), 0.25, &mut again).unwrap();
         assert_eq!(
             replayed.as_slice::<f32>(),
@@ -300,9 +300,9 @@ mod tests {
     #[test]
     fn dropout_without_a_key_or_with_p_zero_is_the_identity() {
         let x = ones();
-        let evaluated = dropout(&x, 0.5, &mut Context::training()).unwrap();
+        let evaluated = dropout(&x, 0.5, &mut Context::evaluation()).unwrap();
         assert_eq!(evaluated.as_slice::<f32>(), x.as_slice::<f32>());
-        let mut ctx = Context::training().with_key(random::key(0).unwrap());
+        let mut ctx = Context::training(&random::key(0).unwrap());
         let off = dropout(&x, 0.0, &mut ctx).unwrap();
         assert_eq!(off.as_slice::<f32>(), x.as_slice::<f32>());
         let message = dropout(&x, 1.0, &mut ctx).unwrap_err().to_string();

@@ -10,7 +10,7 @@ use crate::state::{StateTemplate, TrainState};
 use crate::step::{StepOptions, TrainStep};
 use mlx_rs::error::Exception;
 use mlx_rs::transforms::{async_eval, compile::compile, eval};
-use mlx_rs::{random, Array};
+use mlx_rs::Array;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
@@ -90,7 +90,7 @@ where
             &state,
             optimizer,
             move |params: &Params<S>, batch: &[Array], key: &Array| {
-                S::loss(params, &loss_model, batch, key)
+                S::loss(params, &loss_model, batch, Some(key))
             },
             options,
         )?;
@@ -361,11 +361,10 @@ where
     >: Clone + 'static,
 {
     let n_params = template.layout().params;
-    let key = random::key(0).expect("a key from a seed");
     let loss = move |args: &[Array]| -> std::result::Result<Vec<Array>, Exception> {
         let run = || -> Result<Array> {
             let params = template.params(&args[..n_params])?;
-            S::loss(&params, &model, &args[n_params..], &key)
+            S::loss(&params, &model, &args[n_params..], None)
         };
         run()
             .map(|loss| vec![loss])
