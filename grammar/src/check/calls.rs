@@ -398,7 +398,19 @@ impl Checker<'_> {
                 })
             }
             "softmax" | "log_softmax" | "dropout" => {
-                if name == "dropout" {
+                if name == "dropout" && ctx == Context::Step {
+                    self.error(
+                        Diagnostic::new(
+                            "lmx::step::dropout",
+                            "`dropout` belongs in a forward pass, not in a step",
+                            span,
+                            "in a step",
+                        )
+                        .with_help(
+                            "apply it inside the model's or a block's `forward`, where the step's random key reaches it",
+                        ),
+                    );
+                } else if name == "dropout" {
                     self.facts.uses_rng = true;
                     match args.get(1, "p") {
                         Some((e, t)) => {
