@@ -1,8 +1,9 @@
 //! Crash safety against a real kill: a child process saves checkpoints in a loop, resuming after
-//! the latest as a restarted run would, and is killed (SIGKILL) at moments spread over its saves. Each time, the latest checkpoint loads whole, its
-//! three files come from one save, and the next save clears what the killed one left behind.
+//! the latest as a restarted run would, and is killed (SIGKILL) in the middle of a save (between
+//! two of its files) or at moments spread over its saves. Each time, the latest checkpoint loads
+//! whole, its three files come from one save, and the next save clears what the killed one left.
 
-use lmx_runtime::checkpoint::{self, Checkpoints};
+use lmx_runtime::checkpoint::{self, Checkpoints, DurableWriter, FileWriter};
 use lmx_runtime::nn::LinearParams;
 use lmx_runtime::optim::AdamW;
 use lmx_runtime::state::TrainState;
@@ -37,8 +38,22 @@ fn state(value: f32) -> TrainState<Vec<LinearParams>, AdamW> {
     state
 }
 
+/// Writes each file durably, then tells the parent (`wrote ...`) and waits long enough to be
+/// killed before the next file: a kill there lands in the middle of a save.
+struct Announcing;
+
+impl FileWriter for Announcing {
+    fn write(&mut self, path: &Path, bytes: &[u8]) -> lmx_runtime::Result<()> {
+        DurableWriter.write(path, bytes)?;
+        println!("\nwrote {}", path.display());
+        std::thread::sleep(Duration::from_millis(100));
+        Ok(())
+    }
+}
+
 /// The child: resumes after the latest checkpoint, as a restarted run would, and saves the next
-/// steps until it is killed.
+/// steps until it is killed. (Each report starts on a line of its own: the test harness's
+/// `test ... ` header has no line end.)
 fn write_until_killed(root: &Path) {
     let checkpoints = Checkpoints::new(root).keep_last(2);
     let first = checkpoints
@@ -49,9 +64,9 @@ fn write_until_killed(root: &Path) {
     for step in first.. {
         let state = state(step as f32);
         checkpoints
-            .save(step, &state, &json!({ "step": step }))
+            .save_with(step, &state, &json!({ "step": step }), &mut Announcing)
             .unwrap();
-        println!("saved {step}");
+        println!("\nsaved {step}");
     }
 }
 
@@ -98,17 +113,29 @@ fn a_writer_killed_at_any_moment_leaves_the_latest_checkpoint_whole() {
             .stderr(Stdio::null())
             .spawn()
             .unwrap();
-        // Once the run has saved a checkpoint, kill it 0, 17, 34, ... 187 ms later: spread over
-        // the next save (about 200 ms in a debug build: 24 MB made, encoded, written, fsynced).
+        // Once the run has saved a checkpoint: in even rounds kill it right after the first file
+        // of its next save (mid-save), in odd rounds 0, 34, 68, ... ms later, anywhere.
         let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
-        let first = lines.find_map(|line| {
-            let line = line.unwrap();
-            line.strip_prefix("saved ").map(str::to_owned)
-        });
-        std::thread::sleep(Duration::from_millis(17 * round));
+        let mut line = || lines.next().expect("the child runs until killed").unwrap();
+        while !line().starts_with("saved ") {}
+        if round % 2 == 0 {
+            while !line().starts_with("wrote ") {}
+        } else {
+            std::thread::sleep(Duration::from_millis(17 * (round - 1)));
+        }
         child.kill().unwrap();
         child.wait().unwrap();
-        assert!(first.is_some(), "round {round}: the child saved nothing");
+        let temporary = std::fs::read_dir(root.path()).unwrap().any(|entry| {
+            entry
+                .unwrap()
+                .file_name()
+                .to_string_lossy()
+                .starts_with(".tmp-")
+        });
+        assert!(
+            temporary || round % 2 == 1,
+            "round {round}: the kill landed mid-save, which leaves a temporary directory"
+        );
         survived.push(check_latest(root.path()).expect("a checkpoint was saved"));
     }
     assert!(
