@@ -32,7 +32,8 @@ const SEED: u64 = 2024;
 fn export<M: LanguageModel>(dir: &Path, len: i32, token_seed: u64) -> Result<()> {
     let config = M::preset("tiny").expect("every bundled model has a tiny preset");
     let params = M::init(&config, SEED)?;
-    let mut keys = Keys::from_seed(SEED)?;
+    // A key stream of its own: `init` drew the weights from SEED.
+    let mut keys = Keys::from_seed(SEED + 1)?;
     let halves = tree::flatten(&params)
         .iter()
         .map(|leaf| -> Result<Array> {

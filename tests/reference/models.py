@@ -2,8 +2,8 @@
 
 Each model is written the way mlx-lm writes its architecture (mlx.nn layers, mx.fast kernels),
 but follows the semantics of its .lmx file where they differ from the published model: GPT-2 and
-MPT use the exact (erf) GELU, Mistral's tiny preset attends globally in every 4th layer and through a sliding window of 32
-elsewhere. Module attribute names make each parameter's dotted name the one the generated Rust
+MPT use the exact (erf) GELU, and Mistral's tiny preset attends globally in every 4th layer and
+through a sliding window of 32 elsewhere. Module attribute names make each parameter's dotted name the one the generated Rust
 tree uses (`lmx::runtime::tree::names`), so the weights load by name with `strict=True`.
 
 For every model `<name>` this reads, from the fixture folder (first argument, default
