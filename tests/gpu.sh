@@ -13,6 +13,7 @@ set -u
 out=${1:?output folder}
 shift
 mkdir -p "$out"
+: > "$out/tests.txt"
 export RUST_TEST_THREADS=1 MLX_ENABLE_TF32=0
 failed=0
 for binary in "$@"; do
