@@ -1,6 +1,6 @@
 #!/bin/bash
-# Runs test binaries on the GPU machine (MLX's CUDA backend), where `cargo test` cannot run: build
-# them here (`cargo test --no-run`, the paths it prints), carry them over with MLX's CUDA build
+# Runs test binaries on the GPU machine (MLX's CUDA backend), where `cargo test` cannot run: stage
+# them here with bench/gpu-stage.sh, carry them over with MLX's CUDA build
 # (../shared/gpu/README.md), then
 #
 #     bash tests/gpu.sh OUT BINARY...
