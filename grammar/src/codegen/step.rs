@@ -43,14 +43,14 @@ fn evaluate(g: &Gen<'_>, e: &Expr) -> Option<Value> {
     eval(e, &env).ok()
 }
 
-/// A numeric step setting, within `f32`'s range.
+/// A numeric step setting: a finite number within `f32`'s range.
 fn value(g: &Gen<'_>, e: &Expr) -> R<f64> {
     let x = match evaluate(g, e) {
         Some(Value::Int(i)) => i as f64,
         Some(Value::Float(x)) => x,
         _ => return Err(unsupported(e.span, "a step setting that is not a number")),
     };
-    if x.abs() > f64::from(f32::MAX) {
+    if !x.is_finite() || x.abs() > f64::from(f32::MAX) {
         return Err(unsupported(e.span, "a step setting beyond f32's range"));
     }
     Ok(x)
@@ -291,10 +291,10 @@ fn step(g: &Gen<'_>, ir: &StepIr, ast: &Step) -> R<TokenStream> {
             }
 
             fn loss(params: &Params, #config: &Config, batch: &[Array], #key: Option<&Array>) -> Result<Array> {
+                #context
                 let [#(#names),*] = batch else {
                     return Err(Error::Layout(format!(#message, batch.len())));
                 };
-                #context
                 #prelude
                 #stmts
                 #loss

@@ -349,8 +349,14 @@ mod tests {
         std::thread::spawn(|| {
             let (args, _) = inputs(true);
             let made = || LINEAR.with(|cell| cell.borrow().is_some());
-            let inside = without_gradients(|| without_gradients(|| custom(&args).unwrap()));
-            assert!(!made(), "inside the scope the layer is the plain product");
+            let inside = without_gradients(|| {
+                let nested = without_gradients(|| custom(&args).unwrap());
+                // Still inside the outer scope after the nested one has ended.
+                let after_nested = custom(&args).unwrap();
+                assert!(max_difference(&nested, &after_nested) < 1e-6);
+                after_nested
+            });
+            assert!(!made(), "inside the scopes the layer is the plain product");
             let outside = custom(&args).unwrap();
             assert!(made(), "outside it, the custom function");
             assert!(max_difference(&inside, &outside) < 1e-6, "the same numbers");
