@@ -1,4 +1,5 @@
-//! The `lmx` command end to end: train the bundled GPT 50 steps, resume to 60, generate text.
+//! The `lmx` command end to end: train the bundled GPT 50 steps with dropout (`--set`), resume to
+//! 60, generate text.
 
 use std::path::Path;
 use std::process::Command;
@@ -32,9 +33,11 @@ fn train_resume_generate() {
     let dir = tempfile::tempdir().unwrap();
     let run = dir.path().join("run");
     let run_arg = run.to_str().unwrap();
-    let common: [&str; 11] = [
+    let common: [&str; 13] = [
         "--preset",
         "tiny-bytes",
+        "--set",
+        "pdrop=0.1",
         "--batch-size",
         "4",
         "--seq-len",
@@ -52,6 +55,12 @@ fn train_resume_generate() {
     ]
     .concat());
     assert!(trained.contains("trained gpt2 to step 50"), "{trained}");
+    let run_file: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(run.join("run.json")).unwrap()).unwrap();
+    assert_eq!(
+        run_file["model_config"]["pdrop"], 0.1,
+        "the run records --set"
+    );
     assert!(run
         .join("checkpoints/step-000050/model.safetensors")
         .is_file());
@@ -76,11 +85,27 @@ fn train_resume_generate() {
         "0",
     ]);
     assert!(text.starts_with("ROMEO:"), "{text}");
+    // Whitespace counts: 60 steps of a tiny model may well decode greedily to spaces.
     assert!(
-        text.trim_end().len() > "ROMEO:".len(),
+        text.trim_end_matches('\n').chars().count() > "ROMEO:".len(),
         "nothing generated: {text:?}"
     );
 
     let plot = lmx(&["plot", run_arg]);
     assert!(Path::new(plot.trim()).is_file());
+}
+
+#[test]
+fn an_unknown_setting_is_an_error_that_names_it_before_anything_runs() {
+    let output = Command::new(env!("CARGO_BIN_EXE_lmx"))
+        .args(["train", "--preset", "tiny-bytes", "--set", "n_layer=2"])
+        .output()
+        .expect("lmx runs");
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains("gpt2 has no setting `n_layer`; its settings are ")
+            && stderr.contains("n_layers"),
+        "{stderr}"
+    );
 }
