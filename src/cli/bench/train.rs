@@ -109,6 +109,18 @@ pub struct Measured {
     pub ours: Row,
     /// The Python MLX anchor.
     pub anchor: Option<Row>,
+    /// The fastest and slowest of lmx's runs, ms per step.
+    pub ours_range: (f64, f64),
+    /// The fastest and slowest of the anchor's runs.
+    pub anchor_range: Option<(f64, f64)>,
+}
+
+/// The lowest and highest `median_ms` of `runs`.
+fn range(runs: &[Row]) -> Option<(f64, f64)> {
+    let times = runs.iter().map(|row| row.median_ms);
+    let low = times.clone().min_by(f64::total_cmp)?;
+    let high = times.max_by(f64::total_cmp)?;
+    Some((low, high))
 }
 
 /// The run whose `median_ms` is the median of `runs` (the lower middle one for an even count).
@@ -155,6 +167,8 @@ pub fn bench(args: &BenchArgs) -> anyhow::Result<()> {
                 rows.push(Measured {
                     ours: median_run(&ours).expect("at least one run"),
                     anchor: median_run(&anchors),
+                    ours_range: range(&ours).expect("at least one run"),
+                    anchor_range: range(&anchors),
                 });
                 runs.extend(ours.into_iter().chain(anchors));
             }
@@ -168,6 +182,9 @@ pub fn bench(args: &BenchArgs) -> anyhow::Result<()> {
         std::fs::write(path, lines.join("\n") + "\n")?;
     }
     print_table(&rows);
+    if args.repeats > 1 {
+        print_spread(&rows, args.repeats);
+    }
     print_compile_table(&rows);
     if let Some(path) = &args.plot {
         super::chart::speedups(&rows, path)?;
@@ -351,7 +368,7 @@ fn print_table(rows: &[Measured]) {
         "lmx MiB",
         "anchor MiB"
     );
-    for Measured { ours, anchor } in rows {
+    for Measured { ours, anchor, .. } in rows {
         let anchor_field = |field: fn(&Row) -> Option<f64>, digits: usize| {
             anchor
                 .as_ref()
@@ -376,6 +393,43 @@ fn print_table(rows: &[Measured]) {
             ours.loss_last,
             ours.peak_mib.unwrap_or(f64::NAN),
             anchor_field(|row| row.peak_mib, 1),
+        );
+    }
+}
+
+/// How far the repeated runs of each row spread, and where each side's loss ended (the two train
+/// alike, so the last losses should be close).
+fn print_spread(rows: &[Measured], repeats: usize) {
+    println!(
+        "\n{:<28} {:>17} {:>17} {:>21}",
+        format!("over {repeats} runs"),
+        "lmx ms min–max",
+        "anchor ms min–max",
+        "last loss lmx/anchor"
+    );
+    for row in rows {
+        let name = format!(
+            "{} {} {}",
+            row.ours.config,
+            if row.ours.compile {
+                "compiled"
+            } else {
+                "eager"
+            },
+            row.ours.dtype
+        );
+        let (low, high) = row.ours_range;
+        let anchor_ms = row
+            .anchor_range
+            .map_or("-".to_string(), |(low, high)| format!("{low:.3}–{high:.3}"));
+        let anchor_loss = row
+            .anchor
+            .as_ref()
+            .map_or("-".to_string(), |anchor| format!("{:.4}", anchor.loss_last));
+        println!(
+            "{name:<28} {:>17} {anchor_ms:>17} {:>21}",
+            format!("{low:.3}–{high:.3}"),
+            format!("{:.4}/{anchor_loss}", row.ours.loss_last)
         );
     }
 }
