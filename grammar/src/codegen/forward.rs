@@ -1090,14 +1090,15 @@ impl<'g, 'm> Fx<'g, 'm> {
             } => {
                 let x = self.arg_tensor(args, 0, "x", span)?;
                 let x = x.r();
-                let eps = |fx: &mut Self| -> R<TokenStream> {
-                    let e = layer_args
-                        .iter()
-                        .find(|(n, _)| n == "eps")
-                        .map(|(_, e)| e.clone())
-                        .ok_or_else(|| unsupported(span, "a norm without `eps`"))?;
-                    let (s, ty) = fx.static_in(&e, &decl)?;
+                let arg = |name: &str| layer_args.iter().find(|(n, _)| n == name).map(|(_, e)| e);
+                // A float argument of the layer, evaluated where the layer was declared.
+                let float = |fx: &mut Self, e: &Expr| -> R<TokenStream> {
+                    let (s, ty) = fx.static_in(e, &decl)?;
                     Ok(cast(&s, &ty, "f32"))
+                };
+                let eps = |fx: &mut Self| -> R<TokenStream> {
+                    let e = arg("eps").ok_or_else(|| unsupported(span, "a norm without `eps`"))?;
+                    float(fx, e)
                 };
                 let ts = match (kind, tied) {
                     (LayerKind::Embedding, false) => quote!(nn::embedding(&#place, #x)?),
@@ -1109,10 +1110,9 @@ impl<'g, 'm> Fx<'g, 'm> {
                     }
                     (LayerKind::RmsNorm, _) => {
                         let eps = eps(self)?;
-                        match layer_args.iter().find(|(n, _)| n == "offset") {
-                            Some((_, offset)) if !is_zero(offset) => {
-                                let (s, ty) = self.static_in(offset, &decl)?;
-                                let offset = cast(&s, &ty, "f32");
+                        match arg("offset") {
+                            Some(offset) if !is_zero(offset) => {
+                                let offset = float(self, offset)?;
                                 quote!(nn::rms_norm_with_offset(&#place, #x, #eps, #offset)?)
                             }
                             _ => quote!(nn::rms_norm(&#place, #x, #eps)?),
