@@ -1,0 +1,155 @@
+/* A GPU timeline for any process, through CUPTI's activity API: preload it and every kernel,
+ * copy, memset, driver and runtime call and unified-memory event of the process is written to
+ * $LMX_TRACE_OUT, one tab-separated line each, for bench/trace_summary.py to read.
+ *
+ *     gcc -shared -fPIC -O2 -I$CUPTI/include bench/cupti_trace.c -o cupti_trace.so \
+ *         -L$CUPTI/lib -l:libcupti.so.13
+ *     LMX_TRACE_OUT=lmx.tsv LD_PRELOAD=./cupti_trace.so lmx --device gpu bench train ...
+ *
+ * It exists because the GPU machine's Nsight Systems cannot import its own captures
+ * (docs/benchmarks.md); it traces a Rust binary and a Python process alike. Lines:
+ *     K start end stream name         a kernel (ns, GPU clock)
+ *     M start end stream kind:bytes   a copy (kind: CUPTI's copy kind, 1 = host to device)
+ *     S start end stream bytes        a memset
+ *     A start end thread name         a driver or runtime call (host clock, same time base)
+ *     U start end kind value          a unified-memory event (page faults, migrations)
+ */
+#include <cupti.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define BUFFER_SIZE (8u << 20)
+
+static FILE *out;
+static pthread_mutex_t out_lock = PTHREAD_MUTEX_INITIALIZER;
+static CUpti_SubscriberHandle subscriber;
+
+static void CUPTIAPI buffer_requested(uint8_t **buffer, size_t *size, size_t *max_records) {
+    *buffer = aligned_alloc(8, BUFFER_SIZE);
+    *size = BUFFER_SIZE;
+    *max_records = 0;
+}
+
+static const char *api_name(CUpti_CallbackDomain domain, uint32_t cbid) {
+    const char *name = NULL;
+    if (cuptiGetCallbackName(domain, cbid, &name) != CUPTI_SUCCESS || !name) return "?";
+    return name;
+}
+
+static void write_record(CUpti_Activity *record) {
+    switch (record->kind) {
+    case CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL:
+    case CUPTI_ACTIVITY_KIND_KERNEL: {
+        CUpti_ActivityKernel10 *k = (CUpti_ActivityKernel10 *)record;
+        fprintf(out, "K\t%llu\t%llu\t%u\t%s\n", (unsigned long long)k->start,
+                (unsigned long long)k->end, k->streamId, k->name ? k->name : "?");
+        break;
+    }
+    case CUPTI_ACTIVITY_KIND_MEMCPY: {
+        CUpti_ActivityMemcpy6 *m = (CUpti_ActivityMemcpy6 *)record;
+        fprintf(out, "M\t%llu\t%llu\t%u\t%u:%llu\n", (unsigned long long)m->start,
+                (unsigned long long)m->end, m->streamId, m->copyKind,
+                (unsigned long long)m->bytes);
+        break;
+    }
+    case CUPTI_ACTIVITY_KIND_MEMSET: {
+        CUpti_ActivityMemset4 *m = (CUpti_ActivityMemset4 *)record;
+        fprintf(out, "S\t%llu\t%llu\t%u\t%llu\n", (unsigned long long)m->start,
+                (unsigned long long)m->end, m->streamId, (unsigned long long)m->bytes);
+        break;
+    }
+    case CUPTI_ACTIVITY_KIND_DRIVER:
+    case CUPTI_ACTIVITY_KIND_RUNTIME: {
+        CUpti_ActivityAPI *a = (CUpti_ActivityAPI *)record;
+        CUpti_CallbackDomain domain = record->kind == CUPTI_ACTIVITY_KIND_DRIVER
+                                          ? CUPTI_CB_DOMAIN_DRIVER_API
+                                          : CUPTI_CB_DOMAIN_RUNTIME_API;
+        fprintf(out, "A\t%llu\t%llu\t%u\t%s\n", (unsigned long long)a->start,
+                (unsigned long long)a->end, a->threadId, api_name(domain, a->cbid));
+        break;
+    }
+    case CUPTI_ACTIVITY_KIND_UNIFIED_MEMORY_COUNTER: {
+        CUpti_ActivityUnifiedMemoryCounter3 *u = (CUpti_ActivityUnifiedMemoryCounter3 *)record;
+        fprintf(out, "U\t%llu\t%llu\t%u\t%llu\n", (unsigned long long)u->start,
+                (unsigned long long)u->end, u->counterKind, (unsigned long long)u->value);
+        break;
+    }
+    default:
+        break;
+    }
+}
+
+static void CUPTIAPI buffer_completed(CUcontext context, uint32_t stream, uint8_t *buffer,
+                                      size_t size, size_t valid) {
+    (void)context;
+    (void)stream;
+    (void)size;
+    CUpti_Activity *record = NULL;
+    pthread_mutex_lock(&out_lock);
+    while (out && cuptiActivityGetNextRecord(buffer, valid, &record) == CUPTI_SUCCESS)
+        write_record(record);
+    pthread_mutex_unlock(&out_lock);
+    free(buffer);
+}
+
+/* A context about to go away takes its undelivered records with it: deliver them first. */
+static void CUPTIAPI on_resource(void *data, CUpti_CallbackDomain domain, CUpti_CallbackId id,
+                                 const void *info) {
+    (void)data;
+    (void)info;
+    if (domain == CUPTI_CB_DOMAIN_RESOURCE && id == CUPTI_CBID_RESOURCE_CONTEXT_DESTROY_STARTING)
+        cuptiActivityFlushAll(1);
+}
+
+static void enable_unified_memory_counters(void) {
+    CUpti_ActivityUnifiedMemoryCounterConfig config[3];
+    CUpti_ActivityUnifiedMemoryCounterKind kinds[3] = {
+        CUPTI_ACTIVITY_UNIFIED_MEMORY_COUNTER_KIND_BYTES_TRANSFER_HTOD,
+        CUPTI_ACTIVITY_UNIFIED_MEMORY_COUNTER_KIND_BYTES_TRANSFER_DTOH,
+        CUPTI_ACTIVITY_UNIFIED_MEMORY_COUNTER_KIND_GPU_PAGE_FAULT,
+    };
+    for (int i = 0; i < 3; i++) {
+        config[i].scope = CUPTI_ACTIVITY_UNIFIED_MEMORY_COUNTER_SCOPE_PROCESS_SINGLE_DEVICE;
+        config[i].kind = kinds[i];
+        config[i].deviceId = 0;
+        config[i].enable = 1;
+    }
+    if (cuptiActivityConfigureUnifiedMemoryCounter(config, 3) == CUPTI_SUCCESS)
+        cuptiActivityEnable(CUPTI_ACTIVITY_KIND_UNIFIED_MEMORY_COUNTER);
+    else
+        fprintf(stderr, "cupti_trace: unified-memory counters are not available\n");
+}
+
+__attribute__((constructor)) static void start(void) {
+    const char *path = getenv("LMX_TRACE_OUT");
+    if (!path || !*path) return;
+    /* A child process (the anchor's Python, a compiler) must not write over the parent's. */
+    unsetenv("LMX_TRACE_OUT");
+    unsetenv("LD_PRELOAD");
+    out = fopen(path, "w");
+    if (!out) {
+        perror("cupti_trace: cannot open LMX_TRACE_OUT");
+        return;
+    }
+    cuptiSubscribe(&subscriber, on_resource, NULL);
+    cuptiEnableCallback(1, subscriber, CUPTI_CB_DOMAIN_RESOURCE,
+                        CUPTI_CBID_RESOURCE_CONTEXT_DESTROY_STARTING);
+    cuptiActivityRegisterCallbacks(buffer_requested, buffer_completed);
+    cuptiActivityEnable(CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL);
+    cuptiActivityEnable(CUPTI_ACTIVITY_KIND_MEMCPY);
+    cuptiActivityEnable(CUPTI_ACTIVITY_KIND_MEMSET);
+    cuptiActivityEnable(CUPTI_ACTIVITY_KIND_DRIVER);
+    cuptiActivityEnable(CUPTI_ACTIVITY_KIND_RUNTIME);
+    enable_unified_memory_counters();
+}
+
+__attribute__((destructor)) static void stop(void) {
+    if (!out) return;
+    cuptiActivityFlushAll(1);
+    pthread_mutex_lock(&out_lock);
+    fclose(out);
+    out = NULL;
+    pthread_mutex_unlock(&out_lock);
+}

@@ -1,0 +1,58 @@
+#!/bin/bash
+# GPU timelines of the training step, lmx and the Python MLX anchor alike, through CUPTI
+# (bench/cupti_trace.c, built here on the GPU machine against its own CUPTI), each summarized by
+# bench/trace_summary.py. On the GPU machine, after ../shared/gpu's call 1:
+#
+#     source .gpu/p2/assemble.sh && bash .gpu-bin/unpack.sh && \
+#         LMX=.gpu-bin/lmx ANCHORS=.gpu-bin bash bench/gpu-profile.sh $OUT [CONFIG...]
+#
+# CONFIG defaults to tiny and small; every row is bfloat16 and compiled, at 16 x 256 (gpt2: 16 x
+# 1024). The summaries land in OUT/profile.txt, the traces in OUT/traces.tar.xz.
+set -u
+out=${1:?output folder}
+shift
+configs=${*:-tiny small}
+mkdir -p "$out"
+lmx=${LMX:-target/release/lmx}
+anchors=${ANCHORS:-../shared/bench}
+python=${PYTHON:-python3}
+here=$(dirname "$0")
+work=$(mktemp -d)
+
+nvidia=$("$python" -c "import nvidia, os; print(list(nvidia.__path__)[0])")
+library=$(find -L "$nvidia/" -name 'libcupti.so*' | sort | head -1)
+cupti=$(dirname "$library")
+include=$(dirname "$(find -L "$nvidia/" -name cupti_activity.h | head -1)")
+cuda_include=$(dirname "$(find /usr/local/cuda*/ /usr/include "$nvidia/" -path '*crt/host_defines.h' \
+    2>/dev/null | head -1)")/..
+gcc -shared -fPIC -O2 -I"$include" -I"$cuda_include" "$here/cupti_trace.c" -o "$work/trace.so" \
+    "$library" \
+    || { echo "cannot build the tracer"; exit 1; }
+export LD_LIBRARY_PATH=$cupti:$LD_LIBRARY_PATH
+
+for config in $configs; do
+    case $config in
+    gpt2) common=(--batch 16 --seq 1024 --steps 20 --warmup 5) ;;
+    *) common=(--batch 16 --seq 256 --steps 40 --warmup 10) ;;
+    esac
+    # Untimed: MLX's CUDA backend compiles its kernels on first use.
+    "$lmx" --device gpu bench train --configs "$config" --modes compiled --dtypes bfloat16 \
+        "${common[@]:0:4}" --steps 2 --warmup 1 > /dev/null 2>&1
+    LMX_TRACE_OUT=$work/lmx-$config.tsv LD_PRELOAD=$work/trace.so "$lmx" --device gpu bench train \
+        --configs "$config" --modes compiled --dtypes bfloat16 "${common[@]}" \
+        --json "$work/lmx-$config.json" > "$work/lmx-$config.txt" 2>&1
+    LMX_TRACE_OUT=$work/anchor-$config.tsv LD_PRELOAD=$work/trace.so "$python" \
+        "$anchors/anchor_mlx.py" --config "$config" --compile 1 --dtype bfloat16 --device gpu \
+        "${common[@]}" > "$work/anchor-$config.json" 2> "$work/anchor-$config.err"
+    for side in lmx anchor; do
+        ms=$("$python" -c "import json,sys; print(json.loads(open(sys.argv[1]).readline())['median_ms'])" \
+            "$work/$side-$config.json" 2>/dev/null)
+        {
+            echo "=== $side $config bf16 compiled ${common[1]}x${common[3]}: median ${ms:-?} ms/step (traced)"
+            "$python" "$here/trace_summary.py" "$work/$side-$config.tsv" ${ms:+--step-ms "$ms"}
+            echo
+        } >> "$out/profile.txt" 2>&1
+    done
+done
+tar -C "$work" -cJf "$out/traces.tar.xz" .
+cat "$out/profile.txt"
