@@ -1,5 +1,5 @@
 //! The `lmx` command end to end: train the bundled GPT 50 steps with dropout (`--set`), resume to
-//! 60, generate text.
+//! 60, generate text; benchmark the reference GPT's step, each run in its own process.
 
 use std::path::Path;
 use std::process::Command;
@@ -108,4 +108,47 @@ fn an_unknown_setting_is_an_error_that_names_it_before_anything_runs() {
             && stderr.contains("n_layers"),
         "{stderr}"
     );
+}
+
+#[test]
+fn bench_train_measures_each_run_in_its_own_process() {
+    let dir = tempfile::tempdir().unwrap();
+    let json = dir.path().join("runs.jsonl");
+    let table = lmx(&[
+        "bench",
+        "train",
+        "--configs",
+        "tiny",
+        "--modes",
+        "compiled",
+        "--batch",
+        "2",
+        "--seq",
+        "16",
+        "--steps",
+        "3",
+        "--warmup",
+        "1",
+        "--repeats",
+        "2",
+        "--json",
+        json.to_str().unwrap(),
+    ]);
+    assert!(table.contains("tiny     compiled  float32"), "{table}");
+    let runs: Vec<serde_json::Value> = std::fs::read_to_string(&json)
+        .unwrap()
+        .lines()
+        .map(|line| serde_json::from_str(line).unwrap())
+        .collect();
+    assert_eq!(runs.len(), 2, "{runs:?}");
+    for (repeat, run) in runs.iter().enumerate() {
+        assert_eq!(run["impl"], "lmx");
+        assert_eq!(run["repeat"], repeat);
+        assert!(run["median_ms"].as_f64().unwrap() > 0.0, "{run}");
+        assert!(run["peak_mib"].as_f64().unwrap() > 0.0, "{run}");
+    }
+    // Two fresh processes from the same seed train the same numbers.
+    assert_eq!(runs[0]["loss_first"], runs[1]["loss_first"]);
+    assert_eq!(runs[0]["loss_last"], runs[1]["loss_last"]);
+    assert_ne!(runs[0]["loss_first"], runs[0]["loss_last"]);
 }

@@ -59,6 +59,10 @@ pub struct BenchArgs {
     /// Also draw the lmx/anchor speedups of the rows to this SVG file.
     #[arg(long)]
     pub plot: Option<PathBuf>,
+    /// Measure the one row named by --configs, --modes and --dtypes in this process and print it
+    /// as a JSON line: how each lmx run is made in a fresh process, as each anchor run is.
+    #[arg(long, hide = true)]
+    pub one_row: bool,
 }
 
 /// One measurement, with the anchors' JSON fields.
@@ -137,21 +141,26 @@ pub fn bench(args: &BenchArgs) -> anyhow::Result<()> {
     if args.repeats == 0 {
         anyhow::bail!("--repeats must be at least 1");
     }
+    if args.one_row {
+        let (config, mode, dtype) = match (&args.configs[..], &args.modes[..], &args.dtypes[..]) {
+            ([config], [mode], [dtype]) => (config, mode, dtype),
+            _ => anyhow::bail!("--one-row measures one config, one mode and one dtype"),
+        };
+        let row = measure(args, config, dtype, compiled(mode)?)?;
+        println!("{}", serde_json::to_string(&row)?);
+        return Ok(());
+    }
     let mut runs = Vec::new();
     let mut rows = Vec::new();
     for config in &args.configs {
         for dtype in &args.dtypes {
             for mode in &args.modes {
-                let compile = match mode.as_str() {
-                    "compiled" => true,
-                    "eager" => false,
-                    other => anyhow::bail!("unknown mode `{other}`: use compiled or eager"),
-                };
+                let compile = compiled(mode)?;
                 let (mut ours, mut anchors) = (Vec::new(), Vec::new());
                 for repeat in 0..args.repeats {
                     let row = Row {
                         repeat,
-                        ..measure(args, config, dtype, compile)?
+                        ..measure_apart(args, config, dtype, mode)?
                     };
                     eprintln!("{}", serde_json::to_string(&row)?);
                     ours.push(row);
@@ -190,6 +199,51 @@ pub fn bench(args: &BenchArgs) -> anyhow::Result<()> {
         super::chart::speedups(&rows, path)?;
     }
     Ok(())
+}
+
+/// Whether `mode` is the compiled step.
+fn compiled(mode: &str) -> anyhow::Result<bool> {
+    match mode {
+        "compiled" => Ok(true),
+        "eager" => Ok(false),
+        other => anyhow::bail!("unknown mode `{other}`: use compiled or eager"),
+    }
+}
+
+/// One row of lmx measured by a fresh `lmx` process, so that a row's peak memory and speed do not
+/// depend on the rows run before it in the same process (MLX's CUDA allocator keeps what they
+/// left behind), and each run starts as the anchor's does.
+fn measure_apart(args: &BenchArgs, config: &str, dtype: &str, mode: &str) -> anyhow::Result<Row> {
+    let mut command = Command::new(std::env::current_exe()?);
+    command
+        .args(["--device", device_name(), "bench", "train", "--one-row"])
+        .args(["--configs", config, "--modes", mode, "--dtypes", dtype])
+        .args([
+            "--batch",
+            &args.batch.to_string(),
+            "--seq",
+            &args.seq.to_string(),
+        ])
+        .args(["--steps", &args.steps.to_string()])
+        .args(["--warmup", &args.warmup.to_string()])
+        .args(["--peak-tflops", &args.peak_tflops.to_string()]);
+    if args.no_overlap {
+        command.arg("--no-overlap");
+    }
+    let output = command.output()?;
+    if !output.status.success() {
+        anyhow::bail!(
+            "measuring lmx's {config} {mode} {dtype} row failed:\n{}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+    }
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let line = stdout
+        .lines()
+        .rev()
+        .find(|line| line.starts_with('{'))
+        .ok_or_else(|| anyhow::anyhow!("the {config} {mode} {dtype} row printed no JSON line"))?;
+    Ok(serde_json::from_str(line)?)
 }
 
 /// Collects the step reports of a run.
