@@ -23,9 +23,9 @@ pub struct TrainConfig {
     pub compile: bool,
     /// Parameter precision.
     pub precision: Precision,
-    /// Dispatch each step before reading the previous one's loss, so that the device never waits
-    /// for the host (faster where the host's per-step work shows, at the cost of the next step's
-    /// buffers being allocated while the current one runs). `false`: one step at a time.
+    /// Build each step's graph while the device computes the previous step, hiding the host's
+    /// per-step work behind the device's (the step is handed to the device once the previous one
+    /// is done, so the peak memory stays one step's). `false`: one step at a time.
     pub overlap: bool,
     /// Fraction of windows held out for validation.
     pub validation_fraction: f64,

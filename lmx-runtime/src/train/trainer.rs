@@ -164,9 +164,12 @@ where
     /// Trains until `config.steps` updates are made, a callback stops the run, or the loss stops
     /// being finite (an error naming the step and the last good checkpoint).
     ///
-    /// With `config.overlap`, the loop keeps one step in flight: it dispatches step `n + 1` before
-    /// it reads step `n`'s loss, so the host builds the next graph while the device computes, and
-    /// waits for the device only where it must: at validation, at checkpoints and at the end.
+    /// With `config.overlap`, the loop keeps one step in flight: it builds the graph of step
+    /// `n + 1` while the device computes step `n`, then reads step `n`'s loss and only then hands
+    /// step `n + 1` to the device. The host's graph building is hidden behind the device's work,
+    /// and step `n + 1`'s buffers are allocated once step `n`'s are free, so the peak memory is one
+    /// step's. It waits for the device only where it must: at validation, at checkpoints and at
+    /// the end.
     pub fn run(&mut self) -> Result<TrainSummary> {
         let mut progress = Progress {
             started: Instant::now(),
@@ -184,22 +187,22 @@ where
             let lr = self.config.schedule.lr(self.done);
             let metrics = self.step.step(&mut self.state, lr, &[inputs, targets])?;
             let host_s = dispatched.elapsed().as_secs_f64();
+            if let Some(previous) = in_flight.take() {
+                self.report(previous, &mut progress)?;
+            }
             async_eval(&metrics.outputs)?;
             self.done += 1;
-            let current = InFlight {
+            in_flight = Some(InFlight {
                 step: self.done,
                 loss: metrics.loss,
                 grad_norm: metrics.grad_norm,
                 lr,
                 host_s,
-            };
+            });
             // The position before `next` is drawn: resuming from this step draws it again.
             let position = self.train_batches.position();
             if self.done < self.config.steps {
                 next = self.train_batches.next_batch()?;
-            }
-            if let Some(previous) = in_flight.replace(current) {
-                self.report(previous, &mut progress)?;
             }
             if !self.config.overlap || self.at_boundary() || progress.stopped.is_some() {
                 if let Some(current) = in_flight.take() {
