@@ -109,31 +109,55 @@ pub struct Row {
 
 /// One row of the table: the median of lmx's runs, and of the anchor's when it ran.
 pub struct Measured {
-    /// lmx.
+    /// lmx: the run of median speed, with the median of the runs' peaks.
     pub ours: Row,
-    /// The Python MLX anchor.
+    /// The Python MLX anchor, likewise.
     pub anchor: Option<Row>,
     /// The fastest and slowest of lmx's runs, ms per step.
     pub ours_range: (f64, f64),
     /// The fastest and slowest of the anchor's runs.
     pub anchor_range: Option<(f64, f64)>,
+    /// The lowest and highest peak of lmx's runs, MiB.
+    pub ours_peaks: Option<(f64, f64)>,
+    /// The lowest and highest peak of the anchor's runs.
+    pub anchor_peaks: Option<(f64, f64)>,
 }
 
-/// The lowest and highest `median_ms` of `runs`.
-fn range(runs: &[Row]) -> Option<(f64, f64)> {
-    let times = runs.iter().map(|row| row.median_ms);
-    let low = times.clone().min_by(f64::total_cmp)?;
-    let high = times.max_by(f64::total_cmp)?;
+impl Measured {
+    fn new(ours: &[Row], anchors: &[Row]) -> Self {
+        let peak = |row: &Row| row.peak_mib;
+        Measured {
+            ours: median_run(ours).expect("at least one run"),
+            anchor: median_run(anchors),
+            ours_range: range(ours, |row| Some(row.median_ms)).expect("at least one run"),
+            anchor_range: range(anchors, |row| Some(row.median_ms)),
+            ours_peaks: range(ours, peak),
+            anchor_peaks: range(anchors, peak),
+        }
+    }
+}
+
+/// The lowest and highest `field` of `runs`, where every run has it.
+fn range(runs: &[Row], field: impl Fn(&Row) -> Option<f64>) -> Option<(f64, f64)> {
+    let values: Option<Vec<f64>> = runs.iter().map(field).collect();
+    let values = values?;
+    let low = values.iter().copied().min_by(f64::total_cmp)?;
+    let high = values.iter().copied().max_by(f64::total_cmp)?;
     Some((low, high))
 }
 
-/// The run whose `median_ms` is the median of `runs` (the lower middle one for an even count).
+/// The run whose `median_ms` is the median of `runs` (the lower middle one for an even count),
+/// carrying the median of the runs' peaks: on CUDA a run's peak depends on how far the host ran
+/// ahead of the device, so one run's peak is not the row's.
 fn median_run(runs: &[Row]) -> Option<Row> {
+    let lower_middle = |len: usize| (len.max(1) - 1) / 2;
     let mut sorted: Vec<&Row> = runs.iter().collect();
     sorted.sort_by(|a, b| a.median_ms.total_cmp(&b.median_ms));
-    sorted
-        .get((sorted.len().max(1) - 1) / 2)
-        .map(|row| (*row).clone())
+    let mut row = (*sorted.get(lower_middle(sorted.len()))?).clone();
+    let mut peaks: Vec<f64> = runs.iter().filter_map(|run| run.peak_mib).collect();
+    peaks.sort_by(f64::total_cmp);
+    row.peak_mib = peaks.get(lower_middle(peaks.len())).copied();
+    Some(row)
 }
 
 /// Runs every row, the anchor beside each when asked, and prints the tables.
@@ -173,12 +197,7 @@ pub fn bench(args: &BenchArgs) -> anyhow::Result<()> {
                         anchors.push(row);
                     }
                 }
-                rows.push(Measured {
-                    ours: median_run(&ours).expect("at least one run"),
-                    anchor: median_run(&anchors),
-                    ours_range: range(&ours).expect("at least one run"),
-                    anchor_range: range(&anchors),
-                });
+                rows.push(Measured::new(&ours, &anchors));
                 runs.extend(ours.into_iter().chain(anchors));
             }
         }
@@ -455,12 +474,19 @@ fn print_table(rows: &[Measured]) {
 /// alike, so the last losses should be close).
 fn print_spread(rows: &[Measured], repeats: usize) {
     println!(
-        "\n{:<28} {:>17} {:>17} {:>21}",
+        "\n{:<28} {:>17} {:>17} {:>21} {:>19} {:>19}",
         format!("over {repeats} runs"),
         "lmx ms min–max",
         "anchor ms min–max",
-        "last loss lmx/anchor"
+        "last loss lmx/anchor",
+        "lmx MiB min–max",
+        "anchor MiB min–max"
     );
+    let spread = |range: Option<(f64, f64)>, digits: usize| {
+        range.map_or("-".to_string(), |(low, high)| {
+            format!("{low:.digits$}–{high:.digits$}")
+        })
+    };
     for row in rows {
         let name = format!(
             "{} {} {}",
@@ -472,18 +498,17 @@ fn print_spread(rows: &[Measured], repeats: usize) {
             },
             row.ours.dtype
         );
-        let (low, high) = row.ours_range;
-        let anchor_ms = row
-            .anchor_range
-            .map_or("-".to_string(), |(low, high)| format!("{low:.3}–{high:.3}"));
+        let anchor_ms = spread(row.anchor_range, 3);
         let anchor_loss = row
             .anchor
             .as_ref()
             .map_or("-".to_string(), |anchor| format!("{:.4}", anchor.loss_last));
         println!(
-            "{name:<28} {:>17} {anchor_ms:>17} {:>21}",
-            format!("{low:.3}–{high:.3}"),
-            format!("{:.4}/{anchor_loss}", row.ours.loss_last)
+            "{name:<28} {:>17} {anchor_ms:>17} {:>21} {:>19} {:>19}",
+            spread(Some(row.ours_range), 3),
+            format!("{:.4}/{anchor_loss}", row.ours.loss_last),
+            spread(row.ours_peaks, 1),
+            spread(row.anchor_peaks, 1)
         );
     }
 }
@@ -532,6 +557,49 @@ fn print_compile_table(rows: &[Measured]) {
             compiled.ours.median_ms,
             eager.ours.median_ms / compiled.ours.median_ms,
             anchor
+        );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn run(median_ms: f64, peak_mib: f64) -> Row {
+        Row {
+            implementation: "lmx".into(),
+            device: "gpu".into(),
+            config: "medium".into(),
+            batch: 16,
+            seq: 256,
+            dtype: "bfloat16".into(),
+            compile: true,
+            params: 1,
+            median_ms,
+            tokens_per_s: 1.0,
+            mfu: 0.0,
+            loss_first: 6.0,
+            loss_last: 3.0,
+            peak_mib: Some(peak_mib),
+            host_ms: None,
+            repeat: 0,
+        }
+    }
+
+    #[test]
+    fn a_row_is_the_run_of_median_speed_with_the_median_of_the_peaks() {
+        let runs = [run(15.1, 8829.2), run(14.9, 6596.9), run(17.6, 6394.6)];
+        let row = Measured::new(&runs, &[]);
+        assert_eq!(row.ours.median_ms, 15.1);
+        assert_eq!(row.ours.peak_mib, Some(6596.9));
+        assert_eq!(row.ours_range, (14.9, 17.6));
+        assert_eq!(row.ours_peaks, Some((6394.6, 8829.2)));
+        assert!(row.anchor.is_none() && row.anchor_peaks.is_none());
+        // Two runs: the lower middle of each.
+        let row = Measured::new(&runs[..2], &[]);
+        assert_eq!(
+            (row.ours.median_ms, row.ours.peak_mib),
+            (14.9, Some(6596.9))
         );
     }
 }
