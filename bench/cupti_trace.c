@@ -3,16 +3,20 @@
  * $LMX_TRACE_OUT, one tab-separated line each, for bench/trace_summary.py to read.
  *
  *     gcc -shared -fPIC -O2 -I$CUPTI/include bench/cupti_trace.c -o cupti_trace.so \
- *         -L$CUPTI/lib -l:libcupti.so.13
- *     LMX_TRACE_OUT=lmx.tsv LD_PRELOAD=./cupti_trace.so lmx --device gpu bench train ...
+ *         $CUPTI/lib/libcupti.so.13
+ *     LMX_TRACE_OUT=lmx.tsv LD_PRELOAD=./cupti_trace.so lmx --device gpu bench train --one-row ...
  *
  * It exists because the GPU machine's Nsight Systems cannot import its own captures
- * (docs/benchmarks.md); it traces a Rust binary and a Python process alike. Lines:
- *     K start end stream name         a kernel (ns, GPU clock)
+ * (docs/benchmarks.md); it traces a Rust binary and a Python process alike. It follows the one
+ * process it is preloaded into: the processes that one starts run untraced. Built against
+ * CUPTI 13.0's headers (the record layouts named below). Lines:
+ *     K start end stream name         a kernel (ns; CUPTI puts GPU and host times on one clock)
  *     M start end stream kind:bytes   a copy (kind: CUPTI's copy kind, 1 = host to device)
  *     S start end stream bytes        a memset
- *     A start end thread name         a driver or runtime call (host clock, same time base)
+ *     D start end thread name         a driver API call
+ *     R start end thread name         a runtime API call (which makes driver calls of its own)
  *     U start end kind value          a unified-memory event (page faults, migrations)
+ * A line "# dropped N" at the end counts the records CUPTI had to drop.
  */
 #include <cupti.h>
 #include <pthread.h>
@@ -63,11 +67,12 @@ static void write_record(CUpti_Activity *record) {
     case CUPTI_ACTIVITY_KIND_DRIVER:
     case CUPTI_ACTIVITY_KIND_RUNTIME: {
         CUpti_ActivityAPI *a = (CUpti_ActivityAPI *)record;
-        CUpti_CallbackDomain domain = record->kind == CUPTI_ACTIVITY_KIND_DRIVER
-                                          ? CUPTI_CB_DOMAIN_DRIVER_API
-                                          : CUPTI_CB_DOMAIN_RUNTIME_API;
-        fprintf(out, "A\t%llu\t%llu\t%u\t%s\n", (unsigned long long)a->start,
-                (unsigned long long)a->end, a->threadId, api_name(domain, a->cbid));
+        int driver = record->kind == CUPTI_ACTIVITY_KIND_DRIVER;
+        CUpti_CallbackDomain domain =
+            driver ? CUPTI_CB_DOMAIN_DRIVER_API : CUPTI_CB_DOMAIN_RUNTIME_API;
+        fprintf(out, "%c\t%llu\t%llu\t%u\t%s\n", driver ? 'D' : 'R',
+                (unsigned long long)a->start, (unsigned long long)a->end, a->threadId,
+                api_name(domain, a->cbid));
         break;
     }
     case CUPTI_ACTIVITY_KIND_UNIFIED_MEMORY_COUNTER: {
@@ -122,6 +127,15 @@ static void enable_unified_memory_counters(void) {
         fprintf(stderr, "cupti_trace: unified-memory counters are not available\n");
 }
 
+/* Reports a failed CUPTI call; 1 when it failed. */
+static int failed(CUptiResult result, const char *what) {
+    if (result == CUPTI_SUCCESS) return 0;
+    const char *message = NULL;
+    cuptiGetResultString(result, &message);
+    fprintf(stderr, "cupti_trace: %s failed: %s\n", what, message ? message : "?");
+    return 1;
+}
+
 __attribute__((constructor)) static void start(void) {
     const char *path = getenv("LMX_TRACE_OUT");
     if (!path || !*path) return;
@@ -133,22 +147,31 @@ __attribute__((constructor)) static void start(void) {
         perror("cupti_trace: cannot open LMX_TRACE_OUT");
         return;
     }
-    cuptiSubscribe(&subscriber, on_resource, NULL);
-    cuptiEnableCallback(1, subscriber, CUPTI_CB_DOMAIN_RESOURCE,
-                        CUPTI_CBID_RESOURCE_CONTEXT_DESTROY_STARTING);
-    cuptiActivityRegisterCallbacks(buffer_requested, buffer_completed);
-    cuptiActivityEnable(CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL);
-    cuptiActivityEnable(CUPTI_ACTIVITY_KIND_MEMCPY);
-    cuptiActivityEnable(CUPTI_ACTIVITY_KIND_MEMSET);
-    cuptiActivityEnable(CUPTI_ACTIVITY_KIND_DRIVER);
-    cuptiActivityEnable(CUPTI_ACTIVITY_KIND_RUNTIME);
+    if (!failed(cuptiSubscribe(&subscriber, on_resource, NULL), "cuptiSubscribe"))
+        failed(cuptiEnableCallback(1, subscriber, CUPTI_CB_DOMAIN_RESOURCE,
+                                   CUPTI_CBID_RESOURCE_CONTEXT_DESTROY_STARTING),
+               "the context-destroy callback");
+    int broken = failed(cuptiActivityRegisterCallbacks(buffer_requested, buffer_completed),
+                        "cuptiActivityRegisterCallbacks");
+    const CUpti_ActivityKind kinds[] = {
+        CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL, CUPTI_ACTIVITY_KIND_MEMCPY,
+        CUPTI_ACTIVITY_KIND_MEMSET,            CUPTI_ACTIVITY_KIND_DRIVER,
+        CUPTI_ACTIVITY_KIND_RUNTIME,
+    };
+    for (size_t i = 0; i < sizeof kinds / sizeof kinds[0]; i++)
+        broken |= failed(cuptiActivityEnable(kinds[i]), "cuptiActivityEnable");
+    if (broken) fprintf(stderr, "cupti_trace: the trace in %s is incomplete\n", path);
     enable_unified_memory_counters();
 }
 
 __attribute__((destructor)) static void stop(void) {
     if (!out) return;
     cuptiActivityFlushAll(1);
+    size_t dropped = 0;
+    cuptiActivityGetNumDroppedRecords(NULL, 0, &dropped);
     pthread_mutex_lock(&out_lock);
+    fprintf(out, "# dropped %zu\n", dropped);
+    if (dropped) fprintf(stderr, "cupti_trace: CUPTI dropped %zu records\n", dropped);
     fclose(out);
     out = NULL;
     pthread_mutex_unlock(&out_lock);

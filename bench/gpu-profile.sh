@@ -19,16 +19,18 @@ python=${PYTHON:-python3}
 here=$(dirname "$0")
 work=$(mktemp -d)
 
-nvidia=$("$python" -c "import nvidia, os; print(list(nvidia.__path__)[0])")
-library=$(find -L "$nvidia/" -name 'libcupti.so*' | sort | head -1)
-cupti=$(dirname "$library")
+nvidia=$("$python" -c "import nvidia, os; print(list(nvidia.__path__)[0])") \
+    || { echo "no Python package nvidia (PyTorch's CUDA libraries) to take CUPTI from"; exit 1; }
+# The header and the library of one CUPTI: the folder that holds both.
 include=$(dirname "$(find -L "$nvidia/" -name cupti_activity.h | head -1)")
+cupti=$(cd "$include/../lib" && pwd)
+library=$(find "$cupti/" -maxdepth 1 -name 'libcupti.so*' | sort | head -1)
 cuda_include=$(dirname "$(find /usr/local/cuda*/ /usr/include "$nvidia/" -path '*crt/host_defines.h' \
     2>/dev/null | head -1)")/..
 gcc -shared -fPIC -O2 -I"$include" -I"$cuda_include" "$here/cupti_trace.c" -o "$work/trace.so" \
     "$library" \
     || { echo "cannot build the tracer"; exit 1; }
-export LD_LIBRARY_PATH=$cupti:$LD_LIBRARY_PATH
+export LD_LIBRARY_PATH=$cupti${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 
 for config in $configs; do
     case $config in
@@ -38,12 +40,16 @@ for config in $configs; do
     # Untimed: MLX's CUDA backend compiles its kernels on first use.
     "$lmx" --device gpu bench train --configs "$config" --modes compiled --dtypes bfloat16 \
         "${common[@]:0:4}" --steps 2 --warmup 1 > /dev/null 2>&1
+    # The tracer follows one process: trace the process that trains (`--one-row`, which prints
+    # its row as one JSON line), not the `bench train` that would start it.
     LMX_TRACE_OUT=$work/lmx-$config.tsv LD_PRELOAD=$work/trace.so "$lmx" --device gpu bench train \
-        --configs "$config" --modes compiled --dtypes bfloat16 "${common[@]}" \
-        --json "$work/lmx-$config.json" > "$work/lmx-$config.txt" 2>&1
+        --one-row --configs "$config" --modes compiled --dtypes bfloat16 "${common[@]}" \
+        > "$work/lmx-$config.json" 2> "$work/lmx-$config.err" \
+        || echo "lmx $config failed (exit $?), see lmx-$config.err in the traces" >> "$out/profile.txt"
     LMX_TRACE_OUT=$work/anchor-$config.tsv LD_PRELOAD=$work/trace.so "$python" \
         "$anchors/anchor_mlx.py" --config "$config" --compile 1 --dtype bfloat16 --device gpu \
-        "${common[@]}" > "$work/anchor-$config.json" 2> "$work/anchor-$config.err"
+        "${common[@]}" > "$work/anchor-$config.json" 2> "$work/anchor-$config.err" \
+        || echo "the anchor $config failed (exit $?), see anchor-$config.err" >> "$out/profile.txt"
     for side in lmx anchor; do
         ms=$("$python" -c "import json,sys; print(json.loads(open(sys.argv[1]).readline())['median_ms'])" \
             "$work/$side-$config.json" 2>/dev/null)

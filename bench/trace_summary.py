@@ -28,15 +28,18 @@ def short(name, width=70):
 
 
 def read(path):
-    rows = collections.defaultdict(list)
+    rows, dropped = collections.defaultdict(list), 0
     with open(path) as f:
         for line in f:
+            if line.startswith("# dropped "):
+                dropped = int(line.split()[2])
+                continue
             parts = line.rstrip("\n").split("\t", 4)
             if len(parts) == 5:
                 rows[parts[0]].append((int(parts[1]), int(parts[2]), parts[3], parts[4]))
     for kind in rows:
         rows[kind].sort()
-    return rows
+    return rows, dropped
 
 
 def main():
@@ -46,8 +49,12 @@ def main():
     p.add_argument("--step-ms", type=float, default=None)
     p.add_argument("--top", type=int, default=15)
     args = p.parse_args()
+    if not 0 < args.last <= 1:
+        p.error("--last is a fraction in (0, 1]")
 
-    rows = read(args.trace)
+    rows, dropped = read(args.trace)
+    if dropped:
+        print(f"warning: CUPTI dropped {dropped} records; the figures below are incomplete")
     kernels = rows["K"]
     if not kernels:
         print("no kernels in", args.trace)
@@ -91,11 +98,14 @@ def main():
         label = f"{lo / 1e3:g}-{hi / 1e3:g} us" if hi != float("inf") else f">{lo / 1e3:g} us"
         print(f"  {label:>14}: {per(len(chosen)):8.1f} gaps, {per(sum(chosen)) / 1e6:8.3f} ms")
 
-    apis = rows["A"]
+    # Driver (D) and runtime (R) calls; A is both, in traces of the tracer's first version.
+    apis = sorted(rows["D"] + rows["R"] + rows["A"])
     starts = [a[0] for a in apis]
+    longest = max((end - start for start, end, _, _ in apis), default=0)
     print("\nlargest gaps, with the host calls under way during each:")
     for gap, lo, hi in sorted(gaps, reverse=True)[:8]:
-        i = max(0, bisect.bisect_left(starts, lo) - 50)
+        # Every call that overlaps the gap starts after lo - longest.
+        i = bisect.bisect_left(starts, lo - longest)
         during = collections.Counter()
         for start, end, _, name in apis[i:]:
             if start >= hi:
@@ -105,21 +115,31 @@ def main():
         calls = ", ".join(f"{name} x{n}" for name, n in during.most_common(4)) or "none"
         print(f"  {gap / 1e3:8.1f} us: {calls}")
 
-    in_window = [a for a in apis if t0 <= a[0] <= t1]
-    print(f"\nhost calls by total time ({unit}):")
-    by_api = collections.defaultdict(lambda: [0, 0])
-    for start, end, _, name in in_window:
-        by_api[name][0] += 1
-        by_api[name][1] += end - start
-    for name, (n, total) in sorted(by_api.items(), key=lambda kv: -kv[1][1])[:10]:
-        print(f"{per(n):8.1f} {per(total) / 1e6:8.3f} ms  {name}")
+    for kind, label in (("R", "runtime calls"), ("D", "driver calls"), ("A", "API calls")):
+        in_window = [a for a in rows[kind] if t0 <= a[0] <= t1]
+        if not in_window:
+            continue
+        print(f"\n{label} by total time ({unit}):")
+        by_api = collections.defaultdict(lambda: [0, 0])
+        for start, end, _, name in in_window:
+            by_api[name][0] += 1
+            by_api[name][1] += end - start
+        for name, (n, total) in sorted(by_api.items(), key=lambda kv: -kv[1][1])[:10]:
+            print(f"{per(n):8.1f} {per(total) / 1e6:8.3f} ms  {name}")
 
-    for kind, label in (("M", "copies"), ("S", "memsets"), ("U", "unified-memory events")):
-        chosen = [r for r in rows[kind] if t0 <= r[0] <= t1]
-        kinds = collections.Counter(r[3].split(":")[0] if kind == "M" else r[2] for r in chosen)
-        total = sum((r[1] - r[0]) for r in chosen) / 1e6
-        print(f"\n{label} ({unit}): {per(len(chosen)):.1f}, {per(total):.3f} ms; by kind "
-              + ", ".join(f"{k}: {per(n):.1f}" for k, n in kinds.most_common()))
+    copies = [r for r in rows["M"] if t0 <= r[0] <= t1]
+    by_kind = collections.Counter(r[3].split(":")[0] for r in copies)
+    print(f"\ncopies ({unit}): {per(len(copies)):.1f}, "
+          f"{per(sum(r[1] - r[0] for r in copies)) / 1e6:.3f} ms; by CUPTI copy kind "
+          + ", ".join(f"{k}: {per(n):.1f}" for k, n in by_kind.most_common()))
+    memsets = [r for r in rows["S"] if t0 <= r[0] <= t1]
+    print(f"memsets ({unit}): {per(len(memsets)):.1f}, "
+          f"{per(sum(r[1] - r[0] for r in memsets)) / 1e6:.3f} ms")
+    faults = [r for r in rows["U"] if t0 <= r[0] <= t1]
+    by_counter = collections.Counter(r[2] for r in faults)
+    print(f"unified-memory events ({unit}): {per(len(faults)):.1f}; by CUPTI counter kind "
+          + ", ".join(f"{k}: {per(n):.1f}" for k, n in by_counter.most_common()))
+    print("(kernels alone count as busy: copies and memsets are listed, not in the busy time)")
 
 
 if __name__ == "__main__":

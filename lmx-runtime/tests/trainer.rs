@@ -244,6 +244,25 @@ fn a_non_finite_loss_stops_the_run_naming_the_step_and_the_last_checkpoint() {
 }
 
 #[test]
+fn with_steps_overlapped_a_non_finite_loss_stops_the_run_at_the_step_that_made_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut config = config(dir.path(), 24);
+    config.schedule = Schedule::Constant {
+        lr: 1e38,
+        warmup_steps: 0,
+    };
+    config.checkpoint_every = 0;
+    assert!(config.overlap);
+    let mut trainer = Trainer::<Train>::new(257, config, windows()).unwrap();
+    let err = trainer.run().unwrap_err().to_string();
+    let step = trainer.steps_done();
+    assert!(err.starts_with("the loss became"), "{err}");
+    // The step built after it was never handed to the device, nor counted.
+    assert!(err.contains(&format!("at step {step}")), "{err}");
+    assert!(step < 24, "{err}");
+}
+
+#[test]
 fn bfloat16_training_keeps_parameters_and_moments_in_bfloat16_and_learns() {
     let dir = tempfile::tempdir().unwrap();
     let mut config = config(dir.path(), 16);
@@ -315,11 +334,7 @@ fn overlapping_steps_changes_no_number() {
 fn a_stop_from_a_step_report_lands_after_the_step_in_flight() {
     let (overlapped, sequential) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
     let a = run_plain(overlapped.path(), 20, true, Some(5));
-    assert_eq!(
-        a.steps_done(),
-        6,
-        "step 6 was dispatched before step 5's report"
-    );
+    assert_eq!(a.steps_done(), 6, "step 6 was built before step 5's report");
     assert_eq!(
         a.latest_checkpoint().unwrap(),
         Some(overlapped.path().join("checkpoints/step-000006"))

@@ -169,7 +169,8 @@ where
     /// step `n + 1` to the device. The host's graph building is hidden behind the device's work,
     /// and step `n + 1`'s buffers are allocated once step `n`'s are free, so the peak memory is one
     /// step's. It waits for the device only where it must: at validation, at checkpoints and at
-    /// the end.
+    /// the end. A non-finite loss stops the run before the step built after it reaches the
+    /// device: `steps_done` is then the step that made it.
     pub fn run(&mut self) -> Result<TrainSummary> {
         let mut progress = Progress {
             started: Instant::now(),

@@ -46,8 +46,8 @@ pub struct BenchArgs {
     /// The Python interpreter for the anchor.
     #[arg(long, default_value = "python3")]
     pub python: String,
-    /// Run lmx one step at a time, without dispatching a step before the previous one's loss is
-    /// read (as the anchor does).
+    /// Run lmx one step at a time, without building a step's graph before the previous one's loss
+    /// is read (as the anchor does).
     #[arg(long)]
     pub no_overlap: bool,
     /// Runs of each row, alternating lmx and the anchor; the table shows the median run.
@@ -98,8 +98,8 @@ pub struct Row {
     /// Peak memory in MiB, where measured.
     #[serde(default)]
     pub peak_mib: Option<f64>,
-    /// Median milliseconds per step that the host spent building and dispatching the step
-    /// (lmx only).
+    /// Median milliseconds per step that the host spent building the step's graph, before
+    /// handing it to the device (lmx only).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub host_ms: Option<f64>,
     /// Which of the repeated runs this is (0-based).
@@ -164,6 +164,9 @@ fn median_run(runs: &[Row]) -> Option<Row> {
 pub fn bench(args: &BenchArgs) -> anyhow::Result<()> {
     if args.repeats == 0 {
         anyhow::bail!("--repeats must be at least 1");
+    }
+    if args.steps == 0 {
+        anyhow::bail!("--steps must be at least 1: the timed steps give each row its median");
     }
     if args.one_row {
         let (config, mode, dtype) = match (&args.configs[..], &args.modes[..], &args.dtypes[..]) {
@@ -249,7 +252,9 @@ fn measure_apart(args: &BenchArgs, config: &str, dtype: &str, mode: &str) -> any
     if args.no_overlap {
         command.arg("--no-overlap");
     }
-    let output = command.output()?;
+    let output = command.output().map_err(|err| {
+        anyhow::anyhow!("cannot start lmx for the {config} {mode} {dtype} row: {err}")
+    })?;
     if !output.status.success() {
         anyhow::bail!(
             "measuring lmx's {config} {mode} {dtype} row failed:\n{}",
