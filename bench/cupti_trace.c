@@ -42,26 +42,31 @@ static const char *api_name(CUpti_CallbackDomain domain, uint32_t cbid) {
     return name;
 }
 
+/* One line: a tag, an interval, a number and a text. */
+static void line(char tag, uint64_t start, uint64_t end, unsigned number, const char *text) {
+    fprintf(out, "%c\t%llu\t%llu\t%u\t%s\n", tag, (unsigned long long)start,
+            (unsigned long long)end, number, text);
+}
+
 static void write_record(CUpti_Activity *record) {
+    char text[64];
     switch (record->kind) {
     case CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL:
     case CUPTI_ACTIVITY_KIND_KERNEL: {
         CUpti_ActivityKernel10 *k = (CUpti_ActivityKernel10 *)record;
-        fprintf(out, "K\t%llu\t%llu\t%u\t%s\n", (unsigned long long)k->start,
-                (unsigned long long)k->end, k->streamId, k->name ? k->name : "?");
+        line('K', k->start, k->end, k->streamId, k->name ? k->name : "?");
         break;
     }
     case CUPTI_ACTIVITY_KIND_MEMCPY: {
         CUpti_ActivityMemcpy6 *m = (CUpti_ActivityMemcpy6 *)record;
-        fprintf(out, "M\t%llu\t%llu\t%u\t%u:%llu\n", (unsigned long long)m->start,
-                (unsigned long long)m->end, m->streamId, m->copyKind,
-                (unsigned long long)m->bytes);
+        snprintf(text, sizeof text, "%u:%llu", m->copyKind, (unsigned long long)m->bytes);
+        line('M', m->start, m->end, m->streamId, text);
         break;
     }
     case CUPTI_ACTIVITY_KIND_MEMSET: {
         CUpti_ActivityMemset4 *m = (CUpti_ActivityMemset4 *)record;
-        fprintf(out, "S\t%llu\t%llu\t%u\t%llu\n", (unsigned long long)m->start,
-                (unsigned long long)m->end, m->streamId, (unsigned long long)m->bytes);
+        snprintf(text, sizeof text, "%llu", (unsigned long long)m->bytes);
+        line('S', m->start, m->end, m->streamId, text);
         break;
     }
     case CUPTI_ACTIVITY_KIND_DRIVER:
@@ -70,15 +75,13 @@ static void write_record(CUpti_Activity *record) {
         int driver = record->kind == CUPTI_ACTIVITY_KIND_DRIVER;
         CUpti_CallbackDomain domain =
             driver ? CUPTI_CB_DOMAIN_DRIVER_API : CUPTI_CB_DOMAIN_RUNTIME_API;
-        fprintf(out, "%c\t%llu\t%llu\t%u\t%s\n", driver ? 'D' : 'R',
-                (unsigned long long)a->start, (unsigned long long)a->end, a->threadId,
-                api_name(domain, a->cbid));
+        line(driver ? 'D' : 'R', a->start, a->end, a->threadId, api_name(domain, a->cbid));
         break;
     }
     case CUPTI_ACTIVITY_KIND_UNIFIED_MEMORY_COUNTER: {
         CUpti_ActivityUnifiedMemoryCounter3 *u = (CUpti_ActivityUnifiedMemoryCounter3 *)record;
-        fprintf(out, "U\t%llu\t%llu\t%u\t%llu\n", (unsigned long long)u->start,
-                (unsigned long long)u->end, u->counterKind, (unsigned long long)u->value);
+        snprintf(text, sizeof text, "%llu", (unsigned long long)u->value);
+        line('U', u->start, u->end, u->counterKind, text);
         break;
     }
     default:

@@ -219,17 +219,24 @@ fn validation_is_reported_and_logged() {
     );
 }
 
-#[test]
-fn a_non_finite_loss_stops_the_run_naming_the_step_and_the_last_checkpoint() {
-    let dir = tempfile::tempdir().unwrap();
-    let mut config = config(dir.path(), 24);
+/// The error of a run whose learning rate blows the loss up, with a checkpoint every
+/// `checkpoint_every` steps, and the trainer after it.
+fn diverged_run(dir: &Path, checkpoint_every: u64) -> (String, Trainer<Train>) {
+    let mut config = config(dir, 24);
     config.schedule = Schedule::Constant {
         lr: 1e38,
         warmup_steps: 0,
     };
-    config.checkpoint_every = 1;
+    config.checkpoint_every = checkpoint_every;
     let mut trainer = Trainer::<Train>::new(257, config, windows()).unwrap();
     let err = trainer.run().unwrap_err().to_string();
+    (err, trainer)
+}
+
+#[test]
+fn a_non_finite_loss_stops_the_run_naming_the_step_and_the_last_checkpoint() {
+    let dir = tempfile::tempdir().unwrap();
+    let (err, trainer) = diverged_run(dir.path(), 1);
     let step = trainer.steps_done();
     assert!(err.starts_with("the loss became"), "{err}");
     assert!(err.contains(&format!("at step {step}")), "{err}");
@@ -246,15 +253,8 @@ fn a_non_finite_loss_stops_the_run_naming_the_step_and_the_last_checkpoint() {
 #[test]
 fn with_steps_overlapped_a_non_finite_loss_stops_the_run_at_the_step_that_made_it() {
     let dir = tempfile::tempdir().unwrap();
-    let mut config = config(dir.path(), 24);
-    config.schedule = Schedule::Constant {
-        lr: 1e38,
-        warmup_steps: 0,
-    };
-    config.checkpoint_every = 0;
-    assert!(config.overlap);
-    let mut trainer = Trainer::<Train>::new(257, config, windows()).unwrap();
-    let err = trainer.run().unwrap_err().to_string();
+    assert!(TrainConfig::default().overlap);
+    let (err, trainer) = diverged_run(dir.path(), 0);
     let step = trainer.steps_done();
     assert!(err.starts_with("the loss became"), "{err}");
     // The step built after it was never handed to the device, nor counted.
