@@ -51,8 +51,8 @@ for config in $configs; do
         "${common[@]}" > "$work/anchor-$config.json" 2> "$work/anchor-$config.err" \
         || echo "the anchor $config failed (exit $?), see anchor-$config.err" >> "$out/profile.txt"
     for side in lmx anchor; do
-        ms=$("$python" -c "import json,sys; print(json.loads(open(sys.argv[1]).readline())['median_ms'])" \
-            "$work/$side-$config.json" 2>/dev/null)
+        ms=$("$python" -c "import json,sys; print(json.loads([l for l in open(sys.argv[1]) \
+            if l.startswith('{')][-1])['median_ms'])" "$work/$side-$config.json" 2>/dev/null)
         {
             echo "=== $side $config bf16 compiled ${common[1]}x${common[3]}: median ${ms:-?} ms/step (traced)"
             "$python" "$here/trace_summary.py" "$work/$side-$config.tsv" ${ms:+--step-ms "$ms"}
