@@ -33,3 +33,9 @@ pub fn output_of(mut command: Command, what: &str) -> anyhow::Result<String> {
     }
     Ok(String::from_utf8_lossy(&output.stdout).into_owned())
 }
+
+/// The JSON lines of what a benchmark process printed, last first: its results are the last
+/// lines, whatever it printed before them.
+pub fn json_lines_last_first(stdout: &str) -> impl Iterator<Item = &str> {
+    stdout.lines().rev().filter(|line| line.starts_with('{'))
+}

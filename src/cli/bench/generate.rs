@@ -10,7 +10,7 @@ use lmx::runtime::train::Precision;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use super::anchor::{device_name, output_of};
+use super::anchor::{device_name, json_lines_last_first, output_of};
 
 /// What to measure.
 #[derive(clap::Args)]
@@ -315,10 +315,8 @@ fn anchor(args: &GenerateBenchArgs, script: &Path, case: &Case<'_>) -> anyhow::R
         .args(["--dtype", case.dtype])
         .args(["--device", device_name()]);
     let stdout = output_of(command, &script.display().to_string())?;
-    let line = stdout
-        .lines()
-        .rev()
-        .find(|line| line.starts_with('{'))
+    let line = json_lines_last_first(&stdout)
+        .next()
         .ok_or_else(|| anyhow::anyhow!("the anchor printed no JSON:\n{stdout}"))?;
     let row: Row = serde_json::from_str(line)
         .map_err(|err| anyhow::anyhow!("the anchor's line `{line}`: {err}"))?;

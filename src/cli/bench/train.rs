@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::{Arc, Mutex};
 
-use super::anchor::{device_name, output_of};
+use super::anchor::{device_name, json_lines_last_first, output_of};
 
 /// What to measure.
 #[derive(clap::Args)]
@@ -262,10 +262,8 @@ fn measure_apart(args: &BenchArgs, config: &str, dtype: &str, mode: &str) -> any
         );
     }
     let stdout = String::from_utf8_lossy(&output.stdout);
-    let line = stdout
-        .lines()
-        .rev()
-        .find(|line| line.starts_with('{'))
+    let line = json_lines_last_first(&stdout)
+        .next()
         .ok_or_else(|| anyhow::anyhow!("the {config} {mode} {dtype} row printed no JSON line"))?;
     Ok(serde_json::from_str(line)?)
 }
@@ -405,10 +403,8 @@ fn anchor(
     ]);
     let stdout = output_of(command, &script.display().to_string())?;
     let json_line = |field: &str| {
-        stdout
-            .lines()
-            .rev()
-            .find(|line| line.starts_with('{') && line.contains(field))
+        json_lines_last_first(&stdout)
+            .find(|line| line.contains(field))
             .ok_or_else(|| anyhow::anyhow!("the anchor printed no JSON line with `{field}`"))
     };
     let mut row: Row = serde_json::from_str(json_line("\"median_ms\"")?)?;
