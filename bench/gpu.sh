@@ -2,7 +2,7 @@
 # The GPU tables of docs/benchmarks.md, in two parts that each fit one 10-minute call on the GPU
 # machine (see ../shared/gpu/README.md for staging MLX's CUDA build there).
 #
-#     bash bench/gpu.sh 1 OUT   # bf16 compile table (tiny, small, medium), GPT-2 124M bf16
+#     bash bench/gpu.sh 1 OUT   # bf16 compile table (tiny, small, medium), GPT-2 124M bf16 (two orders)
 #     bash bench/gpu.sh 2 OUT   # float32 compile table, generation, PyTorch anchor
 #
 # Environment: LMX (the lmx binary, default target/release/lmx), ANCHORS (the folder holding
@@ -37,6 +37,9 @@ case $part in
         --batch 16 --seq 256 --steps 50 --warmup 10 --repeats 3 --plot "$out/train-bf16.svg"
     train gpt2-bf16 --configs gpt2 --modes compiled --dtypes bfloat16 \
         --batch 16 --seq 1024 --steps 30 --warmup 5 --repeats 2
+    # The same with the next step handed to the device before a step is done (`--overlap submit`).
+    train gpt2-bf16-submit --configs gpt2 --modes compiled --dtypes bfloat16 \
+        --batch 16 --seq 1024 --steps 30 --warmup 5 --repeats 2 --overlap submit
     ;;
 2)
     "$lmx" --device gpu bench generate --models gpt2,llama --llama-preset tinyllama-1.1b \

@@ -131,6 +131,8 @@ fn bench_train_measures_each_run_in_its_own_process() {
         "1",
         "--repeats",
         "2",
+        "--overlap",
+        "submit",
         "--json",
         json.to_str().unwrap(),
     ]);

@@ -7,7 +7,7 @@ use lmx_runtime::nn::{self, init::Keys, EmbeddingParams};
 use lmx_runtime::optim::AdamW;
 use lmx_runtime::schedule::Schedule;
 use lmx_runtime::step::StepOptions;
-use lmx_runtime::train::{JsonlLog, TrainConfig, Trainer};
+use lmx_runtime::train::{JsonlLog, Overlap, TrainConfig, Trainer};
 use lmx_runtime::{Array, Result};
 use std::path::Path;
 use std::sync::Arc;
@@ -221,8 +221,9 @@ fn validation_is_reported_and_logged() {
 
 /// The error of a run whose learning rate blows the loss up, with a checkpoint every
 /// `checkpoint_every` steps, and the trainer after it.
-fn diverged_run(dir: &Path, checkpoint_every: u64) -> (String, Trainer<Train>) {
+fn diverged_run(dir: &Path, checkpoint_every: u64, overlap: Overlap) -> (String, Trainer<Train>) {
     let mut config = config(dir, 24);
+    config.overlap = overlap;
     config.schedule = Schedule::Constant {
         lr: 1e38,
         warmup_steps: 0,
@@ -236,7 +237,7 @@ fn diverged_run(dir: &Path, checkpoint_every: u64) -> (String, Trainer<Train>) {
 #[test]
 fn a_non_finite_loss_stops_the_run_naming_the_step_and_the_last_checkpoint() {
     let dir = tempfile::tempdir().unwrap();
-    let (err, trainer) = diverged_run(dir.path(), 1);
+    let (err, trainer) = diverged_run(dir.path(), 1, Overlap::default());
     let step = trainer.steps_done();
     assert!(err.starts_with("the loss became"), "{err}");
     assert!(err.contains(&format!("at step {step}")), "{err}");
@@ -252,14 +253,19 @@ fn a_non_finite_loss_stops_the_run_naming_the_step_and_the_last_checkpoint() {
 
 #[test]
 fn with_steps_overlapped_a_non_finite_loss_stops_the_run_at_the_step_that_made_it() {
-    let dir = tempfile::tempdir().unwrap();
-    assert!(TrainConfig::default().overlap);
-    let (err, trainer) = diverged_run(dir.path(), 0);
-    let step = trainer.steps_done();
-    assert!(err.starts_with("the loss became"), "{err}");
-    // The step built after it was never handed to the device, nor counted.
-    assert!(err.contains(&format!("at step {step}")), "{err}");
-    assert!(step < 24, "{err}");
+    assert_eq!(TrainConfig::default().overlap, Overlap::Build);
+    for overlap in [Overlap::Build, Overlap::Submit] {
+        let dir = tempfile::tempdir().unwrap();
+        let (err, trainer) = diverged_run(dir.path(), 0, overlap);
+        let step = trainer.steps_done();
+        assert!(err.starts_with("the loss became"), "{overlap:?}: {err}");
+        // The step built after it is not counted, whether or not it reached the device.
+        assert!(
+            err.contains(&format!("at step {step}")),
+            "{overlap:?}: {err}"
+        );
+        assert!(step < 24, "{overlap:?}: {err}");
+    }
 }
 
 #[test]
@@ -288,8 +294,8 @@ fn bfloat16_training_keeps_parameters_and_moments_in_bfloat16_and_learns() {
     );
 }
 
-/// A run of `steps` with no validation or checkpoint before the end, overlapping steps or not.
-fn run_plain(dir: &Path, steps: u64, overlap: bool, stop_at: Option<u64>) -> Trainer<Train> {
+/// A run of `steps` with no validation or checkpoint before the end, in the order `overlap`.
+fn run_plain(dir: &Path, steps: u64, overlap: Overlap, stop_at: Option<u64>) -> Trainer<Train> {
     let config = TrainConfig {
         eval_every: 0,
         checkpoint_every: 0,
@@ -307,38 +313,46 @@ fn run_plain(dir: &Path, steps: u64, overlap: bool, stop_at: Option<u64>) -> Tra
 
 #[test]
 fn overlapping_steps_changes_no_number() {
-    let (overlapped, sequential) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
-    let a = run_plain(overlapped.path(), 20, true, None);
-    let b = run_plain(sequential.path(), 20, false, None);
-    let (losses_a, losses_b) = (
-        logged_losses(overlapped.path()),
-        logged_losses(sequential.path()),
-    );
-    assert_eq!(losses_a.len(), 20);
-    assert_same_losses(&losses_a, &losses_b, "overlapped");
-    let (weights_a, weights_b) = (&a.state().params.weight, &b.state().params.weight);
-    let difference = weights_a
-        .subtract(weights_b)
-        .and_then(|d| d.abs())
-        .and_then(|d| d.max(None))
-        .unwrap()
-        .item_exact::<f32>();
-    let deterministic = lmx_runtime::device::default_kind().unwrap() == DeviceKind::Cpu;
-    assert!(
-        difference <= if deterministic { 0.0 } else { 1e-6 },
-        "the same parameters after 20 steps: they differ by {difference:e}"
-    );
+    let sequential = tempfile::tempdir().unwrap();
+    let b = run_plain(sequential.path(), 20, Overlap::Off, None);
+    let losses_b = logged_losses(sequential.path());
+    for overlap in [Overlap::Build, Overlap::Submit] {
+        let overlapped = tempfile::tempdir().unwrap();
+        let a = run_plain(overlapped.path(), 20, overlap, None);
+        let losses_a = logged_losses(overlapped.path());
+        assert_eq!(losses_a.len(), 20);
+        assert_same_losses(&losses_a, &losses_b, &format!("{overlap:?}"));
+        let (weights_a, weights_b) = (&a.state().params.weight, &b.state().params.weight);
+        let difference = weights_a
+            .subtract(weights_b)
+            .and_then(|d| d.abs())
+            .and_then(|d| d.max(None))
+            .unwrap()
+            .item_exact::<f32>();
+        let deterministic = lmx_runtime::device::default_kind().unwrap() == DeviceKind::Cpu;
+        assert!(
+            difference <= if deterministic { 0.0 } else { 1e-6 },
+            "{overlap:?}: the same parameters after 20 steps: they differ by {difference:e}"
+        );
+    }
 }
 
 #[test]
 fn a_stop_from_a_step_report_lands_after_the_step_in_flight() {
-    let (overlapped, sequential) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
-    let a = run_plain(overlapped.path(), 20, true, Some(5));
-    assert_eq!(a.steps_done(), 6, "step 6 was built before step 5's report");
-    assert_eq!(
-        a.latest_checkpoint().unwrap(),
-        Some(overlapped.path().join("checkpoints/step-000006"))
-    );
-    let b = run_plain(sequential.path(), 20, false, Some(5));
+    for overlap in [Overlap::Build, Overlap::Submit] {
+        let overlapped = tempfile::tempdir().unwrap();
+        let a = run_plain(overlapped.path(), 20, overlap, Some(5));
+        assert_eq!(
+            a.steps_done(),
+            6,
+            "{overlap:?}: step 6 was built before step 5's report"
+        );
+        assert_eq!(
+            a.latest_checkpoint().unwrap(),
+            Some(overlapped.path().join("checkpoints/step-000006"))
+        );
+    }
+    let sequential = tempfile::tempdir().unwrap();
+    let b = run_plain(sequential.path(), 20, Overlap::Off, Some(5));
     assert_eq!(b.steps_done(), 5);
 }

@@ -14,7 +14,7 @@ use clap::{Args, Parser, Subcommand};
 use lmx::runtime::device::{self, DeviceKind};
 use lmx::runtime::generate::Sampling;
 use lmx::runtime::schedule::Schedule;
-use lmx::runtime::train::{Precision, TrainConfig};
+use lmx::runtime::train::{Overlap, Precision, TrainConfig};
 use std::path::PathBuf;
 
 /// Train, check and sample transformer language models declared in `.lmx` files, over MLX.
@@ -134,6 +134,9 @@ pub struct TrainArgs {
     /// Parameter precision.
     #[arg(long, value_enum)]
     pub precision: Option<PrecisionArg>,
+    /// How far the host runs ahead of the device (default: build).
+    #[arg(long, value_enum)]
+    pub overlap: Option<OverlapArg>,
     /// Evaluate the validation loss every N steps.
     #[arg(long)]
     pub eval_every: Option<u64>,
@@ -158,6 +161,28 @@ pub enum PrecisionArg {
     Float32,
     /// bfloat16 parameters, moments and activations.
     Bfloat16,
+}
+
+/// [`Overlap`], as a flag.
+#[derive(Clone, Copy, clap::ValueEnum)]
+pub enum OverlapArg {
+    /// One step at a time.
+    Off,
+    /// Build the next step's graph while the device computes a step; peak memory of one step.
+    Build,
+    /// Also hand the next step to the device before a step is done; faster where the host's
+    /// encoding is a large part of the step, with two steps' buffers alive at once.
+    Submit,
+}
+
+impl From<OverlapArg> for Overlap {
+    fn from(overlap: OverlapArg) -> Self {
+        match overlap {
+            OverlapArg::Off => Overlap::Off,
+            OverlapArg::Build => Overlap::Build,
+            OverlapArg::Submit => Overlap::Submit,
+        }
+    }
 }
 
 /// `lmx generate`'s options.
@@ -226,6 +251,9 @@ impl TrainArgs {
                 PrecisionArg::Float32 => Precision::Float32,
                 PrecisionArg::Bfloat16 => Precision::Bfloat16,
             };
+        }
+        if let Some(overlap) = self.overlap {
+            config.overlap = overlap.into();
         }
         config.compile &= !self.eager;
         if self.lr.is_some() || self.warmup.is_some() || self.steps.is_some() {

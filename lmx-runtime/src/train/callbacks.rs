@@ -7,8 +7,8 @@ use std::path::{Path, PathBuf};
 
 /// One step, reported once its loss is on the host.
 ///
-/// With [`TrainConfig::overlap`](super::TrainConfig::overlap), the trainer reads a step's loss
-/// only after it has built the next step's graph, so that the host's graph building overlaps the
+/// Unless [`TrainConfig::overlap`](super::TrainConfig::overlap) is `Off`, the trainer reads a
+/// step's loss only after it has built the next step's graph, so that the host's graph building overlaps the
 /// device's work: a report arrives one step late, and a [`Control::Stop`] returned from
 /// [`Callback::on_step`] takes effect after the step already built.
 #[derive(Clone, Debug, PartialEq, serde::Serialize)]

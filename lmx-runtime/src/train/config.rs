@@ -5,6 +5,26 @@ use crate::error::{Error, Result};
 use crate::schedule::Schedule;
 use std::path::PathBuf;
 
+/// How far the trainer's host work runs ahead of the device's.
+///
+/// MLX allocates a step's buffers while it hands the step to the device and frees them when the
+/// device is done with them, so every step handed over before the previous one is done adds its
+/// buffers to the peak.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Overlap {
+    /// One step at a time: build its graph, run it, read its loss.
+    Off,
+    /// Build step `n + 1`'s graph while the device computes step `n`; hand it over once step `n`
+    /// is done. The host's graph building is hidden and the peak memory stays one step's.
+    #[default]
+    Build,
+    /// Also hand step `n + 1` to the device before step `n` is done, so that the device never
+    /// waits for the host to encode a step: the fastest order where the host's encoding is a
+    /// large part of the step, at the cost of two steps' buffers alive at once.
+    Submit,
+}
+
 /// A training run's settings (from flags or a TOML file).
 #[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -23,10 +43,8 @@ pub struct TrainConfig {
     pub compile: bool,
     /// Parameter precision.
     pub precision: Precision,
-    /// Build each step's graph while the device computes the previous step, hiding the host's
-    /// per-step work behind the device's (the step is handed to the device once the previous one
-    /// is done, so the peak memory stays one step's). `false`: one step at a time.
-    pub overlap: bool,
+    /// How far the host runs ahead of the device.
+    pub overlap: Overlap,
     /// Fraction of windows held out for validation.
     pub validation_fraction: f64,
     /// Evaluate the validation loss every this many steps (0: never).
@@ -60,7 +78,7 @@ impl Default for TrainConfig {
             seed: 0,
             compile: true,
             precision: Precision::Float32,
-            overlap: true,
+            overlap: Overlap::default(),
             validation_fraction: 0.05,
             eval_every: 100,
             eval_batches: 8,

@@ -13,6 +13,6 @@ mod trainer;
 pub use callbacks::{
     Callback, Control, EarlyStopping, EvalReport, JsonlLog, ProgressBar, StepReport,
 };
-pub use config::TrainConfig;
+pub use config::{Overlap, TrainConfig};
 pub use precision::Precision;
 pub use trainer::{TrainSummary, Trainer};

@@ -1,7 +1,7 @@
 //! The training loop.
 
 use super::callbacks::{Callback, Control, EvalReport, StepReport};
-use super::TrainConfig;
+use super::{Overlap, TrainConfig};
 use crate::checkpoint::{self, Checkpoints};
 use crate::data::{BatchIterator, BatchPosition, Order, Windows};
 use crate::error::{Error, Result};
@@ -164,13 +164,14 @@ where
     /// Trains until `config.steps` updates are made, a callback stops the run, or the loss stops
     /// being finite (an error naming the step and the last good checkpoint).
     ///
-    /// With `config.overlap`, the loop keeps one step in flight: it builds the graph of step
-    /// `n + 1` while the device computes step `n`, then reads step `n`'s loss and only then hands
-    /// step `n + 1` to the device. The host's graph building is hidden behind the device's work,
-    /// and step `n + 1`'s buffers are allocated once step `n`'s are free, so the peak memory is one
-    /// step's. It waits for the device only where it must: at validation, at checkpoints and at
-    /// the end. A non-finite loss stops the run before the step built after it reaches the
-    /// device: `steps_done` is then the step that made it.
+    /// Unless `config.overlap` is [`Overlap::Off`], the loop keeps one step in flight: it builds
+    /// the graph of step `n + 1` while the device computes step `n`, and reads step `n`'s loss
+    /// after that. With [`Overlap::Build`] it hands step `n + 1` to the device only then, once
+    /// step `n`'s buffers are free, so the peak memory is one step's; with [`Overlap::Submit`] it
+    /// hands it over first, so the device never waits for the host. It waits for the device only
+    /// where it must: at validation, at checkpoints and at the end. A non-finite loss stops the
+    /// run at once: `steps_done` is then the step that made it, and the step built after it is
+    /// not counted.
     pub fn run(&mut self) -> Result<TrainSummary> {
         let mut progress = Progress {
             started: Instant::now(),
@@ -188,10 +189,15 @@ where
             let lr = self.config.schedule.lr(self.done);
             let metrics = self.step.step(&mut self.state, lr, &[inputs, targets])?;
             let host_s = dispatched.elapsed().as_secs_f64();
+            if self.config.overlap == Overlap::Submit {
+                async_eval(&metrics.outputs)?;
+            }
             if let Some(previous) = in_flight.take() {
                 self.report(previous, &mut progress)?;
             }
-            async_eval(&metrics.outputs)?;
+            if self.config.overlap != Overlap::Submit {
+                async_eval(&metrics.outputs)?;
+            }
             self.done += 1;
             in_flight = Some(InFlight {
                 step: self.done,
@@ -205,7 +211,10 @@ where
             if self.done < self.config.steps {
                 next = self.train_batches.next_batch()?;
             }
-            if !self.config.overlap || self.at_boundary() || progress.stopped.is_some() {
+            if self.config.overlap == Overlap::Off
+                || self.at_boundary()
+                || progress.stopped.is_some()
+            {
                 if let Some(current) = in_flight.take() {
                     self.report(current, &mut progress)?;
                 }

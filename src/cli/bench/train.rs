@@ -12,6 +12,8 @@ use std::process::Command;
 use std::sync::{Arc, Mutex};
 
 use super::anchor::{device_name, json_lines_last_first, output_of};
+use crate::cli::OverlapArg;
+use clap::ValueEnum;
 
 /// What to measure.
 #[derive(clap::Args)]
@@ -46,10 +48,10 @@ pub struct BenchArgs {
     /// The Python interpreter for the anchor.
     #[arg(long, default_value = "python3")]
     pub python: String,
-    /// Run lmx one step at a time, without building a step's graph before the previous one's loss
-    /// is read (as the anchor does).
-    #[arg(long)]
-    pub no_overlap: bool,
+    /// How far lmx's host work runs ahead of the device (`off` runs one step at a time, as the
+    /// anchor does).
+    #[arg(long, value_enum, default_value = "build")]
+    pub overlap: OverlapArg,
     /// Runs of each row, alternating lmx and the anchor; the table shows the median run.
     #[arg(long, default_value_t = 1)]
     pub repeats: usize,
@@ -249,9 +251,11 @@ fn measure_apart(args: &BenchArgs, config: &str, dtype: &str, mode: &str) -> any
         .args(["--steps", &args.steps.to_string()])
         .args(["--warmup", &args.warmup.to_string()])
         .args(["--peak-tflops", &args.peak_tflops.to_string()]);
-    if args.no_overlap {
-        command.arg("--no-overlap");
-    }
+    let overlap = args
+        .overlap
+        .to_possible_value()
+        .expect("no variant is skipped");
+    command.args(["--overlap", overlap.get_name()]);
     let output = command.output().map_err(|err| {
         anyhow::anyhow!("cannot start lmx for the {config} {mode} {dtype} row: {err}")
     })?;
@@ -307,7 +311,7 @@ fn measure(args: &BenchArgs, name: &str, dtype: &str, compile: bool) -> anyhow::
         },
         compile,
         precision,
-        overlap: !args.no_overlap,
+        overlap: args.overlap.into(),
         validation_fraction: 0.0,
         eval_every: 0,
         out_dir: out_dir.clone(),
