@@ -329,10 +329,19 @@ fn overlapping_steps_changes_no_number() {
             .and_then(|d| d.max(None))
             .unwrap()
             .item_exact::<f32>();
+        let largest = weights_b
+            .abs()
+            .and_then(|w| w.max(None))
+            .unwrap()
+            .item_exact::<f32>();
+        // CUDA's scatter-add (the embedding's gradient) adds in no fixed order: there, a few
+        // float32 roundings of the largest weight.
         let deterministic = lmx_runtime::device::default_kind().unwrap() == DeviceKind::Cpu;
+        let tolerance = if deterministic { 0.0 } else { 1e-5 * largest };
         assert!(
-            difference <= if deterministic { 0.0 } else { 1e-6 },
-            "{overlap:?}: the same parameters after 20 steps: they differ by {difference:e}"
+            difference <= tolerance,
+            "{overlap:?}: the same parameters after 20 steps: they differ by {difference:e}, \
+             more than {tolerance:e}"
         );
     }
 }
