@@ -75,9 +75,9 @@ fn main() -> Result<()> {
     let dir = std::env::args()
         .nth(1)
         .map_or_else(|| PathBuf::from("tests/fixtures"), PathBuf::from);
-    std::fs::create_dir_all(&dir).map_err(|source| Error::Io {
+    std::fs::create_dir_all(&dir).map_err(|cause| Error::Io {
         path: dir.clone(),
-        source,
+        cause,
     })?;
     export::<gpt2::Gpt2>(&dir, 16, 1)?;
     export::<llama::Llama>(&dir, 16, 2)?;

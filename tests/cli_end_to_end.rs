@@ -111,6 +111,24 @@ fn an_unknown_setting_is_an_error_that_names_it_before_anything_runs() {
 }
 
 #[test]
+fn a_missing_data_file_is_named_once_with_the_reason_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let missing = dir.path().join("no-such-corpus.txt");
+    let output = Command::new(env!("CARGO_BIN_EXE_lmx"))
+        .args(["train", "--data"])
+        .arg(&missing)
+        .output()
+        .expect("lmx runs");
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    let reason = std::fs::read(&missing).unwrap_err().to_string();
+    assert_eq!(
+        stderr.trim_end(),
+        format!("error: {}: {reason}", missing.display()),
+    );
+}
+
+#[test]
 fn bench_train_measures_each_run_in_its_own_process() {
     let dir = tempfile::tempdir().unwrap();
     let json = dir.path().join("runs.jsonl");

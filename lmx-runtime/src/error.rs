@@ -23,12 +23,12 @@ pub enum Error {
         message: String,
     },
     /// Reading or writing a file failed.
-    #[error("{path}: {source}")]
+    #[error("{path}: {cause}")]
     Io {
         /// The file.
         path: PathBuf,
-        /// The underlying error.
-        source: std::io::Error,
+        /// The underlying error (in the message, so not also a `source()`).
+        cause: std::io::Error,
     },
     /// Training data could not be read or cut into batches.
     #[error(transparent)]

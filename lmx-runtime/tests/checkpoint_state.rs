@@ -231,7 +231,7 @@ impl FileWriter for FailAfter {
         if self.files == 0 {
             return Err(Error::Io {
                 path: path.to_owned(),
-                source: std::io::Error::other("simulated failure"),
+                cause: std::io::Error::other("simulated failure"),
             });
         }
         self.files -= 1;

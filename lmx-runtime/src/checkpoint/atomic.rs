@@ -33,9 +33,9 @@ pub struct DurableWriter;
 
 impl FileWriter for DurableWriter {
     fn write(&mut self, path: &Path, bytes: &[u8]) -> Result<()> {
-        let io = |source| Error::Io {
+        let io = |cause| Error::Io {
             path: path.to_owned(),
-            source,
+            cause,
         };
         let mut file = fs::File::create(path).map_err(io)?;
         file.write_all(bytes).map_err(io)?;
@@ -44,9 +44,9 @@ impl FileWriter for DurableWriter {
 }
 
 fn io_error(path: &Path) -> impl FnOnce(std::io::Error) -> Error + '_ {
-    move |source| Error::Io {
+    move |cause| Error::Io {
         path: path.to_owned(),
-        source,
+        cause,
     }
 }
 

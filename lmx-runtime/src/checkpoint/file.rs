@@ -41,9 +41,9 @@ pub(crate) fn encode(path: &Path, tensors: &Named) -> Result<Vec<u8>> {
 /// Errors name the file and the first tensor (in `expected`'s order) that is missing or
 /// mismatched, then any tensor the file holds beyond `expected`.
 pub(crate) fn read_expected(path: &Path, expected: &Named) -> Result<Vec<Array>> {
-    let bytes = std::fs::read(path).map_err(|source| Error::Io {
+    let bytes = std::fs::read(path).map_err(|cause| Error::Io {
         path: path.to_owned(),
-        source,
+        cause,
     })?;
     let file = SafeTensors::deserialize(&bytes)
         .map_err(|err| error(path, format!("not a valid safetensors file: {err}")))?;

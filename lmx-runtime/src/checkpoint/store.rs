@@ -66,18 +66,18 @@ impl Checkpoints {
         let entries = match fs::read_dir(&self.root) {
             Ok(entries) => entries,
             Err(err) if err.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
-            Err(source) => {
+            Err(cause) => {
                 return Err(Error::Io {
                     path: self.root.clone(),
-                    source,
+                    cause,
                 })
             }
         };
         let mut found = Vec::new();
         for entry in entries {
-            let entry = entry.map_err(|source| Error::Io {
+            let entry = entry.map_err(|cause| Error::Io {
                 path: self.root.clone(),
-                source,
+                cause,
             })?;
             let step = parse_dir_name(&entry.file_name().to_string_lossy());
             if let (Some(step), true) = (step, entry.path().is_dir()) {
@@ -131,7 +131,7 @@ impl Checkpoints {
         let excess = all.len().saturating_sub(keep);
         for (step, dir) in all.into_iter().take(excess) {
             if step != saved {
-                fs::remove_dir_all(&dir).map_err(|source| Error::Io { path: dir, source })?;
+                fs::remove_dir_all(&dir).map_err(|cause| Error::Io { path: dir, cause })?;
             }
         }
         Ok(())

@@ -65,9 +65,9 @@ pub fn load<P: Tree<Array>, O: Optimizer>(
     let params = read_expected(&dir.join(MODEL_FILE), &named(&state.params))?;
     let optimizer = read_expected(&dir.join(OPTIMIZER_FILE), &optimizer_named(state))?;
     let trainer_path = dir.join(TRAINER_FILE);
-    let trainer = std::fs::read(&trainer_path).map_err(|source| Error::Io {
+    let trainer = std::fs::read(&trainer_path).map_err(|cause| Error::Io {
         path: trainer_path.clone(),
-        source,
+        cause,
     })?;
     let trainer = serde_json::from_slice(&trainer).map_err(|err| Error::Checkpoint {
         path: trainer_path,

@@ -12,21 +12,19 @@ use super::token_file::TokenDtype;
 #[derive(Debug, Error)]
 pub enum DataError {
     /// Reading or writing a file failed.
-    #[error("{}: {source}", path.display())]
+    #[error("{}: {cause}", path.display())]
     Io {
         /// The file.
         path: PathBuf,
-        /// What the operating system said.
-        #[source]
-        source: std::io::Error,
+        /// What the operating system said (in the message, so not also a `source()`).
+        cause: std::io::Error,
     },
     /// A token file is not a complete, valid lmx token file.
     #[error("{}: {fault}", path.display())]
     TokenFile {
         /// The file.
         path: PathBuf,
-        /// What is wrong with it.
-        #[source]
+        /// What is wrong with it (in the message, so not also a `source()`).
         fault: TokenFileFault,
     },
     /// A line of a JSONL file is not an object with a string in the expected field.
@@ -40,13 +38,12 @@ pub enum DataError {
         reason: String,
     },
     /// The Hugging Face tokenizer failed to load, encode or decode.
-    #[error("tokenizer: {context}: {source}")]
+    #[error("tokenizer: {context}: {cause}")]
     Tokenizer {
         /// What was being done (and on which file, when there is one).
         context: String,
-        /// The `tokenizers` crate's error.
-        #[source]
-        source: Box<dyn std::error::Error + Send + Sync>,
+        /// The `tokenizers` crate's error (in the message, so not also a `source()`).
+        cause: Box<dyn std::error::Error + Send + Sync>,
     },
     /// A token id is not below the tokenizer's vocabulary size.
     #[error("token id {id} is outside the vocabulary of {vocab_size} ids")]

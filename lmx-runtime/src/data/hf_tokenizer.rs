@@ -28,14 +28,14 @@ impl HfTokenizer {
     /// Loads a `tokenizer.json` file.
     pub fn from_file(path: impl AsRef<Path>) -> Result<Self, DataError> {
         let path = path.as_ref();
-        let json = std::fs::read(path).map_err(|source| DataError::Io {
+        let json = std::fs::read(path).map_err(|cause| DataError::Io {
             path: path.to_path_buf(),
-            source,
+            cause,
         })?;
         let inner =
-            tokenizers::Tokenizer::from_bytes(&json).map_err(|source| DataError::Tokenizer {
+            tokenizers::Tokenizer::from_bytes(&json).map_err(|cause| DataError::Tokenizer {
                 context: format!("loading {}", path.display()),
-                source,
+                cause,
             })?;
         Ok(Self::from_tokenizer(inner))
     }
@@ -43,9 +43,9 @@ impl HfTokenizer {
     /// Loads the text of a `tokenizer.json`.
     pub fn from_json(json: &[u8]) -> Result<Self, DataError> {
         let inner =
-            tokenizers::Tokenizer::from_bytes(json).map_err(|source| DataError::Tokenizer {
+            tokenizers::Tokenizer::from_bytes(json).map_err(|cause| DataError::Tokenizer {
                 context: "loading tokenizer.json".to_owned(),
-                source,
+                cause,
             })?;
         Ok(Self::from_tokenizer(inner))
     }
@@ -98,9 +98,9 @@ impl Tokenizer for HfTokenizer {
         let encoding = self
             .inner
             .encode(text, false)
-            .map_err(|source| DataError::Tokenizer {
+            .map_err(|cause| DataError::Tokenizer {
                 context: "encoding".to_owned(),
-                source,
+                cause,
             })?;
         Ok(encoding.get_ids().to_vec())
     }
@@ -112,9 +112,9 @@ impl Tokenizer for HfTokenizer {
         }
         self.inner
             .decode(ids, true)
-            .map_err(|source| DataError::Tokenizer {
+            .map_err(|cause| DataError::Tokenizer {
                 context: "decoding".to_owned(),
-                source,
+                cause,
             })
     }
 

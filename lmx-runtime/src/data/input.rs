@@ -61,9 +61,9 @@ pub fn read_documents(
     format: &InputFormat,
 ) -> Result<Documents, DataError> {
     let path = path.as_ref().to_path_buf();
-    let io = |source| DataError::Io {
+    let io = |cause| DataError::Io {
         path: path.clone(),
-        source,
+        cause,
     };
     let kind = match format {
         InputFormat::Text => DocumentsKind::Text(Some(std::fs::read_to_string(&path).map_err(io)?)),

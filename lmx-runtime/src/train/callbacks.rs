@@ -8,9 +8,9 @@ use std::path::{Path, PathBuf};
 /// One step, reported once its loss is on the host.
 ///
 /// Unless [`TrainConfig::overlap`](super::TrainConfig::overlap) is `Off`, the trainer reads a
-/// step's loss only after it has built the next step's graph, so that the host's graph building overlaps the
-/// device's work: a report arrives one step late, and a [`Control::Stop`] returned from
-/// [`Callback::on_step`] takes effect after the step already built.
+/// step's loss only after it has built the next step's graph, so that the host's graph building
+/// overlaps the device's work: a report arrives one step late, and a [`Control::Stop`] returned
+/// from [`Callback::on_step`] takes effect after the step already built.
 #[derive(Clone, Debug, PartialEq, serde::Serialize)]
 pub struct StepReport {
     /// The number of updates made, counting this one.
@@ -86,9 +86,9 @@ impl JsonlLog {
             .create(true)
             .append(true)
             .open(&path)
-            .map_err(|source| Error::Io {
+            .map_err(|cause| Error::Io {
                 path: path.clone(),
-                source,
+                cause,
             })?;
         Ok(JsonlLog {
             path,
@@ -101,9 +101,9 @@ impl JsonlLog {
         line["kind"] = kind.into();
         writeln!(self.out, "{line}")
             .and_then(|()| self.out.flush())
-            .map_err(|source| Error::Io {
+            .map_err(|cause| Error::Io {
                 path: self.path.clone(),
-                source,
+                cause,
             })
     }
 }

@@ -28,9 +28,9 @@ impl TokenFile {
     /// Opens and maps `path`, checking its magic, version, dtype and length.
     pub fn open(path: impl AsRef<Path>) -> Result<Self, DataError> {
         let path = path.as_ref().to_path_buf();
-        let io = |source| DataError::Io {
+        let io = |cause| DataError::Io {
             path: path.clone(),
-            source,
+            cause,
         };
         let file = File::open(&path).map_err(io)?;
         let file_len = file.metadata().map_err(io)?.len();

@@ -32,9 +32,9 @@ impl TokenFileWriter {
             .write(true)
             .create_new(true)
             .open(&temp)
-            .map_err(|source| DataError::Io {
+            .map_err(|cause| DataError::Io {
                 path: temp.clone(),
-                source,
+                cause,
             })?;
         let placeholder = Header { dtype, count: 0 }.to_bytes();
         let written = file.write_all(&placeholder);
@@ -101,9 +101,9 @@ impl TokenFileWriter {
             .and_then(|_| file.sync_all())
             .map_err(|source| temp_error(&self.temp, source))?;
         drop(file);
-        fs::rename(&self.temp, &self.path).map_err(|source| DataError::Io {
+        fs::rename(&self.temp, &self.path).map_err(|cause| DataError::Io {
             path: self.path.clone(),
-            source,
+            cause,
         })?;
         sync_parent(&self.path)
     }
@@ -129,10 +129,10 @@ pub fn write_token_file(
     writer.finish()
 }
 
-fn temp_error(temp: &Path, source: std::io::Error) -> DataError {
+fn temp_error(temp: &Path, cause: std::io::Error) -> DataError {
     DataError::Io {
         path: temp.to_path_buf(),
-        source,
+        cause,
     }
 }
 
@@ -157,9 +157,9 @@ fn sync_parent(path: &Path) -> Result<(), DataError> {
         };
         File::open(dir)
             .and_then(|dir| dir.sync_all())
-            .map_err(|source| DataError::Io {
+            .map_err(|cause| DataError::Io {
                 path: dir.to_path_buf(),
-                source,
+                cause,
             })?;
     }
     #[cfg(not(unix))]
