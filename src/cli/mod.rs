@@ -134,7 +134,8 @@ pub struct TrainArgs {
     /// Parameter precision.
     #[arg(long, value_enum)]
     pub precision: Option<PrecisionArg>,
-    /// How far the host runs ahead of the device (default: build).
+    /// How far the host runs ahead of the device; without it, the settings file's `overlap`, or
+    /// `build`.
     #[arg(long, value_enum)]
     pub overlap: Option<OverlapArg>,
     /// Evaluate the validation loss every N steps.

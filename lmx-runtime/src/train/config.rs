@@ -1,29 +1,9 @@
 //! What a training run is told: lengths, batch, schedule, evaluation, checkpoints.
 
-use super::Precision;
+use super::{Overlap, Precision};
 use crate::error::{Error, Result};
 use crate::schedule::Schedule;
 use std::path::PathBuf;
-
-/// How far the trainer's host work runs ahead of the device's.
-///
-/// MLX allocates a step's buffers while it hands the step to the device and frees them when the
-/// device is done with them, so every step handed over before the previous one is done adds its
-/// buffers to the peak.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Overlap {
-    /// One step at a time: build its graph, run it, read its loss.
-    Off,
-    /// Build step `n + 1`'s graph while the device computes step `n`; hand it over once step `n`
-    /// is done. The host's graph building is hidden and the peak memory stays one step's.
-    #[default]
-    Build,
-    /// Also hand step `n + 1` to the device before step `n` is done, so that the device never
-    /// waits for the host to encode a step: the fastest order where the host's encoding is a
-    /// large part of the step, at the cost of two steps' buffers alive at once.
-    Submit,
-}
 
 /// A training run's settings (from flags or a TOML file).
 #[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]

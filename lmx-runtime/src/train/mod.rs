@@ -2,17 +2,20 @@
 //! callbacks.
 //!
 //! One evaluation boundary per step: the step's outputs (the next state, the loss, the gradient
-//! norm) are handed to MLX's asynchronous evaluation, the next batch is prepared on the host while
-//! the device works, and only then is the loss read.
+//! norm) are handed to MLX's asynchronous evaluation, and the host prepares the next batch and
+//! builds the next step's graph while the device works; [`Overlap`] sets whether the next step
+//! reaches the device before or after this step's loss is read.
 
 mod callbacks;
 mod config;
+mod overlap;
 mod precision;
 mod trainer;
 
 pub use callbacks::{
     Callback, Control, EarlyStopping, EvalReport, JsonlLog, ProgressBar, StepReport,
 };
-pub use config::{Overlap, TrainConfig};
+pub use config::TrainConfig;
+pub use overlap::Overlap;
 pub use precision::Precision;
 pub use trainer::{TrainSummary, Trainer};

@@ -164,14 +164,14 @@ where
     /// Trains until `config.steps` updates are made, a callback stops the run, or the loss stops
     /// being finite (an error naming the step and the last good checkpoint).
     ///
-    /// Unless `config.overlap` is [`Overlap::Off`], the loop keeps one step in flight: it builds
-    /// the graph of step `n + 1` while the device computes step `n`, and reads step `n`'s loss
-    /// after that. With [`Overlap::Build`] it hands step `n + 1` to the device only then, once
-    /// step `n`'s buffers are free, so the peak memory is one step's; with [`Overlap::Submit`] it
-    /// hands it over first, so the device never waits for the host. It waits for the device only
-    /// where it must: at validation, at checkpoints and at the end. A non-finite loss stops the
-    /// run at once: `steps_done` is then the step that made it, and the step built after it is
-    /// not counted.
+    /// Unless `config.overlap` is [`Overlap::Off`], the loop builds the graph of step `n + 1`
+    /// while the device computes step `n`, and reads step `n`'s loss after that. With
+    /// [`Overlap::Build`] it hands step `n + 1` to the device only then, so at most one step is on
+    /// the device; with [`Overlap::Submit`] it hands it over first, so the device never waits for
+    /// the host and two steps can be on it at once. It waits for the device only where it must:
+    /// at validation, at checkpoints and at the end. A non-finite loss stops the run at once:
+    /// `steps_done` is then the step that made it, and the step built after it is not counted,
+    /// although [`state`](Self::state) already holds that step's outputs.
     pub fn run(&mut self) -> Result<TrainSummary> {
         let mut progress = Progress {
             started: Instant::now(),

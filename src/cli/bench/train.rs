@@ -13,7 +13,6 @@ use std::sync::{Arc, Mutex};
 
 use super::anchor::{device_name, json_lines_last_first, output_of};
 use crate::cli::OverlapArg;
-use clap::ValueEnum;
 
 /// What to measure.
 #[derive(clap::Args)]
@@ -107,6 +106,9 @@ pub struct Row {
     /// Which of the repeated runs this is (0-based).
     #[serde(default)]
     pub repeat: usize,
+    /// The trainer's run order, `--overlap` (lmx only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub overlap: Option<String>,
 }
 
 /// One row of the table: the median of lmx's runs, and of the anchor's when it ran.
@@ -215,6 +217,10 @@ pub fn bench(args: &BenchArgs) -> anyhow::Result<()> {
         std::fs::write(path, lines.join("\n") + "\n")?;
     }
     print_table(&rows);
+    println!(
+        "\nlmx ran in the trainer's `{}` order (--overlap)",
+        overlap_name(args.overlap)
+    );
     if args.repeats > 1 {
         print_spread(&rows, args.repeats);
     }
@@ -251,11 +257,7 @@ fn measure_apart(args: &BenchArgs, config: &str, dtype: &str, mode: &str) -> any
         .args(["--steps", &args.steps.to_string()])
         .args(["--warmup", &args.warmup.to_string()])
         .args(["--peak-tflops", &args.peak_tflops.to_string()]);
-    let overlap = args
-        .overlap
-        .to_possible_value()
-        .expect("no variant is skipped");
-    command.args(["--overlap", overlap.get_name()]);
+    command.args(["--overlap", overlap_name(args.overlap)]);
     let output = command.output().map_err(|err| {
         anyhow::anyhow!("cannot start lmx for the {config} {mode} {dtype} row: {err}")
     })?;
@@ -270,6 +272,15 @@ fn measure_apart(args: &BenchArgs, config: &str, dtype: &str, mode: &str) -> any
         .next()
         .ok_or_else(|| anyhow::anyhow!("the {config} {mode} {dtype} row printed no JSON line"))?;
     Ok(serde_json::from_str(line)?)
+}
+
+/// `--overlap`'s value as written on the command line.
+fn overlap_name(overlap: OverlapArg) -> &'static str {
+    match overlap {
+        OverlapArg::Off => "off",
+        OverlapArg::Build => "build",
+        OverlapArg::Submit => "submit",
+    }
 }
 
 /// Collects the step reports of a run.
@@ -359,6 +370,7 @@ fn measure(args: &BenchArgs, name: &str, dtype: &str, compile: bool) -> anyhow::
         peak_mib: Some(peak),
         host_ms: Some(host_ms),
         repeat: 0,
+        overlap: Some(overlap_name(args.overlap).into()),
     })
 }
 
@@ -588,6 +600,7 @@ mod tests {
             peak_mib: Some(peak_mib),
             host_ms: None,
             repeat: 0,
+            overlap: None,
         }
     }
 
