@@ -65,8 +65,18 @@ fn train_resume_generate() {
         .join("checkpoints/step-000050/model.safetensors")
         .is_file());
 
-    let resumed = lmx(&[&["train", "--steps", "60", "--resume"][..], &common].concat());
+    let resumed = lmx(&[
+        &["train", "--steps", "60", "--resume", "--overlap", "submit"][..],
+        &common,
+    ]
+    .concat());
     assert!(resumed.contains("to step 60"), "{resumed}");
+    let run_file: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(run.join("run.json")).unwrap()).unwrap();
+    assert_eq!(
+        run_file["train"]["overlap"], "submit",
+        "the run records --overlap"
+    );
     assert_eq!(
         steps_logged(&run),
         (1..=60).collect::<Vec<_>>(),
