@@ -6,7 +6,8 @@
 #     bash bench/gpu.sh 2 OUT   # float32 compile table, generation, PyTorch anchor
 #
 # Environment: LMX (the lmx binary, default target/release/lmx), ANCHORS (the folder holding
-# anchor_mlx.py and anchor_torch.py, default ../shared/bench), PYTHON (default python3, with MLX).
+# anchor_mlx.py and anchor_torch.py, default ../shared/bench), PYTHON (default python3, with MLX),
+# OVERLAP (the trainer's run order for every lmx row: off, build or submit; default the trainer's).
 # Every result lands in OUT: the tables (*.txt), every run (*.jsonl), the plots (*.svg).
 set -u
 part=${1:?part 1 or 2}
@@ -21,7 +22,7 @@ train() {  # name, then the rest of `lmx bench train`'s arguments
     local name=$1
     shift
     "$lmx" --device gpu bench train --anchor "$anchors/anchor_mlx.py" --python "$python" \
-        --json "$out/$name.jsonl" "$@" > "$out/$name.txt" 2>&1
+        ${OVERLAP:+--overlap "$OVERLAP"} --json "$out/$name.jsonl" "$@" > "$out/$name.txt" 2>&1
     echo "exit status $?" >> "$out/$name.txt"
 }
 
@@ -37,9 +38,10 @@ case $part in
         --batch 16 --seq 256 --steps 50 --warmup 10 --repeats 3 --plot "$out/train-bf16.svg"
     train gpt2-bf16 --configs gpt2 --modes compiled --dtypes bfloat16 \
         --batch 16 --seq 1024 --steps 30 --warmup 5 --repeats 2
-    # The same with the next step handed to the device before a step is done (`--overlap submit`).
-    train gpt2-bf16-submit --configs gpt2 --modes compiled --dtypes bfloat16 \
-        --batch 16 --seq 1024 --steps 30 --warmup 5 --repeats 2 --overlap submit
+    # The same with the next step handed to the device before a step is done, unless OVERLAP
+    # already sets the order of every row.
+    [ -n "${OVERLAP:-}" ] || train gpt2-bf16-submit --configs gpt2 --modes compiled \
+        --dtypes bfloat16 --batch 16 --seq 1024 --steps 30 --warmup 5 --repeats 2 --overlap submit
     ;;
 2)
     "$lmx" --device gpu bench generate --models gpt2,llama --llama-preset tinyllama-1.1b \
