@@ -2,7 +2,7 @@
 # The GPU tables of docs/benchmarks.md, in two parts that each fit one 10-minute call on the GPU
 # machine (see ../shared/gpu/README.md for staging MLX's CUDA build there).
 #
-#     bash bench/gpu.sh 1 OUT   # bf16 compile table (tiny, small, medium), GPT-2 124M bf16 (two orders)
+#     bash bench/gpu.sh 1 OUT   # bf16 compile table (tiny, small, medium), GPT-2 124M bf16
 #     bash bench/gpu.sh 2 OUT   # float32 compile table, generation, PyTorch anchor
 #
 # Environment: LMX (the lmx binary, default target/release/lmx), ANCHORS (the folder holding
@@ -12,6 +12,13 @@
 set -u
 part=${1:?part 1 or 2}
 out=${2:?output folder}
+case ${OVERLAP:-} in
+'' | off | build | submit) ;;
+*)
+    echo "OVERLAP=$OVERLAP: use off, build or submit" >&2
+    exit 2
+    ;;
+esac
 mkdir -p "$out"
 lmx=${LMX:-target/release/lmx}
 anchors=${ANCHORS:-../shared/bench}

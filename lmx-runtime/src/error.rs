@@ -5,9 +5,10 @@ use std::path::PathBuf;
 /// What can go wrong in the runtime, each variant naming the cause and the place.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
-    /// MLX reported an error (a shape mismatch in an op, an unavailable kernel, ...).
+    /// MLX reported an error (a shape mismatch in an op, an unavailable kernel, ...), in the
+    /// message (so not also a `source()`).
     #[error("MLX: {0}")]
-    Mlx(#[from] mlx_rs::error::Exception),
+    Mlx(mlx_rs::error::Exception),
     /// A device was asked for that this MLX build cannot provide.
     #[error("{0}")]
     Device(String),
@@ -48,5 +49,32 @@ pub enum Error {
     Config(String),
 }
 
+impl From<mlx_rs::error::Exception> for Error {
+    fn from(exception: mlx_rs::error::Exception) -> Self {
+        Error::Mlx(exception)
+    }
+}
+
 /// The runtime's result type.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::error::Error as _;
+
+    /// A chain printer (`{:#}` in the CLI) shows each cause once: the variants that put their
+    /// cause in the message do not also return it as their source.
+    #[test]
+    fn a_cause_in_the_message_is_not_also_the_source() {
+        let mlx = Error::from(mlx_rs::error::Exception::custom("no such kernel"));
+        let io = Error::Io {
+            path: PathBuf::from("corpus.txt"),
+            cause: std::io::Error::other("disk on fire"),
+        };
+        for (err, cause) in [(mlx, "no such kernel"), (io, "disk on fire")] {
+            assert!(err.to_string().contains(cause), "{err}");
+            assert!(err.source().is_none(), "{err}");
+        }
+    }
+}

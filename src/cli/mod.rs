@@ -169,10 +169,11 @@ pub enum PrecisionArg {
 pub enum OverlapArg {
     /// One step at a time.
     Off,
-    /// Build the next step's graph while the device computes a step; peak memory of one step.
+    /// Build the next step's graph while the device computes a step; at most one step is on
+    /// the device.
     Build,
     /// Also hand the next step to the device before a step is done; faster where the host's
-    /// encoding is a large part of the step, with two steps' buffers alive at once.
+    /// encoding is on the step's critical path, with two steps' buffers alive at once.
     Submit,
 }
 

@@ -2,9 +2,9 @@
 //! callbacks.
 //!
 //! One evaluation boundary per step: the step's outputs (the next state, the loss, the gradient
-//! norm) are handed to MLX's asynchronous evaluation, and the host prepares the next batch and
-//! builds the next step's graph while the device works; [`Overlap`] sets whether the next step
-//! reaches the device before or after this step's loss is read.
+//! norm) are handed to MLX's asynchronous evaluation. [`Overlap`] sets how far the host runs
+//! ahead: one step at a time, or building the next step's graph while the device works and
+//! handing it over after or before this step's loss is read.
 
 mod callbacks;
 mod config;

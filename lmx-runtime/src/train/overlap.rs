@@ -10,8 +10,9 @@ use std::fmt;
 /// buffers to the peak.
 ///
 /// In a settings file it is a name: `"off"`, `"build"` or `"submit"`. Run files written before
-/// the three orders existed hold a flag, which still reads: `true` as `Build` (what it meant
-/// then), `false` as `Off`.
+/// the three orders existed hold a flag, which still reads: `true` as `Build` (its meaning in the
+/// last version with the flag; earlier it meant today's `Submit`, which computes the same numbers),
+/// `false` as `Off`.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Overlap {
