@@ -5,9 +5,9 @@ use std::path::PathBuf;
 /// What can go wrong in the runtime, each variant naming the cause and the place.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
-    /// MLX reported an error (a shape mismatch in an op, an unavailable kernel, ...), in the
-    /// message (so not also a `source()`).
-    #[error("MLX: {0}")]
+    /// MLX reported an error (a shape mismatch in an op, an unavailable kernel, ...). Its text is
+    /// the message (so it is not also a `source()`); where in the bindings it was raised is not.
+    #[error("MLX: {}", .0.what())]
     Mlx(mlx_rs::error::Exception),
     /// A device was asked for that this MLX build cannot provide.
     #[error("{0}")]
@@ -49,6 +49,17 @@ pub enum Error {
     Config(String),
 }
 
+impl Error {
+    /// The error as an MLX exception, for a closure that MLX calls (a compiled or differentiated
+    /// function) to return: an MLX error passes through unchanged, any other becomes its message.
+    pub fn into_exception(self) -> mlx_rs::error::Exception {
+        match self {
+            Error::Mlx(exception) => exception,
+            other => mlx_rs::error::Exception::custom(other.to_string()),
+        }
+    }
+}
+
 impl From<mlx_rs::error::Exception> for Error {
     fn from(exception: mlx_rs::error::Exception) -> Self {
         Error::Mlx(exception)
@@ -76,5 +87,18 @@ mod tests {
             assert!(err.to_string().contains(cause), "{err}");
             assert!(err.source().is_none(), "{err}");
         }
+    }
+
+    #[test]
+    fn an_mlx_error_crosses_a_closure_boundary_unchanged() {
+        let mlx = Error::from(mlx_rs::error::Exception::custom("no such kernel"));
+        assert_eq!(mlx.to_string(), "MLX: no such kernel");
+        let back = Error::from(mlx.into_exception());
+        assert_eq!(back.to_string(), "MLX: no such kernel");
+        let layout = Error::Layout("two trees".into());
+        assert_eq!(
+            Error::from(layout.into_exception()).to_string(),
+            "MLX: state layout: two trees"
+        );
     }
 }

@@ -66,8 +66,7 @@ type PureFn = Box<dyn FnMut(&[Array]) -> std::result::Result<Vec<Array>, Excepti
 
 /// Wraps a pure function over arrays, compiled or not.
 fn prepare(body: impl Fn(&[Array]) -> Result<Vec<Array>> + 'static, compiled: bool) -> PureFn {
-    let pure =
-        move |inputs: &[Array]| body(inputs).map_err(|err| Exception::custom(err.to_string()));
+    let pure = move |inputs: &[Array]| body(inputs).map_err(Error::into_exception);
     if compiled {
         Box::new(compile(pure, false))
     } else {
@@ -410,9 +409,7 @@ where
                     &args[n_params + n_batch],
                 )
             };
-            run()
-                .map(|loss| vec![loss])
-                .map_err(|err| Exception::custom(err.to_string()))
+            run().map(|loss| vec![loss]).map_err(Error::into_exception)
         };
         let mut args: Vec<Array> = params.to_vec();
         args.extend(batch.iter().cloned());

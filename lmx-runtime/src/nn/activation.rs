@@ -28,7 +28,7 @@ fn fused(slot: &'static Slot, body: fn(&Array) -> Result<Array>, x: &Array) -> R
     slot.with(|cell| {
         let mut compiled = cell.borrow_mut();
         let run = compiled.get_or_insert_with(|| {
-            let pure = move |x: &Array| body(x).map_err(|err| Exception::custom(err.to_string()));
+            let pure = move |x: &Array| body(x).map_err(Error::into_exception);
             Box::new(compile(pure, true))
         });
         run(x).map_err(Error::from)

@@ -242,7 +242,7 @@ mod tests {
         r: Array,
     ) -> impl FnMut(&[Array]) -> std::result::Result<Vec<Array>, Exception> {
         move |args: &[Array]| {
-            let y = linear(args).map_err(|err| Exception::custom(err.to_string()))?;
+            let y = linear(args).map_err(Error::into_exception)?;
             Ok(vec![y.multiply(&r)?.sum(false)?])
         }
     }

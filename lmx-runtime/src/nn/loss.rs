@@ -136,8 +136,8 @@ mod tests {
         let targets_array = Array::from_slice(&targets, &[6]);
         let loss =
             move |args: &[Array]| -> std::result::Result<Vec<Array>, mlx_rs::error::Exception> {
-                let per_token = fused_cross_entropy(&args[0], &targets_array)
-                    .map_err(|err| mlx_rs::error::Exception::custom(err.to_string()))?;
+                let per_token =
+                    fused_cross_entropy(&args[0], &targets_array).map_err(Error::into_exception)?;
                 Ok(vec![per_token.mean(false)?])
             };
         let (_, grads) = mlx_rs::transforms::value_and_grad(loss)(&[logits]).unwrap();

@@ -379,9 +379,7 @@ where
             let params = template.params(&args[..n_params])?;
             S::loss(&params, &model, &args[n_params..], None)
         };
-        run()
-            .map(|loss| vec![loss])
-            .map_err(|err| Exception::custom(err.to_string()))
+        run().map(|loss| vec![loss]).map_err(Error::into_exception)
     };
     if compiled {
         Box::new(compile(loss, false))
