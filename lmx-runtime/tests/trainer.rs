@@ -379,3 +379,52 @@ fn a_stop_from_a_step_report_lands_after_the_step_in_flight() {
     let b = run_plain(sequential.path(), 20, Overlap::Off, Some(5));
     assert_eq!(b.steps_done(), 5);
 }
+
+/// Keeps every step report of a run.
+struct Reports(std::rc::Rc<std::cell::RefCell<Vec<lmx_runtime::train::StepReport>>>);
+
+impl lmx_runtime::train::Callback for Reports {
+    fn on_step(
+        &mut self,
+        report: &lmx_runtime::train::StepReport,
+    ) -> Result<lmx_runtime::train::Control> {
+        self.0.borrow_mut().push(report.clone());
+        Ok(lmx_runtime::train::Control::Continue)
+    }
+}
+
+#[test]
+fn every_step_reports_where_its_time_went_in_every_order() {
+    for overlap in [Overlap::Off, Overlap::Build, Overlap::Submit] {
+        let dir = tempfile::tempdir().unwrap();
+        let config = TrainConfig {
+            overlap,
+            eval_every: 0,
+            ..config(dir.path(), 6)
+        };
+        let mut trainer = Trainer::<Train>::new(257, config, windows()).unwrap();
+        let reports = std::rc::Rc::new(std::cell::RefCell::new(Vec::new()));
+        trainer.add_callback(Reports(reports.clone()));
+        let started = std::time::Instant::now();
+        trainer.run().unwrap();
+        let run_ms = started.elapsed().as_secs_f64() * 1e3;
+        let reports = reports.borrow();
+        assert_eq!(reports.len(), 6, "{overlap:?}");
+        // Building a step's graph and handing it to the device take time in every order; the
+        // wait may be nothing when the device was done first. Together the parts of all steps
+        // fit in the run.
+        for report in reports.iter() {
+            let parts = [report.build_ms, report.submit_ms, report.wait_ms];
+            assert!(
+                report.build_ms > 0.0 && report.submit_ms > 0.0 && report.wait_ms >= 0.0,
+                "{overlap:?}: step {}: build, submit, wait {parts:?} ms",
+                report.step
+            );
+        }
+        let total: f64 = reports
+            .iter()
+            .map(|report| report.build_ms + report.submit_ms + report.wait_ms)
+            .sum();
+        assert!(total <= run_ms, "{overlap:?}: {total} ms of {run_ms}");
+    }
+}

@@ -26,9 +26,17 @@ pub struct StepReport {
     /// Tokens per second over this step: its tokens over the time since the previous report.
     pub tokens_per_s: f64,
     /// Milliseconds the host spent building this step's graph (the batch arrays, the compiled
-    /// call) before handing it to the device. Close to the step's own time, it means the run is
-    /// bound by the host.
-    pub host_ms: f64,
+    /// call) before handing it to the device.
+    pub build_ms: f64,
+    /// Milliseconds the host spent handing this step to the device (MLX's `async_eval`). On a
+    /// GPU that is MLX encoding the step's kernels and library calls into command buffers, on
+    /// this thread; on the CPU it covers most of the computation, since MLX queues only a few
+    /// tasks ahead of its CPU stream.
+    pub submit_ms: f64,
+    /// Milliseconds the host waited for the device to finish this step before reading its loss.
+    /// Near zero while the step's other times add up to the step's own, the run is bound by
+    /// the host; large, by the device.
+    pub wait_ms: f64,
     /// Model FLOPs utilisation against the configured peak, when one is configured.
     pub mfu: Option<f64>,
     /// Seconds since the run started.

@@ -39,7 +39,8 @@ struct InFlight {
     loss: Array,
     grad_norm: Array,
     lr: f32,
-    host_s: f64,
+    build_s: f64,
+    submit_s: f64,
 }
 
 /// What a run has seen so far.
@@ -184,19 +185,20 @@ where
         let mut next = self.train_batches.next_batch()?;
         let mut in_flight: Option<InFlight> = None;
         while self.done < self.config.steps && progress.stopped.is_none() {
-            let dispatched = Instant::now();
+            let building = Instant::now();
             let (inputs, targets) = next.to_arrays();
             let lr = self.config.schedule.lr(self.done);
             let metrics = self.step.step(&mut self.state, lr, &[inputs, targets])?;
-            let host_s = dispatched.elapsed().as_secs_f64();
+            let build_s = building.elapsed().as_secs_f64();
+            let mut submit_s = 0.0;
             if self.config.overlap == Overlap::Submit {
-                async_eval(&metrics.outputs)?;
+                submit_s = submit(&metrics.outputs)?;
             }
             if let Some(previous) = in_flight.take() {
                 self.report(previous, &mut progress)?;
             }
             if self.config.overlap != Overlap::Submit {
-                async_eval(&metrics.outputs)?;
+                submit_s = submit(&metrics.outputs)?;
             }
             self.done += 1;
             in_flight = Some(InFlight {
@@ -204,7 +206,8 @@ where
                 loss: metrics.loss,
                 grad_norm: metrics.grad_norm,
                 lr,
-                host_s,
+                build_s,
+                submit_s,
             });
             // The position before `next` is drawn: resuming from this step draws it again.
             let position = self.train_batches.position();
@@ -244,7 +247,10 @@ where
     /// Reads a step's loss and gradient norm (waiting for the device if it must) and tells the
     /// callbacks.
     fn report(&mut self, step: InFlight, progress: &mut Progress) -> Result<()> {
+        let waiting = Instant::now();
         let loss = step.loss.item_exact::<f32>();
+        let grad_norm = step.grad_norm.item_exact::<f32>();
+        let wait_s = waiting.elapsed().as_secs_f64();
         if !loss.is_finite() {
             return Err(Error::Diverged {
                 loss,
@@ -261,10 +267,12 @@ where
             step: step.step,
             total_steps: self.config.steps,
             loss,
-            grad_norm: step.grad_norm.item_exact::<f32>(),
+            grad_norm,
             lr: step.lr,
             tokens_per_s,
-            host_ms: step.host_s * 1e3,
+            build_ms: step.build_s * 1e3,
+            submit_ms: step.submit_s * 1e3,
+            wait_ms: wait_s * 1e3,
             mfu: (self.config.peak_tflops > 0.0)
                 .then(|| self.flops_per_token * tokens_per_s / (self.config.peak_tflops * 1e12)),
             elapsed_s: progress.started.elapsed().as_secs_f64(),
@@ -343,6 +351,14 @@ where
         });
         self.checkpoints.save(self.done, &self.state, &trainer)
     }
+}
+
+/// Hands a step's outputs to the device and returns the seconds that took (on a GPU, MLX encodes
+/// the whole step on this thread before returning).
+fn submit(outputs: &[Array]) -> Result<f64> {
+    let submitting = Instant::now();
+    async_eval(outputs)?;
+    Ok(submitting.elapsed().as_secs_f64())
 }
 
 /// The field `name` of a checkpoint's `trainer.json`.

@@ -101,8 +101,19 @@ pub struct Row {
     pub peak_mib: Option<f64>,
     /// Median milliseconds per step that the host spent building the step's graph, before
     /// handing it to the device (lmx only).
+    #[serde(default, alias = "host_ms", skip_serializing_if = "Option::is_none")]
+    pub build_ms: Option<f64>,
+    /// Median milliseconds per step that the host spent handing the step to the device (on a
+    /// GPU, MLX encoding it; lmx only).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub host_ms: Option<f64>,
+    pub submit_ms: Option<f64>,
+    /// Median milliseconds per step that the host waited for the device (lmx only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub wait_ms: Option<f64>,
+    /// Median milliseconds per step inside `mx.eval`: handing the step to the device and waiting
+    /// for it, which lmx reports apart as submit and wait (the anchor only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub eval_ms: Option<f64>,
     /// Which of the repeated runs this is (0-based).
     #[serde(default)]
     pub repeat: usize,
@@ -217,6 +228,7 @@ pub fn bench(args: &BenchArgs) -> anyhow::Result<()> {
         std::fs::write(path, lines.join("\n") + "\n")?;
     }
     print_table(&rows);
+    print_breakdown(&rows);
     println!(
         "\nlmx ran in the trainer's `{}` order (--overlap)",
         overlap_name(args.overlap)
@@ -338,17 +350,14 @@ fn measure(args: &BenchArgs, name: &str, dtype: &str, compile: bool) -> anyhow::
     let _ = std::fs::remove_dir_all(&out_dir);
     let params = count(&trainer.state().params);
     let reports = reports.lock().expect("not poisoned").clone();
-    let mut times: Vec<f64> = reports[args.warmup as usize..]
-        .iter()
-        .map(|report| (args.batch * args.seq) as f64 / report.tokens_per_s * 1e3)
-        .collect();
-    let median_ms = median(&mut times);
-    let mut host: Vec<f64> = reports[args.warmup as usize..]
-        .iter()
-        .map(|report| report.host_ms)
-        .collect();
-    let host_ms = median(&mut host);
-    let tokens_per_s = (args.batch * args.seq) as f64 / (median_ms / 1e3);
+    let timed = &reports[args.warmup as usize..];
+    let median_of = |field: fn(&StepReport) -> f64| {
+        let mut values: Vec<f64> = timed.iter().map(field).collect();
+        median(&mut values)
+    };
+    let tokens = (args.batch * args.seq) as f64;
+    let median_ms = median_of(|report| 1e3 / report.tokens_per_s) * tokens;
+    let tokens_per_s = tokens / (median_ms / 1e3);
     let flops_per_token = 6.0 * params as f64
         + 12.0 * (config.n_layers as f64) * (config.d_model as f64) * args.seq as f64;
     Ok(Row {
@@ -368,7 +377,10 @@ fn measure(args: &BenchArgs, name: &str, dtype: &str, compile: bool) -> anyhow::
             .map_or(f64::NAN, |report| report.loss as f64),
         loss_last: reports.last().map_or(f64::NAN, |report| report.loss as f64),
         peak_mib: Some(peak),
-        host_ms: Some(host_ms),
+        build_ms: Some(median_of(|report| report.build_ms)),
+        submit_ms: Some(median_of(|report| report.submit_ms)),
+        wait_ms: Some(median_of(|report| report.wait_ms)),
+        eval_ms: None,
         repeat: 0,
         overlap: Some(overlap_name(args.overlap).into()),
     })
@@ -397,7 +409,7 @@ fn anchor(
     compile: bool,
 ) -> anyhow::Result<Row> {
     let mut command = Command::new(&args.python);
-    command.args(["-c", WITH_PEAK_MEMORY]).arg(script).args([
+    command.args(["-c", WITH_MEASUREMENTS]).arg(script).args([
         "--config",
         config,
         "--batch",
@@ -424,34 +436,44 @@ fn anchor(
             .ok_or_else(|| anyhow::anyhow!("the anchor printed no JSON line with `{field}`"))
     };
     let mut row: Row = serde_json::from_str(json_line("\"median_ms\"")?)?;
-    let peak: serde_json::Value = serde_json::from_str(json_line("\"peak_memory\"")?)?;
+    let measured: serde_json::Value = serde_json::from_str(json_line("\"peak_memory\"")?)?;
     row.device = device_name().into();
-    row.peak_mib = peak["peak_memory"]
+    row.peak_mib = measured["peak_memory"]
         .as_f64()
         .map(|bytes| bytes / (1024.0 * 1024.0));
+    row.eval_ms = measured["eval_ms"].as_f64();
     Ok(row)
 }
 
 /// Runs the anchor script given as the first argument with the rest as its arguments, then
-/// prints MLX's peak memory as one more JSON line: the anchor itself does not measure it.
-const WITH_PEAK_MEMORY: &str = "\
-import json, runpy, sys
+/// prints what the anchor itself does not measure as one more JSON line: MLX's peak memory, and
+/// the median time of the timed steps' `mx.eval` calls (the anchor calls it once per step, after
+/// building the step's graph, and once before its first step).
+const WITH_MEASUREMENTS: &str = "\
+import json, runpy, statistics, sys, time
 import mlx.core as mx
 sys.argv = sys.argv[1:]
+steps = int(sys.argv[sys.argv.index('--steps') + 1])
+evals, untimed_eval = [], mx.eval
+def timed_eval(*arrays):
+    start = time.perf_counter()
+    untimed_eval(*arrays)
+    evals.append(time.perf_counter() - start)
+mx.eval = timed_eval
 runpy.run_path(sys.argv[0], run_name='__main__')
-print(json.dumps({'peak_memory': mx.get_peak_memory()}))
+print(json.dumps({'peak_memory': mx.get_peak_memory(),
+                  'eval_ms': statistics.median(evals[-steps:]) * 1e3}))
 ";
 
 fn print_table(rows: &[Measured]) {
     println!(
-        "{:<8} {:<9} {:<9} {:>10} {:>10} {:>8} {:>8} {:>11} {:>6} {:>17} {:>9} {:>9}",
+        "{:<8} {:<9} {:<9} {:>10} {:>10} {:>8} {:>11} {:>6} {:>17} {:>9} {:>9}",
         "config",
         "mode",
         "dtype",
         "lmx ms",
         "anchor ms",
         "speedup",
-        "host ms",
         "lmx tok/s",
         "MFU",
         "loss first→last",
@@ -469,14 +491,13 @@ fn print_table(rows: &[Measured]) {
             format!("{:.2}x", anchor.median_ms / ours.median_ms)
         });
         println!(
-            "{:<8} {:<9} {:<9} {:>10.3} {:>10} {:>8} {:>8.3} {:>11.0} {:>5.1}% {:>8.3}→{:<8.3} {:>9.1} {:>9}",
+            "{:<8} {:<9} {:<9} {:>10.3} {:>10} {:>8} {:>11.0} {:>5.1}% {:>8.3}→{:<8.3} {:>9.1} {:>9}",
             ours.config,
             if ours.compile { "compiled" } else { "eager" },
             ours.dtype,
             ours.median_ms,
             anchor_field(|row| Some(row.median_ms), 3),
             speedup,
-            ours.host_ms.unwrap_or(f64::NAN),
             ours.tokens_per_s,
             ours.mfu * 100.0,
             ours.loss_first,
@@ -485,6 +506,40 @@ fn print_table(rows: &[Measured]) {
             anchor_field(|row| row.peak_mib, 1),
         );
     }
+}
+
+/// Where the host's time per step goes on each side (medians over the timed steps of the median
+/// run): lmx's graph building, handing the step to the device and waiting for it; the anchor's
+/// time inside `mx.eval` (handing over and waiting) and outside it (building the graph, in
+/// Python).
+fn print_breakdown(rows: &[Measured]) {
+    println!(
+        "\n{:<28} {:>9} {:>9} {:>9} {:>9} {:>11} {:>11} {:>13}",
+        "ms per step", "lmx", "build", "submit", "wait", "anchor", "in mx.eval", "outside eval"
+    );
+    let ms = |value: Option<f64>| value.map_or("-".to_string(), |value| format!("{value:.3}"));
+    for row in rows {
+        let ours = &row.ours;
+        let anchor = row.anchor.as_ref();
+        let outside = anchor.and_then(|anchor| Some(anchor.median_ms - anchor.eval_ms?));
+        println!(
+            "{:<28} {:>9.3} {:>9} {:>9} {:>9} {:>11} {:>11} {:>13}",
+            row_name(ours),
+            ours.median_ms,
+            ms(ours.build_ms),
+            ms(ours.submit_ms),
+            ms(ours.wait_ms),
+            ms(anchor.map(|anchor| anchor.median_ms)),
+            ms(anchor.and_then(|anchor| anchor.eval_ms)),
+            ms(outside),
+        );
+    }
+}
+
+/// `config mode dtype`, naming a row in the second tables.
+fn row_name(row: &Row) -> String {
+    let mode = if row.compile { "compiled" } else { "eager" };
+    format!("{} {mode} {}", row.config, row.dtype)
 }
 
 /// How far the repeated runs of each row spread, and where each side's loss ended (the two train
@@ -505,16 +560,7 @@ fn print_spread(rows: &[Measured], repeats: usize) {
         })
     };
     for row in rows {
-        let name = format!(
-            "{} {} {}",
-            row.ours.config,
-            if row.ours.compile {
-                "compiled"
-            } else {
-                "eager"
-            },
-            row.ours.dtype
-        );
+        let name = row_name(&row.ours);
         let anchor_ms = spread(row.anchor_range, 3);
         let anchor_loss = row
             .anchor
@@ -598,7 +644,10 @@ mod tests {
             loss_first: 6.0,
             loss_last: 3.0,
             peak_mib: Some(peak_mib),
-            host_ms: None,
+            build_ms: None,
+            submit_ms: None,
+            wait_ms: None,
+            eval_ms: None,
             repeat: 0,
             overlap: None,
         }
