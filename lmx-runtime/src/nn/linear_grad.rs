@@ -9,108 +9,59 @@
 //! of it in the optimizer's update (docs/benchmarks.md). The price: MLX keeps a custom function's
 //! outputs until its gradient runs, so each layer's output lives until the backward pass.
 //!
-//! The layer is one MLX custom function (`mlx_custom_vjp`) made once per thread: a forward over
-//! `[x, w]` or `[x, w, b]` and the vector-Jacobian product below. Where no gradient is wanted
-//! (generation), [`without_gradients`] skips the custom function and its few microseconds of host
-//! time per call: the plain product is the same numbers.
+//! The layer is an MLX custom function (see `custom_vjp`): a forward over `[x, w]` or `[x, w, b]`
+//! and the vector-Jacobian product below.
 
+use super::custom_vjp::{self, WithGradient};
 use crate::error::{Error, Result};
-use mlx_rs::error::Exception;
 use mlx_rs::{ops, Array};
-use std::cell::{Cell, RefCell};
-use std::ffi::c_void;
-use std::os::raw::c_int;
-use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::ptr;
 
-/// The custom function (an `mlx_closure`), freed with its thread.
-struct CustomLinear(mlx_sys::mlx_closure);
+/// The linear layer `x @ w.T (+ b)` with its gradient written out.
+#[derive(Clone, Copy, Debug, PartialEq)]
+struct Linear;
 
-impl Drop for CustomLinear {
-    fn drop(&mut self) {
-        // SAFETY: the closure was made by `mlx_custom_vjp` and is freed once, here.
-        unsafe { mlx_sys::mlx_closure_free(self.0) };
+impl WithGradient for Linear {
+    const NAME: &'static str = "the linear layer";
+
+    /// The forward pass, as `mlx.nn.Linear` computes it.
+    fn forward(&self, inputs: &[Array]) -> Result<Vec<Array>> {
+        let y = match inputs {
+            [x, w] => x.matmul(w.t())?,
+            [x, w, b] => ops::addmm(b, x, w.t(), None, None)?,
+            _ => return Err(arity(inputs.len())),
+        };
+        Ok(vec![y])
     }
-}
 
-thread_local! {
-    static LINEAR: RefCell<Option<CustomLinear>> = const { RefCell::new(None) };
-    /// Why the last callback failed: mlx-c reports only a status, so the cause waits here.
-    static FAILURE: RefCell<Option<Error>> = const { RefCell::new(None) };
-    /// Inside [`without_gradients`].
-    static GRADIENT_FREE: Cell<bool> = const { Cell::new(false) };
-}
-
-/// Runs `body` with the linear layers as plain matrix products, for forward passes whose gradient
-/// is never taken (generation). The values are the same; only the layout of a weight's gradient
-/// would differ, were one taken after all. Scopes nest, and the previous mode is restored however
-/// `body` ends.
-pub fn without_gradients<T>(body: impl FnOnce() -> T) -> T {
-    struct Restore(bool);
-    impl Drop for Restore {
-        fn drop(&mut self) {
-            GRADIENT_FREE.with(|flag| flag.set(self.0));
+    /// `[dx, dw (, db)]` for the cotangent `dy` of the output.
+    fn vjp(&self, primals: &[Array], cotangents: &[Array]) -> Result<Vec<Array>> {
+        let (x, w) = match primals {
+            [x, w] | [x, w, _] => (x, w),
+            _ => return Err(arity(primals.len())),
+        };
+        let dy = cotangents
+            .first()
+            .ok_or_else(|| Error::Layout("the linear layer's gradient got no cotangent".into()))?;
+        let (outputs, features) = (w.shape()[0], w.shape()[1]);
+        let dy_rows = dy.reshape(&[-1, outputs])?;
+        let mut grads = vec![
+            dy.matmul(w)?,
+            dy_rows.t().matmul(x.reshape(&[-1, features])?)?,
+        ];
+        if primals.len() == 3 {
+            grads.push(dy_rows.sum_axis(0, false)?);
         }
+        Ok(grads)
     }
-    let _restore = Restore(GRADIENT_FREE.with(|flag| flag.replace(true)));
-    body()
 }
 
 /// `x @ w.T (+ b)` over the last axis of `x`, with the gradient of `w` computed as `dy.T @ x`.
 pub fn linear_with_row_major_grad(x: &Array, w: &Array, b: Option<&Array>) -> Result<Array> {
     let mut inputs = vec![x.clone(), w.clone()];
     inputs.extend(b.cloned());
-    let outputs = if GRADIENT_FREE.with(Cell::get) {
-        forward(&inputs)
-    } else {
-        through_custom_function(&inputs)
-    };
-    outputs?
+    custom_vjp::apply(&Linear, &inputs)?
         .pop()
         .ok_or_else(|| Error::Layout("the linear layer returned nothing".into()))
-}
-
-/// The custom function (made on first use) applied to `inputs`.
-fn through_custom_function(inputs: &[Array]) -> Result<Vec<Array>> {
-    LINEAR.with(|cell| {
-        let mut slot = cell.borrow_mut();
-        let closure = match slot.as_ref() {
-            Some(closure) => closure.0,
-            None => slot.insert(CustomLinear(make()?)).0,
-        };
-        apply(closure, inputs)
-    })
-}
-
-/// The forward pass, as `mlx.nn.Linear` computes it.
-fn forward(inputs: &[Array]) -> Result<Vec<Array>> {
-    let y = match inputs {
-        [x, w] => x.matmul(w.t())?,
-        [x, w, b] => ops::addmm(b, x, w.t(), None, None)?,
-        _ => return Err(arity(inputs.len())),
-    };
-    Ok(vec![y])
-}
-
-/// `[dx, dw (, db)]` for the cotangent `dy` of the output.
-fn vjp(primals: &[Array], cotangents: &[Array]) -> Result<Vec<Array>> {
-    let (x, w) = match primals {
-        [x, w] | [x, w, _] => (x, w),
-        _ => return Err(arity(primals.len())),
-    };
-    let dy = cotangents
-        .first()
-        .ok_or_else(|| Error::Layout("the linear layer's gradient got no cotangent".into()))?;
-    let (outputs, features) = (w.shape()[0], w.shape()[1]);
-    let dy_rows = dy.reshape(&[-1, outputs])?;
-    let mut grads = vec![
-        dy.matmul(w)?,
-        dy_rows.t().matmul(x.reshape(&[-1, features])?)?,
-    ];
-    if primals.len() == 3 {
-        grads.push(dy_rows.sum_axis(0, false)?);
-    }
-    Ok(grads)
 }
 
 fn arity(count: usize) -> Error {
@@ -119,120 +70,11 @@ fn arity(count: usize) -> Error {
     ))
 }
 
-/// Makes the custom function from [`forward`] and [`vjp`].
-fn make() -> Result<mlx_sys::mlx_closure> {
-    // SAFETY: the callbacks are plain functions with no payload; mlx-c copies the closures it is
-    // given into the custom function, so the two made here are freed after it.
-    unsafe {
-        let fun =
-            mlx_sys::mlx_closure_new_func_payload(Some(forward_callback), ptr::null_mut(), None);
-        let fun_vjp =
-            mlx_sys::mlx_closure_custom_new_func_payload(Some(vjp_callback), ptr::null_mut(), None);
-        let mut custom = mlx_sys::mlx_closure_new();
-        let status = mlx_sys::mlx_custom_vjp(&mut custom, fun, fun_vjp);
-        mlx_sys::mlx_closure_free(fun);
-        mlx_sys::mlx_closure_custom_free(fun_vjp);
-        if status != 0 {
-            mlx_sys::mlx_closure_free(custom);
-            return Err(Error::Layout(
-                "MLX could not make the linear layer's custom gradient".into(),
-            ));
-        }
-        Ok(custom)
-    }
-}
-
-/// Calls `closure` on `inputs`.
-fn apply(closure: mlx_sys::mlx_closure, inputs: &[Array]) -> Result<Vec<Array>> {
-    let handles: Vec<mlx_sys::mlx_array> = inputs.iter().map(|a| a.as_ptr()).collect();
-    // SAFETY: the vector copies the handles it is given (each array gains a reference), and both
-    // vectors are freed here; `arrays_of` takes its own references out of the result.
-    unsafe {
-        let input = mlx_sys::mlx_vector_array_new_data(handles.as_ptr(), handles.len());
-        let mut output = mlx_sys::mlx_vector_array_new();
-        let status = mlx_sys::mlx_closure_apply(&mut output, closure, input);
-        mlx_sys::mlx_vector_array_free(input);
-        let result = if status == 0 {
-            arrays_of(output)
-        } else {
-            let cause = FAILURE.with(|failure| failure.borrow_mut().take());
-            Err(cause.unwrap_or_else(|| {
-                Error::Mlx(Exception::custom("the linear layer failed inside MLX"))
-            }))
-        };
-        mlx_sys::mlx_vector_array_free(output);
-        result
-    }
-}
-
-/// The arrays in an mlx-c vector, each with its own reference.
-///
-/// # Safety
-/// `vector` is a live mlx-c vector of arrays.
-unsafe fn arrays_of(vector: mlx_sys::mlx_vector_array) -> Result<Vec<Array>> {
-    let size = mlx_sys::mlx_vector_array_size(vector);
-    let mut arrays = Vec::with_capacity(size);
-    for index in 0..size {
-        let mut handle = mlx_sys::mlx_array_new();
-        if mlx_sys::mlx_vector_array_get(&mut handle, vector, index) != 0 {
-            mlx_sys::mlx_array_free(handle);
-            return Err(Error::Layout("MLX returned an unreadable array".into()));
-        }
-        arrays.push(Array::from_ptr(handle));
-    }
-    Ok(arrays)
-}
-
-/// Writes `arrays` into the result vector of a callback; 0 on success, as mlx-c expects, and
-/// otherwise 1 with the cause kept for [`apply`].
-///
-/// # Safety
-/// `result` points to a live mlx-c vector of arrays.
-unsafe fn write_result(
-    result: *mut mlx_sys::mlx_vector_array,
-    arrays: Result<Vec<Array>>,
-) -> c_int {
-    match arrays {
-        Ok(arrays) => {
-            let handles: Vec<mlx_sys::mlx_array> = arrays.iter().map(|a| a.as_ptr()).collect();
-            mlx_sys::mlx_vector_array_set_data(result, handles.as_ptr(), handles.len())
-        }
-        Err(err) => {
-            FAILURE.with(|failure| *failure.borrow_mut() = Some(err));
-            1
-        }
-    }
-}
-
-unsafe extern "C" fn forward_callback(
-    result: *mut mlx_sys::mlx_vector_array,
-    inputs: mlx_sys::mlx_vector_array,
-    _payload: *mut c_void,
-) -> c_int {
-    let outcome = catch_unwind(AssertUnwindSafe(|| forward(&arrays_of(inputs)?)));
-    write_result(result, outcome.unwrap_or_else(|_| Err(panicked())))
-}
-
-unsafe extern "C" fn vjp_callback(
-    result: *mut mlx_sys::mlx_vector_array,
-    primals: mlx_sys::mlx_vector_array,
-    cotangents: mlx_sys::mlx_vector_array,
-    _outputs: mlx_sys::mlx_vector_array,
-    _payload: *mut c_void,
-) -> c_int {
-    let outcome = catch_unwind(AssertUnwindSafe(|| {
-        vjp(&arrays_of(primals)?, &arrays_of(cotangents)?)
-    }));
-    write_result(result, outcome.unwrap_or_else(|_| Err(panicked())))
-}
-
-fn panicked() -> Error {
-    Error::Layout("the linear layer panicked inside MLX".into())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::nn::without_gradients;
+    use mlx_rs::error::Exception;
     use mlx_rs::random;
     use mlx_rs::transforms::{compile::compile, value_and_grad_with_argnums as value_and_grad};
 
@@ -348,7 +190,7 @@ mod tests {
         // A fresh thread: its custom function is made on its first use outside the scope.
         std::thread::spawn(|| {
             let (args, _) = inputs(true);
-            let made = || LINEAR.with(|cell| cell.borrow().is_some());
+            let made = || custom_vjp::is_made(&Linear);
             let inside = without_gradients(|| {
                 let nested = without_gradients(|| custom(&args).unwrap());
                 // Still inside the outer scope after the nested one has ended.
@@ -364,7 +206,7 @@ mod tests {
             let unwound = std::panic::catch_unwind(|| without_gradients(|| panic!("inside")));
             assert!(unwound.is_err());
             assert!(
-                !GRADIENT_FREE.with(Cell::get),
+                !custom_vjp::gradient_free(),
                 "the mode is restored after a scope that panicked"
             );
         })
