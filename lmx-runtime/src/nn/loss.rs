@@ -1,6 +1,6 @@
 //! The token cross-entropy, fused on MLX's CUDA backend.
 
-use crate::device::{default_kind, DeviceKind};
+use crate::cuda;
 use crate::error::{Error, Result};
 use mlx_rs::{Array, Dtype, Stream};
 
@@ -13,20 +13,12 @@ use mlx_rs::{Array, Dtype, Stream};
 /// of a step's activation memory. Elsewhere it is `logsumexp(logits) - logits[target]` over
 /// float32 logits.
 pub fn cross_entropy(logits: &Array, targets: &Array) -> Result<Array> {
-    let per_token = if fused_cross_entropy_available() {
+    let per_token = if cuda::available() {
         fused_cross_entropy(logits, targets)?
     } else {
         composed_cross_entropy(logits, targets)?
     };
     Ok(per_token.as_dtype(Dtype::Float32)?.mean(false)?)
-}
-
-/// Whether [`cross_entropy`] takes MLX's fused kernel: the default device is a CUDA GPU.
-pub fn fused_cross_entropy_available() -> bool {
-    // SAFETY: `available` outlives the call; mlx-c writes one bool and reports failure by status.
-    let mut available = false;
-    let status = unsafe { mlx_sys::mlx_cuda_is_available(&mut available) };
-    status == 0 && available && matches!(default_kind(), Ok(DeviceKind::Gpu))
 }
 
 /// Per-token losses, `logsumexp(logits) - logits[target]`, in float32.

@@ -3,6 +3,7 @@
 //! a pure function of its parameter tree, as the compiled step requires.
 
 mod activation;
+mod column_sum;
 mod custom_vjp;
 mod extra;
 mod layers;
@@ -11,6 +12,7 @@ mod linear_grad;
 mod loss;
 
 pub use activation::*;
+pub use column_sum::column_sum;
 pub use custom_vjp::without_gradients;
 pub use extra::*;
 pub use layers::*;

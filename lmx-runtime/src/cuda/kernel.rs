@@ -1,0 +1,195 @@
+//! A CUDA kernel of lmx's own, compiled by MLX at run time (`mlx::core::fast::cuda_kernel`).
+//!
+//! MLX wraps the kernel's body in a `__global__` function whose parameters are the inputs (`const
+//! T* name`, plus `name_shape` when the body mentions it), then the outputs (`U* name`), and whose
+//! first lines declare the template arguments (`using T = __nv_bfloat16;`, `constexpr int N = 4;`).
+//! It compiles the function with NVRTC on first use and caches it by its name and template
+//! arguments alone, not by its source or its inputs' types: every kernel here therefore takes the
+//! element types it is compiled for as template arguments, which makes them part of the name.
+//! The launch grid counts threads, not blocks.
+
+use crate::error::{Error, Result};
+use mlx_rs::{Array, Dtype, Stream};
+use std::ffi::CString;
+
+/// A kernel's source, compiled on first launch.
+pub struct Kernel(mlx_sys::mlx_fast_cuda_kernel);
+
+impl Drop for Kernel {
+    fn drop(&mut self) {
+        // SAFETY: made by `mlx_fast_cuda_kernel_new` and freed once, here.
+        unsafe { mlx_sys::mlx_fast_cuda_kernel_free(self.0) };
+    }
+}
+
+/// A template argument, declared at the top of the kernel's body.
+#[derive(Clone, Copy, Debug)]
+pub enum TemplateArg {
+    /// `using NAME = <the CUDA type>;`
+    Type(&'static str, Dtype),
+    /// `constexpr int NAME = value;`
+    Int(&'static str, i32),
+}
+
+/// How one launch runs: its outputs, its grid (in threads) and block, its template arguments.
+pub struct Launch<'a> {
+    /// Each output's shape and element type, in the order of the kernel's output names.
+    pub outputs: &'a [(&'a [i32], Dtype)],
+    /// Threads along x, y and z (MLX launches `ceil(grid / block)` blocks along each).
+    pub grid: (i32, i32, i32),
+    /// Threads per block along x, y and z.
+    pub block: (i32, i32, i32),
+    /// The kernel's template arguments.
+    pub template: &'a [TemplateArg],
+}
+
+impl Kernel {
+    /// A kernel named `name` with `body` as its function body (and `header` before the function),
+    /// reading the inputs `inputs` and writing the outputs `outputs`, by those names. Its inputs
+    /// are made row-contiguous before a launch.
+    pub fn new(
+        name: &str,
+        inputs: &[&str],
+        outputs: &[&str],
+        header: &str,
+        body: &str,
+    ) -> Result<Kernel> {
+        let text = |what: &str, value: &str| {
+            CString::new(value).map_err(|_| {
+                Error::Layout(format!("kernel {name}: a NUL byte in its {what} `{value}`"))
+            })
+        };
+        let (name_c, header_c, body_c) = (
+            text("name", name)?,
+            text("header", header)?,
+            text("body", body)?,
+        );
+        let input_names = strings(inputs, &text)?;
+        let output_names = strings(outputs, &text)?;
+        // SAFETY: every string outlives the call, which copies them; the string vectors are freed
+        // here and the kernel by `Drop`.
+        let kernel = unsafe {
+            let inputs = string_vector(&input_names);
+            let outputs = string_vector(&output_names);
+            let kernel = mlx_sys::mlx_fast_cuda_kernel_new(
+                name_c.as_ptr(),
+                inputs,
+                outputs,
+                body_c.as_ptr(),
+                header_c.as_ptr(),
+                true,
+                0,
+            );
+            mlx_sys::mlx_vector_string_free(inputs);
+            mlx_sys::mlx_vector_string_free(outputs);
+            kernel
+        };
+        if kernel.ctx.is_null() {
+            return Err(Error::Layout(format!(
+                "MLX could not make the kernel {name}"
+            )));
+        }
+        Ok(Kernel(kernel))
+    }
+
+    /// Launches the kernel on `inputs` (lazily, as any MLX op) and returns its outputs.
+    pub fn launch(&self, inputs: &[Array], launch: &Launch) -> Result<Vec<Array>> {
+        let names: Vec<CString> = launch
+            .template
+            .iter()
+            .map(|arg| {
+                let name = match arg {
+                    TemplateArg::Type(name, _) | TemplateArg::Int(name, _) => name,
+                };
+                CString::new(*name).expect("template argument names are identifiers")
+            })
+            .collect();
+        let handles: Vec<mlx_sys::mlx_array> = inputs.iter().map(Array::as_ptr).collect();
+        let stream = Stream::thread_local_or_default();
+        // SAFETY: the configuration and the vectors are made, used and freed here; mlx-c copies
+        // the shapes and names it is given. `Array::from_ptr` takes the one reference that
+        // `mlx_vector_array_get` hands out for each output.
+        unsafe {
+            let config = mlx_sys::mlx_fast_cuda_kernel_config_new();
+            let mut status = 0;
+            for (shape, dtype) in launch.outputs {
+                status |= mlx_sys::mlx_fast_cuda_kernel_config_add_output_arg(
+                    config,
+                    shape.as_ptr(),
+                    shape.len(),
+                    *dtype as mlx_sys::mlx_dtype,
+                );
+            }
+            let (gx, gy, gz) = launch.grid;
+            let (bx, by, bz) = launch.block;
+            status |= mlx_sys::mlx_fast_cuda_kernel_config_set_grid(config, gx, gy, gz);
+            status |= mlx_sys::mlx_fast_cuda_kernel_config_set_thread_group(config, bx, by, bz);
+            for (arg, name) in launch.template.iter().zip(&names) {
+                status |= match *arg {
+                    TemplateArg::Type(_, dtype) => {
+                        mlx_sys::mlx_fast_cuda_kernel_config_add_template_arg_dtype(
+                            config,
+                            name.as_ptr(),
+                            dtype as mlx_sys::mlx_dtype,
+                        )
+                    }
+                    TemplateArg::Int(_, value) => {
+                        mlx_sys::mlx_fast_cuda_kernel_config_add_template_arg_int(
+                            config,
+                            name.as_ptr(),
+                            value,
+                        )
+                    }
+                };
+            }
+            let input = mlx_sys::mlx_vector_array_new_data(handles.as_ptr(), handles.len());
+            let mut output = mlx_sys::mlx_vector_array_new();
+            if status == 0 {
+                status = mlx_sys::mlx_fast_cuda_kernel_apply(
+                    &mut output,
+                    self.0,
+                    input,
+                    config,
+                    stream.as_ptr(),
+                );
+            }
+            let mut outputs = Vec::new();
+            if status == 0 {
+                for index in 0..mlx_sys::mlx_vector_array_size(output) {
+                    let mut handle = mlx_sys::mlx_array_new();
+                    status |= mlx_sys::mlx_vector_array_get(&mut handle, output, index);
+                    outputs.push(Array::from_ptr(handle));
+                }
+            }
+            mlx_sys::mlx_vector_array_free(input);
+            mlx_sys::mlx_vector_array_free(output);
+            mlx_sys::mlx_fast_cuda_kernel_config_free(config);
+            if status != 0 || outputs.len() != launch.outputs.len() {
+                let shapes: Vec<&[i32]> = inputs.iter().map(Array::shape).collect();
+                return Err(Error::Layout(format!(
+                    "MLX could not launch a CUDA kernel on inputs of shapes {shapes:?}"
+                )));
+            }
+            Ok(outputs)
+        }
+    }
+}
+
+fn strings(values: &[&str], text: &impl Fn(&str, &str) -> Result<CString>) -> Result<Vec<CString>> {
+    values
+        .iter()
+        .map(|value| text("argument name", value))
+        .collect()
+}
+
+/// An mlx-c vector holding copies of `values`.
+///
+/// # Safety
+/// The caller frees the vector.
+unsafe fn string_vector(values: &[CString]) -> mlx_sys::mlx_vector_string {
+    let vector = mlx_sys::mlx_vector_string_new();
+    for value in values {
+        mlx_sys::mlx_vector_string_append_value(vector, value.as_ptr());
+    }
+    vector
+}

@@ -1,0 +1,25 @@
+//! lmx's own kernels for MLX's CUDA backend, where MLX's generic ones lose speed or precision.
+//!
+//! On a bfloat16 model MLX sums a bias or norm gradient over the batch's rows in bfloat16, with
+//! one kernel whose few dozen thread blocks leave most of an H100 idle (24 blocks for a
+//! 16,384 x 768 gradient; docs/benchmarks.md). The kernels here read the rows in their own
+//! precision, accumulate in float32 across hundreds of blocks, and add the blocks' partial sums
+//! in a fixed order, so that a run's numbers do not depend on scheduling. Each kernel is reached
+//! through a layer function ([`column_sum`](crate::nn::column_sum)) that computes the same with
+//! MLX's ops on every other backend.
+
+mod kernel;
+mod sums;
+
+pub(crate) use sums::column_sum;
+
+use crate::device::{default_kind, DeviceKind};
+
+/// Whether MLX computes on a CUDA GPU: this build of MLX has the CUDA backend and the default
+/// device is the GPU.
+pub fn available() -> bool {
+    // SAFETY: `available` outlives the call; mlx-c writes one bool and reports failure by status.
+    let mut available = false;
+    let status = unsafe { mlx_sys::mlx_cuda_is_available(&mut available) };
+    status == 0 && available && matches!(default_kind(), Ok(DeviceKind::Gpu))
+}
