@@ -1,8 +1,10 @@
-//! Column sums against float64 references computed here, on the default device: MLX's ops on the
-//! CPU, lmx's own kernels on MLX's CUDA backend (`tests/gpu.sh`).
+//! Column sums and the layer norm's gradient against float64 references computed here, on the
+//! default device: MLX's ops on the CPU, lmx's own kernels on MLX's CUDA backend (`tests/gpu.sh`).
 
-use lmx_runtime::nn;
-use lmx_runtime::Array;
+use lmx_runtime::nn::{self, LayerNormParams};
+use lmx_runtime::{cuda, Array};
+use mlx_rs::error::Exception;
+use mlx_rs::transforms::value_and_grad_with_argnums;
 use mlx_rs::{random, Dtype};
 
 /// Normal values of `shape`, rounded to `dtype`.
@@ -70,5 +72,91 @@ fn column_sums_accumulate_in_float32_whatever_the_precision() {
             error < bound(dtype),
             "{shape:?} {dtype:?}: relative error {error}"
         );
+    }
+}
+
+/// `[dx, dw, db]` of `sum(layer_norm(x) * g)` in float64, row by row.
+fn layer_norm_gradients(x: &Array, w: &Array, g: &Array, eps: f64) -> [Vec<f64>; 3] {
+    let columns = w.shape()[0] as usize;
+    let (x, w, g) = (values(x), values(w), values(g));
+    let mut dx = vec![0.0; x.len()];
+    let (mut dw, mut db) = (vec![0.0; columns], vec![0.0; columns]);
+    for row in 0..x.len() / columns {
+        let range = row * columns..(row + 1) * columns;
+        let (xr, gr) = (&x[range.clone()], &g[range.clone()]);
+        let mean = xr.iter().sum::<f64>() / columns as f64;
+        let var = xr.iter().map(|v| (v - mean).powi(2)).sum::<f64>() / columns as f64;
+        let rstd = 1.0 / (var + eps).sqrt();
+        let xhat: Vec<f64> = xr.iter().map(|v| (v - mean) * rstd).collect();
+        let gw: Vec<f64> = gr.iter().zip(&w).map(|(g, w)| g * w).collect();
+        let mean_gw = gw.iter().sum::<f64>() / columns as f64;
+        let mean_gw_xhat = gw.iter().zip(&xhat).map(|(a, b)| a * b).sum::<f64>() / columns as f64;
+        for c in 0..columns {
+            dx[range.start + c] = rstd * (gw[c] - mean_gw - xhat[c] * mean_gw_xhat);
+            dw[c] += gr[c] * xhat[c];
+            db[c] += gr[c];
+        }
+    }
+    [dx, dw, db]
+}
+
+#[test]
+fn the_layer_norm_gradient_matches_a_float64_reference() {
+    // On the CPU this checks MLX's own gradient in float32; on CUDA, lmx's kernel in float32 and
+    // in bfloat16, whose scale and shift gradients it sums in float32 (MLX's own sums them in
+    // bfloat16).
+    let dtypes: &[Dtype] = if cuda::available() {
+        &[Dtype::Float32, Dtype::Bfloat16]
+    } else {
+        &[Dtype::Float32]
+    };
+    let eps = 1e-5f32;
+    for &dtype in dtypes {
+        for shape in [
+            vec![1000, 70],
+            vec![3, 333, 768],
+            vec![4096, 64],
+            vec![8, 1024],
+        ] {
+            let columns = *shape.last().unwrap();
+            let x = normal(&shape, 1, Dtype::Float32)
+                .multiply(Array::from_f32(3.0))
+                .unwrap()
+                .add(Array::from_f32(0.5))
+                .unwrap()
+                .as_dtype(dtype)
+                .unwrap();
+            let w = normal(&[columns], 2, Dtype::Float32)
+                .multiply(Array::from_f32(0.2))
+                .unwrap()
+                .add(Array::from_f32(1.0))
+                .unwrap()
+                .as_dtype(dtype)
+                .unwrap();
+            let b = normal(&[columns], 3, dtype);
+            let g = normal(&shape, 4, dtype);
+            let objective = |args: &[Array]| -> Result<Vec<Array>, Exception> {
+                let params = LayerNormParams {
+                    weight: args[1].clone(),
+                    bias: Some(args[2].clone()),
+                };
+                let y = nn::layer_norm(&params, &args[0], eps).map_err(|e| e.into_exception())?;
+                Ok(vec![y
+                    .as_dtype(Dtype::Float32)?
+                    .multiply(args[3].as_dtype(Dtype::Float32)?)?
+                    .sum(false)?])
+            };
+            let args = [x.clone(), w.clone(), b, g.clone()];
+            let (_, grads) = value_and_grad_with_argnums(objective, &[0, 1, 2])(&args).unwrap();
+            let expected = layer_norm_gradients(&x, &w, &g, eps as f64);
+            for (name, (got, want)) in ["dx", "dw", "db"].iter().zip(grads.iter().zip(&expected)) {
+                assert_eq!(got.dtype(), dtype, "{name}");
+                let error = relative_error(got, want);
+                assert!(
+                    error < bound(dtype),
+                    "{name} of {shape:?} in {dtype:?}: relative error {error}"
+                );
+            }
+        }
     }
 }

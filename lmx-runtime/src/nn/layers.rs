@@ -55,14 +55,10 @@ pub fn embedding_as_linear(params: &EmbeddingParams, x: &Array) -> Result<Array>
     linear_with_row_major_grad(x, &params.weight, None)
 }
 
-/// Layer normalisation over the last axis (MLX's fused kernel).
+/// Layer normalisation over the last axis: MLX's fused kernel, whose gradient on MLX's CUDA
+/// backend is lmx's own (one pass, float32 sums for the scale's and shift's gradients).
 pub fn layer_norm(params: &LayerNormParams, x: &Array, eps: f32) -> Result<Array> {
-    Ok(fast::layer_norm(
-        x,
-        &params.weight,
-        params.bias.as_ref(),
-        eps,
-    )?)
+    super::layer_norm_grad::layer_norm(x, &params.weight, params.bias.as_ref(), eps)
 }
 
 /// RMS normalisation over the last axis (MLX's fused kernel).

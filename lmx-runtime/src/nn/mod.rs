@@ -6,6 +6,7 @@ mod activation;
 mod column_sum;
 mod custom_vjp;
 mod extra;
+mod layer_norm_grad;
 mod layers;
 mod leaf_struct;
 mod linear_grad;
