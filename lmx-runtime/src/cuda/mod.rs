@@ -4,15 +4,17 @@
 //! one kernel whose few dozen thread blocks leave most of an H100 idle (24 blocks for a
 //! 16,384 x 768 gradient; docs/benchmarks.md). The kernels here read the rows in their own
 //! precision, accumulate in float32 across hundreds of blocks, and add the blocks' partial sums
-//! in a fixed order, so that a run's numbers do not depend on scheduling. Each kernel is reached
-//! through a layer function ([`column_sum`](crate::nn::column_sum),
-//! [`layer_norm`](crate::nn::layer_norm)) that computes the same with MLX's ops on every other
-//! backend.
+//! in a fixed order, so that a run's numbers do not depend on scheduling. The activations' kernels
+//! make each pass one read and one write of the activations. Each kernel is reached through a
+//! layer function ([`column_sum`](crate::nn::column_sum), [`layer_norm`](crate::nn::layer_norm),
+//! [`gelu`](crate::nn::gelu), ...) that computes the same with MLX's ops on every other backend.
 
+mod activation;
 mod kernel;
 mod layer_norm;
 mod sums;
 
+pub(crate) use activation::{activation, activation_backward, activation_fits, Function};
 pub(crate) use layer_norm::{layer_norm_backward, LAYER_NORM_MAX_COLUMNS};
 pub(crate) use sums::column_sum;
 

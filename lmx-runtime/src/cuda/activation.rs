@@ -1,0 +1,167 @@
+//! Elementwise activations and their derivatives, one pass each.
+//!
+//! Each kernel reads its inputs once and writes its output once, computing in float32: the
+//! forward pass `y = f(x)`, and the backward pass `dx = dy f'(x)` from `x` alone. Written with
+//! MLX's operations, GELU's gradient keeps `1 + erf(x / sqrt 2)` from the forward pass and both
+//! passes compile into two kernels each (docs/benchmarks.md).
+
+use super::kernel::{Kernel, Launch, TemplateArg};
+use super::sums::pack_width;
+use crate::error::{Error, Result};
+use mlx_rs::Array;
+
+/// An activation the kernels compute, by its template argument `ACT`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Function {
+    /// `x (1 + erf(x / sqrt 2)) / 2`.
+    Gelu = 0,
+    /// `x (1 + tanh(sqrt(2 / pi) (x + 0.044715 x^3))) / 2`.
+    GeluTanh = 1,
+    /// `x sigmoid(x)`.
+    Silu = 2,
+}
+
+const HEADER: &str = r#"
+template <int ACT>
+__device__ __forceinline__ float lmx_activation(float x) {
+  if constexpr (ACT == 0) {
+    return 0.5f * x * (1.f + erff(x * 0.70710678118654752f));
+  } else if constexpr (ACT == 1) {
+    return 0.5f * x * (1.f + tanhf(0.79788456080286536f * (x + 0.044715f * x * x * x)));
+  } else {
+    return x / (1.f + expf(-x));
+  }
+}
+
+template <int ACT>
+__device__ __forceinline__ float lmx_activation_derivative(float x) {
+  if constexpr (ACT == 0) {
+    const float cdf = 0.5f * (1.f + erff(x * 0.70710678118654752f));
+    return cdf + x * expf(-0.5f * x * x) * 0.39894228040143268f;
+  } else if constexpr (ACT == 1) {
+    const float t = tanhf(0.79788456080286536f * (x + 0.044715f * x * x * x));
+    const float slope = 0.79788456080286536f * (1.f + 3.f * 0.044715f * x * x);
+    return 0.5f * (1.f + t) + 0.5f * x * (1.f - t * t) * slope;
+  } else {
+    const float s = 1.f / (1.f + expf(-x));
+    return s * (1.f + x * (1.f - s));
+  }
+}
+"#;
+
+/// `y[i] = f(x[i])`; each thread takes `VEC` neighbouring values, at once where aligned.
+const FORWARD: &str = r#"
+  struct alignas(sizeof(T) * VEC) Pack {
+    T v[VEC];
+  };
+  const size_t size = x_shape[0];
+  const size_t i = (static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x) * VEC;
+  if (i >= size) {
+    return;
+  }
+  if (i + VEC <= size &&
+      (reinterpret_cast<size_t>(x) | reinterpret_cast<size_t>(y)) % sizeof(Pack) == 0) {
+    const Pack in = *reinterpret_cast<const Pack*>(x + i);
+    Pack out;
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) {
+      out.v[j] = static_cast<T>(lmx_activation<ACT>(static_cast<float>(in.v[j])));
+    }
+    *reinterpret_cast<Pack*>(y + i) = out;
+  } else {
+    for (size_t j = i; j < i + VEC && j < size; ++j) {
+      y[j] = static_cast<T>(lmx_activation<ACT>(static_cast<float>(x[j])));
+    }
+  }
+"#;
+
+/// `dx[i] = dy[i] f'(x[i])`, laid out as [`FORWARD`].
+const BACKWARD: &str = r#"
+  struct alignas(sizeof(T) * VEC) Pack {
+    T v[VEC];
+  };
+  const size_t size = x_shape[0];
+  const size_t i = (static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x) * VEC;
+  if (i >= size) {
+    return;
+  }
+  if (i + VEC <= size && (reinterpret_cast<size_t>(x) | reinterpret_cast<size_t>(dy) |
+                          reinterpret_cast<size_t>(dx)) % sizeof(Pack) == 0) {
+    const Pack in = *reinterpret_cast<const Pack*>(x + i);
+    const Pack grad = *reinterpret_cast<const Pack*>(dy + i);
+    Pack out;
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) {
+      const float slope = lmx_activation_derivative<ACT>(static_cast<float>(in.v[j]));
+      out.v[j] = static_cast<T>(static_cast<float>(grad.v[j]) * slope);
+    }
+    *reinterpret_cast<Pack*>(dx + i) = out;
+  } else {
+    for (size_t j = i; j < i + VEC && j < size; ++j) {
+      const float slope = lmx_activation_derivative<ACT>(static_cast<float>(x[j]));
+      dx[j] = static_cast<T>(static_cast<float>(dy[j]) * slope);
+    }
+  }
+"#;
+
+thread_local! {
+    static FORWARD_KERNEL: Result<Kernel> =
+        Kernel::new("lmx_activation", &["x"], &["y"], HEADER, FORWARD);
+    static BACKWARD_KERNEL: Result<Kernel> =
+        Kernel::new("lmx_activation_backward", &["x", "dy"], &["dx"], HEADER, BACKWARD);
+}
+
+/// Threads per block.
+const THREADS: i32 = 256;
+
+/// Whether the kernels take `x`: a floating-point array whose flat size indexes as an `int`.
+pub(crate) fn activation_fits(x: &Array) -> bool {
+    use mlx_rs::Dtype::{Bfloat16, Float16, Float32};
+    matches!(x.dtype(), Float32 | Float16 | Bfloat16) && x.size() <= i32::MAX as usize
+}
+
+/// Launches the kernel made in `cell` on `inputs` (all of `x`'s shape, flattened), giving an
+/// array of `x`'s shape and dtype.
+fn elementwise(
+    cell: &'static std::thread::LocalKey<Result<Kernel>>,
+    function: Function,
+    inputs: &[&Array],
+) -> Result<Array> {
+    let x = inputs[0];
+    let size = x.size() as i32;
+    let vec = pack_width(x.dtype());
+    let flat = inputs
+        .iter()
+        .map(|input| Ok(input.reshape(&[-1])?))
+        .collect::<Result<Vec<Array>>>()?;
+    let mut outputs = cell.with(|made| {
+        let kernel = made
+            .as_ref()
+            .map_err(|err| Error::Layout(err.to_string()))?;
+        kernel.launch(
+            &flat,
+            &Launch {
+                outputs: &[(&[size], x.dtype())],
+                grid: ((size + vec - 1) / vec, 1, 1),
+                block: (THREADS, 1, 1),
+                template: &[
+                    TemplateArg::Type("T", x.dtype()),
+                    TemplateArg::Int("VEC", vec),
+                    TemplateArg::Int("ACT", function as i32),
+                ],
+            },
+        )
+    })?;
+    Ok(outputs.remove(0).reshape(x.shape())?)
+}
+
+/// `f(x)`, elementwise, in `x`'s dtype.
+pub(crate) fn activation(function: Function, x: &Array) -> Result<Array> {
+    elementwise(&FORWARD_KERNEL, function, &[x])
+}
+
+/// `dy f'(x)`, elementwise, in `x`'s dtype (`dy` of `x`'s shape).
+pub(crate) fn activation_backward(function: Function, x: &Array, dy: &Array) -> Result<Array> {
+    let dy = dy.as_dtype(x.dtype())?;
+    elementwise(&BACKWARD_KERNEL, function, &[x, &dy])
+}
