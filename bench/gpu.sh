@@ -45,10 +45,10 @@ case $part in
         --batch 16 --seq 256 --steps 50 --warmup 10 --repeats 3 --plot "$out/train-bf16.svg"
     train gpt2-bf16 --configs gpt2 --modes compiled --dtypes bfloat16 \
         --batch 16 --seq 1024 --steps 30 --warmup 5 --repeats 2
-    # The same with the next step handed to the device before a step is done, unless OVERLAP
-    # already sets the order of every row.
-    [ -n "${OVERLAP:-}" ] || train gpt2-bf16-submit --configs gpt2 --modes compiled \
-        --dtypes bfloat16 --batch 16 --seq 1024 --steps 30 --warmup 5 --repeats 2 --overlap submit
+    # The same with one step on the device at a time, unless OVERLAP already sets the order of
+    # every row.
+    [ -n "${OVERLAP:-}" ] || train gpt2-bf16-build --configs gpt2 --modes compiled \
+        --dtypes bfloat16 --batch 16 --seq 1024 --steps 30 --warmup 5 --repeats 2 --overlap build
     ;;
 2)
     "$lmx" --device gpu bench generate --models gpt2,llama --llama-preset tinyllama-1.1b \

@@ -67,7 +67,7 @@ fn train_resume_generate() {
         .is_file());
 
     let resumed = lmx(&[
-        &["train", "--steps", "60", "--resume", "--overlap", "submit"][..],
+        &["train", "--steps", "60", "--resume", "--overlap", "build"][..],
         &common,
     ]
     .concat());
@@ -75,7 +75,7 @@ fn train_resume_generate() {
     let run_file: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(run.join("run.json")).unwrap()).unwrap();
     assert_eq!(
-        run_file["train"]["overlap"], "submit",
+        run_file["train"]["overlap"], "build",
         "the run records --overlap"
     );
     assert_eq!(
@@ -162,7 +162,7 @@ fn bench_train_measures_each_run_in_its_own_process() {
         "--repeats",
         "2",
         "--overlap",
-        "submit",
+        "build",
         "--json",
         json.to_str().unwrap(),
     ]);
@@ -176,6 +176,7 @@ fn bench_train_measures_each_run_in_its_own_process() {
     for (repeat, run) in runs.iter().enumerate() {
         assert_eq!(run["impl"], "lmx");
         assert_eq!(run["repeat"], repeat);
+        assert_eq!(run["overlap"], "build", "the row records --overlap");
         assert!(run["median_ms"].as_f64().unwrap() > 0.0, "{run}");
         assert!(run["peak_mib"].as_f64().unwrap() > 0.0, "{run}");
     }

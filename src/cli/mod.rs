@@ -135,7 +135,7 @@ pub struct TrainArgs {
     #[arg(long, value_enum)]
     pub precision: Option<PrecisionArg>,
     /// How far the host runs ahead of the device; without it, the settings file's `overlap`, or
-    /// `build`.
+    /// `submit`.
     #[arg(long, value_enum)]
     pub overlap: Option<OverlapArg>,
     /// Evaluate the validation loss every N steps.

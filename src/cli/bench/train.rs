@@ -49,7 +49,7 @@ pub struct BenchArgs {
     pub python: String,
     /// How far lmx's host work runs ahead of the device (`off` runs one step at a time, as the
     /// anchor does).
-    #[arg(long, value_enum, default_value = "build")]
+    #[arg(long, value_enum, default_value = "submit")]
     pub overlap: OverlapArg,
     /// Runs of each row, alternating lmx and the anchor; the table shows the median run.
     #[arg(long, default_value_t = 1)]
