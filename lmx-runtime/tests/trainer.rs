@@ -265,7 +265,7 @@ fn a_non_finite_loss_stops_the_run_naming_the_step_and_the_last_checkpoint() {
 
 #[test]
 fn with_steps_overlapped_a_non_finite_loss_stops_the_run_at_the_step_that_made_it() {
-    assert_eq!(TrainConfig::default().overlap, Overlap::Build);
+    assert_eq!(TrainConfig::default().overlap, Overlap::Submit);
     for overlap in [Overlap::Build, Overlap::Submit] {
         let dir = tempfile::tempdir().unwrap();
         let (err, trainer) = diverged_run(dir.path(), 0, overlap);
