@@ -5,21 +5,11 @@
 //! MLX's operations, GELU's gradient keeps `1 + erf(x / sqrt 2)` from the forward pass and both
 //! passes compile into two kernels each (docs/benchmarks.md).
 
-use super::kernel::{Kernel, Launch, TemplateArg};
+use super::kernel::{with_kernel, Kernel, Launch, TemplateArg};
 use super::sums::pack_width;
-use crate::error::{Error, Result};
+use crate::error::Result;
+use crate::nn::Activation;
 use mlx_rs::Array;
-
-/// An activation the kernels compute, by its template argument `ACT`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Function {
-    /// `x (1 + erf(x / sqrt 2)) / 2`.
-    Gelu = 0,
-    /// `x (1 + tanh(sqrt(2 / pi) (x + 0.044715 x^3))) / 2`.
-    GeluTanh = 1,
-    /// `x sigmoid(x)`.
-    Silu = 2,
-}
 
 const HEADER: &str = r#"
 template <int ACT>
@@ -114,17 +104,18 @@ thread_local! {
 /// Threads per block.
 const THREADS: i32 = 256;
 
-/// Whether the kernels take `x`: a floating-point array whose flat size indexes as an `int`.
+/// Whether the kernels take `x`: a floating-point array whose flat size indexes as an `int` (and
+/// is not zero: MLX cannot launch an empty grid).
 pub(crate) fn activation_fits(x: &Array) -> bool {
     use mlx_rs::Dtype::{Bfloat16, Float16, Float32};
-    matches!(x.dtype(), Float32 | Float16 | Bfloat16) && x.size() <= i32::MAX as usize
+    matches!(x.dtype(), Float32 | Float16 | Bfloat16) && (1..=i32::MAX as usize).contains(&x.size())
 }
 
 /// Launches the kernel made in `cell` on `inputs` (all of `x`'s shape, flattened), giving an
 /// array of `x`'s shape and dtype.
 fn elementwise(
     cell: &'static std::thread::LocalKey<Result<Kernel>>,
-    function: Function,
+    activation: Activation,
     inputs: &[&Array],
 ) -> Result<Array> {
     let x = inputs[0];
@@ -134,10 +125,7 @@ fn elementwise(
         .iter()
         .map(|input| Ok(input.reshape(&[-1])?))
         .collect::<Result<Vec<Array>>>()?;
-    let mut outputs = cell.with(|made| {
-        let kernel = made
-            .as_ref()
-            .map_err(|err| Error::Layout(err.to_string()))?;
+    let mut outputs = with_kernel(cell, |kernel| {
         kernel.launch(
             &flat,
             &Launch {
@@ -147,7 +135,7 @@ fn elementwise(
                 template: &[
                     TemplateArg::Type("T", x.dtype()),
                     TemplateArg::Int("VEC", vec),
-                    TemplateArg::Int("ACT", function as i32),
+                    TemplateArg::Int("ACT", activation as i32),
                 ],
             },
         )
@@ -156,12 +144,13 @@ fn elementwise(
 }
 
 /// `f(x)`, elementwise, in `x`'s dtype.
-pub(crate) fn activation(function: Function, x: &Array) -> Result<Array> {
-    elementwise(&FORWARD_KERNEL, function, &[x])
+pub(crate) fn activation(activation: Activation, x: &Array) -> Result<Array> {
+    elementwise(&FORWARD_KERNEL, activation, &[x])
 }
 
-/// `dy f'(x)`, elementwise, in `x`'s dtype (`dy` of `x`'s shape).
-pub(crate) fn activation_backward(function: Function, x: &Array, dy: &Array) -> Result<Array> {
+/// `dy f'(x)`, elementwise, in `x`'s dtype (`dy` of `x`'s shape, read in `x`'s precision: a wider
+/// `dy` is rounded to it first).
+pub(crate) fn activation_backward(activation: Activation, x: &Array, dy: &Array) -> Result<Array> {
     let dy = dy.as_dtype(x.dtype())?;
-    elementwise(&BACKWARD_KERNEL, function, &[x, &dy])
+    elementwise(&BACKWARD_KERNEL, activation, &[x, &dy])
 }

@@ -13,13 +13,27 @@ use mlx_rs::{Array, Dtype, Stream};
 use std::ffi::CString;
 
 /// A kernel's source, compiled on first launch.
-pub struct Kernel(mlx_sys::mlx_fast_cuda_kernel);
+pub struct Kernel {
+    raw: mlx_sys::mlx_fast_cuda_kernel,
+    name: String,
+}
 
 impl Drop for Kernel {
     fn drop(&mut self) {
         // SAFETY: made by `mlx_fast_cuda_kernel_new` and freed once, here.
-        unsafe { mlx_sys::mlx_fast_cuda_kernel_free(self.0) };
+        unsafe { mlx_sys::mlx_fast_cuda_kernel_free(self.raw) };
     }
+}
+
+/// Runs the kernel that `cell` made on this thread, or says why it could not be made.
+pub fn with_kernel<T>(
+    cell: &'static std::thread::LocalKey<Result<Kernel>>,
+    run: impl FnOnce(&Kernel) -> Result<T>,
+) -> Result<T> {
+    cell.with(|made| match made {
+        Ok(kernel) => run(kernel),
+        Err(err) => Err(Error::Layout(err.to_string())),
+    })
 }
 
 /// A template argument, declared at the top of the kernel's body.
@@ -89,7 +103,10 @@ impl Kernel {
                 "MLX could not make the kernel {name}"
             )));
         }
-        Ok(Kernel(kernel))
+        Ok(Kernel {
+            raw: kernel,
+            name: name.to_owned(),
+        })
     }
 
     /// Launches the kernel on `inputs` (lazily, as any MLX op) and returns its outputs.
@@ -147,7 +164,7 @@ impl Kernel {
             if status == 0 {
                 status = mlx_sys::mlx_fast_cuda_kernel_apply(
                     &mut output,
-                    self.0,
+                    self.raw,
                     input,
                     config,
                     stream.as_ptr(),
@@ -167,7 +184,8 @@ impl Kernel {
             if status != 0 || outputs.len() != launch.outputs.len() {
                 let shapes: Vec<&[i32]> = inputs.iter().map(Array::shape).collect();
                 return Err(Error::Layout(format!(
-                    "MLX could not launch a CUDA kernel on inputs of shapes {shapes:?}"
+                    "MLX could not launch the kernel {} on inputs of shapes {shapes:?}",
+                    self.name
                 )));
             }
             Ok(outputs)

@@ -6,13 +6,13 @@
 //! float32 sums of `g * x_hat` and `g` for the rows it handled; the total of those partial sums
 //! (`sums::total`) gives both gradients.
 
-use super::kernel::{Kernel, Launch, TemplateArg};
+use super::kernel::{with_kernel, Kernel, Launch, TemplateArg};
 use super::sums::{total, vector_width};
 use crate::error::{Error, Result};
 use mlx_rs::{Array, Dtype};
 
 /// The widest row the kernel takes: each of a warp's 32 threads keeps `columns / 32` values of its
-/// row, of its gradient, of the weight and of its two sums in registers.
+/// row, of its gradient and of its two sums in registers (the weight is in shared memory).
 pub(crate) const LAYER_NORM_MAX_COLUMNS: i32 = 1024;
 
 /// Warps per block, one row at a time each: few enough that several blocks fit on a
@@ -167,10 +167,17 @@ thread_local! {
 }
 
 /// `[dx, dw, db]` of `layer_norm(x, w, b, eps)` over the last axis of `x: [rows, columns]` for
-/// the upstream gradient `g`; `dw` and `db` in `w`'s dtype. `columns` is at most
-/// [`LAYER_NORM_MAX_COLUMNS`].
+/// the upstream gradient `g` (in `x`'s dtype: the kernel reads both alike); `dw` and `db` in `w`'s
+/// dtype. `columns` is at most [`LAYER_NORM_MAX_COLUMNS`].
 pub(crate) fn layer_norm_backward(x: &Array, w: &Array, g: &Array, eps: f32) -> Result<[Array; 3]> {
     let (rows, columns) = (x.shape()[0], x.shape()[1]);
+    if g.dtype() != x.dtype() {
+        return Err(Error::Layout(format!(
+            "the layer norm kernel reads the gradient as the input's {:?}, not {:?}",
+            x.dtype(),
+            g.dtype()
+        )));
+    }
     if columns > LAYER_NORM_MAX_COLUMNS {
         return Err(Error::Layout(format!(
             "the layer norm kernel takes rows of at most {LAYER_NORM_MAX_COLUMNS} values, not \
@@ -180,10 +187,7 @@ pub(crate) fn layer_norm_backward(x: &Array, w: &Array, g: &Array, eps: f32) -> 
     let vec = vector_width(x.dtype(), columns);
     let chunks = (columns + 32 * vec - 1) / (32 * vec);
     let blocks = ((rows + 4 * WARPS - 1) / (4 * WARPS)).clamp(1, MAX_BLOCKS);
-    let outputs = KERNEL.with(|made| {
-        let kernel = made
-            .as_ref()
-            .map_err(|err| Error::Layout(err.to_string()))?;
+    let outputs = with_kernel(&KERNEL, |kernel| {
         kernel.launch(
             &[x.clone(), w.clone(), g.clone()],
             &Launch {
@@ -196,7 +200,6 @@ pub(crate) fn layer_norm_backward(x: &Array, w: &Array, g: &Array, eps: f32) -> 
                 template: &[
                     TemplateArg::Type("T", x.dtype()),
                     TemplateArg::Type("W", w.dtype()),
-                    TemplateArg::Type("G", g.dtype()),
                     TemplateArg::Int("N", chunks),
                     TemplateArg::Int("VEC", vec),
                     TemplateArg::Int("EPS_BITS", eps.to_bits() as i32),

@@ -14,7 +14,7 @@ mod kernel;
 mod layer_norm;
 mod sums;
 
-pub(crate) use activation::{activation, activation_backward, activation_fits, Function};
+pub(crate) use activation::{activation, activation_backward, activation_fits};
 pub(crate) use layer_norm::{layer_norm_backward, LAYER_NORM_MAX_COLUMNS};
 pub(crate) use sums::column_sum;
 

@@ -1,7 +1,7 @@
 //! Column sums of a matrix in two kernels: partial sums over blocks of rows, in float32, then
-//! their total, added in order and rounded once to the matrix's precision.
+//! their total, added in a fixed order and rounded once to the matrix's precision.
 
-use super::kernel::{Kernel, Launch, TemplateArg};
+use super::kernel::{with_kernel, Kernel, Launch, TemplateArg};
 use crate::error::Result;
 use mlx_rs::{Array, Dtype};
 
@@ -72,7 +72,7 @@ const PARTIALS: &str = r#"
 
 /// `out[c]`: the sum of `partials[p, c]` over `p`, as `U`. A block of 32 x 8 threads takes 32
 /// columns; its 8 rows of threads add every 8th partial each, then one row adds their 8 sums in
-/// order.
+/// order: the same order on every run.
 const TOTAL: &str = r#"
   __shared__ float sums[8][33];
   const int count = partials_shape[0];
@@ -103,17 +103,6 @@ thread_local! {
         Kernel::new("lmx_column_total", &["partials"], &["out"], "", TOTAL);
 }
 
-/// Runs the kernel made in `cell` (or returns why it could not be made).
-fn with_kernel<T>(
-    cell: &'static std::thread::LocalKey<Result<Kernel>>,
-    run: impl FnOnce(&Kernel) -> Result<T>,
-) -> Result<T> {
-    cell.with(|made| match made {
-        Ok(kernel) => run(kernel),
-        Err(err) => Err(crate::error::Error::Layout(err.to_string())),
-    })
-}
-
 /// The sums of the columns of `x: [rows, columns]`, accumulated in float32, as `x`'s dtype.
 pub(crate) fn column_sum(x: &Array) -> Result<Array> {
     let (rows, columns) = (x.shape()[0], x.shape()[1]);
@@ -136,7 +125,8 @@ pub(crate) fn column_sum(x: &Array) -> Result<Array> {
     total(&partials[0], x.dtype())
 }
 
-/// The sums of the columns of `partials: [count, columns]` (float32), added in order, as `dtype`.
+/// The sums of the columns of `partials: [count, columns]` (float32), added in a fixed order, as
+/// `dtype`.
 pub(crate) fn total(partials: &Array, dtype: Dtype) -> Result<Array> {
     let columns = partials.shape()[1];
     let mut out = with_kernel(&TOTAL_KERNEL, |kernel| {

@@ -1,8 +1,9 @@
 //! Elementwise activations.
 //!
 //! On MLX's CUDA backend each activation is a custom function (`custom_vjp`) over two of lmx's
-//! kernels: a forward pass and a backward pass that reads only `x` and the cotangent, each
-//! computing in float32 and rounding once, one read and one write of the activations. MLX's own
+//! kernels: a forward pass and a backward pass that reads only `x` and the cotangent (in `x`'s
+//! precision), each computing in float32 and rounding its result once, one read and one write of
+//! the activations. MLX's own
 //! gradient of `x (1 + erf(x / sqrt 2)) / 2` keeps `1 + erf(x / sqrt 2)` from the forward pass,
 //! and its compiled passes come out as two kernels each: on GPT-2 124M, four passes over every
 //! block's 16,384 x 3,072 activations where two do (docs/benchmarks.md).
@@ -21,27 +22,18 @@ use mlx_rs::transforms::compile::compile;
 use mlx_rs::{ops, Array};
 use std::cell::RefCell;
 
-/// An elementwise activation.
+/// An elementwise activation; its discriminant names it to lmx's CUDA kernels (their `ACT`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Activation {
+pub(crate) enum Activation {
     /// `x (1 + erf(x / sqrt 2)) / 2`.
-    Gelu,
+    Gelu = 0,
     /// `x (1 + tanh(sqrt(2 / pi) (x + 0.044715 x^3))) / 2`.
-    GeluTanh,
+    GeluTanh = 1,
     /// `x sigmoid(x)`.
-    Silu,
+    Silu = 2,
 }
 
 impl Activation {
-    /// The same function in lmx's CUDA kernels.
-    fn kernel(self) -> cuda::Function {
-        match self {
-            Activation::Gelu => cuda::Function::Gelu,
-            Activation::GeluTanh => cuda::Function::GeluTanh,
-            Activation::Silu => cuda::Function::Silu,
-        }
-    }
-
     /// The activation of `x` in MLX's operations, in `x`'s precision.
     fn value(self, x: &Array) -> Result<Array> {
         let c = |value: f32| scalar(value, x.dtype());
@@ -92,7 +84,7 @@ impl WithGradient for Activation {
     const NAME: &'static str = "an activation";
 
     fn forward(&self, inputs: &[Array]) -> Result<Vec<Array>> {
-        Ok(vec![cuda::activation(self.kernel(), &inputs[0])?])
+        Ok(vec![cuda::activation(*self, &inputs[0])?])
     }
 
     fn vjp(&self, primals: &[Array], cotangents: &[Array]) -> Result<Vec<Array>> {
@@ -101,7 +93,7 @@ impl WithGradient for Activation {
                 "an activation's gradient needs its input and one cotangent".into(),
             ));
         };
-        Ok(vec![cuda::activation_backward(self.kernel(), x, dy)?])
+        Ok(vec![cuda::activation_backward(*self, x, dy)?])
     }
 }
 
@@ -187,9 +179,13 @@ mod tests {
         }
     }
 
-    /// `f(x)` and the gradient of `sum(f(x) * R)` in `x`, as float32.
-    fn value_and_gradient(f: fn(&Array) -> Result<Array>, x: &Array) -> (Vec<f32>, Vec<f32>) {
-        let r = Array::from_slice(&R, &[2, 3]);
+    /// `f(x)` and the gradient of `sum(f(x) * r)` in `x`, as float32.
+    fn value_and_gradient(
+        f: fn(&Array) -> Result<Array>,
+        x: &Array,
+        r: &Array,
+    ) -> (Vec<f32>, Vec<f32>) {
+        let r = r.clone();
         let objective = move |args: &[Array]| -> std::result::Result<Vec<Array>, Exception> {
             let y = f(&args[0]).map_err(Error::into_exception)?;
             Ok(vec![y
@@ -208,10 +204,11 @@ mod tests {
     }
 
     fn assert_close(got: &[f32], expected: &[f32], tolerance: f32, what: &str) {
-        for (g, e) in got.iter().zip(expected) {
+        assert_eq!(got.len(), expected.len(), "{what}");
+        for (i, (g, e)) in got.iter().zip(expected).enumerate() {
             assert!(
                 (g - e).abs() <= tolerance * e.abs().max(1.0),
-                "{what}: {got:?} against {expected:?}"
+                "{what}: value {i} is {g}, expected {e} (tolerance {tolerance})"
             );
         }
     }
@@ -239,10 +236,69 @@ mod tests {
                 ),
             ] {
                 let what = format!("{activation:?} of {:?} {:?}", x.shape(), x.dtype());
-                let (y, grad) = value_and_gradient(public(activation), &x);
+                let r = Array::from_slice(&R, &[2, 3]);
+                let (y, grad) = value_and_gradient(public(activation), &x, &r);
                 assert_close(&y, &want_y, tolerance, &format!("{what}: values"));
                 assert_close(&grad, &want_grad, tolerance, &format!("{what}: gradients"));
             }
+        }
+    }
+
+    #[test]
+    fn long_inputs_in_every_precision_match_the_closed_forms() {
+        // 4,099 values: many threads of the kernels' 16-byte path, then a ragged end. The inputs
+        // are rounded to each precision before the reference reads them, and the cotangents are
+        // quarters, exact in every precision.
+        let n = 4099;
+        let x: Vec<f32> = (0..n)
+            .map(|i| (i as f32 * 0.618_034).fract() * 8.0 - 4.0)
+            .collect();
+        let r: Vec<f32> = (0..n).map(|i| ((i * 7) % 17) as f32 * 0.25 - 2.0).collect();
+        let r = Array::from_slice(&r, &[n as i32]);
+        // lmx's kernels round once from float32; MLX's operations round after each one.
+        let on_cuda = cuda::available();
+        for (dtype, tolerance) in [
+            (Dtype::Float32, 2e-6),
+            (Dtype::Float16, if on_cuda { 2e-3 } else { 3e-3 }),
+            (Dtype::Bfloat16, if on_cuda { 8e-3 } else { 1.5e-2 }),
+        ] {
+            let x = Array::from_slice(&x, &[n as i32]).as_dtype(dtype).unwrap();
+            let rounded = x.as_dtype(Dtype::Float32).unwrap();
+            for activation in ALL {
+                let (want_y, want_grad): (Vec<f32>, Vec<f32>) = rounded
+                    .as_slice::<f32>()
+                    .iter()
+                    .zip(r.as_slice::<f32>())
+                    .map(|(&x, &r)| {
+                        let (y, dy) = closed_form(activation, x as f64);
+                        (y as f32, (dy * r as f64) as f32)
+                    })
+                    .unzip();
+                let what = format!("{activation:?} of {n} values in {dtype:?}");
+                let (y, grad) = value_and_gradient(public(activation), &x, &r);
+                assert_eq!(y.len(), n, "{what}");
+                assert_close(&y, &want_y, tolerance, &format!("{what}: values"));
+                assert_close(&grad, &want_grad, tolerance, &format!("{what}: gradients"));
+            }
+        }
+    }
+
+    #[test]
+    fn an_empty_input_gives_an_empty_value_and_gradient() {
+        let x = Array::from_slice::<f32>(&[], &[0, 3]);
+        for activation in ALL {
+            let f = public(activation);
+            let objective = move |args: &[Array]| -> std::result::Result<Vec<Array>, Exception> {
+                Ok(vec![f(&args[0])
+                    .map_err(Error::into_exception)?
+                    .sum(false)?])
+            };
+            let y = f(&x).unwrap();
+            let (_, grads) =
+                value_and_grad_with_argnums(objective, &[0])(std::slice::from_ref(&x)).unwrap();
+            mlx_rs::transforms::eval([&y, &grads[0]]).unwrap();
+            assert_eq!(y.shape(), [0, 3], "{activation:?}");
+            assert_eq!(grads[0].shape(), [0, 3], "{activation:?}");
         }
     }
 
