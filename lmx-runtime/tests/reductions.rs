@@ -44,13 +44,18 @@ fn bound(dtype: Dtype) -> f64 {
 
 #[test]
 fn column_sums_accumulate_in_float32_whatever_the_precision() {
-    // Rows and columns that no block or warp size divides; a three-axis input is summed over its
-    // first two.
+    // Rows and columns that no block or warp size divides; rows that the kernels read a value
+    // at a time (70 columns) or 16 bytes at a time (72, 96, 8); more rows than the kernel's
+    // largest grid of row blocks covers evenly (70,000: its last blocks get none); a three-axis
+    // input, summed over its first two.
     for (shape, dtype) in [
         (vec![1000, 70], Dtype::Float32),
+        (vec![1000, 72], Dtype::Float32),
         (vec![1000, 70], Dtype::Bfloat16),
         (vec![4, 1000, 70], Dtype::Bfloat16),
         (vec![16384, 96], Dtype::Bfloat16),
+        (vec![70_000, 8], Dtype::Float32),
+        (vec![70_000, 8], Dtype::Bfloat16),
     ] {
         // Shifted away from zero so that the sums are large and rounding in the working
         // precision would show: in bfloat16, adding 1 to a sum above 256 is lost.
@@ -102,21 +107,22 @@ fn layer_norm_gradients(x: &Array, w: &Array, g: &Array, eps: f64) -> [Vec<f64>;
 
 #[test]
 fn the_layer_norm_gradient_matches_a_float64_reference() {
-    // On the CPU this checks MLX's own gradient in float32; on CUDA, lmx's kernel in float32 and
-    // in bfloat16, whose scale and shift gradients it sums in float32 (MLX's own sums them in
-    // bfloat16).
+    // On the CPU this checks MLX's own gradient in float32; on CUDA, lmx's kernel in float32,
+    // bfloat16 and float16, whose scale and shift gradients it sums in float32 (MLX's own sums
+    // them in the half precision).
     let dtypes: &[Dtype] = if cuda::available() {
-        &[Dtype::Float32, Dtype::Bfloat16]
+        &[Dtype::Float32, Dtype::Bfloat16, Dtype::Float16]
     } else {
         &[Dtype::Float32]
     };
     let eps = 1e-5f32;
     for &dtype in dtypes {
-        for shape in [
-            vec![1000, 70],
-            vec![3, 333, 768],
-            vec![4096, 64],
-            vec![8, 1024],
+        for (shape, with_bias) in [
+            (vec![1000, 70], true),
+            (vec![1000, 70], false),
+            (vec![3, 333, 768], true),
+            (vec![4096, 64], false),
+            (vec![8, 1024], true),
         ] {
             let columns = *shape.last().unwrap();
             let x = normal(&shape, 1, Dtype::Float32)
@@ -137,24 +143,30 @@ fn the_layer_norm_gradient_matches_a_float64_reference() {
             let g = normal(&shape, 4, dtype);
             let objective = |args: &[Array]| -> Result<Vec<Array>, Exception> {
                 let params = LayerNormParams {
-                    weight: args[1].clone(),
-                    bias: Some(args[2].clone()),
+                    weight: args[2].clone(),
+                    bias: args.get(3).cloned(),
                 };
-                let y = nn::layer_norm(&params, &args[0], eps).map_err(|e| e.into_exception())?;
+                let y = nn::layer_norm(&params, &args[1], eps).map_err(|e| e.into_exception())?;
                 Ok(vec![y
                     .as_dtype(Dtype::Float32)?
-                    .multiply(args[3].as_dtype(Dtype::Float32)?)?
+                    .multiply(args[0].as_dtype(Dtype::Float32)?)?
                     .sum(false)?])
             };
-            let args = [x.clone(), w.clone(), b, g.clone()];
-            let (_, grads) = value_and_grad_with_argnums(objective, &[0, 1, 2])(&args).unwrap();
+            let mut args = vec![g.clone(), x.clone(), w.clone()];
+            let mut argnums = vec![1, 2];
+            if with_bias {
+                args.push(b);
+                argnums.push(3);
+            }
+            let (_, grads) = value_and_grad_with_argnums(objective, &argnums)(&args).unwrap();
+            assert_eq!(grads.len(), argnums.len());
             let expected = layer_norm_gradients(&x, &w, &g, eps as f64);
             for (name, (got, want)) in ["dx", "dw", "db"].iter().zip(grads.iter().zip(&expected)) {
                 assert_eq!(got.dtype(), dtype, "{name}");
                 let error = relative_error(got, want);
                 assert!(
                     error < bound(dtype),
-                    "{name} of {shape:?} in {dtype:?}: relative error {error}"
+                    "{name} of {shape:?} in {dtype:?} (bias: {with_bias}): relative error {error}"
                 );
             }
         }
