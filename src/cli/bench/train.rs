@@ -510,12 +510,12 @@ fn print_table(rows: &[Measured]) {
 
 /// Where the host's time per step goes on each side (medians over the timed steps of the median
 /// run): lmx's graph building, handing the step to the device and waiting for it; the anchor's
-/// time inside `mx.eval` (handing over and waiting) and outside it (building the graph, in
-/// Python).
+/// time inside `mx.eval` (handing over and waiting) and the rest of its step (building the
+/// graph, in Python), its median step less its median inside `mx.eval`.
 fn print_breakdown(rows: &[Measured]) {
     println!(
         "\n{:<28} {:>9} {:>9} {:>9} {:>9} {:>11} {:>11} {:>13}",
-        "ms per step", "lmx", "build", "submit", "wait", "anchor", "in mx.eval", "outside eval"
+        "ms per step", "lmx", "build", "submit", "wait", "anchor", "in mx.eval", "rest (diff)"
     );
     let ms = |value: Option<f64>| value.map_or("-".to_string(), |value| format!("{value:.3}"));
     for row in rows {
