@@ -4,9 +4,11 @@
 //! T* name`, plus `name_shape` when the body mentions it), then the outputs (`U* name`), and whose
 //! first lines declare the template arguments (`using T = __nv_bfloat16;`, `constexpr int N = 4;`).
 //! It compiles the function with NVRTC on first use and caches it by its name and template
-//! arguments alone, not by its source or its inputs' types: every kernel here therefore takes the
-//! element types it is compiled for as template arguments, which makes them part of the name.
-//! The launch grid counts threads, not blocks.
+//! arguments alone, not by its source or its inputs' types, in memory and on disk (under
+//! `/tmp/mlx/<version>/ptx`, or `MLX_PTX_CACHE_DIR`), where it outlives the process. So every
+//! kernel here takes the element types it is compiled for as template arguments, and its name
+//! carries a hash of its source ([`Kernel::new`]): another version of lmx with a changed kernel
+//! never runs the old one's cached code. The launch grid counts threads, not blocks.
 
 use crate::error::{Error, Result};
 use mlx_rs::{Array, Dtype, Stream};
@@ -58,9 +60,9 @@ pub struct Launch<'a> {
 }
 
 impl Kernel {
-    /// A kernel named `name` with `body` as its function body (and `header` before the function),
-    /// reading the inputs `inputs` and writing the outputs `outputs`, by those names. Its inputs
-    /// are made row-contiguous before a launch.
+    /// A kernel named `name` (and the hash of its source, [`source_name`]) with `body` as its
+    /// function body (and `header` before the function), reading the inputs `inputs` and writing
+    /// the outputs `outputs`, by those names. Its inputs are made row-contiguous before a launch.
     pub fn new(
         name: &str,
         inputs: &[&str],
@@ -68,6 +70,7 @@ impl Kernel {
         header: &str,
         body: &str,
     ) -> Result<Kernel> {
+        let name = &source_name(name, header, body);
         let text = |what: &str, value: &str| {
             CString::new(value).map_err(|_| {
                 Error::Layout(format!("kernel {name}: a NUL byte in its {what} `{value}`"))
@@ -193,6 +196,18 @@ impl Kernel {
     }
 }
 
+/// `name` followed by the FNV-1a hash of `header` and `body`: the name MLX caches the kernel by.
+pub fn source_name(name: &str, header: &str, body: &str) -> String {
+    const OFFSET: u64 = 0xcbf2_9ce4_8422_2325;
+    const PRIME: u64 = 0x0000_0100_0000_01b3;
+    // A byte no source holds separates the two, so that moving text between them changes the hash.
+    let bytes = header.bytes().chain([0xff]).chain(body.bytes());
+    let hash = bytes.fold(OFFSET, |hash, byte| {
+        (hash ^ u64::from(byte)).wrapping_mul(PRIME)
+    });
+    format!("{name}_{hash:016x}")
+}
+
 fn strings(values: &[&str], text: &impl Fn(&str, &str) -> Result<CString>) -> Result<Vec<CString>> {
     values
         .iter()
@@ -210,4 +225,27 @@ unsafe fn string_vector(values: &[CString]) -> mlx_sys::mlx_vector_string {
         mlx_sys::mlx_vector_string_append_value(vector, value.as_ptr());
     }
     vector
+}
+
+#[cfg(test)]
+mod tests {
+    use super::source_name;
+
+    #[test]
+    fn a_kernel_is_named_by_its_source() {
+        // FNV-1a of b"\xffa" and of b"foo\xffbar", computed apart from this code (in Python).
+        assert_eq!(source_name("k", "", "a"), "k_0a994707b6f56a7d");
+        assert_eq!(source_name("k", "foo", "bar"), "k_546a396717cf7f5d");
+
+        let name = source_name("lmx_sum", "", "out[0] = x[0];");
+        assert_eq!(name, source_name("lmx_sum", "", "out[0] = x[0];"));
+        assert!(name.starts_with("lmx_sum_") && name.len() == "lmx_sum_".len() + 16);
+        for other in [
+            source_name("lmx_sum", "", "out[0] = x[1];"),
+            source_name("lmx_sum", "out[0] = x[0];", ""),
+            source_name("lmx_total", "", "out[0] = x[0];"),
+        ] {
+            assert_ne!(name, other);
+        }
+    }
 }
