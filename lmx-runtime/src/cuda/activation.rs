@@ -104,11 +104,15 @@ thread_local! {
 /// Threads per block.
 const THREADS: i32 = 256;
 
-/// Whether the kernels take `x`: a floating-point array whose flat size indexes as an `int` (and
-/// is not zero: MLX cannot launch an empty grid).
+/// The largest array the kernels take: its flat size, rounded up to a whole pack, indexes as an
+/// `int`, as MLX's launch grid counts.
+const MAX_SIZE: usize = (i32::MAX - 16) as usize;
+
+/// Whether the kernels take `x`: a floating-point array of at most [`MAX_SIZE`] values, and not
+/// an empty one (MLX cannot launch an empty grid).
 pub(crate) fn activation_fits(x: &Array) -> bool {
     use mlx_rs::Dtype::{Bfloat16, Float16, Float32};
-    matches!(x.dtype(), Float32 | Float16 | Bfloat16) && (1..=i32::MAX as usize).contains(&x.size())
+    matches!(x.dtype(), Float32 | Float16 | Bfloat16) && (1..=MAX_SIZE).contains(&x.size())
 }
 
 /// Launches the kernel made in `cell` on `inputs` (all of `x`'s shape, flattened), giving an

@@ -7,8 +7,8 @@
 //! arguments alone, not by its source or its inputs' types, in memory and on disk (under
 //! `/tmp/mlx/<version>/ptx`, or `MLX_PTX_CACHE_DIR`), where it outlives the process. So every
 //! kernel here takes the element types it is compiled for as template arguments, and its name
-//! carries a hash of its source ([`Kernel::new`]): another version of lmx with a changed kernel
-//! never runs the old one's cached code. The launch grid counts threads, not blocks.
+//! carries a hash of its source and parameter names ([`source_name`]): another version of lmx
+//! with a changed kernel never runs the old one's cached code. The launch grid counts threads, not blocks.
 
 use crate::error::{Error, Result};
 use mlx_rs::{Array, Dtype, Stream};
@@ -60,9 +60,10 @@ pub struct Launch<'a> {
 }
 
 impl Kernel {
-    /// A kernel named `name` (and the hash of its source, [`source_name`]) with `body` as its
-    /// function body (and `header` before the function), reading the inputs `inputs` and writing
-    /// the outputs `outputs`, by those names. Its inputs are made row-contiguous before a launch.
+    /// A kernel named `name` (and the hash of what MLX compiles, [`source_name`]) with `body` as
+    /// its function body (and `header` before the function), reading the inputs `inputs` and
+    /// writing the outputs `outputs`, by those names. Its inputs are made row-contiguous before a
+    /// launch.
     pub fn new(
         name: &str,
         inputs: &[&str],
@@ -70,7 +71,7 @@ impl Kernel {
         header: &str,
         body: &str,
     ) -> Result<Kernel> {
-        let name = &source_name(name, header, body);
+        let name = &source_name(name, inputs, outputs, header, body);
         let text = |what: &str, value: &str| {
             CString::new(value).map_err(|_| {
                 Error::Layout(format!("kernel {name}: a NUL byte in its {what} `{value}`"))
@@ -196,12 +197,31 @@ impl Kernel {
     }
 }
 
-/// `name` followed by the FNV-1a hash of `header` and `body`: the name MLX caches the kernel by.
-pub fn source_name(name: &str, header: &str, body: &str) -> String {
+/// `name` followed by the FNV-1a hash of everything MLX compiles into the kernel besides its
+/// template arguments: the parameter names, in order (each followed by the byte 0xfe, the inputs'
+/// and the outputs' lists each by 0xff), `header`, 0xff, then `body`. Neither byte occurs in
+/// UTF-8 text, so moving text from one part to another changes the hash. This is the name MLX
+/// caches the kernel by.
+pub fn source_name(
+    name: &str,
+    inputs: &[&str],
+    outputs: &[&str],
+    header: &str,
+    body: &str,
+) -> String {
     const OFFSET: u64 = 0xcbf2_9ce4_8422_2325;
     const PRIME: u64 = 0x0000_0100_0000_01b3;
-    // A byte no source holds separates the two, so that moving text between them changes the hash.
-    let bytes = header.bytes().chain([0xff]).chain(body.bytes());
+    let names = |list: &[&str]| -> Vec<u8> {
+        let mut bytes: Vec<u8> = list.iter().flat_map(|n| n.bytes().chain([0xfe])).collect();
+        bytes.push(0xff);
+        bytes
+    };
+    let bytes = names(inputs)
+        .into_iter()
+        .chain(names(outputs))
+        .chain(header.bytes())
+        .chain([0xff])
+        .chain(body.bytes());
     let hash = bytes.fold(OFFSET, |hash, byte| {
         (hash ^ u64::from(byte)).wrapping_mul(PRIME)
     });
@@ -233,19 +253,28 @@ mod tests {
 
     #[test]
     fn a_kernel_is_named_by_its_source() {
-        // FNV-1a of b"\xffa" and of b"foo\xffbar", computed apart from this code (in Python).
-        assert_eq!(source_name("k", "", "a"), "k_0a994707b6f56a7d");
-        assert_eq!(source_name("k", "foo", "bar"), "k_546a396717cf7f5d");
+        // FNV-1a of b"\xff\xff\xffa" and of b"x\xfe\xffy\xfe\xfffoo\xffbar", computed apart from
+        // this code (in Python).
+        assert_eq!(source_name("k", &[], &[], "", "a"), "k_994f00653e2970cf");
+        assert_eq!(
+            source_name("k", &["x"], &["y"], "foo", "bar"),
+            "k_3c1618fc452cc9d6"
+        );
 
-        let name = source_name("lmx_sum", "", "out[0] = x[0];");
-        assert_eq!(name, source_name("lmx_sum", "", "out[0] = x[0];"));
-        assert!(name.starts_with("lmx_sum_") && name.len() == "lmx_sum_".len() + 16);
+        let name = |inputs: &[&str], header: &str, body: &str| {
+            source_name("lmx_sum", inputs, &["out"], header, body)
+        };
+        let sum = name(&["x", "w"], "", "out[0] = x[0];");
+        assert_eq!(sum, name(&["x", "w"], "", "out[0] = x[0];"));
+        assert!(sum.starts_with("lmx_sum_") && sum.len() == "lmx_sum_".len() + 16);
         for other in [
-            source_name("lmx_sum", "", "out[0] = x[1];"),
-            source_name("lmx_sum", "out[0] = x[0];", ""),
-            source_name("lmx_total", "", "out[0] = x[0];"),
+            name(&["x", "w"], "", "out[0] = x[1];"),
+            name(&["x", "w"], "out[0] = x[0];", ""),
+            name(&["w", "x"], "", "out[0] = x[0];"),
+            name(&["xw"], "", "out[0] = x[0];"),
+            source_name("lmx_total", &["x", "w"], &["out"], "", "out[0] = x[0];"),
         ] {
-            assert_ne!(name, other);
+            assert_ne!(sum, other);
         }
     }
 }
