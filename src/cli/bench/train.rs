@@ -521,7 +521,7 @@ fn print_breakdown(rows: &[Measured]) {
     for row in rows {
         let ours = &row.ours;
         let anchor = row.anchor.as_ref();
-        let outside = anchor.and_then(|anchor| Some(anchor.median_ms - anchor.eval_ms?));
+        let rest = anchor.and_then(|anchor| Some(anchor.median_ms - anchor.eval_ms?));
         println!(
             "{:<28} {:>9.3} {:>9} {:>9} {:>9} {:>11} {:>11} {:>13}",
             row_name(ours),
@@ -531,7 +531,7 @@ fn print_breakdown(rows: &[Measured]) {
             ms(ours.wait_ms),
             ms(anchor.map(|anchor| anchor.median_ms)),
             ms(anchor.and_then(|anchor| anchor.eval_ms)),
-            ms(outside),
+            ms(rest),
         );
     }
 }
