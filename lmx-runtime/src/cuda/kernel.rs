@@ -8,7 +8,8 @@
 //! `/tmp/mlx/<version>/ptx`, or `MLX_PTX_CACHE_DIR`), where it outlives the process. So every
 //! kernel here takes the element types it is compiled for as template arguments, and its name
 //! carries a hash of its source and parameter names ([`source_name`]): another version of lmx
-//! with a changed kernel never runs the old one's cached code. The launch grid counts threads, not blocks.
+//! with a changed kernel never runs the old one's cached code. The launch grid counts threads,
+//! not blocks.
 
 use crate::error::{Error, Result};
 use mlx_rs::{Array, Dtype, Stream};

@@ -167,17 +167,14 @@ thread_local! {
 }
 
 /// `[dx, dw, db]` of `layer_norm(x, w, b, eps)` over the last axis of `x: [rows, columns]` for
-/// the upstream gradient `g` (in `x`'s dtype: the kernel reads both alike); `dw` and `db` in `w`'s
-/// dtype. `columns` is at most [`LAYER_NORM_MAX_COLUMNS`].
+/// the upstream gradient `g` (read in `x`'s precision: another is rounded to it first); `dw` and
+/// `db` in `w`'s dtype. `columns` is at most [`LAYER_NORM_MAX_COLUMNS`].
 pub(crate) fn layer_norm_backward(x: &Array, w: &Array, g: &Array, eps: f32) -> Result<[Array; 3]> {
     let (rows, columns) = (x.shape()[0], x.shape()[1]);
-    if g.dtype() != x.dtype() {
-        return Err(Error::Layout(format!(
-            "the layer norm kernel reads the gradient as the input's {:?}, not {:?}",
-            x.dtype(),
-            g.dtype()
-        )));
-    }
+    // The kernel reads `g` as `x`'s type. MLX's own operations hand a cotangent over in the
+    // precision of the output it belongs to, so this costs nothing but for a cotangent made
+    // otherwise.
+    let g = &g.as_dtype(x.dtype())?;
     if columns > LAYER_NORM_MAX_COLUMNS {
         return Err(Error::Layout(format!(
             "the layer norm kernel takes rows of at most {LAYER_NORM_MAX_COLUMNS} values, not \

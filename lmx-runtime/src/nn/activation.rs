@@ -3,10 +3,10 @@
 //! On MLX's CUDA backend each activation is a custom function (`custom_vjp`) over two of lmx's
 //! kernels: a forward pass and a backward pass that reads only `x` and the cotangent (in `x`'s
 //! precision), each computing in float32 and rounding its result once, one read and one write of
-//! the activations. MLX's own
-//! gradient of `x (1 + erf(x / sqrt 2)) / 2` keeps `1 + erf(x / sqrt 2)` from the forward pass,
-//! and its compiled passes come out as two kernels each: on GPT-2 124M, four passes over every
-//! block's 16,384 x 3,072 activations where two do (docs/benchmarks.md).
+//! the activations. MLX's own gradient of `x (1 + erf(x / sqrt 2)) / 2` keeps `1 + erf(x / sqrt
+//! 2)` from the forward pass, and its compiled passes come out as two kernels each: on GPT-2
+//! 124M, four passes over every block's 16,384 x 3,072 activations where two do
+//! (docs/benchmarks.md).
 //!
 //! Elsewhere an activation is MLX's operations in the input's precision, as Python MLX's
 //! `nn.gelu` computes it, compiled once per thread (shapeless) and differentiated by MLX. There a

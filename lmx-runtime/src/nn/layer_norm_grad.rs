@@ -30,10 +30,6 @@ impl WithGradient for LayerNorm {
             Error::Layout("layer normalisation's gradient got no cotangent".into())
         })?;
         let columns = x.shape().last().copied().unwrap_or(1);
-        // The kernel reads `g` as `x`'s type. MLX's own operations hand a cotangent over in the
-        // precision of the output it belongs to, so this costs nothing; it keeps the kernel's
-        // reads right for a cotangent made otherwise.
-        let g = g.as_dtype(x.dtype())?;
         let [dx, dw, db] = cuda::layer_norm_backward(
             &x.reshape(&[-1, columns])?,
             w,
