@@ -99,6 +99,12 @@ impl WithGradient for Activation {
 
 /// `activation` of `x`: lmx's kernels where they run, MLX's operations elsewhere.
 fn apply(activation: Activation, x: &Array) -> Result<Array> {
+    if x.size() == 0 {
+        // MLX's CUDA backend divides by zero launching a compiled kernel over an empty array
+        // (Python MLX's `nn.gelu` of a 0 x 3 array dies of SIGFPE there too); its separate
+        // operations take one.
+        return activation.value(x);
+    }
     if !(cuda::available() && cuda::activation_fits(x)) {
         return fused(activation, x);
     }
