@@ -1,6 +1,6 @@
 //! `lmx bench train --plot`: the lmx/anchor speedup of every row as a bar chart, in SVG.
 
-use super::train::Measured;
+use super::report::Measured;
 use plotters::prelude::*;
 use std::path::Path;
 

@@ -3,6 +3,7 @@
 mod anchor;
 pub mod chart;
 pub mod generate;
+pub mod report;
 pub mod train;
 
 use clap::Subcommand;
@@ -14,6 +15,8 @@ pub enum BenchCommand {
     Train(train::BenchArgs),
     /// Generation speed of the bundled GPT-2 and LLaMA, prompt and decode (greedy, random weights).
     Generate(generate::GenerateBenchArgs),
+    /// The tables (and plot) of `bench train` again, from the runs it wrote with `--json`.
+    Report(report::ReportArgs),
 }
 
 /// Runs one benchmark.
@@ -21,5 +24,6 @@ pub fn run(command: &BenchCommand) -> anyhow::Result<()> {
     match command {
         BenchCommand::Train(args) => train::bench(args),
         BenchCommand::Generate(args) => generate::bench(args),
+        BenchCommand::Report(args) => report::report(args),
     }
 }

@@ -7,11 +7,13 @@ use lmx::runtime::model::LanguageModel;
 use lmx::runtime::schedule::Schedule;
 use lmx::runtime::train::{Callback, Control, Precision, StepReport, TrainConfig, Trainer};
 use lmx::runtime::Result as RuntimeResult;
+use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::{Arc, Mutex};
 
 use super::anchor::{device_name, json_lines_last_first, output_of};
+use super::report::{self, Measured};
 use crate::cli::OverlapArg;
 
 /// What to measure.
@@ -54,7 +56,7 @@ pub struct BenchArgs {
     /// Runs of each row, alternating lmx and the anchor; the table shows the median run.
     #[arg(long, default_value_t = 1)]
     pub repeats: usize,
-    /// Also write every run as a JSON line here.
+    /// Also write every run as a JSON line here, as it ends (`lmx bench report` reads them).
     #[arg(long)]
     pub json: Option<PathBuf>,
     /// Also draw the lmx/anchor speedups of the rows to this SVG file.
@@ -122,59 +124,6 @@ pub struct Row {
     pub overlap: Option<String>,
 }
 
-/// One row of the table: the median of lmx's runs, and of the anchor's when it ran.
-pub struct Measured {
-    /// lmx: the run of median speed, with the median of the runs' peaks.
-    pub ours: Row,
-    /// The Python MLX anchor, likewise.
-    pub anchor: Option<Row>,
-    /// The fastest and slowest of lmx's runs, ms per step.
-    pub ours_range: (f64, f64),
-    /// The fastest and slowest of the anchor's runs.
-    pub anchor_range: Option<(f64, f64)>,
-    /// The lowest and highest peak of lmx's runs, MiB.
-    pub ours_peaks: Option<(f64, f64)>,
-    /// The lowest and highest peak of the anchor's runs.
-    pub anchor_peaks: Option<(f64, f64)>,
-}
-
-impl Measured {
-    fn new(ours: &[Row], anchors: &[Row]) -> Self {
-        let peak = |row: &Row| row.peak_mib;
-        Measured {
-            ours: median_run(ours).expect("at least one run"),
-            anchor: median_run(anchors),
-            ours_range: range(ours, |row| Some(row.median_ms)).expect("at least one run"),
-            anchor_range: range(anchors, |row| Some(row.median_ms)),
-            ours_peaks: range(ours, peak),
-            anchor_peaks: range(anchors, peak),
-        }
-    }
-}
-
-/// The lowest and highest `field` of `runs`, where every run has it.
-fn range(runs: &[Row], field: impl Fn(&Row) -> Option<f64>) -> Option<(f64, f64)> {
-    let values: Option<Vec<f64>> = runs.iter().map(field).collect();
-    let values = values?;
-    let low = values.iter().copied().min_by(f64::total_cmp)?;
-    let high = values.iter().copied().max_by(f64::total_cmp)?;
-    Some((low, high))
-}
-
-/// The run whose `median_ms` is the median of `runs` (the lower middle one for an even count),
-/// carrying the median of the runs' peaks: on CUDA a run's peak depends on how far the host ran
-/// ahead of the device, so one run's peak is not the row's.
-fn median_run(runs: &[Row]) -> Option<Row> {
-    let lower_middle = |len: usize| (len.max(1) - 1) / 2;
-    let mut sorted: Vec<&Row> = runs.iter().collect();
-    sorted.sort_by(|a, b| a.median_ms.total_cmp(&b.median_ms));
-    let mut row = (*sorted.get(lower_middle(sorted.len()))?).clone();
-    let mut peaks: Vec<f64> = runs.iter().filter_map(|run| run.peak_mib).collect();
-    peaks.sort_by(f64::total_cmp);
-    row.peak_mib = peaks.get(lower_middle(peaks.len())).copied();
-    Some(row)
-}
-
 /// Runs every row, the anchor beside each when asked, and prints the tables.
 pub fn bench(args: &BenchArgs) -> anyhow::Result<()> {
     if args.repeats == 0 {
@@ -192,7 +141,7 @@ pub fn bench(args: &BenchArgs) -> anyhow::Result<()> {
         println!("{}", serde_json::to_string(&row)?);
         return Ok(());
     }
-    let mut runs = Vec::new();
+    let mut json = args.json.as_deref().map(RunLog::create).transpose()?;
     let mut rows = Vec::new();
     for config in &args.configs {
         for dtype in &args.dtypes {
@@ -205,6 +154,9 @@ pub fn bench(args: &BenchArgs) -> anyhow::Result<()> {
                         ..measure_apart(args, config, dtype, mode)?
                     };
                     eprintln!("{}", serde_json::to_string(&row)?);
+                    if let Some(json) = &mut json {
+                        json.append(&row)?;
+                    }
                     ours.push(row);
                     if let Some(script) = &args.anchor {
                         let row = Row {
@@ -212,35 +164,47 @@ pub fn bench(args: &BenchArgs) -> anyhow::Result<()> {
                             ..anchor(args, script, config, dtype, compile)?
                         };
                         eprintln!("{}", serde_json::to_string(&row)?);
+                        if let Some(json) = &mut json {
+                            json.append(&row)?;
+                        }
                         anchors.push(row);
                     }
                 }
                 rows.push(Measured::new(&ours, &anchors));
-                runs.extend(ours.into_iter().chain(anchors));
             }
         }
     }
-    if let Some(path) = &args.json {
-        let lines: Vec<String> = runs
-            .iter()
-            .map(serde_json::to_string)
-            .collect::<Result<_, _>>()?;
-        std::fs::write(path, lines.join("\n") + "\n")?;
-    }
-    print_table(&rows);
-    print_breakdown(&rows);
-    println!(
-        "\nlmx ran in the trainer's `{}` order (--overlap)",
-        overlap_name(args.overlap)
-    );
-    if args.repeats > 1 {
-        print_spread(&rows, args.repeats);
-    }
-    print_compile_table(&rows);
+    report::print(&rows);
     if let Some(path) = &args.plot {
         super::chart::speedups(&rows, path)?;
     }
     Ok(())
+}
+
+/// `--json`'s file, one line per run written as the run ends, so that an invocation cut short
+/// keeps the runs it finished (`lmx bench report` makes the tables from them).
+struct RunLog {
+    file: std::fs::File,
+    path: PathBuf,
+}
+
+impl RunLog {
+    fn create(path: &Path) -> anyhow::Result<Self> {
+        let file = std::fs::File::create(path)
+            .map_err(|err| anyhow::anyhow!("cannot create {}: {err}", path.display()))?;
+        Ok(RunLog {
+            file,
+            path: path.to_owned(),
+        })
+    }
+
+    /// Appends `row` as one line, in one write.
+    fn append(&mut self, row: &Row) -> anyhow::Result<()> {
+        let line = serde_json::to_string(row)? + "\n";
+        self.file
+            .write_all(line.as_bytes())
+            .map_err(|err| anyhow::anyhow!("cannot write {}: {err}", self.path.display()))
+    }
 }
 
 /// Whether `mode` is the compiled step.
@@ -464,209 +428,3 @@ runpy.run_path(sys.argv[0], run_name='__main__')
 print(json.dumps({'peak_memory': mx.get_peak_memory(),
                   'eval_ms': statistics.median(evals[-steps:]) * 1e3}))
 ";
-
-fn print_table(rows: &[Measured]) {
-    println!(
-        "{:<8} {:<9} {:<9} {:>10} {:>10} {:>8} {:>11} {:>6} {:>17} {:>9} {:>9}",
-        "config",
-        "mode",
-        "dtype",
-        "lmx ms",
-        "anchor ms",
-        "speedup",
-        "lmx tok/s",
-        "MFU",
-        "loss first→last",
-        "lmx MiB",
-        "anchor MiB"
-    );
-    for Measured { ours, anchor, .. } in rows {
-        let anchor_field = |field: fn(&Row) -> Option<f64>, digits: usize| {
-            anchor
-                .as_ref()
-                .and_then(field)
-                .map_or("-".to_string(), |value| format!("{value:.digits$}"))
-        };
-        let speedup = anchor.as_ref().map_or("-".to_string(), |anchor| {
-            format!("{:.2}x", anchor.median_ms / ours.median_ms)
-        });
-        println!(
-            "{:<8} {:<9} {:<9} {:>10.3} {:>10} {:>8} {:>11.0} {:>5.1}% {:>8.3}→{:<8.3} {:>9.1} {:>9}",
-            ours.config,
-            if ours.compile { "compiled" } else { "eager" },
-            ours.dtype,
-            ours.median_ms,
-            anchor_field(|row| Some(row.median_ms), 3),
-            speedup,
-            ours.tokens_per_s,
-            ours.mfu * 100.0,
-            ours.loss_first,
-            ours.loss_last,
-            ours.peak_mib.unwrap_or(f64::NAN),
-            anchor_field(|row| row.peak_mib, 1),
-        );
-    }
-}
-
-/// Where the host's time per step goes on each side (medians over the timed steps of the median
-/// run): lmx's graph building, handing the step to the device and waiting for it; the anchor's
-/// time inside `mx.eval` (handing over and waiting) and the rest of its step (building the
-/// graph, in Python), its median step less its median inside `mx.eval`.
-fn print_breakdown(rows: &[Measured]) {
-    println!(
-        "\n{:<28} {:>9} {:>9} {:>9} {:>9} {:>11} {:>11} {:>13}",
-        "ms per step", "lmx", "build", "submit", "wait", "anchor", "in mx.eval", "rest (diff)"
-    );
-    let ms = |value: Option<f64>| value.map_or("-".to_string(), |value| format!("{value:.3}"));
-    for row in rows {
-        let ours = &row.ours;
-        let anchor = row.anchor.as_ref();
-        let rest = anchor.and_then(|anchor| Some(anchor.median_ms - anchor.eval_ms?));
-        println!(
-            "{:<28} {:>9.3} {:>9} {:>9} {:>9} {:>11} {:>11} {:>13}",
-            row_name(ours),
-            ours.median_ms,
-            ms(ours.build_ms),
-            ms(ours.submit_ms),
-            ms(ours.wait_ms),
-            ms(anchor.map(|anchor| anchor.median_ms)),
-            ms(anchor.and_then(|anchor| anchor.eval_ms)),
-            ms(rest),
-        );
-    }
-}
-
-/// `config mode dtype`, naming a row in the second tables.
-fn row_name(row: &Row) -> String {
-    let mode = if row.compile { "compiled" } else { "eager" };
-    format!("{} {mode} {}", row.config, row.dtype)
-}
-
-/// How far the repeated runs of each row spread, and where each side's loss ended (the two train
-/// alike, so the last losses should be close).
-fn print_spread(rows: &[Measured], repeats: usize) {
-    println!(
-        "\n{:<28} {:>17} {:>17} {:>21} {:>19} {:>19}",
-        format!("over {repeats} runs"),
-        "lmx ms min–max",
-        "anchor ms min–max",
-        "last loss lmx/anchor",
-        "lmx MiB min–max",
-        "anchor MiB min–max"
-    );
-    let spread = |range: Option<(f64, f64)>, digits: usize| {
-        range.map_or("-".to_string(), |(low, high)| {
-            format!("{low:.digits$}–{high:.digits$}")
-        })
-    };
-    for row in rows {
-        let name = row_name(&row.ours);
-        let anchor_ms = spread(row.anchor_range, 3);
-        let anchor_loss = row
-            .anchor
-            .as_ref()
-            .map_or("-".to_string(), |anchor| format!("{:.4}", anchor.loss_last));
-        println!(
-            "{name:<28} {:>17} {anchor_ms:>17} {:>21} {:>19} {:>19}",
-            spread(Some(row.ours_range), 3),
-            format!("{:.4}/{anchor_loss}", row.ours.loss_last),
-            spread(row.ours_peaks, 1),
-            spread(row.anchor_peaks, 1)
-        );
-    }
-}
-
-/// The seed's compile table: eager and compiled ms per step and their ratio, for every config and
-/// precision measured both ways.
-fn print_compile_table(rows: &[Measured]) {
-    let find = |config: &str, dtype: &str, compile: bool| {
-        rows.iter().find(|row| {
-            row.ours.config == config && row.ours.dtype == dtype && row.ours.compile == compile
-        })
-    };
-    let mut printed_header = false;
-    for compiled in rows.iter().filter(|row| row.ours.compile) {
-        let Some(eager) = find(&compiled.ours.config, &compiled.ours.dtype, false) else {
-            continue;
-        };
-        if !printed_header {
-            println!(
-                "\n{:<8} {:<9} {:>12} {:>12} {:>8} {:>12} {:>12} {:>8}",
-                "config",
-                "dtype",
-                "lmx eager",
-                "lmx comp.",
-                "speedup",
-                "anchor eager",
-                "anchor comp.",
-                "speedup"
-            );
-            printed_header = true;
-        }
-        let anchor = match (&eager.anchor, &compiled.anchor) {
-            (Some(eager), Some(compiled)) => format!(
-                "{:>12.3} {:>12.3} {:>7.2}x",
-                eager.median_ms,
-                compiled.median_ms,
-                eager.median_ms / compiled.median_ms
-            ),
-            _ => format!("{:>12} {:>12} {:>8}", "-", "-", "-"),
-        };
-        println!(
-            "{:<8} {:<9} {:>12.3} {:>12.3} {:>7.2}x {}",
-            compiled.ours.config,
-            compiled.ours.dtype,
-            eager.ours.median_ms,
-            compiled.ours.median_ms,
-            eager.ours.median_ms / compiled.ours.median_ms,
-            anchor
-        );
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn run(median_ms: f64, peak_mib: f64) -> Row {
-        Row {
-            implementation: "lmx".into(),
-            device: "gpu".into(),
-            config: "medium".into(),
-            batch: 16,
-            seq: 256,
-            dtype: "bfloat16".into(),
-            compile: true,
-            params: 1,
-            median_ms,
-            tokens_per_s: 1.0,
-            mfu: 0.0,
-            loss_first: 6.0,
-            loss_last: 3.0,
-            peak_mib: Some(peak_mib),
-            build_ms: None,
-            submit_ms: None,
-            wait_ms: None,
-            eval_ms: None,
-            repeat: 0,
-            overlap: None,
-        }
-    }
-
-    #[test]
-    fn a_row_is_the_run_of_median_speed_with_the_median_of_the_peaks() {
-        let runs = [run(15.1, 8829.2), run(14.9, 6596.9), run(17.6, 6394.6)];
-        let row = Measured::new(&runs, &[]);
-        assert_eq!(row.ours.median_ms, 15.1);
-        assert_eq!(row.ours.peak_mib, Some(6596.9));
-        assert_eq!(row.ours_range, (14.9, 17.6));
-        assert_eq!(row.ours_peaks, Some((6394.6, 8829.2)));
-        assert!(row.anchor.is_none() && row.anchor_peaks.is_none());
-        // Two runs: the lower middle of each.
-        let row = Measured::new(&runs[..2], &[]);
-        assert_eq!(
-            (row.ours.median_ms, row.ours.peak_mib),
-            (14.9, Some(6596.9))
-        );
-    }
-}
