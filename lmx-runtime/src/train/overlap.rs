@@ -8,10 +8,10 @@ use std::fmt;
 /// MLX allocates a step's buffers while it hands the step to the device and frees them when the
 /// device is done with them, so every step handed over before the previous one is done adds its
 /// buffers to the peak. `Submit`, the default, is the fastest wherever the host's encoding of a
-/// step is on the critical path (GPT-2 124M on an H100: 34.3 ms a step, 36.4 ms with `Build`),
-/// and its GPT-2 peak stayed below Python MLX's (docs/benchmarks.md, session 7; its worst peaks
-/// at other sizes are not measured with lmx's CUDA kernels). `Build` keeps one step's buffers,
-/// for a run that needs the memory.
+/// step is on the critical path (GPT-2 124M on an H100: 34.35 ms a step, 37.71 ms with
+/// `Build`), and its median peaks stayed below Python MLX's at every size measured
+/// (docs/benchmarks.md). `Build` keeps one step's buffers, for a run that needs the lower worst
+/// case (GPT-2: 15,561 MiB against 16,199).
 ///
 /// In a settings file it is a name: `"off"`, `"build"` or `"submit"`. Run files written before
 /// the three orders existed hold a flag, which still reads: `true` as `Build` (its meaning in the
