@@ -1,11 +1,14 @@
 #!/bin/bash
-# The GPU tables of docs/benchmarks.md, in three parts that each fit one 10-minute call on the GPU
-# machine (see ../shared/gpu/README.md for staging MLX's CUDA build there), with MLX's kernel cache
-# cold, as it is on a fresh machine:
+# The GPU tables of docs/benchmarks.md, in three parts meant each to fit one 10-minute call on the
+# GPU machine from MLX's cold kernel cache, as on a fresh machine (see ../shared/gpu/README.md for
+# staging MLX's CUDA build there):
 #
-#     bash bench/gpu.sh 1 OUT   # bf16 compile table (tiny, small, medium)
-#     bash bench/gpu.sh 2 OUT   # GPT-2 124M bf16 in both run orders, PyTorch's torch.compile
+#     bash bench/gpu.sh 1 OUT   # bf16 compile table: tiny, small
+#     bash bench/gpu.sh 2 OUT   # its medium rows; GPT-2 124M bf16 in both orders; torch.compile
 #     bash bench/gpu.sh 3 OUT   # generation, float32 compile table
+#
+# (The bf16 table of parts 1 and 2 together: `lmx bench report OUT1/train-bf16.jsonl
+# OUT2/train-bf16-medium.jsonl --plot bf16.svg`.)
 #
 # Environment: LMX (the lmx binary, default target/release/lmx), ANCHORS (the folder holding
 # anchor_mlx.py and anchor_torch.py, default ../shared/bench), PYTHON (default python3, with MLX),
@@ -42,12 +45,14 @@ case $part in
     "$python" -c "import mlx.core as mx; print('mlx', mx.__version__, mx.default_device())" \
         >> "$out/machine.txt" 2>&1
     # Untimed: MLX's CUDA backend compiles its kernels on first use (cached for the later runs).
-    "$lmx" --device gpu bench train --configs tiny,small,medium --dtypes bfloat16 \
+    "$lmx" --device gpu bench train --configs tiny,small --dtypes bfloat16 \
         --batch 16 --seq 256 --steps 2 --warmup 1 > "$out/kernels.txt" 2>&1
-    train train-bf16 --configs tiny,small,medium --modes compiled,eager --dtypes bfloat16 \
-        --batch 16 --seq 256 --steps 50 --warmup 10 --repeats 3 --plot "$out/train-bf16.svg"
+    train train-bf16 --configs tiny,small --modes compiled,eager --dtypes bfloat16 \
+        --batch 16 --seq 256 --steps 50 --warmup 10 --repeats 3
     ;;
 2)
+    train train-bf16-medium --configs medium --modes compiled,eager --dtypes bfloat16 \
+        --batch 16 --seq 256 --steps 50 --warmup 10 --repeats 3
     train gpt2-bf16 --configs gpt2 --modes compiled --dtypes bfloat16 \
         --batch 16 --seq 1024 --steps 30 --warmup 5 --repeats 2
     # The same with one step on the device at a time, unless OVERLAP already sets the order of
