@@ -1,6 +1,7 @@
 //! The `lmx` command end to end: train the bundled GPT 50 steps with dropout (`--set`), resume to
 //! 60 in another run order (`--overlap`), generate text; refuse an unknown setting and name a
-//! missing data file once; benchmark the reference GPT's step, each run in its own process.
+//! missing data file once; benchmark the reference GPT's step, each run in its own process, and
+//! print its tables again from the runs it wrote.
 
 use std::path::Path;
 use std::process::Command;
@@ -184,4 +185,29 @@ fn bench_train_measures_each_run_in_its_own_process() {
     assert_eq!(runs[0]["loss_first"], runs[1]["loss_first"]);
     assert_eq!(runs[0]["loss_last"], runs[1]["loss_last"]);
     assert_ne!(runs[0]["loss_first"], runs[0]["loss_last"]);
+    // The runs it wrote give back the tables it printed.
+    assert_eq!(lmx(&["bench", "report", json.to_str().unwrap()]), table);
+    #[cfg(unix)]
+    a_closed_pipe_ends_lmx_quietly(&["bench", "report", json.to_str().unwrap()]);
+}
+
+/// Runs lmx with its output going into a pipe nobody reads: SIGPIPE ends it, as it ends any Unix
+/// command, with no panic.
+#[cfg(unix)]
+fn a_closed_pipe_ends_lmx_quietly(args: &[&str]) {
+    use std::os::fd::{FromRawFd, OwnedFd};
+    use std::os::unix::process::ExitStatusExt;
+    let mut ends = [0; 2];
+    // SAFETY: `pipe` fills `ends` with two new descriptors, each owned once below.
+    assert_eq!(unsafe { libc::pipe(ends.as_mut_ptr()) }, 0);
+    let (read, write) = unsafe { (OwnedFd::from_raw_fd(ends[0]), OwnedFd::from_raw_fd(ends[1])) };
+    drop(read);
+    let output = Command::new(env!("CARGO_BIN_EXE_lmx"))
+        .args(args)
+        .stdout(write)
+        .output()
+        .expect("lmx runs");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.signal(), Some(libc::SIGPIPE), "{stderr}");
+    assert!(stderr.is_empty(), "{stderr}");
 }
