@@ -79,7 +79,7 @@ pub struct Measured {
 
 impl Measured {
     /// The row of lmx's `ours` (at least one run) beside the anchor's `anchors`.
-    pub fn new(ours: &[Row], anchors: &[Row]) -> Self {
+    fn new(ours: &[Row], anchors: &[Row]) -> Self {
         let peak = |row: &Row| row.peak_mib;
         Measured {
             ours: median_run(ours).expect("at least one run"),

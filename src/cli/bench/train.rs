@@ -13,7 +13,7 @@ use std::process::Command;
 use std::sync::{Arc, Mutex};
 
 use super::anchor::{device_name, json_lines_last_first, output_of};
-use super::report::{self, Measured};
+use super::report;
 use crate::cli::OverlapArg;
 
 /// What to measure.
@@ -142,38 +142,35 @@ pub fn bench(args: &BenchArgs) -> anyhow::Result<()> {
         return Ok(());
     }
     let mut json = args.json.as_deref().map(RunLog::create).transpose()?;
-    let mut rows = Vec::new();
+    let mut runs = Vec::new();
+    let mut record = |row: Row| -> anyhow::Result<()> {
+        eprintln!("{}", serde_json::to_string(&row)?);
+        if let Some(json) = &mut json {
+            json.append(&row)?;
+        }
+        runs.push(row);
+        Ok(())
+    };
     for config in &args.configs {
         for dtype in &args.dtypes {
             for mode in &args.modes {
                 let compile = compiled(mode)?;
-                let (mut ours, mut anchors) = (Vec::new(), Vec::new());
                 for repeat in 0..args.repeats {
-                    let row = Row {
+                    record(Row {
                         repeat,
                         ..measure_apart(args, config, dtype, mode)?
-                    };
-                    eprintln!("{}", serde_json::to_string(&row)?);
-                    if let Some(json) = &mut json {
-                        json.append(&row)?;
-                    }
-                    ours.push(row);
+                    })?;
                     if let Some(script) = &args.anchor {
-                        let row = Row {
+                        record(Row {
                             repeat,
                             ..anchor(args, script, config, dtype, compile)?
-                        };
-                        eprintln!("{}", serde_json::to_string(&row)?);
-                        if let Some(json) = &mut json {
-                            json.append(&row)?;
-                        }
-                        anchors.push(row);
+                        })?;
                     }
                 }
-                rows.push(Measured::new(&ours, &anchors));
             }
         }
     }
+    let rows = report::rows_of(&runs);
     report::print(&rows);
     if let Some(path) = &args.plot {
         super::chart::speedups(&rows, path)?;
