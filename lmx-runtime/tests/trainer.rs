@@ -7,7 +7,7 @@ use lmx_runtime::nn::{self, init::Keys, EmbeddingParams};
 use lmx_runtime::optim::AdamW;
 use lmx_runtime::schedule::Schedule;
 use lmx_runtime::step::StepOptions;
-use lmx_runtime::train::{JsonlLog, Overlap, TrainConfig, Trainer};
+use lmx_runtime::train::{JsonlLog, Overlap, Precision, TrainConfig, Trainer};
 use lmx_runtime::{Array, Result};
 use std::path::Path;
 use std::sync::Arc;
@@ -284,7 +284,7 @@ fn with_steps_overlapped_a_non_finite_loss_stops_the_run_at_the_step_that_made_i
 fn bfloat16_training_keeps_parameters_and_moments_in_bfloat16_and_learns() {
     let dir = tempfile::tempdir().unwrap();
     let mut config = config(dir.path(), 16);
-    config.precision = lmx_runtime::train::Precision::Bfloat16;
+    config.precision = Precision::Bfloat16;
     let mut trainer = Trainer::<Train>::new(257, config, windows()).unwrap();
     let before = trainer.validation_loss().unwrap().unwrap();
     let summary = trainer.run().unwrap();
@@ -304,6 +304,84 @@ fn bfloat16_training_keeps_parameters_and_moments_in_bfloat16_and_learns() {
         mlx_rs::Dtype::Float32,
         "the step count stays float32"
     );
+}
+
+/// One step at a constant rate of 1e-4 in `precision`, with validation: the trainer after it and
+/// the validation losses before and after.
+fn one_step(dir: &Path, precision: Precision) -> (Trainer<Train>, f32, f32) {
+    let config = TrainConfig {
+        precision,
+        schedule: Schedule::Constant {
+            lr: 1e-4,
+            warmup_steps: 0,
+        },
+        eval_every: 0,
+        checkpoint_every: 0,
+        ..config(dir, 1)
+    };
+    let mut trainer = Trainer::<Train>::new(257, config, windows()).unwrap();
+    let before = trainer.validation_loss().unwrap().unwrap();
+    let summary = trainer.run().unwrap();
+    (trainer, before, summary.last_loss)
+}
+
+fn values(array: &Array) -> Vec<f32> {
+    array
+        .as_dtype(mlx_rs::Dtype::Float32)
+        .unwrap()
+        .as_slice::<f32>()
+        .to_vec()
+}
+
+#[test]
+fn mixed_precision_computes_in_bfloat16_and_updates_float32_parameters_in_float32() {
+    let dirs = [(); 3].map(|_| tempfile::tempdir().unwrap());
+    let (mixed, mixed_val, mixed_loss) = one_step(dirs[0].path(), Precision::Mixed);
+    let (_, bf16_val, bf16_loss) = one_step(dirs[1].path(), Precision::Bfloat16);
+    let (_, f32_val, f32_loss) = one_step(dirs[2].path(), Precision::Float32);
+
+    // The model reads the same bfloat16 table in both: the same batch gives the same loss.
+    assert_eq!((mixed_val, mixed_loss), (bf16_val, bf16_loss));
+    assert_ne!((mixed_val, mixed_loss), (f32_val, f32_loss));
+
+    let state = mixed.state();
+    let moments = state.opt.weight.as_ref().expect("the table is trainable");
+    let float32 = mlx_rs::Dtype::Float32;
+    assert_eq!(
+        (
+            state.params.weight.dtype(),
+            moments.m.dtype(),
+            moments.v.dtype()
+        ),
+        (float32, float32, float32)
+    );
+    // AdamW's first step, as MLX defines it (no bias correction; embeddings do not decay):
+    // m = (1 - b1) g, v = (1 - b2) g², w' = w - lr m / (sqrt(v) + 1e-8), all in float32. In bfloat16 the
+    // table's values near 0.02 are 2^-13 apart, so a step of lr sqrt(10) would be rounded by up
+    // to a fifth of itself.
+    let init = Bigram::init(&257, TrainConfig::default().seed).unwrap();
+    let (w0, w1) = (values(&init.weight), values(&state.params.weight));
+    let (m, v) = (values(&moments.m), values(&moments.v));
+    // The moments' factors as the update makes them, 1 - beta in float32.
+    let (c1, c2) = ((1.0f32 - 0.9) as f64, (1.0f32 - 0.999) as f64);
+    let mut moved = 0;
+    for i in 0..w0.len() {
+        let expected = w0[i] as f64 - 1e-4 * m[i] as f64 / ((v[i] as f64).sqrt() + 1e-8);
+        assert!(
+            (w1[i] as f64 - expected).abs() <= 1e-8,
+            "entry {i}: {} from {}, expected {expected}",
+            w1[i],
+            w0[i]
+        );
+        assert!(
+            (v[i] as f64 - c2 * (m[i] as f64 / c1).powi(2)).abs() <= 1e-6 * v[i] as f64,
+            "entry {i}: m {} and v {} are not one gradient's",
+            m[i],
+            v[i]
+        );
+        moved += usize::from(m[i] != 0.0);
+    }
+    assert!(moved > 1000, "only {moved} entries had a gradient");
 }
 
 /// A run of `steps` with no validation or checkpoint before the end, in the order `overlap`.

@@ -162,6 +162,8 @@ pub enum PrecisionArg {
     Float32,
     /// bfloat16 parameters, moments and activations.
     Bfloat16,
+    /// float32 parameters and optimizer state, bfloat16 activations.
+    Mixed,
 }
 
 /// [`Overlap`], as a flag.
@@ -252,6 +254,7 @@ impl TrainArgs {
             config.precision = match precision {
                 PrecisionArg::Float32 => Precision::Float32,
                 PrecisionArg::Bfloat16 => Precision::Bfloat16,
+                PrecisionArg::Mixed => Precision::Mixed,
             };
         }
         if let Some(overlap) = self.overlap {

@@ -87,15 +87,21 @@ where
             ..S::options()
         };
         let loss_model = model.clone();
+        let precision = config.precision;
         let step = TrainStep::new(
             &state,
             optimizer,
             move |params: &Params<S>, batch: &[Array], key: &Array| {
-                S::loss(params, &loss_model, batch, Some(key))
+                S::loss(
+                    &precision.for_compute(params)?,
+                    &loss_model,
+                    batch,
+                    Some(key),
+                )
             },
             options,
         )?;
-        let evaluate = evaluation::<S>(state.template(), model.clone(), config.compile);
+        let evaluate = evaluation::<S>(state.template(), model.clone(), &config);
         let flops_per_token = S::Model::flops_per_token(&state.params, &model, config.seq_len);
         let (train, validation) = if config.validation_fraction > 0.0 {
             let split = windows.split(config.validation_fraction)?;
@@ -378,11 +384,12 @@ fn recorded<T: serde::de::DeserializeOwned>(
     serde_json::from_value(value).map_err(|err| error(format!("`{name}`: {err}")))
 }
 
-/// The validation loss as a compiled function of `[params..., inputs, targets]`.
+/// The validation loss as a function of `[params..., inputs, targets]`, computed in the run's
+/// precision and compiled unless the run is eager.
 fn evaluation<S: TrainingStep>(
     template: StateTemplate<Params<S>, S::Optimizer>,
     model: ModelConfig<S>,
-    compiled: bool,
+    config: &TrainConfig,
 ) -> EvalFn
 where
     <Params<S> as crate::tree::Tree<Array>>::Of<
@@ -390,14 +397,15 @@ where
     >: Clone + 'static,
 {
     let n_params = template.layout().params;
+    let precision = config.precision;
     let loss = move |args: &[Array]| -> std::result::Result<Vec<Array>, Exception> {
         let run = || -> Result<Array> {
-            let params = template.params(&args[..n_params])?;
+            let params = precision.for_compute(&template.params(&args[..n_params])?)?;
             S::loss(&params, &model, &args[n_params..], None)
         };
         run().map(|loss| vec![loss]).map_err(Error::into_exception)
     };
-    if compiled {
+    if config.compile {
         Box::new(compile(loss, false))
     } else {
         Box::new(loss)
