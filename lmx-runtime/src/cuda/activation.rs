@@ -39,8 +39,13 @@ __device__ __forceinline__ float lmx_activation_derivative(float x) {
 }
 "#;
 
-/// `y[i] = f(x[i])`; each thread takes `VEC` neighbouring values, at once where aligned.
-const FORWARD: &str = r#"
+/// A kernel's body: what both kernels open with, then `$rest`. The opening declares `Pack` (`VEC`
+/// values of `T`, loaded or stored at once) and `i`, this thread's first value; a thread past the
+/// end returns.
+macro_rules! elementwise_body {
+    ($rest:literal) => {
+        concat!(
+            r#"
   struct alignas(sizeof(T) * VEC) Pack {
     T v[VEC];
   };
@@ -49,7 +54,15 @@ const FORWARD: &str = r#"
   if (i >= size) {
     return;
   }
-  if (i + VEC <= size &&
+"#,
+            $rest
+        )
+    };
+}
+
+/// `y[i] = f(x[i])`; each thread takes `VEC` neighbouring values, at once where aligned.
+const FORWARD: &str = elementwise_body!(
+    r#"  if (i + VEC <= size &&
       (reinterpret_cast<size_t>(x) | reinterpret_cast<size_t>(y)) % sizeof(Pack) == 0) {
     const Pack in = *reinterpret_cast<const Pack*>(x + i);
     Pack out;
@@ -63,19 +76,12 @@ const FORWARD: &str = r#"
       y[j] = static_cast<T>(lmx_activation<ACT>(static_cast<float>(x[j])));
     }
   }
-"#;
+"#
+);
 
 /// `dx[i] = dy[i] f'(x[i])`, laid out as [`FORWARD`].
-const BACKWARD: &str = r#"
-  struct alignas(sizeof(T) * VEC) Pack {
-    T v[VEC];
-  };
-  const size_t size = x_shape[0];
-  const size_t i = (static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x) * VEC;
-  if (i >= size) {
-    return;
-  }
-  if (i + VEC <= size && (reinterpret_cast<size_t>(x) | reinterpret_cast<size_t>(dy) |
+const BACKWARD: &str = elementwise_body!(
+    r#"  if (i + VEC <= size && (reinterpret_cast<size_t>(x) | reinterpret_cast<size_t>(dy) |
                           reinterpret_cast<size_t>(dx)) % sizeof(Pack) == 0) {
     const Pack in = *reinterpret_cast<const Pack*>(x + i);
     const Pack grad = *reinterpret_cast<const Pack*>(dy + i);
@@ -92,7 +98,8 @@ const BACKWARD: &str = r#"
       dx[j] = static_cast<T>(static_cast<float>(dy[j]) * slope);
     }
   }
-"#;
+"#
+);
 
 thread_local! {
     static FORWARD_KERNEL: Result<Kernel> =
