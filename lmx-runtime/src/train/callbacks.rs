@@ -31,7 +31,9 @@ pub struct StepReport {
     /// Milliseconds the host spent handing this step to the device (MLX's `async_eval`). On a
     /// GPU that is MLX encoding the step's kernels and library calls into command buffers, on
     /// this thread; on the CPU it covers most of the computation, since MLX queues only a few
-    /// tasks ahead of its CPU stream.
+    /// tasks ahead of its CPU stream. With [`Overlap::Off`](super::Overlap::Off) the step runs to
+    /// completion here (MLX's synchronous `eval`), so this holds the device's time too and
+    /// `wait_ms` is near zero.
     pub submit_ms: f64,
     /// Milliseconds the host waited for the device to finish this step before reading its loss.
     /// Near zero while the step's other times add up to the step's own, the run is bound by

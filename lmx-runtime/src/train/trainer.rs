@@ -203,8 +203,10 @@ where
             if let Some(previous) = in_flight.take() {
                 self.report(previous, &mut progress)?;
             }
-            if self.config.overlap != Overlap::Submit {
-                submit_s = submit(&metrics.outputs)?;
+            match self.config.overlap {
+                Overlap::Off => submit_s = run_now(&metrics.outputs)?,
+                Overlap::Build => submit_s = submit(&metrics.outputs)?,
+                Overlap::Submit => {}
             }
             self.done += 1;
             in_flight = Some(InFlight {
@@ -365,6 +367,17 @@ fn submit(outputs: &[Array]) -> Result<f64> {
     let submitting = Instant::now();
     async_eval(outputs)?;
     Ok(submitting.elapsed().as_secs_f64())
+}
+
+/// Runs a step's outputs to completion and returns the seconds that took, the device's time
+/// included. MLX marks the outputs of a synchronous `eval` ready when it returns, where those
+/// of `async_eval` are each asked once, when the next step reads them, whether the device is
+/// done (on CUDA one `cudaEventQuery` per parameter and optimizer moment: about 0.13 ms a step
+/// at the tiny preset on an H100, 6% of its step).
+fn run_now(outputs: &[Array]) -> Result<f64> {
+    let running = Instant::now();
+    eval(outputs)?;
+    Ok(running.elapsed().as_secs_f64())
 }
 
 /// The field `name` of a checkpoint's `trainer.json`.
