@@ -2,7 +2,7 @@
 //!
 //! A [`Tensor`] wraps an MLX array and offers only operations that build the graph: arithmetic,
 //! comparisons that give masks (never `bool`), reductions, shapes, and the layers of
-//! [`nn`](self::nn). It has no `item`, no `PartialOrd` or `PartialEq`, no `Display`: code that
+//! [`nn`]. It has no `item`, no `PartialOrd` or `PartialEq`, no `Display`: code that
 //! would branch on a tensor's value does not type-check, and `#[lmx::step]` reports it first, at
 //! its own tokens. Shapes and dtypes are static under compilation, so they stay readable.
 
