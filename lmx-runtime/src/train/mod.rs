@@ -10,6 +10,7 @@ mod callbacks;
 mod config;
 mod overlap;
 mod precision;
+mod staged;
 mod trainer;
 
 pub use callbacks::{

@@ -1,6 +1,7 @@
 //! The training loop.
 
 use super::callbacks::{Callback, Control, EvalReport, StepReport};
+use super::staged::StagedBatches;
 use super::{Overlap, TrainConfig};
 use crate::checkpoint::{self, Checkpoints};
 use crate::data::{BatchIterator, BatchPosition, Order, Windows};
@@ -188,13 +189,17 @@ where
             stopped: None,
             last_checkpoint: self.checkpoints.latest()?,
         };
-        let mut next = self.train_batches.next_batch()?;
+        let mut batches = StagedBatches::new(self.config.batch_size, self.config.seq_len);
+        let steps = self.config.steps;
+        let remaining = |done: u64| steps.saturating_sub(done);
+        let mut next = batches.next(&mut self.train_batches, remaining(self.done))?;
         let mut in_flight: Option<InFlight> = None;
         while self.done < self.config.steps && progress.stopped.is_none() {
             let building = Instant::now();
-            let (inputs, targets) = next.to_arrays();
             let lr = self.config.schedule.lr(self.done);
-            let metrics = self.step.step(&mut self.state, lr, &[inputs, targets])?;
+            let metrics = self
+                .step
+                .step(&mut self.state, lr, &[next.0.clone(), next.1.clone()])?;
             let build_s = building.elapsed().as_secs_f64();
             let mut submit_s = 0.0;
             if self.config.overlap == Overlap::Submit {
@@ -218,9 +223,9 @@ where
                 submit_s,
             });
             // The position before `next` is drawn: resuming from this step draws it again.
-            let position = self.train_batches.position();
+            let position = batches.position(&self.train_batches);
             if self.done < self.config.steps {
-                next = self.train_batches.next_batch()?;
+                next = batches.next(&mut self.train_batches, remaining(self.done))?;
             }
             if self.config.overlap == Overlap::Off
                 || self.at_boundary()

@@ -1,0 +1,142 @@
+//! Training batches handed to the device many steps at a time.
+
+use crate::data::{BatchIterator, BatchPosition};
+use crate::error::Result;
+use mlx_rs::ops::indexing::IndexOp;
+use mlx_rs::Array;
+
+/// Bytes of token ids one upload holds at most (inputs and targets together): 16 steps of 16 x
+/// 256 tokens, 4 of GPT-2's 16 x 1024. The upload stays on the device while its steps run, so
+/// this is also what it adds to the run's peak memory.
+const UPLOAD_BYTES: usize = 1 << 20;
+
+/// Steps one upload serves at most.
+const MAX_STEPS_PER_UPLOAD: usize = 64;
+
+/// Batches from a [`BatchIterator`], uploaded to the device for many steps at once.
+///
+/// Made from host memory, an MLX array lives in memory the host and the device share. On CUDA
+/// that is managed memory: writing a step's tokens into it cost the host 0.06 to 0.09 ms a step
+/// at the tiny preset on an H100, and the device's gather of embedding rows by those ids took
+/// 165 to 202 us a step, where the anchor's gathers from device memory are not among its 15
+/// costliest kernels (docs/benchmarks.md). Here one upload holds the batches of several steps
+/// (up to [`MAX_STEPS_PER_UPLOAD`], within [`UPLOAD_BYTES`]), copied once into the device's own
+/// memory by an elementwise kernel, and each step takes its rows as a view of that copy: no
+/// upload and no kernel of its own.
+///
+/// The positions of the batches handed out are kept, so that a checkpoint records where the
+/// next batch comes from, as if the batches had been drawn one at a time.
+pub struct StagedBatches {
+    steps_per_upload: usize,
+    upload: Option<(Array, Array)>,
+    /// The source's position after each batch of the current upload.
+    positions: Vec<BatchPosition>,
+    /// Batches of the current upload handed out.
+    taken: usize,
+}
+
+impl StagedBatches {
+    /// Uploads sized for batches of `batch_size x seq_len` tokens.
+    pub fn new(batch_size: usize, seq_len: usize) -> Self {
+        let step_bytes = 2 * batch_size * seq_len * std::mem::size_of::<i32>();
+        StagedBatches {
+            steps_per_upload: (UPLOAD_BYTES / step_bytes.max(1)).clamp(1, MAX_STEPS_PER_UPLOAD),
+            upload: None,
+            positions: Vec::new(),
+            taken: 0,
+        }
+    }
+
+    /// The next step's inputs and targets, `[batch_size, seq_len]` each. When the current upload
+    /// is used up, draws the batches of up to `remaining` steps from `source` into the next.
+    pub fn next(&mut self, source: &mut BatchIterator, remaining: u64) -> Result<(Array, Array)> {
+        if self.upload.is_none() || self.taken == self.positions.len() {
+            self.upload(source, remaining)?;
+        }
+        let (inputs, targets) = self.upload.as_ref().expect("uploaded above");
+        let row = self.taken as i32;
+        let take = |all: &Array| -> Result<Array> {
+            let shape = &all.shape()[1..];
+            Ok(all.index(row..row + 1).reshape(shape)?)
+        };
+        let batch = (take(inputs)?, take(targets)?);
+        self.taken += 1;
+        Ok(batch)
+    }
+
+    /// Where `source` stands after the batches handed out so far: the position a run resumed
+    /// from this point must seek.
+    pub fn position(&self, source: &BatchIterator) -> BatchPosition {
+        match self.taken {
+            0 => BatchIterator::position(source),
+            taken => self.positions[taken - 1],
+        }
+    }
+
+    fn upload(&mut self, source: &mut BatchIterator, remaining: u64) -> Result<()> {
+        let steps = (remaining.max(1) as usize).min(self.steps_per_upload);
+        let (mut inputs, mut targets) = (Vec::new(), Vec::new());
+        self.positions.clear();
+        let mut shape = [0, 0];
+        for _ in 0..steps {
+            let batch = source.next_batch()?;
+            shape = batch.shape();
+            inputs.extend_from_slice(&batch.inputs);
+            targets.extend_from_slice(&batch.targets);
+            self.positions.push(BatchIterator::position(source));
+        }
+        let shape = [steps as i32, shape[0] as i32, shape[1] as i32];
+        let on_device = |ids: &[i32]| -> Result<Array> {
+            // `+ 0` is a kernel that writes a new array in the device's memory.
+            Ok(Array::from_slice(ids, &shape).add(Array::from_int(0))?)
+        };
+        self.upload = Some((on_device(&inputs)?, on_device(&targets)?));
+        self.taken = 0;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::data::{Order, Windows};
+    use std::sync::Arc;
+
+    fn source() -> BatchIterator {
+        let tokens: Vec<u32> = (0..400).map(|t| (t * 7 % 97) as u32).collect();
+        let windows = Windows::new(Arc::new(tokens), 8).unwrap();
+        BatchIterator::new(windows, 3, Order::Shuffled, 5).unwrap()
+    }
+
+    #[test]
+    fn batches_and_positions_are_those_drawn_one_at_a_time() {
+        // 3 x 8 tokens a step: an upload of 64 steps, then one of the 6 that remain. An epoch
+        // (49 windows, 16 batches) ends four times inside the first upload.
+        let mut one_at_a_time = source();
+        let mut staged_source = source();
+        let mut staged = StagedBatches::new(3, 8);
+        let steps = 70u64;
+        assert_eq!(
+            staged.position(&staged_source),
+            one_at_a_time.position(),
+            "before the first batch"
+        );
+        for done in 0..steps {
+            let batch = one_at_a_time.next_batch().unwrap();
+            let (inputs, targets) = staged.next(&mut staged_source, steps - done).unwrap();
+            assert_eq!(inputs.shape(), &[3, 8]);
+            assert_eq!(inputs.as_slice::<i32>(), &batch.inputs[..], "step {done}");
+            assert_eq!(targets.as_slice::<i32>(), &batch.targets[..], "step {done}");
+            assert_eq!(
+                staged.position(&staged_source),
+                one_at_a_time.position(),
+                "after step {done}"
+            );
+        }
+        assert_eq!(
+            staged.positions.len(),
+            6,
+            "the last upload holds the last 6 steps"
+        );
+    }
+}
