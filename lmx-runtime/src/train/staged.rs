@@ -17,8 +17,8 @@ const MAX_STEPS_PER_UPLOAD: usize = 64;
 ///
 /// Made from host memory, an MLX array lives in memory the host and the device share. On CUDA
 /// that is managed memory: writing a step's tokens into it cost the host 0.06 to 0.09 ms a step
-/// at the tiny preset on an H100, and the device's gather of embedding rows by those ids took
-/// 165 to 202 us a step, where the anchor's gathers from device memory are not among its 15
+/// at the tiny preset on an H100, and a gather in the step (most likely the embedding's, by
+/// those ids) took 165 to 202 us, where the anchor's gathers from device memory are not among its 15
 /// costliest kernels (docs/benchmarks.md). Here one upload holds the batches of several steps
 /// (up to [`MAX_STEPS_PER_UPLOAD`], within [`UPLOAD_BYTES`]), copied once into the device's own
 /// memory by an elementwise kernel, and each step takes its rows as a view of that copy: no
