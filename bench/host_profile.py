@@ -20,6 +20,8 @@ import re
 import struct
 import subprocess
 
+from trace_summary import short
+
 
 class Module:
     """One mapped binary: its load segments (to turn a file offset into an address) and symbols."""
@@ -88,20 +90,6 @@ def functions(path):
     return sorted((int(a, 16), int(b, 16)) for a, b in found)
 
 
-def short(name, width=110):
-    """A function's name without template arguments and parameter lists."""
-    depth, kept = 0, []
-    for ch in name:
-        if ch in "<(":
-            depth += 1
-        elif ch in ">)":
-            depth -= 1
-        elif depth == 0:
-            kept.append(ch)
-    text = "".join(kept).strip() or name
-    return text if len(text) <= width else text[: width - 3] + "..."
-
-
 def read(path):
     maps, stacks = [], []
     with open(path) as f:
@@ -143,7 +131,7 @@ def main():
         lookup = address if exact else address - 1
         vaddr = module.address(lookup - start + offset)
         symbol = module.symbol(vaddr) if vaddr is not None else None
-        return f"{short(symbol)} [{base}]" if symbol else f"[{base}]"
+        return f"{short(symbol, 110)} [{base}]" if symbol else f"[{base}]"
 
     if args.last:
         stacks = stacks[-args.last :]
