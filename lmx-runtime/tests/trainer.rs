@@ -458,6 +458,28 @@ fn a_stop_from_a_step_report_lands_after_the_step_in_flight() {
     assert_eq!(b.steps_done(), 5);
 }
 
+#[test]
+fn runs_continued_after_a_stop_train_on_the_batches_an_unstopped_run_would() {
+    let whole = tempfile::tempdir().unwrap();
+    run_plain(whole.path(), 20, Overlap::Off, None);
+    let expected = logged_losses(whole.path());
+    for overlap in [Overlap::Off, Overlap::Build, Overlap::Submit] {
+        // Stopped after step 5, then at the first report of each later run (one step in `off`,
+        // two with steps overlapped): eight runs or more, each of which had drawn batches ahead
+        // of the steps it ran.
+        let stopped = tempfile::tempdir().unwrap();
+        let mut trainer = run_plain(stopped.path(), 20, overlap, Some(5));
+        let mut runs = 1;
+        while trainer.steps_done() < 20 {
+            trainer.run().unwrap();
+            runs += 1;
+        }
+        assert!(runs >= 8, "{overlap:?}: {runs} runs");
+        let losses = logged_losses(stopped.path());
+        assert_same_losses(&losses, &expected, &format!("{overlap:?}, continued"));
+    }
+}
+
 /// Keeps every step report of a run.
 struct Reports(std::rc::Rc<std::cell::RefCell<Vec<lmx_runtime::train::StepReport>>>);
 

@@ -170,7 +170,8 @@ where
     }
 
     /// Trains until `config.steps` updates are made, a callback stops the run, or the loss stops
-    /// being finite (an error naming the step and the last good checkpoint).
+    /// being finite (an error naming the step and the last good checkpoint). Called again after a
+    /// stop, it goes on with the batches an unstopped run would have trained on.
     ///
     /// Unless `config.overlap` is [`Overlap::Off`], the loop builds the graph of step `n + 1`
     /// while the device computes step `n`, and reads step `n`'s loss after that. With
@@ -192,6 +193,8 @@ where
         let mut batches = StagedBatches::new(self.config.batch_size, self.config.seq_len);
         let steps = self.config.steps;
         let remaining = |done: u64| steps.saturating_sub(done);
+        // Where the batch of the step after the last one run comes from.
+        let mut resume_at = batches.position(&self.train_batches);
         let mut next = batches.next(&mut self.train_batches, remaining(self.done))?;
         let mut in_flight: Option<InFlight> = None;
         while self.done < self.config.steps && progress.stopped.is_none() {
@@ -224,6 +227,7 @@ where
             });
             // The position before `next` is drawn: resuming from this step draws it again.
             let position = batches.position(&self.train_batches);
+            resume_at = position;
             if self.done < self.config.steps {
                 next = batches.next(&mut self.train_batches, remaining(self.done))?;
             }
@@ -237,6 +241,8 @@ where
                 self.boundary(position, &mut progress)?;
             }
         }
+        // The batches drawn ahead go back, so that another `run` after a stop trains on them.
+        self.train_batches.seek(resume_at)?;
         for callback in &mut self.callbacks {
             callback.on_end()?;
         }
