@@ -5,8 +5,8 @@ use crate::error::Result;
 use mlx_rs::ops::indexing::IndexOp;
 use mlx_rs::Array;
 
-/// Bytes of token ids one upload holds at most (inputs and targets together): 16 steps of 16 x
-/// 256 tokens, 4 of GPT-2's 16 x 1024. The upload stays on the device while its steps run, so
+/// Bytes of token ids one upload holds at most (inputs and targets together): 32 steps of 16 x
+/// 256 tokens, 8 of GPT-2's 16 x 1024. The upload stays on the device while its steps run, so
 /// this is also what it adds to the run's peak memory.
 const UPLOAD_BYTES: usize = 1 << 20;
 
@@ -106,6 +106,15 @@ mod tests {
         let tokens: Vec<u32> = (0..400).map(|t| (t * 7 % 97) as u32).collect();
         let windows = Windows::new(Arc::new(tokens), 8).unwrap();
         BatchIterator::new(windows, 3, Order::Shuffled, 5).unwrap()
+    }
+
+    #[test]
+    fn an_upload_holds_as_many_steps_as_fit_in_a_mebibyte_up_to_64() {
+        let steps = |batch, seq| StagedBatches::new(batch, seq).steps_per_upload;
+        assert_eq!(steps(16, 256), 32);
+        assert_eq!(steps(16, 1024), 8);
+        assert_eq!(steps(1, 8), 64);
+        assert_eq!(steps(512, 2048), 1);
     }
 
     #[test]
