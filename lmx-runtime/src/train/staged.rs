@@ -13,20 +13,24 @@ const UPLOAD_BYTES: usize = 1 << 20;
 /// Steps one upload serves at most.
 const MAX_STEPS_PER_UPLOAD: usize = 64;
 
-/// Batches from a [`BatchIterator`], uploaded to the device for many steps at once.
+/// Batches from a [`BatchIterator`], uploaded to a CUDA device for many steps at once.
 ///
 /// Made from host memory, an MLX array lives in memory the host and the device share. On CUDA
 /// that is managed memory: writing a step's tokens into it cost the host 0.06 to 0.09 ms a step
 /// at the tiny preset on an H100, and a gather in the step (most likely the embedding's, by
-/// those ids) took 165 to 202 us, where the anchor's gathers from device memory are not among its 15
-/// costliest kernels (docs/benchmarks.md). Here one upload holds the batches of several steps
-/// (up to [`MAX_STEPS_PER_UPLOAD`], within [`UPLOAD_BYTES`]), copied once into the device's own
-/// memory by an elementwise kernel, and each step takes its rows as a view of that copy: no
-/// upload and no kernel of its own.
+/// those ids) took 165 to 202 us, where none of the anchor's 15 costliest kernels is a gather
+/// (docs/benchmarks.md). Staged, one upload holds the batches of several steps (up to
+/// [`MAX_STEPS_PER_UPLOAD`], within [`UPLOAD_BYTES`]), copied once into the device's own memory
+/// by an elementwise kernel, and each step takes its rows as a view of that copy: no upload and
+/// no kernel of its own. Unstaged (on the CPU, and on Metal, whose memory is the host's), each
+/// upload is one step's batch, read where it was written, as a plain [`Batch`]'s arrays are.
 ///
 /// The positions of the batches handed out are kept, so that a checkpoint records where the
 /// next batch comes from, as if the batches had been drawn one at a time.
+///
+/// [`Batch`]: crate::data::Batch
 pub struct StagedBatches {
+    staged: bool,
     steps_per_upload: usize,
     upload: Option<(Array, Array)>,
     /// The source's position after each batch of the current upload.
@@ -36,11 +40,18 @@ pub struct StagedBatches {
 }
 
 impl StagedBatches {
-    /// Uploads sized for batches of `batch_size x seq_len` tokens.
-    pub fn new(batch_size: usize, seq_len: usize) -> Self {
+    /// Uploads sized for batches of `batch_size x seq_len` tokens: staged (many steps, copied
+    /// into device memory) or not (one step each).
+    pub fn new(batch_size: usize, seq_len: usize, staged: bool) -> Self {
         let step_bytes = 2 * batch_size * seq_len * std::mem::size_of::<i32>();
+        let steps_per_upload = if staged {
+            (UPLOAD_BYTES / step_bytes.max(1)).clamp(1, MAX_STEPS_PER_UPLOAD)
+        } else {
+            1
+        };
         StagedBatches {
-            steps_per_upload: (UPLOAD_BYTES / step_bytes.max(1)).clamp(1, MAX_STEPS_PER_UPLOAD),
+            staged,
+            steps_per_upload,
             upload: None,
             positions: Vec::new(),
             taken: 0,
@@ -86,9 +97,14 @@ impl StagedBatches {
             self.positions.push(BatchIterator::position(source));
         }
         let shape = [steps as i32, shape[0] as i32, shape[1] as i32];
+        let staged = self.staged;
         let on_device = |ids: &[i32]| -> Result<Array> {
+            let written = Array::from_slice(ids, &shape);
+            if !staged {
+                return Ok(written);
+            }
             // `+ 0` is a kernel that writes a new array in the device's memory.
-            Ok(Array::from_slice(ids, &shape).add(Array::from_int(0))?)
+            Ok(written.add(Array::from_int(0))?)
         };
         self.upload = Some((on_device(&inputs)?, on_device(&targets)?));
         self.taken = 0;
@@ -110,20 +126,27 @@ mod tests {
 
     #[test]
     fn an_upload_holds_as_many_steps_as_fit_in_a_mebibyte_up_to_64() {
-        let steps = |batch, seq| StagedBatches::new(batch, seq).steps_per_upload;
+        let steps = |batch, seq| StagedBatches::new(batch, seq, true).steps_per_upload;
         assert_eq!(steps(16, 256), 32);
         assert_eq!(steps(16, 1024), 8);
         assert_eq!(steps(1, 8), 64);
         assert_eq!(steps(512, 2048), 1);
+        assert_eq!(StagedBatches::new(1, 8, false).steps_per_upload, 1);
     }
 
     #[test]
     fn batches_and_positions_are_those_drawn_one_at_a_time() {
-        // 3 x 8 tokens a step: an upload of 64 steps, then one of the 6 that remain. An epoch
-        // (49 windows, 16 batches) ends four times inside the first upload.
+        // Staged, 3 x 8 tokens a step: an upload of 64 steps, then one of the 6 that remain. An
+        // epoch (49 windows, 16 batches) ends four times inside the first upload.
+        for stage in [true, false] {
+            check_against_one_at_a_time(stage);
+        }
+    }
+
+    fn check_against_one_at_a_time(stage: bool) {
         let mut one_at_a_time = source();
         let mut staged_source = source();
-        let mut staged = StagedBatches::new(3, 8);
+        let mut staged = StagedBatches::new(3, 8, stage);
         let steps = 70u64;
         assert_eq!(
             staged.position(&staged_source),
@@ -134,18 +157,23 @@ mod tests {
             let batch = one_at_a_time.next_batch().unwrap();
             let (inputs, targets) = staged.next(&mut staged_source, steps - done).unwrap();
             assert_eq!(inputs.shape(), &[3, 8]);
-            assert_eq!(inputs.as_slice::<i32>(), &batch.inputs[..], "step {done}");
-            assert_eq!(targets.as_slice::<i32>(), &batch.targets[..], "step {done}");
+            assert_eq!(
+                inputs.as_slice::<i32>(),
+                &batch.inputs[..],
+                "{stage}: step {done}"
+            );
+            assert_eq!(
+                targets.as_slice::<i32>(),
+                &batch.targets[..],
+                "{stage}: step {done}"
+            );
             assert_eq!(
                 staged.position(&staged_source),
                 one_at_a_time.position(),
                 "after step {done}"
             );
         }
-        assert_eq!(
-            staged.positions.len(),
-            6,
-            "the last upload holds the last 6 steps"
-        );
+        let last_upload = if stage { 6 } else { 1 };
+        assert_eq!(staged.positions.len(), last_upload, "staged: {stage}");
     }
 }

@@ -190,7 +190,11 @@ where
             stopped: None,
             last_checkpoint: self.checkpoints.latest()?,
         };
-        let mut batches = StagedBatches::new(self.config.batch_size, self.config.seq_len);
+        let mut batches = StagedBatches::new(
+            self.config.batch_size,
+            self.config.seq_len,
+            crate::cuda::available(),
+        );
         let steps = self.config.steps;
         let remaining = |done: u64| steps.saturating_sub(done);
         // Where the batch of the step after the last one run comes from.
