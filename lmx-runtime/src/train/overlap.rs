@@ -20,10 +20,10 @@ use std::fmt;
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Overlap {
-    /// One step at a time: build its graph, run it to completion, read its loss. The fastest
-    /// order where the host's work is the whole step and the device has nothing to overlap:
-    /// MLX marks a completed step's outputs ready, so the next step does not ask the device
-    /// about each of them (as Python MLX's `mx.eval` does).
+    /// One step at a time: build its graph, run it to completion (MLX's synchronous `eval`, as
+    /// Python MLX's `mx.eval`), read its loss. MLX marks a completed step's outputs ready, so the
+    /// next step does not ask the device about each of them, as it must in the other orders
+    /// (one `cudaEventQuery` per parameter and moment on CUDA).
     Off,
     /// Build step `n + 1`'s graph while the device computes step `n`; hand it over once step `n`
     /// is done. The host's graph building is hidden and at most one step is on the device.
