@@ -23,7 +23,7 @@ const MAX_STEPS_PER_UPLOAD: usize = 64;
 /// [`MAX_STEPS_PER_UPLOAD`], within [`UPLOAD_BYTES`]), copied once into the device's own memory
 /// by an elementwise kernel, and each step takes its rows as a view of that copy: no upload and
 /// no kernel of its own. Unstaged (on the CPU, and on Metal, whose memory is the host's), each
-/// upload is one step's batch, read where it was written, as a plain [`Batch`]'s arrays are.
+/// upload is one step's batch, handed out as it is, as a plain [`Batch`]'s arrays are.
 ///
 /// The positions of the batches handed out are kept, so that a checkpoint records where the
 /// next batch comes from, as if the batches had been drawn one at a time.
@@ -61,12 +61,15 @@ impl StagedBatches {
     /// The next step's inputs and targets, `[batch_size, seq_len]` each. When the current upload
     /// is used up, draws the batches of up to `remaining` steps from `source` into the next.
     pub fn next(&mut self, source: &mut BatchIterator, remaining: u64) -> Result<(Array, Array)> {
-        if self.upload.is_none() || self.taken == self.positions.len() {
+        if self.taken == self.positions.len() {
             self.upload(source, remaining)?;
         }
         let (inputs, targets) = self.upload.as_ref().expect("uploaded above");
         let row = self.taken as i32;
         let take = |all: &Array| -> Result<Array> {
+            if !self.staged {
+                return Ok(all.clone());
+            }
             let shape = &all.shape()[1..];
             Ok(all.index(row..row + 1).reshape(shape)?)
         };
@@ -96,14 +99,15 @@ impl StagedBatches {
             targets.extend_from_slice(&batch.targets);
             self.positions.push(BatchIterator::position(source));
         }
-        let shape = [steps as i32, shape[0] as i32, shape[1] as i32];
+        let [rows, columns] = shape.map(|n| n as i32);
         let staged = self.staged;
         let on_device = |ids: &[i32]| -> Result<Array> {
-            let written = Array::from_slice(ids, &shape);
             if !staged {
-                return Ok(written);
+                // One step's batch, as it is.
+                return Ok(Array::from_slice(ids, &[rows, columns]));
             }
             // `+ 0` is a kernel that writes a new array in the device's memory.
+            let written = Array::from_slice(ids, &[steps as i32, rows, columns]);
             Ok(written.add(Array::from_int(0))?)
         };
         self.upload = Some((on_device(&inputs)?, on_device(&targets)?));

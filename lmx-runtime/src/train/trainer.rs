@@ -230,8 +230,7 @@ where
                 submit_s,
             });
             // The position before `next` is drawn: resuming from this step draws it again.
-            let position = batches.position(&self.train_batches);
-            resume_at = position;
+            resume_at = batches.position(&self.train_batches);
             if self.done < self.config.steps {
                 next = batches.next(&mut self.train_batches, remaining(self.done))?;
             }
@@ -242,7 +241,7 @@ where
                 if let Some(current) = in_flight.take() {
                     self.report(current, &mut progress)?;
                 }
-                self.boundary(position, &mut progress)?;
+                self.boundary(resume_at, &mut progress)?;
             }
         }
         // The batches drawn ahead go back, so that another `run` after a stop trains on them.
