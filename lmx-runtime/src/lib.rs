@@ -8,6 +8,7 @@ pub mod cuda;
 pub mod data;
 pub mod device;
 pub mod error;
+pub mod flat;
 pub mod generate;
 pub mod model;
 pub mod nn;

@@ -62,10 +62,13 @@ pub struct StepMetrics {
     pub outputs: Vec<Array>,
 }
 
-type PureFn = Box<dyn FnMut(&[Array]) -> std::result::Result<Vec<Array>, Exception>>;
+pub(crate) type PureFn = Box<dyn FnMut(&[Array]) -> std::result::Result<Vec<Array>, Exception>>;
 
 /// Wraps a pure function over arrays, compiled or not.
-fn prepare(body: impl Fn(&[Array]) -> Result<Vec<Array>> + 'static, compiled: bool) -> PureFn {
+pub(crate) fn prepare(
+    body: impl Fn(&[Array]) -> Result<Vec<Array>> + 'static,
+    compiled: bool,
+) -> PureFn {
     let pure = move |inputs: &[Array]| body(inputs).map_err(Error::into_exception);
     if compiled {
         Box::new(compile(pure, false))
@@ -389,36 +392,47 @@ where
         batch: &[Array],
         key: &Array,
     ) -> Result<(Array, Vec<Array>)> {
-        let argnums: Vec<i32> = self
-            .specs
-            .iter()
-            .enumerate()
-            .filter(|(_, (trainable, _))| *trainable)
-            .map(|(index, _)| index as i32)
-            .collect();
-        let n_params = params.len();
-        let n_batch = batch.len();
-        let template = &self.template;
-        let loss = &self.loss;
-        let objective = move |args: &[Array]| -> std::result::Result<Vec<Array>, Exception> {
-            let run = || -> Result<Array> {
-                let params = template.params(&args[..n_params])?;
-                loss(
-                    &params,
-                    &args[n_params..n_params + n_batch],
-                    &args[n_params + n_batch],
-                )
-            };
-            run().map(|loss| vec![loss]).map_err(Error::into_exception)
-        };
-        let mut args: Vec<Array> = params.to_vec();
-        args.extend(batch.iter().cloned());
-        args.push(key.clone());
-        let (values, grads) = value_and_grad_with_argnums(objective, &argnums[..])(&args)?;
-        let loss = values
-            .into_iter()
-            .next()
-            .ok_or_else(|| Error::Layout("the loss returned nothing".into()))?;
-        Ok((loss, grads))
+        let trainable: Vec<bool> = self.specs.iter().map(|(trainable, _)| *trainable).collect();
+        loss_and_grads(&self.template, &self.loss, &trainable, params, batch, key)
     }
+}
+
+/// The loss at `params` (every leaf, in traversal order) and its gradients with respect to the
+/// leaves that `trainable` marks, in traversal order.
+pub(crate) fn loss_and_grads<P: Tree<Array>, O: Optimizer>(
+    template: &StateTemplate<P, O>,
+    loss: &Rc<dyn Loss<P>>,
+    trainable: &[bool],
+    params: &[Array],
+    batch: &[Array],
+    key: &Array,
+) -> Result<(Array, Vec<Array>)> {
+    let argnums: Vec<i32> = trainable
+        .iter()
+        .enumerate()
+        .filter(|(_, trainable)| **trainable)
+        .map(|(index, _)| index as i32)
+        .collect();
+    let n_params = params.len();
+    let n_batch = batch.len();
+    let objective = move |args: &[Array]| -> std::result::Result<Vec<Array>, Exception> {
+        let run = || -> Result<Array> {
+            let params = template.params(&args[..n_params])?;
+            loss(
+                &params,
+                &args[n_params..n_params + n_batch],
+                &args[n_params + n_batch],
+            )
+        };
+        run().map(|loss| vec![loss]).map_err(Error::into_exception)
+    };
+    let mut args: Vec<Array> = params.to_vec();
+    args.extend(batch.iter().cloned());
+    args.push(key.clone());
+    let (values, grads) = value_and_grad_with_argnums(objective, &argnums[..])(&args)?;
+    let loss = values
+        .into_iter()
+        .next()
+        .ok_or_else(|| Error::Layout("the loss returned nothing".into()))?;
+    Ok((loss, grads))
 }

@@ -12,10 +12,12 @@
 mod activation;
 mod kernel;
 mod layer_norm;
+mod pack;
 mod sums;
 
 pub(crate) use activation::{activation, activation_backward, activation_fits};
 pub(crate) use layer_norm::{layer_norm_backward, LAYER_NORM_MAX_COLUMNS};
+pub(crate) use pack::pack;
 pub(crate) use sums::column_sum;
 
 use crate::device::{default_kind, DeviceKind};

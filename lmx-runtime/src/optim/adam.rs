@@ -97,6 +97,10 @@ impl Optimizer for Adam {
         "adam"
     }
 
+    fn elementwise(&self) -> bool {
+        true
+    }
+
     fn init(&self, param: &Array) -> Result<AdamLeaf> {
         Ok(AdamLeaf {
             m: zeros_like(param)?,
@@ -143,6 +147,10 @@ impl Optimizer for AdamW {
 
     fn name(&self) -> &'static str {
         "adamw"
+    }
+
+    fn elementwise(&self) -> bool {
+        true
     }
 
     fn init(&self, param: &Array) -> Result<AdamLeaf> {

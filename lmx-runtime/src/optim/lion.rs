@@ -37,6 +37,10 @@ impl Optimizer for Lion {
         "lion"
     }
 
+    fn elementwise(&self) -> bool {
+        true
+    }
+
     fn init(&self, param: &Array) -> Result<Array> {
         Ok(mlx_rs::ops::zeros_like(param)?)
     }

@@ -38,6 +38,14 @@ pub trait Optimizer: Clone + 'static {
     /// A short name for logs and checkpoints (`adamw`, `sgd`, ...).
     fn name(&self) -> &'static str;
 
+    /// Whether [`update`](Self::update) treats every element of a parameter alone: no shape, no
+    /// statistic over a whole tensor, and state arrays shaped like the parameter. Such an update
+    /// runs unchanged over many parameters packed into one flat buffer
+    /// ([`FlatStep`](crate::flat::FlatStep)): one update for the whole model.
+    fn elementwise(&self) -> bool {
+        false
+    }
+
     /// Fresh state for `param`.
     fn init(&self, param: &Array) -> Result<Self::Leaf>;
 

@@ -74,6 +74,10 @@ impl Optimizer for Sgd {
         "sgd"
     }
 
+    fn elementwise(&self) -> bool {
+        true
+    }
+
     fn init(&self, param: &Array) -> Result<SgdLeaf> {
         self.validate()?;
         let velocity = if self.momentum > 0.0 {

@@ -1,0 +1,448 @@
+//! The training state packed into flat buffers, so that one update covers the whole model.
+//!
+//! A [`TrainState`] holds one array per parameter and per optimizer state array, and its
+//! compiled step updates them one by one: on a GPU each update is a kernel launch, and at small
+//! sizes a step's time is its launches (docs/benchmarks.md). When the optimizer's update is
+//! elementwise ([`Optimizer::elementwise`]), the same update runs over all parameters at once if
+//! they lie one after another in one buffer. [`FlatStep`] keeps the state that way: the trainable
+//! parameters of one dtype and one weight-decay setting in one buffer, each optimizer state array
+//! in a buffer laid out alike, and each parameter the loss reads is a view of its place. After
+//! the backward pass the gradients are packed the same way (on CUDA by one kernel for all of
+//! them), and the norm, the clip and the update are a handful of kernels whatever the model's
+//! size.
+//!
+//! The numbers are the per-parameter step's: the same update on the same values. The gradient
+//! norm adds its squares in another grouping, so it can differ in its last bits. The state
+//! unpacks to a [`TrainState`] of views ([`FlatStep::unpack`]) for checkpoints, evaluation and
+//! anything else that reads parameters by name.
+
+use crate::arrays::Arrays;
+use crate::clip;
+use crate::error::{Error, Result};
+use crate::optim::{Optimizer, StepScalars};
+use crate::state::{StateTemplate, TrainState};
+use crate::step::{loss_and_grads, prepare, Loss, PureFn, StepMetrics, StepOptions};
+use crate::tree::{self, Tree};
+use mlx_rs::ops::indexing::IndexOp;
+use mlx_rs::{ops, random, Array, Dtype};
+use std::cell::Cell;
+use std::rc::Rc;
+
+/// Where one parameter lives in the flat state.
+#[derive(Clone, Debug)]
+enum Place {
+    /// In its group's buffers from `offset`, `shape` read row-major.
+    Packed {
+        group: usize,
+        offset: i32,
+        size: i32,
+        shape: Vec<i32>,
+    },
+    /// Frozen: an array of its own, the `index`-th frozen one.
+    Frozen { index: usize },
+}
+
+/// The trainable parameters of one dtype and one weight-decay setting.
+#[derive(Clone, Debug)]
+struct Group {
+    dtype: Dtype,
+    decay: bool,
+    /// Their positions among the trainable parameters (the gradients' order).
+    members: Vec<usize>,
+}
+
+/// How the arrays of a [`TrainState`] map to flat buffers.
+///
+/// The flat list is: each group's parameters, each group's optimizer state arrays (group by
+/// group), the frozen parameters, the step and the key.
+#[derive(Clone, Debug)]
+pub struct FlatLayout {
+    places: Vec<Place>,
+    groups: Vec<Group>,
+    frozen: usize,
+    /// Optimizer state arrays per trainable parameter.
+    opt_arrays: usize,
+}
+
+impl FlatLayout {
+    /// The layout of `state`, or `None` when its optimizer state cannot be packed: an update that
+    /// is not elementwise, state arrays not shaped like their parameter, or nothing trainable.
+    pub fn of<P: Tree<Array>, O: Optimizer>(
+        state: &TrainState<P, O>,
+        optimizer: &O,
+    ) -> Result<Option<FlatLayout>> {
+        if !optimizer.elementwise() {
+            return Ok(None);
+        }
+        let params = tree::flatten(&state.params);
+        let specs = state.specs();
+        let mut opt_leaves: Vec<Option<Vec<Array>>> = Vec::with_capacity(params.len());
+        state.opt.for_each(&mut |leaf| {
+            opt_leaves.push(leaf.as_ref().map(|leaf| {
+                let mut arrays = Vec::new();
+                leaf.push_arrays(&mut arrays);
+                arrays
+            }))
+        });
+        let mut places = Vec::with_capacity(params.len());
+        let mut groups: Vec<Group> = Vec::new();
+        let mut sizes: Vec<i32> = Vec::new();
+        let (mut frozen, mut trainable) = (0, 0);
+        let mut opt_arrays = None;
+        for ((param, spec), opt) in params.iter().zip(&specs).zip(&opt_leaves) {
+            let Some(opt) = opt else {
+                places.push(Place::Frozen { index: frozen });
+                frozen += 1;
+                continue;
+            };
+            let alike = opt
+                .iter()
+                .all(|array| array.shape() == param.shape() && array.dtype() == param.dtype());
+            if !alike || *opt_arrays.get_or_insert(opt.len()) != opt.len() {
+                return Ok(None);
+            }
+            let (dtype, decay) = (param.dtype(), spec.decay);
+            let group = match groups
+                .iter()
+                .position(|group| group.dtype == dtype && group.decay == decay)
+            {
+                Some(group) => group,
+                None => {
+                    groups.push(Group {
+                        dtype,
+                        decay,
+                        members: Vec::new(),
+                    });
+                    sizes.push(0);
+                    groups.len() - 1
+                }
+            };
+            let size = i32::try_from(param.size()).map_err(|_| too_large(&spec.name))?;
+            let offset = sizes[group];
+            sizes[group] = offset
+                .checked_add(size)
+                .ok_or_else(|| too_large(&spec.name))?;
+            groups[group].members.push(trainable);
+            trainable += 1;
+            places.push(Place::Packed {
+                group,
+                offset,
+                size,
+                shape: param.shape().to_vec(),
+            });
+        }
+        Ok(opt_arrays.map(|opt_arrays| FlatLayout {
+            places,
+            groups,
+            frozen,
+            opt_arrays,
+        }))
+    }
+
+    /// Arrays in the flat list.
+    pub fn len(&self) -> usize {
+        self.groups.len() * (1 + self.opt_arrays) + self.frozen + 2
+    }
+
+    /// Never true: the flat list always holds the step and the key.
+    pub fn is_empty(&self) -> bool {
+        false
+    }
+
+    /// The flat list of a state given as [`TrainState::flatten`] lists it (parameters, each
+    /// trainable parameter's optimizer state arrays, step, key).
+    pub fn pack(&self, leaves: &[Array]) -> Result<Vec<Array>> {
+        let n_params = self.places.len();
+        let mut params: Vec<Vec<Array>> = vec![Vec::new(); self.groups.len()];
+        let mut opt: Vec<Vec<Vec<Array>>> =
+            vec![vec![Vec::new(); self.opt_arrays]; self.groups.len()];
+        let mut frozen = Vec::with_capacity(self.frozen);
+        let mut opt_arrays = leaves[n_params..].iter();
+        for (place, param) in self.places.iter().zip(leaves) {
+            match place {
+                Place::Packed { group, .. } => {
+                    params[*group].push(param.reshape(&[-1])?);
+                    for array in &mut opt[*group] {
+                        let state = opt_arrays.next().ok_or_else(short)?;
+                        array.push(state.reshape(&[-1])?);
+                    }
+                }
+                Place::Frozen { .. } => frozen.push(param.clone()),
+            }
+        }
+        let mut flat = Vec::with_capacity(self.len());
+        for group in &params {
+            flat.push(ops::concatenate(group, 0)?);
+        }
+        for group in &opt {
+            for arrays in group {
+                flat.push(ops::concatenate(arrays, 0)?);
+            }
+        }
+        flat.extend(frozen);
+        let rest: Vec<Array> = opt_arrays.cloned().collect();
+        if rest.len() != 2 {
+            return Err(short());
+        }
+        flat.extend(rest);
+        Ok(flat)
+    }
+
+    /// Every parameter of the flat list `flat`, in traversal order: views of the packed ones.
+    pub fn params(&self, flat: &[Array]) -> Result<Vec<Array>> {
+        let frozen = self.groups.len() * (1 + self.opt_arrays);
+        self.places
+            .iter()
+            .map(|place| match place {
+                Place::Packed { group, .. } => view(&flat[*group], place),
+                Place::Frozen { index } => Ok(flat[frozen + index].clone()),
+            })
+            .collect()
+    }
+
+    /// The list [`TrainState::flatten`] would give for the flat list `flat`, of views.
+    pub fn unpack(&self, flat: &[Array]) -> Result<Vec<Array>> {
+        if flat.len() < self.len() {
+            return Err(short());
+        }
+        let mut leaves = self.params(flat)?;
+        for place in &self.places {
+            if let Place::Packed { group, .. } = place {
+                for index in 0..self.opt_arrays {
+                    leaves.push(view(&flat[self.opt_index(*group, index)], place)?);
+                }
+            }
+        }
+        leaves.extend(flat[self.len() - 2..self.len()].iter().cloned());
+        Ok(leaves)
+    }
+
+    /// The position in the flat list of group `group`'s optimizer state array `index`.
+    fn opt_index(&self, group: usize, index: usize) -> usize {
+        self.groups.len() + group * self.opt_arrays + index
+    }
+
+    /// The gradients (of the trainable parameters, in traversal order) packed by group.
+    fn pack_grads(&self, grads: &[Array]) -> Result<Vec<Array>> {
+        self.groups
+            .iter()
+            .map(|group| {
+                let members = group
+                    .members
+                    .iter()
+                    .map(|&member| {
+                        let grad = grads.get(member).ok_or_else(short)?;
+                        Ok(if grad.dtype() == group.dtype {
+                            grad.clone()
+                        } else {
+                            grad.as_dtype(group.dtype)?
+                        })
+                    })
+                    .collect::<Result<Vec<_>>>()?;
+                concatenate(&members, group.dtype)
+            })
+            .collect()
+    }
+}
+
+/// `arrays` one after another in one flat array: on CUDA in one kernel, elsewhere by MLX's
+/// `concatenate`.
+fn concatenate(arrays: &[Array], dtype: Dtype) -> Result<Array> {
+    if crate::cuda::available() {
+        return crate::cuda::pack(arrays, dtype);
+    }
+    let flat = arrays
+        .iter()
+        .map(|array| Ok(array.reshape(&[-1])?))
+        .collect::<Result<Vec<_>>>()?;
+    Ok(ops::concatenate(&flat, 0)?)
+}
+
+/// The view of `buffer` where `place` (a packed one) lies, in its shape.
+fn view(buffer: &Array, place: &Place) -> Result<Array> {
+    match place {
+        Place::Packed {
+            offset,
+            size,
+            shape,
+            ..
+        } => Ok(buffer.index(*offset..offset + size).reshape(shape)?),
+        Place::Frozen { .. } => Err(Error::Layout("a frozen parameter has no place".into())),
+    }
+}
+
+fn short() -> Error {
+    Error::Layout("the state has fewer arrays than its flat layout".into())
+}
+
+fn too_large(name: &str) -> Error {
+    Error::Layout(format!(
+        "`{name}` takes the flat state past 2^31 values; train with per-parameter state"
+    ))
+}
+
+/// A compiled (or eager) training step over a flat state.
+pub struct FlatStep<P: Tree<Array>, O: Optimizer> {
+    function: PureFn,
+    layout: FlatLayout,
+    template: StateTemplate<P, O>,
+    traces: Rc<Cell<usize>>,
+}
+
+impl<P, O> FlatStep<P, O>
+where
+    P: Tree<Array> + Clone + 'static,
+    P::Of<Option<O::Leaf>>: Clone + 'static,
+    O: Optimizer,
+{
+    /// The step for states laid out like `state`, or `None` when its optimizer state cannot be
+    /// packed ([`FlatLayout::of`]).
+    ///
+    /// # Errors
+    /// When `options.accumulation` is not 1: the flat step updates after every batch.
+    pub fn new(
+        state: &TrainState<P, O>,
+        optimizer: O,
+        loss: impl Loss<P>,
+        options: StepOptions,
+    ) -> Result<Option<Self>> {
+        if options.accumulation != 1 {
+            return Err(Error::Config(
+                "a flat state updates after every batch: gradient accumulation needs \
+                 per-parameter state"
+                    .into(),
+            ));
+        }
+        let Some(layout) = FlatLayout::of(state, &optimizer)? else {
+            return Ok(None);
+        };
+        let Some(leaf) = state.opt_leaf_template() else {
+            return Ok(None);
+        };
+        let template = state.template();
+        let traces = Rc::new(Cell::new(0));
+        let body = FlatBody {
+            layout: layout.clone(),
+            template: template.clone(),
+            trainable: state.specs().iter().map(|spec| spec.trainable).collect(),
+            leaf,
+            optimizer,
+            loss: Rc::new(loss),
+            clip_norm: options.clip_norm,
+            traces: traces.clone(),
+        };
+        Ok(Some(FlatStep {
+            function: prepare(move |inputs| body.run(inputs), options.compile),
+            layout,
+            template,
+            traces,
+        }))
+    }
+
+    /// `state` packed: the flat list this step reads and writes.
+    pub fn pack(&self, state: &TrainState<P, O>) -> Result<Vec<Array>> {
+        self.layout.pack(&state.flatten())
+    }
+
+    /// The [`TrainState`] that the flat list `flat` holds, its arrays views of the flat buffers.
+    pub fn unpack(&self, flat: &[Array]) -> Result<TrainState<P, O>> {
+        self.template.state(&self.layout.unpack(flat)?)
+    }
+
+    /// Runs one step: `flat` becomes the next flat state (lazily: nothing is evaluated here).
+    pub fn step(&mut self, flat: &mut Vec<Array>, lr: f32, batch: &[Array]) -> Result<StepMetrics> {
+        let n = self.layout.len();
+        let mut inputs = flat.clone();
+        inputs.push(Array::from_f32(lr));
+        inputs.extend(batch.iter().cloned());
+        let outputs = (self.function)(&inputs)?;
+        if outputs.len() != n + 2 {
+            return Err(Error::Layout(format!(
+                "the flat step returned {} arrays, expected {}",
+                outputs.len(),
+                n + 2
+            )));
+        }
+        *flat = outputs[..n].to_vec();
+        Ok(StepMetrics {
+            loss: outputs[n].clone(),
+            grad_norm: outputs[n + 1].clone(),
+            outputs,
+        })
+    }
+
+    /// How many times the step has been traced (compiled) or run (eager).
+    pub fn traces(&self) -> usize {
+        self.traces.get()
+    }
+}
+
+/// The flat step's pure function and what it needs, captured by value.
+struct FlatBody<P: Tree<Array>, O: Optimizer> {
+    layout: FlatLayout,
+    template: StateTemplate<P, O>,
+    trainable: Vec<bool>,
+    /// An optimizer state of the right structure, to rebuild a group's state from its arrays.
+    leaf: O::Leaf,
+    optimizer: O,
+    loss: Rc<dyn Loss<P>>,
+    clip_norm: Option<f32>,
+    traces: Rc<Cell<usize>>,
+}
+
+impl<P: Tree<Array>, O: Optimizer> FlatBody<P, O> {
+    /// `[flat state..., lr, batch...] -> [flat state'..., loss, grad_norm]`.
+    fn run(&self, inputs: &[Array]) -> Result<Vec<Array>> {
+        self.traces.set(self.traces.get() + 1);
+        let layout = &self.layout;
+        let n = layout.len();
+        if inputs.len() < n + 1 {
+            return Err(Error::Layout(format!(
+                "the flat step needs at least {} inputs, got {}",
+                n + 1,
+                inputs.len()
+            )));
+        }
+        let (state, rest) = inputs.split_at(n);
+        let (lr, batch) = (&rest[0], &rest[1..]);
+        let (key, subkey) = random::split(&state[n - 1], 2)?;
+        let params = layout.params(state)?;
+        let (loss, grads) = loss_and_grads(
+            &self.template,
+            &self.loss,
+            &self.trainable,
+            &params,
+            batch,
+            &subkey,
+        )?;
+        let grads = layout.pack_grads(&grads)?;
+        let (grads, grad_norm) = match self.clip_norm {
+            Some(max_norm) => clip::clip_by_global_norm(&grads, max_norm)?,
+            None => {
+                let norm = clip::global_norm(&grads)?;
+                (grads, norm)
+            }
+        };
+        let step = state[n - 2].add(Array::from_f32(1.0))?;
+        let scalars = StepScalars { lr, step: &step };
+        let groups = layout.groups.len();
+        let mut params = Vec::with_capacity(groups);
+        let mut opt = Vec::with_capacity(groups * layout.opt_arrays);
+        for (index, (group, grad)) in layout.groups.iter().zip(&grads).enumerate() {
+            let first = layout.opt_index(index, 0);
+            let leaf = self
+                .leaf
+                .rebuild_from(&mut state[first..first + layout.opt_arrays].iter().cloned());
+            let (param, leaf) =
+                self.optimizer
+                    .update(&state[index], grad, &leaf, scalars, group.decay)?;
+            params.push(param);
+            leaf.push_arrays(&mut opt);
+        }
+        let mut outputs = params;
+        outputs.extend(opt);
+        outputs.extend(state[n - 2 - layout.frozen..n - 2].iter().cloned());
+        outputs.extend([step, key, loss, grad_norm]);
+        Ok(outputs)
+    }
+}

@@ -1,0 +1,259 @@
+//! A flat training state (`lmx::runtime::flat`) computes what the per-parameter state computes:
+//! the same losses and parameters step by step, with frozen parameters left alone, weight decay
+//! only where the tree says so, and checkpoints that either layout resumes from.
+
+use lmx::models::gpt2;
+use lmx::runtime::data::{rng::SplitMix64, Windows};
+use lmx::runtime::flat::FlatStep;
+use lmx::runtime::nn::{self, init::Keys, LinearParams};
+use lmx::runtime::optim::{Adafactor, AdamW, Optimizer};
+use lmx::runtime::schedule::Schedule;
+use lmx::runtime::state::TrainState;
+use lmx::runtime::step::{StepOptions, TrainStep};
+use lmx::runtime::train::{Callback, Control, StatePacking, StepReport, TrainConfig, Trainer};
+use lmx::runtime::tree;
+use lmx::runtime::{mlx_rs, Array, Error, Result};
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+
+/// A small net with a frozen layer, decayed weights and an undecayed scale.
+#[lmx::model]
+pub struct Net {
+    proj: LinearParams,
+    #[lmx(frozen)]
+    fixed: LinearParams,
+    #[lmx(role = norm, no_decay)]
+    scale: Array,
+}
+
+fn net() -> Result<Net> {
+    let mut keys = Keys::from_seed(3)?;
+    Ok(Net {
+        proj: nn::init::linear(4, 3, true, &mut keys)?,
+        fixed: nn::init::linear(4, 4, true, &mut keys)?,
+        scale: Array::from_slice(&[1.0f32, 0.5, 2.0], &[3]),
+    })
+}
+
+fn loss(params: &Net, batch: &[Array], _: &Array) -> Result<Array> {
+    let hidden = nn::linear(&params.fixed, &batch[0])?;
+    let out = nn::linear(&params.proj, &hidden)?.multiply(&params.scale)?;
+    Ok(out.subtract(&batch[1])?.square()?.mean(false)?)
+}
+
+fn batch(seed: u64) -> Vec<Array> {
+    let mut rng = SplitMix64::new(seed);
+    let mut values = |count: usize| -> Vec<f32> {
+        (0..count)
+            .map(|_| rng.below(2001) as f32 / 1000.0 - 1.0)
+            .collect()
+    };
+    vec![
+        Array::from_slice(&values(32), &[8, 4]),
+        Array::from_slice(&values(24), &[8, 3]),
+    ]
+}
+
+fn values(array: &Array) -> Vec<f32> {
+    array
+        .as_dtype(mlx_rs::Dtype::Float32)
+        .unwrap()
+        .as_slice()
+        .to_vec()
+}
+
+fn optimizer() -> AdamW {
+    AdamW {
+        weight_decay: 0.1,
+        ..AdamW::default()
+    }
+}
+
+#[test]
+fn packing_and_unpacking_gives_back_every_array_of_the_state() -> Result<()> {
+    let state = TrainState::new(net()?, &optimizer(), 0)?;
+    let step = FlatStep::new(&state, optimizer(), loss, StepOptions::default())?
+        .expect("AdamW's state packs");
+    let flat = step.pack(&state)?;
+    // Two groups (decayed weights; undecayed biases and scale), their two moments, one frozen
+    // layer of two arrays, the step and the key.
+    assert_eq!(flat.len(), 2 + 4 + 2 + 2);
+    let unpacked = step.unpack(&flat)?;
+    assert_eq!(unpacked.declaration(), state.declaration());
+    for (got, expected) in unpacked.flatten().iter().zip(state.flatten()) {
+        assert_eq!(got.shape(), expected.shape());
+        assert_eq!(values(got), values(&expected));
+    }
+    Ok(())
+}
+
+#[test]
+fn a_flat_step_computes_the_per_parameter_steps_numbers() -> Result<()> {
+    for compile in [true, false] {
+        let options = StepOptions {
+            compile,
+            ..StepOptions::default()
+        };
+        let mut state = TrainState::new(net()?, &optimizer(), 0)?;
+        let frozen_before = values(&state.params.fixed.weight);
+        let mut flat_step = FlatStep::new(&state, optimizer(), loss, options)?.expect("packs");
+        let mut flat = flat_step.pack(&state)?;
+        let mut step = TrainStep::new(&state, optimizer(), loss, options)?;
+        for index in 0..6 {
+            let lr = 0.05 / (1 + index) as f32;
+            let batch = batch(index);
+            let ours = flat_step.step(&mut flat, lr, &batch)?;
+            let theirs = step.step(&mut state, lr, &batch)?;
+            let (a, b) = (
+                ours.loss.item_exact::<f32>(),
+                theirs.loss.item_exact::<f32>(),
+            );
+            assert!(
+                (a - b).abs() <= 1e-6 * b.abs(),
+                "step {index}: loss {a} vs {b}"
+            );
+            let (a, b) = (
+                ours.grad_norm.item_exact::<f32>(),
+                theirs.grad_norm.item_exact::<f32>(),
+            );
+            assert!(
+                (a - b).abs() <= 1e-5 * b.abs(),
+                "step {index}: norm {a} vs {b}"
+            );
+        }
+        let unpacked = flat_step.unpack(&flat)?;
+        let names = tree::names(&state.params);
+        for ((name, got), expected) in names.iter().zip(unpacked.flatten()).zip(state.flatten()) {
+            let (got, expected) = (values(&got), values(&expected));
+            for (a, b) in got.iter().zip(&expected) {
+                assert!(
+                    (a - b).abs() <= 1e-6,
+                    "{name} (compiled {compile}): {a} vs {b}"
+                );
+            }
+        }
+        assert_eq!(values(&unpacked.params.fixed.weight), frozen_before);
+        assert_ne!(
+            values(&unpacked.params.proj.weight),
+            values(&net()?.proj.weight)
+        );
+    }
+    Ok(())
+}
+
+#[test]
+fn an_update_that_is_not_elementwise_or_an_accumulating_step_is_not_packed() -> Result<()> {
+    let state = TrainState::new(net()?, &Adafactor::default(), 0)?;
+    assert!(!Adafactor::default().elementwise());
+    assert!(FlatStep::new(&state, Adafactor::default(), loss, StepOptions::default())?.is_none());
+    let state = TrainState::new(net()?, &optimizer(), 0)?;
+    let options = StepOptions {
+        accumulation: 2,
+        ..StepOptions::default()
+    };
+    match FlatStep::new(&state, optimizer(), loss, options) {
+        Err(Error::Config(message)) => assert!(message.contains("accumulation"), "{message}"),
+        Err(other) => panic!("expected a configuration error, got {other}"),
+        Ok(_) => panic!("an accumulating step was packed"),
+    }
+    Ok(())
+}
+
+fn gpt2_run(
+    dir: &Path,
+    packing: StatePacking,
+    steps: u64,
+    resume_from: Option<&Path>,
+) -> Result<(Trainer<gpt2::Anchor>, Vec<f32>)> {
+    let mut config = gpt2::Config::preset("tiny").expect("the tiny preset");
+    config.ctx = 16;
+    let mut rng = SplitMix64::new(1);
+    let tokens: Vec<u32> = (0..2_000).map(|_| rng.below(256) as u32).collect();
+    let windows = Windows::new(Arc::new(tokens), 16)?;
+    let train = TrainConfig {
+        steps,
+        batch_size: 4,
+        seq_len: 16,
+        schedule: Schedule::Constant {
+            lr: 3e-3,
+            warmup_steps: 0,
+        },
+        state_packing: packing,
+        validation_fraction: 0.0,
+        eval_every: 0,
+        checkpoint_every: 3,
+        out_dir: dir.to_path_buf(),
+        ..TrainConfig::default()
+    };
+    let mut trainer = Trainer::<gpt2::Anchor>::new(config, train, windows)?;
+    if let Some(checkpoint) = resume_from {
+        trainer.resume(checkpoint)?;
+    }
+    let losses = Arc::new(Mutex::new(Vec::new()));
+    trainer.add_callback(Losses(losses.clone()));
+    trainer.run()?;
+    let losses = losses.lock().expect("not poisoned").clone();
+    Ok((trainer, losses))
+}
+
+/// Collects a run's training losses.
+struct Losses(Arc<Mutex<Vec<f32>>>);
+
+impl Callback for Losses {
+    fn on_step(&mut self, report: &StepReport) -> Result<Control> {
+        self.0.lock().expect("not poisoned").push(report.loss);
+        Ok(Control::Continue)
+    }
+}
+
+#[test]
+fn the_trainer_with_a_flat_state_trains_checkpoints_and_resumes_as_with_per_parameter_state(
+) -> Result<()> {
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let (per_parameter, expected) = gpt2_run(
+        &dir.path().join("per-parameter"),
+        StatePacking::PerParameter,
+        6,
+        None,
+    )?;
+    let (flat, losses) = gpt2_run(&dir.path().join("flat"), StatePacking::Flat, 6, None)?;
+    assert!(flat.flat_state() && !per_parameter.flat_state());
+    for (step, (a, b)) in losses.iter().zip(&expected).enumerate() {
+        assert!(
+            (a - b).abs() <= 1e-5 * b.abs(),
+            "step {}: {a} vs {b}",
+            step + 1
+        );
+    }
+    // The gradient norm adds its squares in another grouping, which moves its last bits, and Adam
+    // turns rounding noise in a gradient that is zero in exact arithmetic (the attention key's
+    // bias) into steps of the learning rate's size: parameters agree to a tenth of one step (the
+    // custom net above checks the update itself to 1e-6).
+    for ((name, a), b) in tree::names(&flat.state().params)
+        .iter()
+        .zip(tree::flatten(&flat.state().params))
+        .zip(tree::flatten(&per_parameter.state().params))
+    {
+        for (x, y) in values(&a).iter().zip(&values(&b)) {
+            assert!((x - y).abs() <= 3e-4, "{name}: {x} vs {y}");
+        }
+    }
+    // A flat run resumes from the per-parameter run's checkpoint at step 3 and goes on as it did.
+    let checkpoint = dir.path().join("per-parameter/checkpoints/step-000003");
+    let (resumed, losses) = gpt2_run(
+        &dir.path().join("resumed"),
+        StatePacking::Flat,
+        6,
+        Some(&checkpoint),
+    )?;
+    assert!(resumed.flat_state());
+    assert_eq!(losses.len(), 3);
+    for (step, (a, b)) in losses.iter().zip(&expected[3..]).enumerate() {
+        assert!(
+            (a - b).abs() <= 1e-5 * b.abs(),
+            "step {}: {a} vs {b}",
+            step + 4
+        );
+    }
+    Ok(())
+}
