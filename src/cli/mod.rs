@@ -14,7 +14,7 @@ use clap::{Args, Parser, Subcommand};
 use lmx::runtime::device::{self, DeviceKind};
 use lmx::runtime::generate::Sampling;
 use lmx::runtime::schedule::Schedule;
-use lmx::runtime::train::{Overlap, Precision, TrainConfig};
+use lmx::runtime::train::{Overlap, Precision, StatePacking, TrainConfig};
 use std::path::PathBuf;
 
 /// Train, check and sample transformer language models declared in `.lmx` files, over MLX.
@@ -138,6 +138,10 @@ pub struct TrainArgs {
     /// `submit`.
     #[arg(long, value_enum)]
     pub overlap: Option<OverlapArg>,
+    /// How the step's state is laid out; without it, the settings file's `state_packing`, or
+    /// `auto` (flat on a CUDA GPU).
+    #[arg(long, value_enum)]
+    pub state_packing: Option<StatePackingArg>,
     /// Evaluate the validation loss every N steps.
     #[arg(long)]
     pub eval_every: Option<u64>,
@@ -185,6 +189,27 @@ impl From<OverlapArg> for Overlap {
             OverlapArg::Off => Overlap::Off,
             OverlapArg::Build => Overlap::Build,
             OverlapArg::Submit => Overlap::Submit,
+        }
+    }
+}
+
+/// [`StatePacking`], as a flag.
+#[derive(Clone, Copy, clap::ValueEnum)]
+pub enum StatePackingArg {
+    /// Flat on a CUDA GPU where the optimizer allows it, per parameter otherwise.
+    Auto,
+    /// Parameters and optimizer state packed into flat buffers: one update for the whole model.
+    Flat,
+    /// One array per parameter and per optimizer state array.
+    PerParameter,
+}
+
+impl From<StatePackingArg> for StatePacking {
+    fn from(packing: StatePackingArg) -> Self {
+        match packing {
+            StatePackingArg::Auto => StatePacking::Auto,
+            StatePackingArg::Flat => StatePacking::Flat,
+            StatePackingArg::PerParameter => StatePacking::PerParameter,
         }
     }
 }
@@ -259,6 +284,9 @@ impl TrainArgs {
         }
         if let Some(overlap) = self.overlap {
             config.overlap = overlap.into();
+        }
+        if let Some(packing) = self.state_packing {
+            config.state_packing = packing.into();
         }
         config.compile &= !self.eager;
         if self.lr.is_some() || self.warmup.is_some() || self.steps.is_some() {

@@ -1,6 +1,6 @@
 //! What a training run is told: lengths, batch, schedule, evaluation, checkpoints.
 
-use super::{Overlap, Precision};
+use super::{Overlap, Precision, StatePacking};
 use crate::error::{Error, Result};
 use crate::schedule::Schedule;
 use std::path::PathBuf;
@@ -25,6 +25,8 @@ pub struct TrainConfig {
     pub precision: Precision,
     /// How far the host runs ahead of the device.
     pub overlap: Overlap,
+    /// How the step's state is laid out: per parameter or packed flat.
+    pub state_packing: StatePacking,
     /// Fraction of windows held out for validation.
     pub validation_fraction: f64,
     /// Evaluate the validation loss every this many steps (0: never).
@@ -59,6 +61,7 @@ impl Default for TrainConfig {
             compile: true,
             precision: Precision::Float32,
             overlap: Overlap::default(),
+            state_packing: StatePacking::default(),
             validation_fraction: 0.05,
             eval_every: 100,
             eval_batches: 8,

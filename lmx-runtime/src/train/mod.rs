@@ -9,8 +9,10 @@
 mod callbacks;
 mod config;
 mod overlap;
+mod packing;
 mod precision;
 mod staged;
+mod stepper;
 mod trainer;
 
 pub use callbacks::{
@@ -18,5 +20,6 @@ pub use callbacks::{
 };
 pub use config::TrainConfig;
 pub use overlap::Overlap;
+pub use packing::StatePacking;
 pub use precision::Precision;
 pub use trainer::{TrainSummary, Trainer};

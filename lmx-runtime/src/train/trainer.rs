@@ -2,13 +2,14 @@
 
 use super::callbacks::{Callback, Control, EvalReport, StepReport};
 use super::staged::StagedBatches;
+use super::stepper::Stepper;
 use super::{Overlap, TrainConfig};
 use crate::checkpoint::{self, Checkpoints};
 use crate::data::{BatchIterator, BatchPosition, Order, Windows};
 use crate::error::{Error, Result};
 use crate::model::{LanguageModel, TrainingStep};
 use crate::state::{StateTemplate, TrainState};
-use crate::step::{StepOptions, TrainStep};
+use crate::step::StepOptions;
 use mlx_rs::error::Exception;
 use mlx_rs::transforms::{async_eval, compile::compile, eval};
 use mlx_rs::Array;
@@ -58,8 +59,7 @@ struct Progress {
 pub struct Trainer<S: TrainingStep> {
     model: ModelConfig<S>,
     config: TrainConfig,
-    state: TrainState<Params<S>, S::Optimizer>,
-    step: TrainStep<Params<S>, S::Optimizer>,
+    stepper: Stepper<Params<S>, S::Optimizer>,
     evaluate: EvalFn,
     train_batches: BatchIterator,
     validation: Option<Windows>,
@@ -89,8 +89,10 @@ where
         };
         let loss_model = model.clone();
         let precision = config.precision;
-        let step = TrainStep::new(
-            &state,
+        let evaluate = evaluation::<S>(state.template(), model.clone(), &config);
+        let flops_per_token = S::Model::flops_per_token(&state.params, &model, config.seq_len);
+        let stepper = Stepper::new(
+            state,
             optimizer,
             move |params: &Params<S>, batch: &[Array], key: &Array| {
                 S::loss(
@@ -101,9 +103,8 @@ where
                 )
             },
             options,
+            config.state_packing,
         )?;
-        let evaluate = evaluation::<S>(state.template(), model.clone(), &config);
-        let flops_per_token = S::Model::flops_per_token(&state.params, &model, config.seq_len);
         let (train, validation) = if config.validation_fraction > 0.0 {
             let split = windows.split(config.validation_fraction)?;
             (split.train, split.validation)
@@ -117,8 +118,7 @@ where
         Ok(Trainer {
             model,
             config,
-            state,
-            step,
+            stepper,
             evaluate,
             train_batches,
             validation,
@@ -134,9 +134,16 @@ where
         self.callbacks.push(Box::new(callback));
     }
 
-    /// The training state (parameters, optimizer state, step, key).
+    /// The training state (parameters, optimizer state, step, key). With a flat state
+    /// ([`StatePacking`](super::StatePacking)) its arrays are views of the flat buffers, made on
+    /// the first call after a step.
     pub fn state(&self) -> &TrainState<Params<S>, S::Optimizer> {
-        &self.state
+        self.stepper.state()
+    }
+
+    /// Whether the step's state is packed flat ([`StatePacking`](super::StatePacking)).
+    pub fn flat_state(&self) -> bool {
+        self.stepper.is_flat()
     }
 
     /// The model's configuration.
@@ -151,13 +158,15 @@ where
 
     /// How many times the step has been traced.
     pub fn traces(&self) -> usize {
-        self.step.traces()
+        self.stepper.traces()
     }
 
     /// Continues from the checkpoint in `dir`: state, step and data position, so that the rest of
     /// the run computes exactly what an uninterrupted run would have.
     pub fn resume(&mut self, dir: &Path) -> Result<()> {
-        let trainer = checkpoint::load(dir, &mut self.state)?;
+        let trainer = self
+            .stepper
+            .change_state(|state| checkpoint::load(dir, state))?;
         self.done = recorded(dir, &trainer, "step")?;
         let position: BatchPosition = recorded(dir, &trainer, "data_position")?;
         self.train_batches.seek(position)?;
@@ -204,9 +213,7 @@ where
         while self.done < self.config.steps && progress.stopped.is_none() {
             let building = Instant::now();
             let lr = self.config.schedule.lr(self.done);
-            let metrics = self
-                .step
-                .step(&mut self.state, lr, &[next.0.clone(), next.1.clone()])?;
+            let metrics = self.stepper.step(lr, &[next.0.clone(), next.1.clone()])?;
             let build_s = building.elapsed().as_secs_f64();
             let mut submit_s = 0.0;
             if self.config.overlap == Overlap::Submit {
@@ -348,7 +355,7 @@ where
             .config
             .eval_batches
             .clamp(1, batches.batches_per_epoch().max(1));
-        let params = crate::tree::flatten(&self.state.params);
+        let params = crate::tree::flatten(&self.state().params);
         let mut total = 0.0;
         for _ in 0..count {
             let (inputs, targets) = batches.next_batch()?.to_arrays();
@@ -371,7 +378,7 @@ where
             "model_config": self.model,
             "step_name": S::NAME,
         });
-        self.checkpoints.save(self.done, &self.state, &trainer)
+        self.checkpoints.save(self.done, self.state(), &trainer)
     }
 }
 

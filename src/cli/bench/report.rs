@@ -350,6 +350,7 @@ mod tests {
             eval_ms: None,
             repeat: 0,
             overlap: (implementation == "lmx").then(|| "submit".into()),
+            state: None,
         }
     }
 

@@ -14,7 +14,7 @@ use std::sync::{Arc, Mutex};
 
 use super::anchor::{device_name, json_lines_last_first, output_of};
 use super::report;
-use crate::cli::OverlapArg;
+use crate::cli::{OverlapArg, StatePackingArg};
 
 /// What to measure.
 #[derive(clap::Args)]
@@ -53,6 +53,9 @@ pub struct BenchArgs {
     /// anchor does).
     #[arg(long, value_enum, default_value = "submit")]
     pub overlap: OverlapArg,
+    /// How lmx lays out the step's state (`auto`: flat on a CUDA GPU).
+    #[arg(long, value_enum, default_value = "auto")]
+    pub state_packing: StatePackingArg,
     /// Runs of each row, alternating lmx and the anchor; the table shows the median run.
     #[arg(long, default_value_t = 1)]
     pub repeats: usize,
@@ -122,6 +125,9 @@ pub struct Row {
     /// The trainer's run order, `--overlap` (lmx only).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub overlap: Option<String>,
+    /// How the step's state was laid out, `flat` or `per-parameter` (lmx only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub state: Option<String>,
 }
 
 /// Runs every row, the anchor beside each when asked, and prints the tables.
@@ -231,6 +237,7 @@ fn measure_apart(args: &BenchArgs, config: &str, dtype: &str, mode: &str) -> any
         .args(["--warmup", &args.warmup.to_string()])
         .args(["--peak-tflops", &args.peak_tflops.to_string()]);
     command.args(["--overlap", overlap_name(args.overlap)]);
+    command.args(["--state-packing", packing_name(args.state_packing)]);
     let output = command.output().map_err(|err| {
         anyhow::anyhow!("cannot start lmx for the {config} {mode} {dtype} row: {err}")
     })?;
@@ -253,6 +260,15 @@ fn overlap_name(overlap: OverlapArg) -> &'static str {
         OverlapArg::Off => "off",
         OverlapArg::Build => "build",
         OverlapArg::Submit => "submit",
+    }
+}
+
+/// `--state-packing`'s value as written on the command line.
+fn packing_name(packing: StatePackingArg) -> &'static str {
+    match packing {
+        StatePackingArg::Auto => "auto",
+        StatePackingArg::Flat => "flat",
+        StatePackingArg::PerParameter => "per-parameter",
     }
 }
 
@@ -296,6 +312,7 @@ fn measure(args: &BenchArgs, name: &str, dtype: &str, compile: bool) -> anyhow::
         compile,
         precision,
         overlap: args.overlap.into(),
+        state_packing: args.state_packing.into(),
         validation_fraction: 0.0,
         eval_every: 0,
         out_dir: out_dir.clone(),
@@ -310,6 +327,7 @@ fn measure(args: &BenchArgs, name: &str, dtype: &str, compile: bool) -> anyhow::
     let peak = mlx_rs::memory::peak_memory()? as f64 / (1024.0 * 1024.0);
     let _ = std::fs::remove_dir_all(&out_dir);
     let params = count(&trainer.state().params);
+    let flat = trainer.flat_state();
     let reports = reports.lock().expect("not poisoned").clone();
     let timed = &reports[args.warmup as usize..];
     let median_of = |field: fn(&StepReport) -> f64| {
@@ -344,6 +362,7 @@ fn measure(args: &BenchArgs, name: &str, dtype: &str, compile: bool) -> anyhow::
         eval_ms: None,
         repeat: 0,
         overlap: Some(overlap_name(args.overlap).into()),
+        state: Some(if flat { "flat" } else { "per-parameter" }.into()),
     })
 }
 

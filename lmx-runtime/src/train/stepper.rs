@@ -1,0 +1,150 @@
+//! The trainer's step with the state it reads and writes, per parameter or flat.
+
+use super::StatePacking;
+use crate::error::{Error, Result};
+use crate::flat::FlatStep;
+use crate::optim::Optimizer;
+use crate::state::TrainState;
+use crate::step::{Loss, StepMetrics, StepOptions, TrainStep};
+use crate::tree::Tree;
+use mlx_rs::Array;
+use std::cell::OnceCell;
+
+/// How many values the trainable parameters of `state` hold.
+fn trainable_values<P: Tree<Array>, O: Optimizer>(state: &TrainState<P, O>) -> usize {
+    crate::tree::flatten(&state.params)
+        .iter()
+        .zip(state.specs())
+        .filter(|(_, spec)| spec.trainable)
+        .map(|(param, _)| param.size())
+        .sum()
+}
+
+/// A training step and the state it owns.
+pub(super) enum Stepper<P: Tree<Array>, O: Optimizer> {
+    /// One array per parameter and optimizer state array.
+    PerParameter {
+        step: TrainStep<P, O>,
+        state: TrainState<P, O>,
+    },
+    /// Packed flat; the [`TrainState`] of views is made when asked for, once per step.
+    Flat {
+        step: FlatStep<P, O>,
+        flat: Vec<Array>,
+        unpacked: OnceCell<TrainState<P, O>>,
+    },
+}
+
+impl<P, O> Stepper<P, O>
+where
+    P: Tree<Array> + Clone + 'static,
+    P::Of<Option<O::Leaf>>: Clone + 'static,
+    O: Optimizer,
+{
+    /// The step over `state`, laid out as `packing` says.
+    pub(super) fn new(
+        state: TrainState<P, O>,
+        optimizer: O,
+        loss: impl Loss<P> + Clone,
+        options: StepOptions,
+        packing: StatePacking,
+    ) -> Result<Self> {
+        let flat = match packing {
+            StatePacking::Auto => {
+                crate::cuda::available()
+                    && options.accumulation == 1
+                    && trainable_values(&state) <= StatePacking::AUTO_FLAT_MAX
+            }
+            StatePacking::Flat => true,
+            StatePacking::PerParameter => false,
+        };
+        if flat {
+            match FlatStep::new(&state, optimizer.clone(), loss.clone(), options)? {
+                Some(step) => {
+                    let flat = step.pack(&state)?;
+                    return Ok(Stepper::Flat {
+                        step,
+                        flat,
+                        unpacked: OnceCell::new(),
+                    });
+                }
+                None if packing == StatePacking::Flat => {
+                    return Err(Error::Config(format!(
+                        "the state of `{}` cannot be packed flat: its update is not elementwise \
+                         or the model has nothing to train; use per-parameter state",
+                        optimizer.name()
+                    )))
+                }
+                None => {}
+            }
+        }
+        Ok(Stepper::PerParameter {
+            step: TrainStep::new(&state, optimizer, loss, options)?,
+            state,
+        })
+    }
+
+    /// The state after the last step.
+    pub(super) fn state(&self) -> &TrainState<P, O> {
+        match self {
+            Stepper::PerParameter { state, .. } => state,
+            Stepper::Flat {
+                step,
+                flat,
+                unpacked,
+            } => unpacked.get_or_init(|| {
+                step.unpack(flat)
+                    .expect("a flat state unpacks by the layout that packed it")
+            }),
+        }
+    }
+
+    /// Changes the state through `change` (on a flat state: unpacked, changed, packed again).
+    pub(super) fn change_state<R>(
+        &mut self,
+        change: impl FnOnce(&mut TrainState<P, O>) -> Result<R>,
+    ) -> Result<R> {
+        match self {
+            Stepper::PerParameter { state, .. } => change(state),
+            Stepper::Flat {
+                step,
+                flat,
+                unpacked,
+            } => {
+                let mut state = step.unpack(flat)?;
+                let result = change(&mut state)?;
+                *flat = step.pack(&state)?;
+                unpacked.take();
+                Ok(result)
+            }
+        }
+    }
+
+    /// Runs one step (lazily: nothing is evaluated here).
+    pub(super) fn step(&mut self, lr: f32, batch: &[Array]) -> Result<StepMetrics> {
+        match self {
+            Stepper::PerParameter { step, state } => step.step(state, lr, batch),
+            Stepper::Flat {
+                step,
+                flat,
+                unpacked,
+            } => {
+                unpacked.take();
+                step.step(flat, lr, batch)
+            }
+        }
+    }
+
+    /// How many times the step has been traced.
+    pub(super) fn traces(&self) -> usize {
+        match self {
+            Stepper::PerParameter { step, .. } => step.traces(),
+            Stepper::Flat { step, .. } => step.traces(),
+        }
+    }
+
+    /// Whether the state is packed flat.
+    pub(super) fn is_flat(&self) -> bool {
+        matches!(self, Stepper::Flat { .. })
+    }
+}
