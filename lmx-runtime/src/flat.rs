@@ -316,10 +316,10 @@ where
         let Some(layout) = FlatLayout::of(state, &optimizer)? else {
             return Ok(None);
         };
-        let Some(leaf) = state.opt_leaf_template() else {
+        let template = state.template();
+        let Some(leaf) = template.opt_leaf() else {
             return Ok(None);
         };
-        let template = state.template();
         let traces = Rc::new(Cell::new(0));
         let body = FlatBody {
             layout: layout.clone(),

@@ -98,19 +98,6 @@ impl<P: Tree<Array>, O: Optimizer> TrainState<P, O> {
     pub fn specs(&self) -> Vec<LeafSpec> {
         tree::specs(&self.params)
     }
-
-    /// The optimizer state of the first trainable parameter with placeholder arrays: the
-    /// structure every trainable parameter's state has, without holding on to real arrays.
-    pub fn opt_leaf_template(&self) -> Option<O::Leaf> {
-        let mut first = None;
-        self.opt.for_each(&mut |leaf| {
-            if first.is_none() {
-                first = leaf.clone();
-            }
-        });
-        let placeholder = Array::from_f32(0.0);
-        first.map(|leaf| leaf.rebuild_from(&mut std::iter::repeat_with(|| placeholder.clone())))
-    }
 }
 
 impl<P, O> TrainState<P, O>
@@ -172,6 +159,18 @@ where
     /// The layout of the states this template rebuilds.
     pub fn layout(&self) -> StateLayout {
         self.layout
+    }
+
+    /// The optimizer state of the first trainable parameter, of placeholders: the structure
+    /// every trainable parameter's state has.
+    pub fn opt_leaf(&self) -> Option<O::Leaf> {
+        let mut first = None;
+        self.opt.for_each(&mut |leaf| {
+            if first.is_none() {
+                first = leaf.clone();
+            }
+        });
+        first
     }
 
     /// Parameters rebuilt from the first arrays of `arrays`.
