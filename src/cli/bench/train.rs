@@ -53,7 +53,7 @@ pub struct BenchArgs {
     /// anchor does).
     #[arg(long, value_enum, default_value = "submit")]
     pub overlap: OverlapArg,
-    /// How lmx lays out the step's state (`auto`: flat on a CUDA GPU).
+    /// How lmx lays out the step's state (`auto`: flat on a CUDA GPU up to 16M trainable values).
     #[arg(long, value_enum, default_value = "auto")]
     pub state_packing: StatePackingArg,
     /// Runs of each row, alternating lmx and the anchor; the table shows the median run.
@@ -236,8 +236,8 @@ fn measure_apart(args: &BenchArgs, config: &str, dtype: &str, mode: &str) -> any
         .args(["--steps", &args.steps.to_string()])
         .args(["--warmup", &args.warmup.to_string()])
         .args(["--peak-tflops", &args.peak_tflops.to_string()]);
-    command.args(["--overlap", overlap_name(args.overlap)]);
-    command.args(["--state-packing", packing_name(args.state_packing)]);
+    command.args(["--overlap", &flag_value(args.overlap)]);
+    command.args(["--state-packing", &flag_value(args.state_packing)]);
     let output = command.output().map_err(|err| {
         anyhow::anyhow!("cannot start lmx for the {config} {mode} {dtype} row: {err}")
     })?;
@@ -254,22 +254,13 @@ fn measure_apart(args: &BenchArgs, config: &str, dtype: &str, mode: &str) -> any
     Ok(serde_json::from_str(line)?)
 }
 
-/// `--overlap`'s value as written on the command line.
-fn overlap_name(overlap: OverlapArg) -> &'static str {
-    match overlap {
-        OverlapArg::Off => "off",
-        OverlapArg::Build => "build",
-        OverlapArg::Submit => "submit",
-    }
-}
-
-/// `--state-packing`'s value as written on the command line.
-fn packing_name(packing: StatePackingArg) -> &'static str {
-    match packing {
-        StatePackingArg::Auto => "auto",
-        StatePackingArg::Flat => "flat",
-        StatePackingArg::PerParameter => "per-parameter",
-    }
+/// A flag's value as written on the command line.
+fn flag_value(value: impl clap::ValueEnum) -> String {
+    value
+        .to_possible_value()
+        .expect("lmx's flags skip no value")
+        .get_name()
+        .to_owned()
 }
 
 /// Collects the step reports of a run.
@@ -361,7 +352,7 @@ fn measure(args: &BenchArgs, name: &str, dtype: &str, compile: bool) -> anyhow::
         wait_ms: Some(median_of(|report| report.wait_ms)),
         eval_ms: None,
         repeat: 0,
-        overlap: Some(overlap_name(args.overlap).into()),
+        overlap: Some(flag_value(args.overlap)),
         state: Some(if flat { "flat" } else { "per-parameter" }.into()),
     })
 }
