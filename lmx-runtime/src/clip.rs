@@ -72,6 +72,11 @@ fn buckets(grads: &[Array], join_below: usize, limit: usize) -> Vec<&[Array]> {
 /// `grads` scaled so that their global norm is at most `max_norm`, and the norm before clipping.
 pub fn clip_by_global_norm(grads: &[Array], max_norm: f32) -> Result<(Vec<Array>, Array)> {
     let norm = global_norm(grads)?;
+    Ok((clip_to_norm(grads, &norm, max_norm)?, norm))
+}
+
+/// `grads`, whose global norm is `norm`, scaled so that it is at most `max_norm`.
+pub fn clip_to_norm(grads: &[Array], norm: &Array, max_norm: f32) -> Result<Vec<Array>> {
     let scale = ops::minimum(
         Array::from_f32(max_norm).divide(norm.add(Array::from_f32(EPS))?)?,
         Array::from_f32(1.0),
@@ -91,7 +96,7 @@ pub fn clip_by_global_norm(grads: &[Array], max_norm: f32) -> Result<(Vec<Array>
         };
         clipped.push(grad.multiply(scale)?);
     }
-    Ok((clipped, norm))
+    Ok(clipped)
 }
 
 #[cfg(test)]

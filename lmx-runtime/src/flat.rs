@@ -8,11 +8,11 @@
 //! parameters of one dtype and one weight-decay setting in one buffer, each optimizer state array
 //! in a buffer laid out alike, and each parameter the loss reads is a view of its place. After
 //! the backward pass the gradients are packed the same way (on CUDA by one kernel for all of
-//! them), and the norm, the clip and the update are a handful of kernels whatever the model's
-//! size.
+//! them, which also sums their squares for the norm), and the clip and the update are a handful
+//! of kernels whatever the model's size.
 //!
-//! The numbers are the per-parameter step's: the same update on the same values. The gradient
-//! norm adds its squares in another grouping, so it can differ in its last bits. The state
+//! The numbers are the per-parameter step's: the same update on the same values. On CUDA the
+//! gradient norm adds its squares in another grouping, so it can differ in its last bits. The state
 //! unpacks to a [`TrainState`] of views ([`FlatStep::unpack`]) for checkpoints, evaluation and
 //! anything else that reads parameters by name.
 
@@ -222,40 +222,50 @@ impl FlatLayout {
         self.groups.len() + group * self.opt_arrays + index
     }
 
-    /// The gradients (of the trainable parameters, in traversal order) packed by group.
-    fn pack_grads(&self, grads: &[Array]) -> Result<Vec<Array>> {
-        self.groups
-            .iter()
-            .map(|group| {
-                let members = group
-                    .members
-                    .iter()
-                    .map(|&member| {
-                        let grad = grads.get(member).ok_or_else(short)?;
-                        Ok(if grad.dtype() == group.dtype {
-                            grad.clone()
-                        } else {
-                            grad.as_dtype(group.dtype)?
-                        })
+    /// The gradients (of the trainable parameters, in traversal order) packed by group, and
+    /// their global norm.
+    ///
+    /// On CUDA the kernel that packs a group also sums its squares. Elsewhere the norm is
+    /// [`clip::global_norm`] of the gradients as they come: squaring a whole packed gradient
+    /// would take a float32 copy of it at once.
+    fn pack_grads(&self, grads: &[Array]) -> Result<(Vec<Array>, Array)> {
+        let cuda = crate::cuda::available();
+        let mut packed = Vec::with_capacity(self.groups.len());
+        let mut squares = Vec::with_capacity(self.groups.len());
+        for group in &self.groups {
+            let members = group
+                .members
+                .iter()
+                .map(|&member| {
+                    let grad = grads.get(member).ok_or_else(short)?;
+                    Ok(if grad.dtype() == group.dtype {
+                        grad.clone()
+                    } else {
+                        grad.as_dtype(group.dtype)?
                     })
+                })
+                .collect::<Result<Vec<_>>>()?;
+            if cuda {
+                let (flat, sum) = crate::cuda::pack_with_squares(&members, group.dtype)?;
+                packed.push(flat);
+                squares.push(sum);
+            } else {
+                let flat = members
+                    .iter()
+                    .map(|member| Ok(member.reshape(&[-1])?))
                     .collect::<Result<Vec<_>>>()?;
-                concatenate(&members, group.dtype)
-            })
-            .collect()
+                packed.push(ops::concatenate(&flat, 0)?);
+            }
+        }
+        let norm = match squares.split_first() {
+            Some((first, rest)) => rest
+                .iter()
+                .try_fold(first.clone(), |total, sum| total.add(sum))?
+                .sqrt()?,
+            None => clip::global_norm(grads)?,
+        };
+        Ok((packed, norm))
     }
-}
-
-/// `arrays` one after another in one flat array: on CUDA in one kernel, elsewhere by MLX's
-/// `concatenate`.
-fn concatenate(arrays: &[Array], dtype: Dtype) -> Result<Array> {
-    if crate::cuda::available() {
-        return crate::cuda::pack(arrays, dtype);
-    }
-    let flat = arrays
-        .iter()
-        .map(|array| Ok(array.reshape(&[-1])?))
-        .collect::<Result<Vec<_>>>()?;
-    Ok(ops::concatenate(&flat, 0)?)
 }
 
 /// The view of `buffer` where `place` (a packed one) lies, in its shape.
@@ -415,13 +425,10 @@ impl<P: Tree<Array>, O: Optimizer> FlatBody<P, O> {
             batch,
             &subkey,
         )?;
-        let grads = layout.pack_grads(&grads)?;
-        let (grads, grad_norm) = match self.clip_norm {
-            Some(max_norm) => clip::clip_by_global_norm(&grads, max_norm)?,
-            None => {
-                let norm = clip::global_norm(&grads)?;
-                (grads, norm)
-            }
+        let (grads, grad_norm) = layout.pack_grads(&grads)?;
+        let grads = match self.clip_norm {
+            Some(max_norm) => clip::clip_to_norm(&grads, &grad_norm, max_norm)?,
+            None => grads,
         };
         let step = state[n - 2].add(Array::from_f32(1.0))?;
         let scalars = StepScalars { lr, step: &step };

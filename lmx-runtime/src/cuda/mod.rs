@@ -17,7 +17,7 @@ mod sums;
 
 pub(crate) use activation::{activation, activation_backward, activation_fits};
 pub(crate) use layer_norm::{layer_norm_backward, LAYER_NORM_MAX_COLUMNS};
-pub(crate) use pack::pack;
+pub(crate) use pack::pack_with_squares;
 pub(crate) use sums::column_sum;
 
 use crate::device::{default_kind, DeviceKind};
