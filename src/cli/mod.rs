@@ -139,7 +139,7 @@ pub struct TrainArgs {
     #[arg(long, value_enum)]
     pub overlap: Option<OverlapArg>,
     /// How the step's state is laid out; without it, the settings file's `state_packing`, or
-    /// `auto` (flat on a CUDA GPU up to 16M trainable values).
+    /// `auto` (flat on a CUDA GPU).
     #[arg(long, value_enum)]
     pub state_packing: Option<StatePackingArg>,
     /// Evaluate the validation loss every N steps.
@@ -196,8 +196,7 @@ impl From<OverlapArg> for Overlap {
 /// [`StatePacking`], as a flag.
 #[derive(Clone, Copy, clap::ValueEnum)]
 pub enum StatePackingArg {
-    /// Flat on a CUDA GPU for models up to 16M trainable values where the optimizer and step
-    /// allow it, per parameter otherwise.
+    /// Flat on a CUDA GPU where the optimizer and step allow it, per parameter otherwise.
     Auto,
     /// Parameters and optimizer state packed into flat buffers: one update for the whole model.
     Flat,

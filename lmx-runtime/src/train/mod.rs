@@ -8,6 +8,7 @@
 
 mod callbacks;
 mod config;
+mod memory_cap;
 mod overlap;
 mod packing;
 mod precision;

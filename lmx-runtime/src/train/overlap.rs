@@ -9,9 +9,9 @@ use std::fmt;
 /// device is done with them, so every step handed over before the previous one is done adds its
 /// buffers to the peak. `Submit`, the default, is the fastest wherever the host's encoding of a
 /// step is on the critical path (GPT-2 124M on an H100: 34.35 ms a step, 37.71 ms with
-/// `Build`), and its median peaks stayed below Python MLX's at every size measured
-/// (docs/benchmarks.md). `Build` keeps one step's buffers, for a run that needs the lower worst
-/// case (GPT-2: 15,561 MiB against 16,199).
+/// `Build`). On CUDA it keeps within one step's memory: its first steps run in `Build` order,
+/// and MLX's memory limit is then set just above their peak, so that MLX's encoder waits for the
+/// device to free memory rather than take more (`train/memory_cap.rs`; docs/benchmarks.md).
 ///
 /// In a settings file it is a name: `"off"`, `"build"` or `"submit"`. Run files written before
 /// the three orders existed hold a flag, which still reads: `true` as `Build` (its meaning in the
@@ -30,7 +30,7 @@ pub enum Overlap {
     Build,
     /// Also hand step `n + 1` to the device before step `n` is done, so that the device never
     /// waits for the host to encode a step: the fastest order where the host's encoding is on
-    /// the step's critical path, at the cost of two steps' buffers alive at once.
+    /// the step's critical path. Elsewhere than on CUDA two steps' buffers can be alive at once.
     #[default]
     Submit,
 }

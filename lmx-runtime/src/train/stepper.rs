@@ -10,16 +10,6 @@ use crate::tree::Tree;
 use mlx_rs::Array;
 use std::cell::OnceCell;
 
-/// How many values the trainable parameters of `state` hold.
-fn trainable_values<P: Tree<Array>, O: Optimizer>(state: &TrainState<P, O>) -> usize {
-    crate::tree::flatten(&state.params)
-        .iter()
-        .zip(state.specs())
-        .filter(|(_, spec)| spec.trainable)
-        .map(|(param, _)| param.size())
-        .sum()
-}
-
 /// A training step and the state it owns.
 pub(super) enum Stepper<P: Tree<Array>, O: Optimizer> {
     /// One array per parameter and optimizer state array.
@@ -50,11 +40,7 @@ where
         packing: StatePacking,
     ) -> Result<Self> {
         let flat = match packing {
-            StatePacking::Auto => {
-                crate::cuda::available()
-                    && options.accumulation == 1
-                    && trainable_values(&state) <= StatePacking::AUTO_FLAT_MAX
-            }
+            StatePacking::Auto => crate::cuda::available() && options.accumulation == 1,
             StatePacking::Flat => true,
             StatePacking::PerParameter => false,
         };

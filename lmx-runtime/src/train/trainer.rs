@@ -1,6 +1,7 @@
 //! The training loop.
 
 use super::callbacks::{Callback, Control, EvalReport, StepReport};
+use super::memory_cap::{self, MemoryCap};
 use super::staged::StagedBatches;
 use super::stepper::Stepper;
 use super::{Overlap, TrainConfig};
@@ -186,7 +187,9 @@ where
     /// while the device computes step `n`, and reads step `n`'s loss after that. With
     /// [`Overlap::Build`] it hands step `n + 1` to the device only then, so at most one step is on
     /// the device; with [`Overlap::Submit`] it hands it over first, so the device never waits for
-    /// the host and two steps can be on it at once. It waits for the device only where it must:
+    /// the host and two steps can be on it at once; on CUDA within the memory of one step, after
+    /// its first steps run one at a time to measure it (`train/memory_cap.rs`). It waits for the
+    /// device only where it must:
     /// at validation, at checkpoints and at the end. A non-finite loss stops the run at once:
     /// `steps_done` is then the step that made it, and the step built after it is not counted,
     /// although [`state`](Self::state) already holds that step's outputs.
@@ -210,19 +213,31 @@ where
         let mut resume_at = batches.position(&self.train_batches);
         let mut next = batches.next(&mut self.train_batches, remaining(self.done))?;
         let mut in_flight: Option<InFlight> = None;
+        // `Submit` on CUDA starts in `Build` order and keeps within one step's memory after.
+        let capped = self.config.overlap == Overlap::Submit && crate::cuda::available();
+        let mut cap: Option<MemoryCap> = None;
+        let mut handed_over: u64 = 0;
         while self.done < self.config.steps && progress.stopped.is_none() {
             let building = Instant::now();
             let lr = self.config.schedule.lr(self.done);
             let metrics = self.stepper.step(lr, &[next.0.clone(), next.1.clone()])?;
             let build_s = building.elapsed().as_secs_f64();
+            let overlap = match self.config.overlap {
+                Overlap::Submit if capped && cap.is_none() => Overlap::Build,
+                overlap => overlap,
+            };
             let mut submit_s = 0.0;
-            if self.config.overlap == Overlap::Submit {
+            if overlap == Overlap::Submit {
                 submit_s = submit(&metrics.outputs)?;
             }
             if let Some(previous) = in_flight.take() {
                 self.report(previous, &mut progress)?;
             }
-            match self.config.overlap {
+            if capped && cap.is_none() && handed_over == memory_cap::PROBE_STEPS {
+                cap = Some(MemoryCap::over_peak()?);
+            }
+            handed_over += 1;
+            match overlap {
                 Overlap::Off => submit_s = run_now(&metrics.outputs)?,
                 Overlap::Build => submit_s = submit(&metrics.outputs)?,
                 Overlap::Submit => {}

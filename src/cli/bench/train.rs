@@ -53,7 +53,7 @@ pub struct BenchArgs {
     /// anchor does).
     #[arg(long, value_enum, default_value = "submit")]
     pub overlap: OverlapArg,
-    /// How lmx lays out the step's state (`auto`: flat on a CUDA GPU up to 16M trainable values).
+    /// How lmx lays out the step's state (`auto`: flat on a CUDA GPU).
     #[arg(long, value_enum, default_value = "auto")]
     pub state_packing: StatePackingArg,
     /// Runs of each row, alternating lmx and the anchor; the table shows the median run.
