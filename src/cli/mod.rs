@@ -179,7 +179,8 @@ pub enum OverlapArg {
     /// the device.
     Build,
     /// Also hand the next step to the device before a step is done; faster where the host's
-    /// encoding is on the step's critical path, with two steps' buffers alive at once.
+    /// encoding is on the step's critical path; on CUDA within one step's memory, elsewhere
+    /// with two steps' buffers alive at once.
     Submit,
 }
 
