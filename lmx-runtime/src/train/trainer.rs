@@ -216,7 +216,7 @@ where
         // `Submit` on CUDA starts in `Build` order and keeps within one step's memory after.
         let capped = self.config.overlap == Overlap::Submit && crate::cuda::available();
         let mut cap: Option<MemoryCap> = None;
-        let mut handed_over: u64 = 0;
+        let started_at = self.done;
         while self.done < self.config.steps && progress.stopped.is_none() {
             let building = Instant::now();
             let lr = self.config.schedule.lr(self.done);
@@ -233,10 +233,9 @@ where
             if let Some(previous) = in_flight.take() {
                 self.report(previous, &mut progress)?;
             }
-            if capped && cap.is_none() && handed_over == memory_cap::PROBE_STEPS {
+            if capped && cap.is_none() && self.done - started_at == memory_cap::PROBE_STEPS {
                 cap = Some(MemoryCap::over_peak()?);
             }
-            handed_over += 1;
             match overlap {
                 Overlap::Off => submit_s = run_now(&metrics.outputs)?,
                 Overlap::Build => submit_s = submit(&metrics.outputs)?,
