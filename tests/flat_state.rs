@@ -62,6 +62,11 @@ fn values(array: &Array) -> Vec<f32> {
         .to_vec()
 }
 
+/// Asserts that `a` is within `tolerance` of `b`, relative to `b`.
+fn assert_relative(a: f32, b: f32, tolerance: f32, what: &str) {
+    assert!((a - b).abs() <= tolerance * b.abs(), "{what}: {a} vs {b}");
+}
+
 fn optimizer() -> AdamW {
     AdamW {
         weight_decay: 0.1,
@@ -104,21 +109,17 @@ fn a_flat_step_computes_the_per_parameter_steps_numbers() -> Result<()> {
             let batch = batch(index);
             let ours = flat_step.step(&mut flat, lr, &batch)?;
             let theirs = step.step(&mut state, lr, &batch)?;
-            let (a, b) = (
+            assert_relative(
                 ours.loss.item_exact::<f32>(),
                 theirs.loss.item_exact::<f32>(),
+                1e-6,
+                &format!("step {index}: loss"),
             );
-            assert!(
-                (a - b).abs() <= 1e-6 * b.abs(),
-                "step {index}: loss {a} vs {b}"
-            );
-            let (a, b) = (
+            assert_relative(
                 ours.grad_norm.item_exact::<f32>(),
                 theirs.grad_norm.item_exact::<f32>(),
-            );
-            assert!(
-                (a - b).abs() <= 1e-5 * b.abs(),
-                "step {index}: norm {a} vs {b}"
+                1e-5,
+                &format!("step {index}: norm"),
             );
         }
         let unpacked = flat_step.unpack(&flat)?;
@@ -280,17 +281,12 @@ fn the_trainer_with_a_flat_state_trains_checkpoints_and_resumes_as_with_per_para
     let (flat, losses) = gpt2_run(&dir.path().join("flat"), StatePacking::Flat, 6, None)?;
     assert!(flat.flat_state() && !per_parameter.flat_state());
     for (step, (a, b)) in losses.iter().zip(&expected).enumerate() {
-        assert!(
-            (a - b).abs() <= 1e-5 * b.abs(),
-            "step {}: {a} vs {b}",
-            step + 1
-        );
+        assert_relative(*a, *b, 1e-5, &format!("step {}", step + 1));
     }
     // On CUDA the gradient norm adds its squares in another grouping, which moves its last bits,
-    // and Adam
-    // turns rounding noise in a gradient that is zero in exact arithmetic (the attention key's
-    // bias) into steps of the learning rate's size: parameters agree to a tenth of one step (the
-    // custom net above checks the update itself to 1e-6).
+    // and Adam turns rounding noise in a gradient that is zero in exact arithmetic (the attention
+    // key's bias) into steps of the learning rate's size: parameters agree to a tenth of one step
+    // (the custom net above checks the update itself to 1e-6).
     for ((name, a), b) in tree::names(&flat.state().params)
         .iter()
         .zip(tree::flatten(&flat.state().params))
@@ -311,11 +307,7 @@ fn the_trainer_with_a_flat_state_trains_checkpoints_and_resumes_as_with_per_para
     assert!(resumed.flat_state());
     assert_eq!(losses.len(), 3);
     for (step, (a, b)) in losses.iter().zip(&expected[3..]).enumerate() {
-        assert!(
-            (a - b).abs() <= 1e-5 * b.abs(),
-            "step {}: {a} vs {b}",
-            step + 4
-        );
+        assert_relative(*a, *b, 1e-5, &format!("step {}", step + 4));
     }
     Ok(())
 }
