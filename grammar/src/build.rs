@@ -16,8 +16,8 @@ use proc_macro2::TokenStream;
 /// Compiles every `.lmx` file in `dir` into `$OUT_DIR/models.rs` (one `pub mod` per model) and
 /// tells Cargo to rerun when a file or the folder changes.
 ///
-/// On any error it prints the rendered diagnostics (file, line, column, caret, label, help) and
-/// exits with status 1, so the build fails before rustc sees any generated code.
+/// On any error it hands cargo the rendered diagnostics (file, line, column, caret, label, help),
+/// each printed once, so the build fails before rustc sees any generated code.
 pub fn compile_models(dir: impl AsRef<Path>) {
     let out_dir = std::env::var_os("OUT_DIR").map(PathBuf::from);
     let Some(out_dir) = out_dir else {
@@ -139,10 +139,12 @@ fn header_doc(source: &str) -> String {
         .join("\n")
 }
 
+/// Hands `message` to cargo as the build script's errors and ends the script. Cargo prints each
+/// `cargo::error` line once and fails the build; a script that also wrote to stderr and exited
+/// with an error would have its whole output printed again after them.
 fn fail(message: &str) -> ! {
-    eprintln!("{message}");
     for line in message.lines() {
-        println!("cargo:warning={line}");
+        println!("cargo::error={line}");
     }
-    std::process::exit(1)
+    std::process::exit(0)
 }

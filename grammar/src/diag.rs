@@ -4,7 +4,7 @@ use std::fmt;
 
 use miette::{
     Diagnostic as MietteDiagnostic, GraphicalReportHandler, GraphicalTheme, LabeledSpan,
-    NamedSource, SourceCode,
+    MietteError, MietteSpanContents, SourceCode, SourceSpan, SpanContents,
 };
 
 use crate::span::Span;
@@ -82,11 +82,11 @@ pub fn render(diagnostics: &[Diagnostic], file_name: &str, source: &str) -> Stri
         .with_links(false)
         .with_primary_span_start();
     let mut out = String::new();
+    let source = Indexed::new(file_name, source);
     for d in diagnostics {
         let report = Located {
             diagnostic: d,
-            source: NamedSource::new(file_name, source.to_string()),
-            len: source.len(),
+            source: &source,
         };
         // Writing into a String cannot fail.
         let _ = handler.render_report(&mut out, &report);
@@ -97,8 +97,75 @@ pub fn render(diagnostics: &[Diagnostic], file_name: &str, source: &str) -> Stri
 /// A diagnostic joined with its source, as miette wants it.
 struct Located<'a> {
     diagnostic: &'a Diagnostic,
-    source: NamedSource<String>,
-    len: usize,
+    source: &'a Indexed<'a>,
+}
+
+/// A source text with the byte offset of each line's start, computed once per render.
+///
+/// miette's own `SourceCode` for text scans from the file's start on every read (so rendering
+/// N diagnostics of a large file takes N scans) and counts columns in bytes. This one finds the
+/// lines around a span by binary search, lets miette lay out only those lines, and reports the
+/// column in characters.
+struct Indexed<'a> {
+    name: &'a str,
+    text: &'a str,
+    line_starts: Vec<usize>,
+}
+
+impl<'a> Indexed<'a> {
+    fn new(name: &'a str, text: &'a str) -> Self {
+        let line_starts = std::iter::once(0)
+            .chain(text.match_indices('\n').map(|(i, _)| i + 1))
+            .collect();
+        Indexed {
+            name,
+            text,
+            line_starts,
+        }
+    }
+
+    /// The line holding byte `offset`, counted from 0.
+    fn line_of(&self, offset: usize) -> usize {
+        self.line_starts.partition_point(|&start| start <= offset) - 1
+    }
+}
+
+impl SourceCode for Indexed<'_> {
+    fn read_span<'b>(
+        &'b self,
+        span: &SourceSpan,
+        context_lines_before: usize,
+        context_lines_after: usize,
+    ) -> Result<Box<dyn SpanContents<'b> + 'b>, MietteError> {
+        let (start, len) = (span.offset(), span.len());
+        if start + len > self.text.len() {
+            return Err(MietteError::OutOfBounds);
+        }
+        // The lines miette will show, and one more after them (it stops past a line's end).
+        let first = self.line_of(start).saturating_sub(context_lines_before);
+        let last = self.line_of(start + len.saturating_sub(1)) + context_lines_after + 2;
+        let from = self.line_starts[first];
+        let to = self.line_starts.get(last).copied().unwrap_or(self.text.len());
+        let window = &self.text[from..to];
+        let local = SourceSpan::new((start - from).into(), len);
+        let contents = window.read_span(&local, context_lines_before, context_lines_after)?;
+        let line_start = self.line_starts[self.line_of(start)];
+        let column = match context_lines_before {
+            0 => self.text[line_start..start].chars().count(),
+            _ => 0,
+        };
+        Ok(Box::new(MietteSpanContents::new_named(
+            self.name.to_string(),
+            contents.data(),
+            SourceSpan::new(
+                (contents.span().offset() + from).into(),
+                contents.span().len(),
+            ),
+            contents.line() + first,
+            column,
+            contents.line_count() + first,
+        )))
+    }
 }
 
 impl fmt::Debug for Located<'_> {
@@ -128,11 +195,11 @@ impl MietteDiagnostic for Located<'_> {
     }
 
     fn source_code(&self) -> Option<&dyn SourceCode> {
-        Some(&self.source)
+        Some(self.source)
     }
 
     fn labels(&self) -> Option<Box<dyn Iterator<Item = LabeledSpan> + '_>> {
-        let len = self.len;
+        let len = self.source.text.len();
         let labels = self
             .diagnostic
             .labels

@@ -19,6 +19,11 @@ pub const MAX_NESTING: usize = 48;
 /// An expression may have at most this many infix operators at one level.
 pub const MAX_OPERATORS: usize = 256;
 
+/// The syntax tree may nest at most this deep, counting every operator, postfix, `else if` and
+/// statement: every later stage (checker, report, code generator) walks it recursively, and this
+/// keeps each of them within a thread's default stack.
+pub const MAX_DEPTH: usize = 128;
+
 type Result<T> = std::result::Result<T, Diagnostic>;
 
 /// Parses a `.lmx` source text into its syntax tree.
@@ -31,13 +36,48 @@ pub fn parse(source: &str) -> Result<Model> {
     let model = kids(file)
         .find(|p| p.as_rule() == Rule::model)
         .ok_or_else(|| malformed(Span::new(0, source.len())))?;
-    build_model(model)
+    build_model(model, Depth::ROOT)
 }
 
+/// How deep a syntax-tree node sits, in the levels the later stages recurse through.
+#[derive(Clone, Copy)]
+struct Depth(usize);
+
+impl Depth {
+    const ROOT: Depth = Depth(0);
+
+    /// `levels` deeper, or the diagnostic that the tree at `span` nests too deep.
+    fn deeper(self, levels: usize, span: Span) -> Result<Depth> {
+        let depth = self.0.saturating_add(levels);
+        if depth <= MAX_DEPTH {
+            return Ok(Depth(depth));
+        }
+        Err(Diagnostic::new(
+            "lmx::syntax::depth",
+            format!("this nests more than {MAX_DEPTH} levels deep"),
+            span,
+            "too many operators, postfixes or `else if`s inside one another",
+        )
+        .with_help("split it into steps with `let`"))
+    }
+}
+
+/// Rejects brackets nested deeper than [`MAX_NESTING`] before pest's recursive descent meets
+/// them; brackets inside comments and string literals (as the grammar reads them) do not count.
 fn check_nesting(source: &str) -> Result<()> {
     let mut depth = 0usize;
-    for (i, c) in source.char_indices() {
+    let mut chars = source.char_indices().peekable();
+    while let Some((i, c)) = chars.next() {
         match c {
+            '/' if chars.peek().is_some_and(|&(_, next)| next == '/') => {
+                while chars.next_if(|&(_, c)| c != '\n').is_some() {}
+            }
+            '"' => {
+                while chars
+                    .next_if(|&(_, c)| c != '\n')
+                    .is_some_and(|(_, c)| c != '"')
+                {}
+            }
             '(' | '[' | '{' => {
                 depth += 1;
                 if depth > MAX_NESTING {
@@ -94,7 +134,9 @@ fn describe(rule: Rule) -> &'static str {
         Rule::model | Rule::MODEL => "`model`",
         Rule::name | Rule::names | Rule::path => "a name",
         Rule::expression
+        | Rule::condition
         | Rule::operand
+        | Rule::cond_operand
         | Rule::range
         | Rule::neg
         | Rule::not
@@ -216,7 +258,7 @@ fn ident(pair: Pair<'_, Rule>) -> Ident {
     }
 }
 
-fn build_model(pair: Pair<'_, Rule>) -> Result<Model> {
+fn build_model(pair: Pair<'_, Rule>, depth: Depth) -> Result<Model> {
     let span: Span = pair.as_span().into();
     let mut it = kids(pair);
     let name = ident(take(&mut it, span)?);
@@ -234,25 +276,25 @@ fn build_model(pair: Pair<'_, Rule>) -> Result<Model> {
         match section.as_rule() {
             Rule::config => {
                 for entry in kids(section) {
-                    model.config.push(build_config_entry(entry)?);
+                    model.config.push(build_config_entry(entry, depth)?);
                 }
             }
-            Rule::preset => model.presets.push(build_preset(section)?),
-            Rule::block => model.blocks.push(build_block(section)?),
+            Rule::preset => model.presets.push(build_preset(section, depth)?),
+            Rule::block => model.blocks.push(build_block(section, depth)?),
             Rule::params => {
                 let s: Span = section.as_span().into();
                 let group = take(&mut kids(section), s)?;
-                model.params = Some(build_group(group)?);
+                model.params = Some(build_group(group, depth)?);
             }
-            Rule::forward => model.forward = Some(build_forward(section)?),
-            Rule::step => model.steps.push(build_step(section)?),
+            Rule::forward => model.forward = Some(build_forward(section, depth)?),
+            Rule::step => model.steps.push(build_step(section, depth)?),
             _ => return Err(malformed(section.as_span().into())),
         }
     }
     Ok(model)
 }
 
-fn build_config_entry(pair: Pair<'_, Rule>) -> Result<ConfigEntry> {
+fn build_config_entry(pair: Pair<'_, Rule>, depth: Depth) -> Result<ConfigEntry> {
     let span: Span = pair.as_span().into();
     let rule = pair.as_rule();
     let mut it = kids(pair);
@@ -260,12 +302,12 @@ fn build_config_entry(pair: Pair<'_, Rule>) -> Result<ConfigEntry> {
     match rule {
         Rule::setting => {
             let ty = build_static_type(take(&mut it, span)?)?;
-            let default = build_expr(take(&mut it, span)?)?;
+            let default = build_expr(take(&mut it, span)?, depth)?;
             Ok(ConfigEntry::Setting { name, ty, default })
         }
         _ => Ok(ConfigEntry::Derived {
             name,
-            value: build_expr(take(&mut it, span)?)?,
+            value: build_expr(take(&mut it, span)?, depth)?,
         }),
     }
 }
@@ -282,7 +324,7 @@ fn build_static_type(pair: Pair<'_, Rule>) -> Result<StaticType> {
     })
 }
 
-fn build_preset(pair: Pair<'_, Rule>) -> Result<Preset> {
+fn build_preset(pair: Pair<'_, Rule>, depth: Depth) -> Result<Preset> {
     let span: Span = pair.as_span().into();
     let mut it = kids(pair);
     let name = ident(take(&mut it, span)?);
@@ -291,12 +333,12 @@ fn build_preset(pair: Pair<'_, Rule>) -> Result<Preset> {
         let s: Span = o.as_span().into();
         let mut parts = kids(o);
         let key = ident(take(&mut parts, s)?);
-        overrides.push((key, build_expr(take(&mut parts, s)?)?));
+        overrides.push((key, build_expr(take(&mut parts, s)?, depth)?));
     }
     Ok(Preset { name, overrides })
 }
 
-fn build_block(pair: Pair<'_, Rule>) -> Result<Block> {
+fn build_block(pair: Pair<'_, Rule>, depth: Depth) -> Result<Block> {
     let span: Span = pair.as_span().into();
     let mut it = kids(pair);
     let name = ident(take(&mut it, span)?);
@@ -311,15 +353,15 @@ fn build_block(pair: Pair<'_, Rule>) -> Result<Block> {
                     let mut p = kids(a);
                     let name = ident(take(&mut p, s)?);
                     let ty = build_static_type(take(&mut p, s)?)?;
-                    let default = p.next().map(build_expr).transpose()?;
+                    let default = p.next().map(|p| build_expr(p, depth)).transpose()?;
                     args.push(BlockArg { name, ty, default });
                 }
             }
             Rule::params => {
                 let s: Span = part.as_span().into();
-                params = Some(build_group(take(&mut kids(part), s)?)?);
+                params = Some(build_group(take(&mut kids(part), s)?, depth)?);
             }
-            _ => forward = Some(build_forward(part)?),
+            _ => forward = Some(build_forward(part, depth)?),
         }
     }
     Ok(Block {
@@ -330,32 +372,34 @@ fn build_block(pair: Pair<'_, Rule>) -> Result<Block> {
     })
 }
 
-fn build_group(pair: Pair<'_, Rule>) -> Result<ParamGroup> {
+fn build_group(pair: Pair<'_, Rule>, depth: Depth) -> Result<ParamGroup> {
     let span: Span = pair.as_span().into();
-    let entries = kids(pair).map(build_param).collect::<Result<_>>()?;
+    let entries = kids(pair)
+        .map(|p| build_param(p, depth))
+        .collect::<Result<_>>()?;
     Ok(ParamGroup { entries, span })
 }
 
-fn build_param(pair: Pair<'_, Rule>) -> Result<Param> {
+fn build_param(pair: Pair<'_, Rule>, depth: Depth) -> Result<Param> {
     let span: Span = pair.as_span().into();
     let mut it = kids(pair);
     let name = ident(take(&mut it, span)?);
     let kind_pair = take(&mut it, span)?;
     let kind_span: Span = kind_pair.as_span().into();
     let kind = match kind_pair.as_rule() {
-        Rule::param_group => ParamKind::Group(build_group(kind_pair)?),
+        Rule::param_group => ParamKind::Group(build_group(kind_pair, depth)?),
         Rule::block_list => {
             let mut parts = kids(kind_pair);
-            let module = build_module(take(&mut parts, kind_span)?)?;
+            let module = build_module(take(&mut parts, kind_span)?, depth)?;
             let count_pair = take(&mut parts, kind_span)?;
             let count = match count_pair.as_rule() {
                 Rule::repeat => {
-                    ListCount::Repeat(build_expr(take(&mut kids(count_pair), kind_span)?)?)
+                    ListCount::Repeat(build_expr(take(&mut kids(count_pair), kind_span)?, depth)?)
                 }
                 _ => {
                     let mut c = kids(count_pair);
                     let var = ident(take(&mut c, kind_span)?);
-                    let range = build_range(take(&mut c, kind_span)?)?;
+                    let range = build_range(take(&mut c, kind_span)?, depth)?;
                     ListCount::Comprehension { var, range }
                 }
             };
@@ -370,21 +414,21 @@ fn build_param(pair: Pair<'_, Rule>) -> Result<Param> {
         }
         Rule::raw_tensor => {
             let mut parts = kids(kind_pair);
-            let shape = build_shape(take(&mut parts, kind_span)?)?;
-            let init = parts.next().map(build_call).transpose()?;
+            let shape = build_shape(take(&mut parts, kind_span)?, depth)?;
+            let init = parts.next().map(|p| build_call(p, depth)).transpose()?;
             ParamKind::Tensor {
                 shape,
                 init,
                 span: kind_span,
             }
         }
-        _ => ParamKind::Module(build_module(kind_pair)?),
+        _ => ParamKind::Module(build_module(kind_pair, depth)?),
     };
     let guard = it
         .next()
         .map(|g| {
             let s: Span = g.as_span().into();
-            build_expr(take(&mut kids(g), s)?)
+            build_expr(take(&mut kids(g), s)?, depth)
         })
         .transpose()?;
     Ok(Param {
@@ -395,49 +439,53 @@ fn build_param(pair: Pair<'_, Rule>) -> Result<Param> {
     })
 }
 
-fn build_module(pair: Pair<'_, Rule>) -> Result<ModuleRef> {
+fn build_module(pair: Pair<'_, Rule>, depth: Depth) -> Result<ModuleRef> {
     let span: Span = pair.as_span().into();
     let mut it = kids(pair);
     let name = ident(take(&mut it, span)?);
-    let args = it.next().map(build_args).transpose()?.unwrap_or_default();
+    let args = it
+        .next()
+        .map(|p| build_args(p, depth))
+        .transpose()?
+        .unwrap_or_default();
     Ok(ModuleRef { name, args, span })
 }
 
-fn build_call(pair: Pair<'_, Rule>) -> Result<Call> {
+fn build_call(pair: Pair<'_, Rule>, depth: Depth) -> Result<Call> {
     let span: Span = pair.as_span().into();
     let mut it = kids(pair);
     let name = ident(take(&mut it, span)?);
-    let args = build_args(take(&mut it, span)?)?;
+    let args = build_args(take(&mut it, span)?, depth)?;
     Ok(Call { name, args, span })
 }
 
-fn build_args(pair: Pair<'_, Rule>) -> Result<Vec<Arg>> {
+fn build_args(pair: Pair<'_, Rule>, depth: Depth) -> Result<Vec<Arg>> {
     kids(pair)
         .map(|a| {
             let s: Span = a.as_span().into();
             let mut parts: Vec<_> = kids(a).collect();
-            let value = build_expr(parts.pop().ok_or_else(|| malformed(s))?)?;
+            let value = build_expr(parts.pop().ok_or_else(|| malformed(s))?, depth)?;
             let name = parts.pop().map(ident);
             Ok(Arg { name, value })
         })
         .collect()
 }
 
-fn build_shape(pair: Pair<'_, Rule>) -> Result<Vec<Expr>> {
-    kids(pair).map(build_expr).collect()
+fn build_shape(pair: Pair<'_, Rule>, depth: Depth) -> Result<Vec<Expr>> {
+    kids(pair).map(|p| build_expr(p, depth)).collect()
 }
 
-fn build_forward(pair: Pair<'_, Rule>) -> Result<Forward> {
+fn build_forward(pair: Pair<'_, Rule>, depth: Depth) -> Result<Forward> {
     let span: Span = pair.as_span().into();
     let keyword = Span::new(span.start, span.start + "forward".len());
     let mut it = kids(pair);
-    let inputs = build_inputs(take(&mut it, span)?)?;
+    let inputs = build_inputs(take(&mut it, span)?, depth)?;
     let mut output = None;
     let mut body = None;
     for part in it {
         match part.as_rule() {
-            Rule::tensor_type => output = Some(build_tensor_type(part)?),
-            _ => body = Some(build_body(part)?),
+            Rule::tensor_type => output = Some(build_tensor_type(part, depth)?),
+            _ => body = Some(build_body(part, depth)?),
         }
     }
     Ok(Forward {
@@ -448,31 +496,31 @@ fn build_forward(pair: Pair<'_, Rule>) -> Result<Forward> {
     })
 }
 
-fn build_step(pair: Pair<'_, Rule>) -> Result<Step> {
+fn build_step(pair: Pair<'_, Rule>, depth: Depth) -> Result<Step> {
     let span: Span = pair.as_span().into();
     let mut it = kids(pair);
     let name = ident(take(&mut it, span)?);
-    let inputs = build_inputs(take(&mut it, span)?)?;
-    let body = build_body(take(&mut it, span)?)?;
+    let inputs = build_inputs(take(&mut it, span)?, depth)?;
+    let body = build_body(take(&mut it, span)?, depth)?;
     Ok(Step { name, inputs, body })
 }
 
-fn build_inputs(pair: Pair<'_, Rule>) -> Result<Vec<Input>> {
+fn build_inputs(pair: Pair<'_, Rule>, depth: Depth) -> Result<Vec<Input>> {
     kids(pair)
         .map(|i| {
             let s: Span = i.as_span().into();
             let mut parts = kids(i);
             let name = ident(take(&mut parts, s)?);
-            let ty = build_tensor_type(take(&mut parts, s)?)?;
+            let ty = build_tensor_type(take(&mut parts, s)?, depth)?;
             Ok(Input { name, ty })
         })
         .collect()
 }
 
-fn build_tensor_type(pair: Pair<'_, Rule>) -> Result<TensorType> {
+fn build_tensor_type(pair: Pair<'_, Rule>, depth: Depth) -> Result<TensorType> {
     let span: Span = pair.as_span().into();
     let mut it = kids(pair);
-    let shape = build_shape(take(&mut it, span)?)?;
+    let shape = build_shape(take(&mut it, span)?, depth)?;
     let dtype = match it
         .next()
         .and_then(|d| d.into_inner().next())
@@ -485,9 +533,11 @@ fn build_tensor_type(pair: Pair<'_, Rule>) -> Result<TensorType> {
     Ok(TensorType { shape, dtype, span })
 }
 
-fn build_body(pair: Pair<'_, Rule>) -> Result<Body> {
+fn build_body(pair: Pair<'_, Rule>, depth: Depth) -> Result<Body> {
     let span: Span = pair.as_span().into();
-    let stmts = kids(pair).map(build_stmt).collect::<Result<_>>()?;
+    let stmts = kids(pair)
+        .map(|p| build_stmt(p, depth))
+        .collect::<Result<_>>()?;
     Ok(Body { stmts, span })
 }
 
@@ -495,80 +545,95 @@ fn build_names(pair: Pair<'_, Rule>) -> Vec<Ident> {
     kids(pair).map(ident).collect()
 }
 
-fn build_stmt(pair: Pair<'_, Rule>) -> Result<Stmt> {
+fn build_stmt(pair: Pair<'_, Rule>, depth: Depth) -> Result<Stmt> {
     let span: Span = pair.as_span().into();
+    let depth = depth.deeper(1, span)?;
     let rule = pair.as_rule();
     let mut it = kids(pair);
     let kind = match rule {
         Rule::let_statement => {
             let names = build_names(take(&mut it, span)?);
-            StmtKind::Let(names, build_expr(take(&mut it, span)?)?)
+            StmtKind::Let(names, build_expr(take(&mut it, span)?, depth)?)
         }
         Rule::assignment => {
             let name = ident(take(&mut it, span)?);
-            StmtKind::Assign(name, build_expr(take(&mut it, span)?)?)
+            StmtKind::Assign(name, build_expr(take(&mut it, span)?, depth)?)
         }
         Rule::for_statement => {
             let names = build_names(take(&mut it, span)?);
-            let range = build_range(take(&mut it, span)?)?;
-            StmtKind::For(names, range, build_body(take(&mut it, span)?)?)
+            let range = build_range(take(&mut it, span)?, depth)?;
+            StmtKind::For(names, range, build_body(take(&mut it, span)?, depth)?)
         }
         Rule::while_statement => {
-            let cond = build_expr(take(&mut it, span)?)?;
-            StmtKind::While(cond, build_body(take(&mut it, span)?)?)
+            let cond = build_expr(take(&mut it, span)?, depth)?;
+            StmtKind::While(cond, build_body(take(&mut it, span)?, depth)?)
         }
         Rule::optimizer_statement => {
             let name = ident(take(&mut it, span)?);
-            let args = build_args(take(&mut it, span)?)?;
+            let args = build_args(take(&mut it, span)?, depth)?;
             StmtKind::Optimizer(Call {
                 span: name.span.join(span),
                 name,
                 args,
             })
         }
-        Rule::accumulate_statement => StmtKind::Accumulate(build_expr(take(&mut it, span)?)?),
-        Rule::update_statement => StmtKind::Update(build_expr(take(&mut it, span)?)?),
+        Rule::accumulate_statement => {
+            StmtKind::Accumulate(build_expr(take(&mut it, span)?, depth)?)
+        }
+        Rule::update_statement => StmtKind::Update(build_expr(take(&mut it, span)?, depth)?),
         Rule::metrics_statement => StmtKind::Metrics(it.map(ident).collect()),
-        _ => StmtKind::Expr(build_expr(take(&mut it, span)?)?),
+        _ => StmtKind::Expr(build_expr(take(&mut it, span)?, depth)?),
     };
     Ok(Stmt { kind, span })
 }
 
-fn build_range(pair: Pair<'_, Rule>) -> Result<Range> {
+fn build_range(pair: Pair<'_, Rule>, depth: Depth) -> Result<Range> {
     let span: Span = pair.as_span().into();
     let mut it = kids(pair);
-    let start = build_expr(take(&mut it, span)?)?;
-    let end = it.next().map(build_expr).transpose()?;
+    let start = build_expr(take(&mut it, span)?, depth)?;
+    let end = it.next().map(|p| build_expr(p, depth)).transpose()?;
     Ok(Range { start, end, span })
 }
 
-fn pratt() -> PrattParser<Rule> {
-    PrattParser::new()
-        .op(Op::infix(Rule::or, Assoc::Left))
-        .op(Op::infix(Rule::and, Assoc::Left))
-        .op(Op::prefix(Rule::not))
-        .op(Op::infix(Rule::eq, Assoc::Left)
-            | Op::infix(Rule::ne, Assoc::Left)
-            | Op::infix(Rule::lt, Assoc::Left)
-            | Op::infix(Rule::le, Assoc::Left)
-            | Op::infix(Rule::gt, Assoc::Left)
-            | Op::infix(Rule::ge, Assoc::Left))
-        .op(Op::infix(Rule::add, Assoc::Left) | Op::infix(Rule::sub, Assoc::Left))
-        .op(Op::infix(Rule::mul, Assoc::Left)
-            | Op::infix(Rule::div, Assoc::Left)
-            | Op::infix(Rule::rem, Assoc::Left)
-            | Op::infix(Rule::matmul, Assoc::Left))
-        .op(Op::prefix(Rule::neg))
-        .op(Op::infix(Rule::pow, Assoc::Right))
+/// The operators' precedence, built once.
+fn pratt() -> &'static PrattParser<Rule> {
+    static PRATT: std::sync::OnceLock<PrattParser<Rule>> = std::sync::OnceLock::new();
+    PRATT.get_or_init(|| {
+        PrattParser::new()
+            .op(Op::infix(Rule::or, Assoc::Left))
+            .op(Op::infix(Rule::and, Assoc::Left))
+            .op(Op::prefix(Rule::not))
+            .op(Op::infix(Rule::eq, Assoc::Left)
+                | Op::infix(Rule::ne, Assoc::Left)
+                | Op::infix(Rule::lt, Assoc::Left)
+                | Op::infix(Rule::le, Assoc::Left)
+                | Op::infix(Rule::gt, Assoc::Left)
+                | Op::infix(Rule::ge, Assoc::Left))
+            .op(Op::infix(Rule::add, Assoc::Left) | Op::infix(Rule::sub, Assoc::Left))
+            .op(Op::infix(Rule::mul, Assoc::Left)
+                | Op::infix(Rule::div, Assoc::Left)
+                | Op::infix(Rule::rem, Assoc::Left)
+                | Op::infix(Rule::matmul, Assoc::Left))
+            .op(Op::prefix(Rule::neg))
+            .op(Op::infix(Rule::pow, Assoc::Right))
+    })
 }
 
-fn build_expr(pair: Pair<'_, Rule>) -> Result<Expr> {
+fn build_expr(pair: Pair<'_, Rule>, depth: Depth) -> Result<Expr> {
     let span: Span = pair.as_span().into();
     let inner: Pairs<'_, Rule> = pair.into_inner();
-    let operators = inner
-        .clone()
-        .filter(|p| p.as_rule() != Rule::operand && !matches!(p.as_rule(), Rule::neg | Rule::not))
-        .count();
+    let mut operators = 0;
+    let (mut prefixes, mut longest_prefix) = (0, 0);
+    for part in inner.clone() {
+        match part.as_rule() {
+            Rule::neg | Rule::not => {
+                prefixes += 1;
+                longest_prefix = longest_prefix.max(prefixes);
+            }
+            Rule::operand | Rule::cond_operand => prefixes = 0,
+            _ => operators += 1,
+        }
+    }
     if operators > MAX_OPERATORS {
         return Err(Diagnostic::new(
             "lmx::syntax::too_long",
@@ -578,8 +643,10 @@ fn build_expr(pair: Pair<'_, Rule>) -> Result<Expr> {
         )
         .with_help("split the expression with `let`"));
     }
+    // Pratt parsing nests one level per operator and per prefix, at most.
+    let depth = depth.deeper(1 + operators + longest_prefix, span)?;
     pratt()
-        .map_primary(build_operand)
+        .map_primary(|operand| build_operand(operand, depth))
         .map_prefix(|op, rhs| {
             let rhs = rhs?;
             let op_span: Span = op.as_span().into();
@@ -621,21 +688,26 @@ fn build_expr(pair: Pair<'_, Rule>) -> Result<Expr> {
         .parse(inner)
 }
 
-fn build_operand(pair: Pair<'_, Rule>) -> Result<Expr> {
+fn build_operand(pair: Pair<'_, Rule>, depth: Depth) -> Result<Expr> {
     let span: Span = pair.as_span().into();
     let mut it = kids(pair);
-    let mut expr = build_primary(take(&mut it, span)?)?;
-    for post in it {
+    let primary = take(&mut it, span)?;
+    let postfixes: Vec<_> = it.collect();
+    let depth = depth.deeper(postfixes.len(), span)?;
+    let mut expr = build_primary(primary, depth)?;
+    for post in postfixes {
         let post_span: Span = post.as_span().into();
         let whole = expr.span.join(post_span);
         let kind = match post.as_rule() {
-            Rule::arguments => ExprKind::Call(Box::new(expr), build_args(post)?),
+            Rule::arguments => ExprKind::Call(Box::new(expr), build_args(post, depth)?),
             Rule::member => {
                 let name = ident(take(&mut kids(post), post_span)?);
                 ExprKind::Member(Box::new(expr), name)
             }
             _ => {
-                let subs = kids(post).map(build_subscript).collect::<Result<_>>()?;
+                let subs = kids(post)
+                    .map(|p| build_subscript(p, depth))
+                    .collect::<Result<_>>()?;
                 ExprKind::Index(Box::new(expr), subs)
             }
         };
@@ -644,7 +716,7 @@ fn build_operand(pair: Pair<'_, Rule>) -> Result<Expr> {
     Ok(expr)
 }
 
-fn build_subscript(pair: Pair<'_, Rule>) -> Result<Subscript> {
+fn build_subscript(pair: Pair<'_, Rule>, depth: Depth) -> Result<Subscript> {
     let span: Span = pair.as_span().into();
     let parts: Vec<_> = kids(pair).collect();
     let mut lower = None;
@@ -653,10 +725,10 @@ fn build_subscript(pair: Pair<'_, Rule>) -> Result<Subscript> {
         match p.as_rule() {
             Rule::ellipsis => return Ok(Subscript::Ellipsis(span)),
             Rule::slice_tail => {
-                let upper = kids(p).next().map(build_expr).transpose()?;
+                let upper = kids(p).next().map(|p| build_expr(p, depth)).transpose()?;
                 tail = Some(upper);
             }
-            _ => lower = Some(build_expr(p)?),
+            _ => lower = Some(build_expr(p, depth)?),
         }
     }
     Ok(match (lower, tail) {
@@ -677,7 +749,7 @@ fn parse_int(text: &str, span: Span) -> Result<i64> {
     })
 }
 
-fn build_primary(pair: Pair<'_, Rule>) -> Result<Expr> {
+fn build_primary(pair: Pair<'_, Rule>, depth: Depth) -> Result<Expr> {
     let span: Span = pair.as_span().into();
     let kind = match pair.as_rule() {
         Rule::int => ExprKind::Int(parse_int(pair.as_str(), span)?),
@@ -699,30 +771,62 @@ fn build_primary(pair: Pair<'_, Rule>) -> Result<Expr> {
         }
         Rule::boolean => ExprKind::Bool(pair.as_str() == "true"),
         Rule::name => ExprKind::Name(pair.as_str().to_string()),
-        Rule::list => ExprKind::List(kids(pair).map(build_expr).collect::<Result<_>>()?),
-        Rule::parenthesized => return build_expr(take(&mut kids(pair), span)?),
-        Rule::conditional => {
-            let mut it = kids(pair);
-            let cond = build_expr(take(&mut it, span)?)?;
-            let then = build_body(take(&mut it, span)?)?;
-            let otherwise = match it.next() {
-                None => None,
-                Some(p) if p.as_rule() == Rule::conditional => {
-                    let s: Span = p.as_span().into();
-                    let nested = build_primary(p)?;
-                    Some(Body {
-                        stmts: vec![Stmt {
-                            kind: StmtKind::Expr(nested),
-                            span: s,
-                        }],
-                        span: s,
-                    })
-                }
-                Some(p) => Some(build_body(p)?),
-            };
-            ExprKind::If(Box::new(cond), then, otherwise)
+        Rule::list => {
+            let depth = depth.deeper(1, span)?;
+            ExprKind::List(
+                kids(pair)
+                    .map(|p| build_expr(p, depth))
+                    .collect::<Result<_>>()?,
+            )
         }
+        Rule::parenthesized => return build_expr(take(&mut kids(pair), span)?, depth),
+        Rule::conditional => return build_conditional(pair, depth),
         _ => return Err(malformed(span)),
     };
     Ok(Expr { kind, span })
+}
+
+/// `if c1 { .. } else if c2 { .. } else { .. }`, read flat by the grammar (so that a long chain
+/// does not recurse in the parser), as nested `If`s: each `else if` one level deeper.
+fn build_conditional(pair: Pair<'_, Rule>, depth: Depth) -> Result<Expr> {
+    let span: Span = pair.as_span().into();
+    // Each arm: where its `if` starts, its condition and its body; then the `else` body.
+    let mut arms = Vec::new();
+    let mut otherwise = None;
+    let mut start = span.start;
+    let mut cond = None;
+    for part in pair.into_inner() {
+        match part.as_rule() {
+            Rule::IF => start = part.as_span().start(),
+            Rule::condition => cond = Some(part),
+            Rule::body => match cond.take() {
+                Some(c) => arms.push((start, c, part)),
+                None => otherwise = Some(part),
+            },
+            _ => {}
+        }
+    }
+    let inner = depth.deeper(arms.len() + 1, span)?;
+    let mut otherwise = otherwise.map(|b| build_body(b, inner)).transpose()?;
+    let mut built: Option<Expr> = None;
+    for (start, cond, then) in arms.into_iter().rev() {
+        if let Some(expr) = built.take() {
+            otherwise = Some(Body {
+                span: expr.span,
+                stmts: vec![Stmt {
+                    span: expr.span,
+                    kind: StmtKind::Expr(expr),
+                }],
+            });
+        }
+        built = Some(Expr {
+            kind: ExprKind::If(
+                Box::new(build_expr(cond, inner)?),
+                build_body(then, inner)?,
+                otherwise.take(),
+            ),
+            span: Span::new(start, span.end),
+        });
+    }
+    built.ok_or_else(|| malformed(span))
 }

@@ -26,6 +26,8 @@ pub(crate) struct StepState {
     accumulate: Option<Expr>,
     clip: Option<Expr>,
     updated: bool,
+    /// Whether an `optimizer` was written nested (an error already), so none is asked for again.
+    optimizer_nested: bool,
     metrics: Vec<String>,
 }
 
@@ -189,13 +191,16 @@ impl Checker<'_> {
             | StmtKind::Accumulate(_)
             | StmtKind::Update(_)
             | StmtKind::Metrics(_) => {
-                if ctx == Context::Forward {
-                    self.error(Diagnostic::new(
+                match ctx {
+                    Context::Forward => self.error(Diagnostic::new(
                         "lmx::step::outside_step",
                         "this statement belongs in a `step`",
                         s.span,
                         "not allowed in a forward pass",
-                    ));
+                    )),
+                    // A step's own statements are read in `check_step`; one met here sits
+                    // inside a loop or a branch, which would make it run zero or many times.
+                    Context::Step => self.nested_step_statement(s),
                 }
                 None
             }
@@ -359,6 +364,36 @@ impl Checker<'_> {
         scope.pop();
     }
 
+    /// A step statement nested in a `for`, `if` or `while`: an error, and it counts as written
+    /// so that no "never applies its gradients" follows it.
+    fn nested_step_statement(&mut self, s: &ast::Stmt) {
+        let keyword = match &s.kind {
+            StmtKind::Optimizer(_) => "optimizer",
+            StmtKind::Accumulate(_) => "accumulate",
+            StmtKind::Update(_) => "update",
+            _ => "metrics",
+        };
+        self.error(
+            Diagnostic::new(
+                "lmx::step::nested",
+                format!("`{keyword}` must stand at the top level of the step"),
+                Span::new(s.span.start, s.span.start + keyword.len()),
+                "inside a loop or a branch, it would run zero or several times",
+            )
+            .with_help(format!(
+                "a step declares `{keyword}` once, unconditionally: move it out of the loop or \
+                 branch; scale or mask values with `where(cond, a, b)` instead"
+            )),
+        );
+        if let Some(state) = self.step_state.as_mut() {
+            match &s.kind {
+                StmtKind::Optimizer(_) => state.optimizer_nested = true,
+                StmtKind::Update(_) => state.updated = true,
+                _ => {}
+            }
+        }
+    }
+
     /// Checks a training step.
     pub(crate) fn check_step(&mut self, step: &ast::Step) -> StepIr {
         let mut scope = self.globals.clone();
@@ -434,20 +469,24 @@ impl Checker<'_> {
                 }
             }
         }
-        if let Some(StepState { clip, .. }) = self.step_state.take() {
-            state.clip = clip;
+        if let Some(nested) = self.step_state.take() {
+            state.clip = nested.clip;
+            state.updated |= nested.updated;
+            state.optimizer_nested = nested.optimizer_nested;
         }
         let end = Span::new(step.body.span.end.saturating_sub(1), step.body.span.end);
         let optimizer = state.optimizer.take().unwrap_or_else(|| {
-            self.error(
-                Diagnostic::new(
-                    "lmx::step::no_optimizer",
-                    format!("step `{}` declares no optimizer", step.name.name),
-                    step.name.span,
-                    "this step never says how to update",
-                )
-                .with_help("add e.g. `optimizer adamw(weight_decay = 0.1)`"),
-            );
+            if !state.optimizer_nested {
+                self.error(
+                    Diagnostic::new(
+                        "lmx::step::no_optimizer",
+                        format!("step `{}` declares no optimizer", step.name.name),
+                        step.name.span,
+                        "this step never says how to update",
+                    )
+                    .with_help("add e.g. `optimizer adamw(weight_decay = 0.1)`"),
+                );
+            }
             OptimizerIr {
                 kind: OptimizerKind::AdamW,
                 args: Vec::new(),
