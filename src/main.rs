@@ -2,17 +2,23 @@
 
 mod cli;
 
-use clap::Parser;
-
 fn main() -> std::process::ExitCode {
     #[cfg(unix)]
     end_quietly_on_a_closed_pipe();
-    match cli::run(cli::Cli::parse()) {
+    match cli::run(cli::Cli::parse_noting_given()) {
         Ok(()) => std::process::ExitCode::SUCCESS,
-        Err(err) => {
-            eprintln!("error: {err:#}");
-            std::process::ExitCode::FAILURE
-        }
+        // A run stopped by a signal is no error: it says where it stopped, and exits as the
+        // signal would have.
+        Err(err) => match err.downcast_ref::<cli::Interrupted>() {
+            Some(interrupted) => {
+                eprintln!("{interrupted}");
+                interrupted.exit_code()
+            }
+            None => {
+                eprintln!("error: {err:#}");
+                std::process::ExitCode::FAILURE
+            }
+        },
     }
 }
 

@@ -1,5 +1,5 @@
 //! The `lmx` command end to end: train the bundled GPT 50 steps with dropout (`--set`), resume to
-//! 60 in another run order (`--overlap`), generate text; refuse an unknown setting and name a
+//! 60 (a change of the run, so `--allow-changes`) in another run order (`--overlap`), generate text; refuse an unknown setting and name a
 //! missing data file once; benchmark the reference GPT's step, each run in its own process, and
 //! print its tables again from the runs it wrote.
 
@@ -68,7 +68,15 @@ fn train_resume_generate() {
         .is_file());
 
     let resumed = lmx(&[
-        &["train", "--steps", "60", "--resume", "--overlap", "build"][..],
+        &[
+            "train",
+            "--steps",
+            "60",
+            "--allow-changes",
+            "--resume",
+            "--overlap",
+            "build",
+        ][..],
         &common,
     ]
     .concat());

@@ -35,14 +35,27 @@ pub enum Error {
     #[error(transparent)]
     Data(#[from] crate::data::DataError),
     /// The loss stopped being finite: training diverged.
-    #[error("the loss became {loss} at step {step}; the last good checkpoint is {}", last_checkpoint.as_ref().map_or("(none yet)".into(), |dir| dir.display().to_string()))]
+    #[error("the loss became {loss} at step {step}; {}", match resume_from {
+        Some((dir, loss)) => format!("training can continue from {} (its parameters' loss {loss:.4})", dir.display()),
+        None => "no checkpoint saved before it has a sane loss to continue from".into(),
+    })]
     Diverged {
         /// The loss.
         loss: f32,
         /// The update that produced it.
         step: u64,
-        /// The last checkpoint saved before it.
-        last_checkpoint: Option<PathBuf>,
+        /// The checkpoint to continue from and its parameters' loss: the latest checkpoint whose
+        /// loss is within [`SANE_LOSS_RATIO`](crate::checkpoint::SANE_LOSS_RATIO) of the best
+        /// one's.
+        resume_from: Option<(PathBuf, f32)>,
+    },
+    /// Another process holds the run folder's lock.
+    #[error("run folder {} is in use by {}", dir.display(), pid.map_or("another process".into(), |pid| format!("process {pid}")))]
+    RunInUse {
+        /// The run folder.
+        dir: PathBuf,
+        /// The process holding it, as it wrote itself into the lock file.
+        pid: Option<u32>,
     },
     /// A configuration value is out of range or inconsistent.
     #[error("configuration: {0}")]

@@ -14,6 +14,7 @@ pub mod model;
 pub mod nn;
 pub mod optim;
 pub mod platform;
+pub mod run_lock;
 pub mod schedule;
 pub mod state;
 pub mod step;

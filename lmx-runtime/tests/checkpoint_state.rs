@@ -221,6 +221,39 @@ fn keep_last_prunes_the_oldest() -> Result<()> {
     Ok(())
 }
 
+#[test]
+fn pruning_keeps_the_checkpoint_of_lowest_loss_and_a_diverged_run_names_the_last_sane_one(
+) -> Result<()> {
+    let root = tempfile::tempdir().unwrap();
+    let checkpoints = Checkpoints::new(root.path()).keep_last(3);
+    let state = trained(1, 0)?;
+    assert_eq!(checkpoints.last_sane()?, None, "no checkpoint yet");
+    // A run that learns, then blows up: the losses 5.97, 2.2e11, 1.0e12.
+    for (step, loss) in [(10, 6.5), (20, 5.97), (30, 6.2), (40, 2.2e11), (50, 1.0e12)] {
+        checkpoints.save(step, &state, &json!({"step": step, "loss": loss}))?;
+    }
+    let steps: Vec<u64> = checkpoints
+        .list()?
+        .into_iter()
+        .map(|(step, _)| step)
+        .collect();
+    assert_eq!(steps, [20, 30, 40, 50], "the last 3 and the best");
+    let dir = |step| root.path().join(checkpoint::dir_name(step));
+    // 6.2 is within a tenth of 5.97 and more recent.
+    assert_eq!(checkpoints.last_sane()?, Some((dir(30), 6.2)));
+    checkpoints.save(60, &state, &json!({"step": 60, "loss": null}))?;
+    let steps: Vec<u64> = checkpoints
+        .list()?
+        .into_iter()
+        .map(|(step, _)| step)
+        .collect();
+    assert_eq!(steps, [20, 40, 50, 60], "the best outlives the last 3");
+    assert_eq!(checkpoints.last_sane()?, Some((dir(20), 5.97)));
+    assert_eq!(checkpoints.remove_after(20)?, [dir(40), dir(50), dir(60)]);
+    assert_eq!(checkpoints.latest()?, Some(dir(20)));
+    Ok(())
+}
+
 /// Writes `files` files, then fails as a full disk or a kill would.
 struct FailAfter {
     files: usize,

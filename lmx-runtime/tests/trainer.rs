@@ -247,19 +247,46 @@ fn diverged_run(dir: &Path, checkpoint_every: u64, overlap: Overlap) -> (String,
 }
 
 #[test]
-fn a_non_finite_loss_stops_the_run_naming_the_step_and_the_last_checkpoint() {
+fn a_non_finite_loss_stops_the_run_naming_the_step_and_a_checkpoint_to_continue_from() {
     let dir = tempfile::tempdir().unwrap();
+    // Without a sane checkpoint: the first update at 1e38 already blows the parameters up, so the
+    // checkpoint after it, which a report of its step's loss would call good, is not named.
     let (err, trainer) = diverged_run(dir.path(), 1, Overlap::default());
     let step = trainer.steps_done();
     assert!(err.starts_with("the loss became"), "{err}");
-    assert!(err.contains(&format!("at step {step}")), "{err}");
-    let last_good = dir.path().join(format!("checkpoints/step-{:06}", step - 1));
     assert!(
         err.ends_with(&format!(
-            "the last good checkpoint is {}",
-            last_good.display()
+            "at step {step}; no checkpoint saved before it has a sane loss to continue from"
         )),
         "{err}"
+    );
+
+    // 8 sane steps, then the rate of a blow-up from there.
+    let dir = tempfile::tempdir().unwrap();
+    run_plain(dir.path(), 8, Overlap::Off, None);
+    let mut config = config(dir.path(), 24);
+    config.schedule = Schedule::Constant {
+        lr: 1e38,
+        warmup_steps: 0,
+    };
+    config.checkpoint_every = 1;
+    let mut trainer = Trainer::<Train>::new(257, config, windows()).unwrap();
+    let sane = dir.path().join("checkpoints/step-000008");
+    trainer.resume(&sane).unwrap();
+    let err = trainer.run().unwrap_err().to_string();
+    let loss = lmx_runtime::checkpoint::Checkpoints::loss(&sane)
+        .unwrap()
+        .unwrap();
+    assert!(
+        err.ends_with(&format!(
+            "; training can continue from {} (its parameters' loss {loss:.4})",
+            sane.display()
+        )),
+        "{err}"
+    );
+    assert!(
+        trainer.latest_checkpoint().unwrap() > Some(sane),
+        "checkpoints were saved after it"
     );
 }
 

@@ -3,12 +3,16 @@
 pub mod bench;
 pub mod bundled;
 pub mod check;
+pub mod interrupt;
 pub mod plot;
 pub mod registry;
+pub mod run_dir;
 pub mod run_file;
 pub mod settings;
 pub mod tokenizer;
 pub mod train;
+
+pub use interrupt::Interrupted;
 
 use clap::{Args, Parser, Subcommand};
 use lmx::runtime::device::{self, DeviceKind};
@@ -110,7 +114,7 @@ pub struct TrainArgs {
     /// The run directory.
     #[arg(long)]
     pub out: Option<PathBuf>,
-    /// Updates to make.
+    /// Updates to make; a linear or cosine schedule's length follows.
     #[arg(long)]
     pub steps: Option<u64>,
     /// Sequences per update.
@@ -119,10 +123,11 @@ pub struct TrainArgs {
     /// Tokens per sequence.
     #[arg(long)]
     pub seq_len: Option<usize>,
-    /// Peak learning rate (cosine decay to a tenth after the warm-up).
+    /// Peak learning rate of the configured schedule (by default a cosine decay to a tenth
+    /// after the warm-up), which keeps its kind and warm-up; its final rate scales with it.
     #[arg(long)]
     pub lr: Option<f32>,
-    /// Warm-up steps.
+    /// Warm-up steps of the configured schedule.
     #[arg(long)]
     pub warmup: Option<u64>,
     /// Seed.
@@ -148,15 +153,33 @@ pub struct TrainArgs {
     /// Save a checkpoint every N steps (and at the end).
     #[arg(long)]
     pub checkpoint_every: Option<u64>,
-    /// Continue from the run directory's latest checkpoint.
+    /// Continue the run in the run directory from its latest checkpoint, with its recorded
+    /// settings: the same losses as an uninterrupted run. Settings given that differ from the
+    /// recorded ones are an error, unless --allow-changes.
     #[arg(long)]
     pub resume: bool,
+    /// Continue the run from this checkpoint of it (the one a diverged run names); its later
+    /// checkpoints and metrics are removed. Implies --resume.
+    #[arg(long, value_name = "CHECKPOINT")]
+    pub resume_from: Option<PathBuf>,
+    /// With --resume: accept settings that differ from the run's recorded ones, listed in a
+    /// warning (e.g. more --steps, which stretches the schedule from where the run is).
+    #[arg(long)]
+    pub allow_changes: bool,
+    /// Replace the run in a run directory that is not empty: its run.json, metrics.jsonl,
+    /// checkpoints/ and curves.svg are removed before training (other files are left alone).
+    #[arg(long, conflicts_with_all = ["resume", "resume_from"])]
+    pub overwrite: bool,
     /// No progress bar.
     #[arg(long)]
     pub quiet: bool,
     /// After training, sample this many tokens from the model (0: none).
     #[arg(long, default_value_t = 300)]
     pub sample: usize,
+    /// The ids of the options given on the command line (not defaulted): on --resume the
+    /// others are the run's recorded ones.
+    #[arg(skip)]
+    pub given: Vec<String>,
 }
 
 /// Precision, as a flag.
@@ -244,16 +267,84 @@ pub struct GenerateArgs {
     pub seed: u64,
 }
 
+impl Cli {
+    /// Parses the command line, noting which of `train`'s options it gives.
+    pub fn parse_noting_given() -> Cli {
+        use clap::{parser::ValueSource, CommandFactory, FromArgMatches};
+        let matches = Cli::command().get_matches();
+        let mut cli = Cli::from_arg_matches(&matches).unwrap_or_else(|err| err.exit());
+        if let (Command::Train(args), Some(("train", train))) =
+            (&mut cli.command, matches.subcommand())
+        {
+            args.given = train
+                .ids()
+                .filter(|id| train.value_source(id.as_str()) == Some(ValueSource::CommandLine))
+                .map(|id| id.to_string())
+                .collect();
+        }
+        cli
+    }
+}
+
 impl TrainArgs {
-    /// The training settings: defaults, then the TOML file, then the flags.
-    pub fn train_config(&self) -> anyhow::Result<TrainConfig> {
-        let mut config = match &self.config {
-            Some(path) => {
-                let text = std::fs::read_to_string(path)
-                    .map_err(|err| anyhow::anyhow!("{}: {err}", path.display()))?;
-                toml::from_str(&text).map_err(|err| anyhow::anyhow!("{}: {err}", path.display()))?
+    /// What to train: on `--resume`, the run's recorded settings with those given changed.
+    pub fn request(&self) -> anyhow::Result<train::TrainRequest> {
+        let resume = match (&self.resume_from, self.resume) {
+            (Some(checkpoint), _) => Some(train::Resume::From(checkpoint.clone())),
+            (None, true) => Some(train::Resume::Latest),
+            (None, false) => None,
+        };
+        let out_dir = self.out_dir()?;
+        let recorded = match resume {
+            Some(_) if out_dir.join(run_file::RUN_FILE).exists() => {
+                Some(run_file::RunFile::read(&out_dir)?)
             }
-            None => TrainConfig::default(),
+            _ => None,
+        };
+        let given = |id: &str| self.given.iter().any(|given| given == id);
+        let asked_tokenizer = || tokenizer::TokenizerSpec::parse(&self.tokenizer, self.eos.clone());
+        let base = recorded.as_ref().map(|run| run.train.clone());
+        let mut train = self.train_config(base.unwrap_or_default())?;
+        train.out_dir = out_dir;
+        let mut request = train::TrainRequest {
+            model: self.model.clone(),
+            preset: self.preset.clone(),
+            model_config: None,
+            settings: self.settings.clone(),
+            data: self.data.clone(),
+            tokenizer: asked_tokenizer(),
+            train,
+            resume,
+            recorded: None,
+            allow_changes: self.allow_changes,
+            overwrite: self.overwrite,
+            progress: !self.quiet,
+        };
+        if let Some(run) = recorded {
+            if !given("model") {
+                request.model = run.model.clone();
+            }
+            if !given("preset") && !given("model") {
+                request.preset = run.preset.clone();
+                request.model_config = Some(run.model_config.clone());
+            }
+            if !given("tokenizer") && !given("eos") {
+                request.tokenizer = run.tokenizer.clone();
+            }
+            if !given("data") && !run.data.is_empty() {
+                request.data = run.data.clone();
+            }
+            request.recorded = Some(run);
+        }
+        Ok(request)
+    }
+
+    /// The training settings: `base` (the defaults, or a resumed run's recorded settings), then
+    /// the settings the TOML file gives, then the flags.
+    pub fn train_config(&self, base: TrainConfig) -> anyhow::Result<TrainConfig> {
+        let mut config = match &self.config {
+            Some(path) => over_toml(base, path)?,
+            None => base,
         };
         if let Some(steps) = self.steps {
             config.steps = steps;
@@ -290,17 +381,79 @@ impl TrainArgs {
             config.state_packing = packing.into();
         }
         config.compile &= !self.eager;
-        if self.lr.is_some() || self.warmup.is_some() || self.steps.is_some() {
-            let lr = self.lr.unwrap_or(config.schedule.peak_lr());
-            let warmup_steps = self.warmup.unwrap_or(config.steps / 10);
-            config.schedule = Schedule::Cosine {
-                lr,
-                warmup_steps,
-                total_steps: config.steps,
-                final_lr: lr / 10.0,
-            };
-        }
+        config.schedule = adjusted(config.schedule, self.steps, self.lr, self.warmup);
         Ok(config)
+    }
+
+    /// Where the run goes: `--out`, else the TOML file's `out_dir`, else the default.
+    pub fn out_dir(&self) -> anyhow::Result<PathBuf> {
+        Ok(self.train_config(TrainConfig::default())?.out_dir)
+    }
+}
+
+/// `base` with the settings `path` gives; the file is read whole as a `TrainConfig` first, so
+/// that its errors name their place in it.
+fn over_toml(base: TrainConfig, path: &std::path::Path) -> anyhow::Result<TrainConfig> {
+    let error = |err: &dyn std::fmt::Display| anyhow::anyhow!("{}: {err}", path.display());
+    let text = std::fs::read_to_string(path).map_err(|err| error(&err))?;
+    toml::from_str::<TrainConfig>(&text).map_err(|err| error(&err))?;
+    let given: serde_json::Value = toml::from_str(&text).map_err(|err| error(&err))?;
+    let mut merged = serde_json::to_value(base)?;
+    if let (Some(merged), Some(given)) = (merged.as_object_mut(), given.as_object()) {
+        merged.extend(given.clone());
+    }
+    serde_json::from_value(merged).map_err(|err| error(&err))
+}
+
+/// `schedule` with the flags' length, peak rate and warm-up: it keeps its kind, and its final
+/// rate keeps its ratio to the peak.
+fn adjusted(
+    schedule: Schedule,
+    steps: Option<u64>,
+    peak: Option<f32>,
+    warmup: Option<u64>,
+) -> Schedule {
+    let scale = |lr: f32, final_lr: f32| match peak {
+        Some(peak) if lr > 0.0 => {
+            let ratio = f64::from(final_lr) / f64::from(lr);
+            (peak, (f64::from(peak) * ratio) as f32)
+        }
+        Some(peak) => (peak, final_lr),
+        None => (lr, final_lr),
+    };
+    match schedule {
+        Schedule::Constant { lr, warmup_steps } => Schedule::Constant {
+            lr: peak.unwrap_or(lr),
+            warmup_steps: warmup.unwrap_or(warmup_steps),
+        },
+        Schedule::Linear {
+            lr,
+            warmup_steps,
+            total_steps,
+            final_lr,
+        } => {
+            let (lr, final_lr) = scale(lr, final_lr);
+            Schedule::Linear {
+                lr,
+                warmup_steps: warmup.unwrap_or(warmup_steps),
+                total_steps: steps.unwrap_or(total_steps),
+                final_lr,
+            }
+        }
+        Schedule::Cosine {
+            lr,
+            warmup_steps,
+            total_steps,
+            final_lr,
+        } => {
+            let (lr, final_lr) = scale(lr, final_lr);
+            Schedule::Cosine {
+                lr,
+                warmup_steps: warmup.unwrap_or(warmup_steps),
+                total_steps: steps.unwrap_or(total_steps),
+                final_lr,
+            }
+        }
     }
 }
 
@@ -322,18 +475,11 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
     device::select(cli.device)?;
     match cli.command {
         Command::Train(args) => {
-            let request = train::TrainRequest {
-                model: args.model.clone(),
-                preset: args.preset.clone(),
-                settings: args.settings.clone(),
-                data: args.data.clone(),
-                tokenizer: tokenizer::TokenizerSpec::parse(&args.tokenizer, args.eos.clone()),
-                train: args.train_config()?,
-                resume: args.resume,
-                progress: !args.quiet,
-            };
+            let request = args.request()?;
             let out_dir = request.train.out_dir.clone();
-            registry::train(request)?;
+            if !registry::train(request)? {
+                return Ok(());
+            }
             if args.sample == 0 {
                 return Ok(());
             }
@@ -379,5 +525,84 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
             println!("{}", lmx::runtime::platform::describe());
             Ok(())
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn train_args(args: &[&str]) -> TrainArgs {
+        let cli = Cli::try_parse_from([&["lmx", "train"][..], args].concat()).unwrap();
+        match cli.command {
+            Command::Train(args) => args,
+            _ => unreachable!("a train command"),
+        }
+    }
+
+    #[test]
+    fn steps_lr_and_warmup_flags_change_the_configured_schedule_and_keep_its_kind() {
+        let dir = tempfile::tempdir().unwrap();
+        let config = dir.path().join("train.toml");
+        std::fs::write(
+            &config,
+            "steps = 100\n[schedule]\nkind = \"linear\"\nlr = 0.5\nwarmup_steps = 7\n\
+             total_steps = 100\nfinal_lr = 0.25\n",
+        )
+        .unwrap();
+        let config = config.to_str().unwrap();
+        let linear = train_args(&["--config", config, "--steps", "50", "--lr", "0.25"])
+            .train_config(TrainConfig::default())
+            .unwrap();
+        assert_eq!(linear.steps, 50);
+        assert_eq!(
+            linear.schedule,
+            Schedule::Linear {
+                lr: 0.25,
+                warmup_steps: 7,
+                total_steps: 50,
+                final_lr: 0.125,
+            }
+        );
+        std::fs::write(
+            dir.path().join("constant.toml"),
+            "[schedule]\nkind = \"constant\"\nlr = 1e-3\nwarmup_steps = 5\n",
+        )
+        .unwrap();
+        let constant = dir.path().join("constant.toml");
+        let constant = train_args(&["--config", constant.to_str().unwrap(), "--warmup", "2"])
+            .train_config(TrainConfig::default())
+            .unwrap();
+        assert_eq!(
+            constant.schedule,
+            Schedule::Constant {
+                lr: 1e-3,
+                warmup_steps: 2,
+            }
+        );
+    }
+
+    #[test]
+    fn a_resumed_run_s_settings_are_the_base_that_the_file_and_flags_change() {
+        let dir = tempfile::tempdir().unwrap();
+        let config = dir.path().join("train.toml");
+        std::fs::write(&config, "eval_every = 5\n").unwrap();
+        let recorded = TrainConfig {
+            steps: 40,
+            batch_size: 3,
+            ..TrainConfig::default()
+        };
+        let merged = train_args(&["--config", config.to_str().unwrap(), "--seed", "9"])
+            .train_config(recorded)
+            .unwrap();
+        assert_eq!(
+            (
+                merged.steps,
+                merged.batch_size,
+                merged.eval_every,
+                merged.seed
+            ),
+            (40, 3, 5, 9)
+        );
     }
 }

@@ -16,13 +16,26 @@ fn read(run: &Path) -> anyhow::Result<Curves> {
     let text = std::fs::read_to_string(&path)
         .map_err(|err| anyhow::anyhow!("{}: {err}", path.display()))?;
     let mut curves = Curves::default();
+    let count = text.lines().count();
     for (number, line) in text
         .lines()
         .enumerate()
         .filter(|(_, line)| !line.trim().is_empty())
     {
-        let value: serde_json::Value = serde_json::from_str(line)
-            .map_err(|err| anyhow::anyhow!("{}:{}: {err}", path.display(), number + 1))?;
+        let value: serde_json::Value = match serde_json::from_str(line) {
+            Ok(value) => value,
+            // A run killed while writing a line leaves it cut short; the run's next resume
+            // drops it.
+            Err(_) if number + 1 == count && !text.ends_with('\n') => {
+                eprintln!(
+                    "{}:{}: skipped an incomplete last line",
+                    path.display(),
+                    number + 1
+                );
+                continue;
+            }
+            Err(err) => anyhow::bail!("{}:{}: {err}", path.display(), number + 1),
+        };
         let field = |name: &str| value.get(name).and_then(serde_json::Value::as_f64);
         let Some(step) = field("step") else { continue };
         match value.get("kind").and_then(serde_json::Value::as_str) {
@@ -116,4 +129,22 @@ fn draw(curves: &Curves, run: &Path, out: &Path) -> anyhow::Result<()> {
     chart.draw_series(LineSeries::new(curves.lr.iter().copied(), &GREEN))?;
     root.present()?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_cut_last_line_is_skipped_and_a_bad_line_before_it_named() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("metrics.jsonl");
+        let step = r#"{"kind":"step","step":1,"loss":5.5,"lr":0.001}"#;
+        std::fs::write(&path, format!("{step}\n{{\"kind\":\"st")).unwrap();
+        let curves = read(dir.path()).unwrap();
+        assert_eq!(curves.loss, [(1.0, 5.5)]);
+        std::fs::write(&path, format!("{step}\n{{\"kind\"\n{step}\n")).unwrap();
+        let err = read(dir.path()).err().unwrap().to_string();
+        assert!(err.starts_with(&format!("{}:2: ", path.display())), "{err}");
+    }
 }

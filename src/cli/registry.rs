@@ -9,8 +9,8 @@ macro_rules! registry {
         /// The names of the models `lmx train` knows.
         pub const TRAINABLE: &[&str] = &[$($name),*];
 
-        /// Trains the model `request.model`.
-        pub fn train(request: TrainRequest) -> anyhow::Result<()> {
+        /// Trains the model `request.model`; `false` when there was nothing to train.
+        pub fn train(request: TrainRequest) -> anyhow::Result<bool> {
             match request.model.as_str() {
                 $($name => train::train::<$step>(request),)*
                 other => unknown(other),
@@ -36,7 +36,7 @@ registry! {
     "mpt" => lmx::models::mpt::Train,
 }
 
-fn unknown(model: &str) -> anyhow::Result<()> {
+fn unknown<T>(model: &str) -> anyhow::Result<T> {
     anyhow::bail!(
         "no trainable model `{model}`; the bundled ones are {}",
         TRAINABLE.join(", ")

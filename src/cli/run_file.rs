@@ -1,9 +1,14 @@
 //! `run.json`: what a run directory was trained with, so that `generate` and `--resume` need
-//! nothing but the directory.
+//! nothing but the directory, and so that a resumed run can tell what it would change.
 
 use super::tokenizer::TokenizerSpec;
 use lmx::runtime::train::TrainConfig;
-use std::path::Path;
+use serde_json::Value;
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+/// The name of the file in the run directory.
+pub const RUN_FILE: &str = "run.json";
 
 /// The contents of `RUN/run.json`.
 #[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
@@ -16,24 +21,59 @@ pub struct RunFile {
     pub model_config: serde_json::Value,
     /// The tokenizer.
     pub tokenizer: TokenizerSpec,
+    /// The training data's files, as given (empty in runs recorded before they were).
+    #[serde(default)]
+    pub data: Vec<PathBuf>,
+    /// How many tokens the data held: a file changed under the same name changes it.
+    #[serde(default)]
+    pub data_tokens: Option<u64>,
     /// The training settings.
     pub train: TrainConfig,
+}
+
+/// The training settings that change what a run computes; the others (overlap, state packing,
+/// evaluation, checkpoints, logging, the run directory) may change when it resumes.
+const RUN_DEFINING: &[&str] = &[
+    "steps",
+    "batch_size",
+    "seq_len",
+    "schedule",
+    "seed",
+    "precision",
+    "validation_fraction",
+];
+
+/// A setting that differs between a run's record and a resumed run.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Change {
+    /// Its place in `run.json`, dotted: `train.schedule.lr`, `model_config.n_layers`.
+    pub setting: String,
+    /// The recorded value (`-` if none).
+    pub old: String,
+    /// The new value (`-` if none).
+    pub new: String,
+}
+
+impl std::fmt::Display for Change {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}: {} -> {}", self.setting, self.old, self.new)
+    }
 }
 
 impl RunFile {
     /// Writes `dir/run.json`, atomically.
     pub fn write(&self, dir: &Path) -> anyhow::Result<()> {
-        std::fs::create_dir_all(dir)?;
-        let path = dir.join("run.json");
+        let path = dir.join(RUN_FILE);
         let temporary = dir.join(".run.json.partial");
-        std::fs::write(&temporary, serde_json::to_vec_pretty(self)?)?;
-        std::fs::rename(&temporary, &path)?;
+        let io = |err: std::io::Error| anyhow::anyhow!("{}: {err}", path.display());
+        std::fs::write(&temporary, serde_json::to_vec_pretty(self)?).map_err(io)?;
+        std::fs::rename(&temporary, &path).map_err(io)?;
         Ok(())
     }
 
     /// Reads `dir/run.json`.
     pub fn read(dir: &Path) -> anyhow::Result<RunFile> {
-        let path = dir.join("run.json");
+        let path = dir.join(RUN_FILE);
         let text = std::fs::read_to_string(&path).map_err(|err| {
             anyhow::anyhow!(
                 "{}: {err} (is {} a run directory?)",
@@ -42,5 +82,124 @@ impl RunFile {
             )
         })?;
         serde_json::from_str(&text).map_err(|err| anyhow::anyhow!("{}: {err}", path.display()))
+    }
+
+    /// The settings that change what the run computes, by dotted name. The data is compared
+    /// only where both records have it.
+    fn defining(&self, other: &RunFile) -> BTreeMap<String, String> {
+        let mut out = BTreeMap::new();
+        out.insert("model".into(), self.model.clone());
+        flatten("model_config", &self.model_config, &mut out);
+        flatten("tokenizer", &json(&self.tokenizer), &mut out);
+        if !self.data.is_empty() && !other.data.is_empty() {
+            out.insert("data".into(), json(&self.data).to_string());
+        }
+        if let (Some(tokens), Some(_)) = (self.data_tokens, other.data_tokens) {
+            out.insert("data_tokens".into(), tokens.to_string());
+        }
+        let train = json(&self.train);
+        for name in RUN_DEFINING {
+            flatten(&format!("train.{name}"), &train[name], &mut out);
+        }
+        out
+    }
+
+    /// What `new` changes of this run's record, setting by setting.
+    pub fn changes(&self, new: &RunFile) -> Vec<Change> {
+        let (old, new) = (self.defining(new), new.defining(self));
+        let names: std::collections::BTreeSet<&String> = old.keys().chain(new.keys()).collect();
+        let value = |map: &BTreeMap<String, String>, name: &String| {
+            map.get(name).cloned().unwrap_or_else(|| "-".into())
+        };
+        names
+            .into_iter()
+            .filter(|name| old.get(*name) != new.get(*name))
+            .map(|name| Change {
+                setting: name.clone(),
+                old: value(&old, name),
+                new: value(&new, name),
+            })
+            .collect()
+    }
+}
+
+fn json(value: &impl serde::Serialize) -> Value {
+    serde_json::to_value(value).expect("plain data serializes")
+}
+
+/// The leaves of `value` under `prefix`, by dotted name.
+fn flatten(prefix: &str, value: &Value, out: &mut BTreeMap<String, String>) {
+    match value {
+        Value::Object(fields) => {
+            for (name, value) in fields {
+                flatten(&format!("{prefix}.{name}"), value, out);
+            }
+        }
+        Value::String(text) => {
+            out.insert(prefix.into(), text.clone());
+        }
+        // An f32 setting reaches JSON values widened to f64 (0.003 as 0.003000000026077032):
+        // shown as the f32 it is.
+        Value::Number(number) if number.is_f64() => {
+            let wide = number.as_f64().unwrap_or(f64::NAN);
+            let text = if f64::from(wide as f32) == wide {
+                (wide as f32).to_string()
+            } else {
+                wide.to_string()
+            };
+            out.insert(prefix.into(), text);
+        }
+        other => {
+            out.insert(prefix.into(), other.to_string());
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use lmx::runtime::schedule::Schedule;
+    use lmx::runtime::train::Overlap;
+
+    fn run() -> RunFile {
+        RunFile {
+            model: "gpt2".into(),
+            preset: "tiny-bytes".into(),
+            model_config: serde_json::json!({"n_layers": 2, "pdrop": 0.0}),
+            tokenizer: TokenizerSpec::Byte,
+            data: vec!["data/shakespeare.txt".into()],
+            data_tokens: Some(1000),
+            train: TrainConfig::default(),
+        }
+    }
+
+    #[test]
+    fn only_the_settings_that_change_the_run_are_changes() {
+        let old = run();
+        let mut new = run();
+        new.train.overlap = Overlap::Off;
+        new.train.eval_every = 7;
+        new.train.out_dir = "elsewhere".into();
+        assert_eq!(old.changes(&new), []);
+        new.model_config["n_layers"] = 3.into();
+        new.train.batch_size = 4;
+        new.train.schedule = Schedule::Cosine {
+            lr: 1e-3,
+            warmup_steps: 30,
+            total_steps: 300,
+            final_lr: 1e-4,
+        };
+        new.data_tokens = Some(999);
+        let changes: Vec<String> = old.changes(&new).iter().map(Change::to_string).collect();
+        assert_eq!(
+            changes,
+            [
+                "data_tokens: 1000 -> 999",
+                "model_config.n_layers: 2 -> 3",
+                "train.batch_size: 16 -> 4",
+                "train.schedule.final_lr: 0.0003 -> 0.0001",
+                "train.schedule.lr: 0.003 -> 0.001",
+            ]
+        );
     }
 }

@@ -1,8 +1,10 @@
 //! `lmx train` and `lmx generate` for one model, generic over its declared training step.
 
+use super::interrupt::{Interrupted, StopSignals};
+use super::run_dir::RunDir;
 use super::run_file::RunFile;
 use super::tokenizer::TokenizerSpec;
-use lmx::runtime::checkpoint::{self, MODEL_FILE};
+use lmx::runtime::checkpoint::{self, Checkpoints, MODEL_FILE};
 use lmx::runtime::data::{
     DocumentEncoder, InputFormat, Separator, TokenFile, TokenSource, Windows,
 };
@@ -11,16 +13,19 @@ use lmx::runtime::model::{LanguageModel, TrainingStep};
 use lmx::runtime::train::{EarlyStopping, JsonlLog, ProgressBar, TrainConfig, Trainer};
 use lmx::runtime::tree::Tree;
 use std::io::Write;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-/// What `lmx train` was asked to do, once flags and the TOML file are merged.
+/// What `lmx train` was asked to do, once flags, the TOML file and (on `--resume`) the run's
+/// record are merged.
 pub struct TrainRequest {
     /// The bundled model's name.
     pub model: String,
     /// Its preset.
     pub preset: String,
-    /// Settings changed on top of the preset.
+    /// The configuration to start from instead of the preset's: a resumed run's recorded one.
+    pub model_config: Option<serde_json::Value>,
+    /// Settings changed on top of the preset (or the recorded configuration).
     pub settings: Vec<super::settings::Setting>,
     /// Text (`.txt`), JSONL (`.jsonl`) or token (`.tokens`) files.
     pub data: Vec<PathBuf>,
@@ -28,27 +33,51 @@ pub struct TrainRequest {
     pub tokenizer: TokenizerSpec,
     /// The training settings.
     pub train: TrainConfig,
-    /// Continue from the run directory's latest checkpoint.
-    pub resume: bool,
+    /// Continue the run in the run directory, and from which checkpoint.
+    pub resume: Option<Resume>,
+    /// The run directory's `run.json`, when resuming a run that has one.
+    pub recorded: Option<RunFile>,
+    /// Accept settings that differ from `recorded`'s, with a warning.
+    pub allow_changes: bool,
+    /// Replace the run in a run directory that is not empty.
+    pub overwrite: bool,
     /// Show a progress bar.
     pub progress: bool,
 }
 
-/// Trains the model of step `S`.
-pub fn train<S: TrainingStep>(request: TrainRequest) -> anyhow::Result<()>
+/// Which checkpoint a resumed run continues from.
+pub enum Resume {
+    /// The latest one (none: the run starts afresh).
+    Latest,
+    /// This one; the later ones are removed.
+    From(PathBuf),
+}
+
+/// Trains the model of step `S`; `false` when the run had nothing left to train.
+///
+/// Everything is checked before anything in the run directory changes: the model, tokenizer and
+/// data, the lock, what the directory holds, the resumed checkpoint, the settings a resumed run
+/// would change, and that checkpoints can be written. Only then are `run.json` written and
+/// `metrics.jsonl` cut back to the step the run continues from.
+pub fn train<S: TrainingStep>(request: TrainRequest) -> anyhow::Result<bool>
 where
     <<S::Model as LanguageModel>::Params as Tree<lmx::runtime::Array>>::Of<
         Option<<S::Optimizer as lmx::runtime::optim::Optimizer>::Leaf>,
     >: Clone + 'static,
 {
-    let model_config = S::Model::preset(&request.preset).ok_or_else(|| {
-        anyhow::anyhow!(
-            "{} has no preset `{}`; its presets are {}",
-            S::Model::NAME,
-            request.preset,
-            S::Model::presets().join(", ")
-        )
-    })?;
+    request.train.validate()?;
+    let model_config = match &request.model_config {
+        Some(recorded) => serde_json::from_value(recorded.clone())
+            .map_err(|err| anyhow::anyhow!("the recorded model configuration: {err}"))?,
+        None => S::Model::preset(&request.preset).ok_or_else(|| {
+            anyhow::anyhow!(
+                "{} has no preset `{}`; its presets are {}",
+                S::Model::NAME,
+                request.preset,
+                S::Model::presets().join(", ")
+            )
+        })?,
+    };
     let model_config = super::settings::apply(&model_config, &request.settings, S::Model::NAME)?;
     let tokenizer = request.tokenizer.load()?;
     let vocab = S::Model::vocab_size(&model_config);
@@ -68,44 +97,88 @@ where
         );
     }
     let source = tokens(&request.data, tokenizer.as_ref())?;
+    let data_tokens = source.len() as u64;
     let windows = Windows::new(source, request.train.seq_len)?;
     let out_dir = request.train.out_dir.clone();
-    RunFile {
+    let run_file = RunFile {
         model: request.model.clone(),
         preset: request.preset.clone(),
         model_config: serde_json::to_value(&model_config)?,
         tokenizer: request.tokenizer.clone(),
+        data: request.data.clone(),
+        data_tokens: Some(data_tokens),
         train: request.train.clone(),
-    }
-    .write(&out_dir)?;
+    };
 
+    let run_dir = RunDir::lock(&out_dir)?;
+    if request.resume.is_none() && !request.overwrite {
+        run_dir.refuse_unless_empty()?;
+    }
+    let changed_schedule = match &request.recorded {
+        Some(recorded) => accept_changes(recorded, &run_file, &request)?,
+        None => None,
+    };
     let patience = request.train.early_stopping_patience;
     let total_steps = request.train.steps;
     let mut trainer = Trainer::<S>::new(model_config, request.train, windows)?;
-    if request.resume {
-        match trainer.latest_checkpoint()? {
-            Some(dir) => {
-                trainer.resume(&dir)?;
-                eprintln!(
-                    "resumed from {} at step {}",
-                    dir.display(),
-                    trainer.steps_done()
-                );
-            }
-            None => eprintln!(
+    let checkpoint = match &request.resume {
+        Some(Resume::From(dir)) => Some(run_dir.own_checkpoint(dir)?),
+        Some(Resume::Latest) => trainer.latest_checkpoint()?,
+        None => None,
+    };
+    match &checkpoint {
+        Some(dir) => trainer.resume(dir)?,
+        None if request.resume.is_some() => {
+            eprintln!(
                 "no checkpoint in {} yet: starting afresh",
                 out_dir.display()
-            ),
+            )
+        }
+        None => {}
+    }
+    let done = trainer.steps_done();
+    if done >= total_steps {
+        eprintln!(
+            "nothing to train: the run in {} has made {done} of its {total_steps} steps \
+             (checkpoint {}); to train on, give more --steps with --allow-changes",
+            out_dir.display(),
+            checkpoint.as_deref().unwrap_or(Path::new("-")).display(),
+        );
+        return Ok(false);
+    }
+    if let Some(old) = changed_schedule {
+        eprintln!(
+            "warning: from step {} on the learning rate follows the new schedule: {:.3e} \
+             where the recorded one gives {:.3e}",
+            done + 1,
+            run_file.train.schedule.lr(done),
+            old.lr(done)
+        );
+    }
+
+    if request.overwrite {
+        run_dir.clear()?;
+    }
+    run_dir.probe()?;
+    if let Some(Resume::From(_)) = &request.resume {
+        for removed in Checkpoints::new(run_dir.checkpoints()).remove_after(done)? {
+            eprintln!("removed {}, a later checkpoint", removed.display());
         }
     }
-    trainer.add_callback(JsonlLog::append(out_dir.join("metrics.jsonl"))?);
+    run_file.write(&out_dir)?;
+    trainer.add_callback(JsonlLog::continue_at(out_dir.join("metrics.jsonl"), done)?);
+    if let Some(dir) = &checkpoint {
+        eprintln!("resumed from {} at step {done}", dir.display());
+    }
     if request.progress {
         trainer.add_callback(ProgressBar::new(total_steps, trainer.steps_done()));
     }
     if patience > 0 {
         trainer.add_callback(EarlyStopping::new(patience));
     }
-    let summary = trainer.run()?;
+    let signals = StopSignals::install()?;
+    trainer.stop_when(signals.flag());
+    let summary = trainer.run().map_err(|err| with_hint(err, &out_dir))?;
     println!(
         "trained {} to step {}: loss {:.4}{}, traced {} time(s)",
         S::Model::NAME,
@@ -116,13 +189,64 @@ where
             .map_or(String::new(), |loss| format!(", validation loss {loss:.4}")),
         trainer.traces()
     );
+    if let Some(signal) = signals.received() {
+        return Err(Interrupted {
+            signal,
+            step: summary.steps,
+            checkpoint: summary.checkpoint,
+            run: out_dir,
+        }
+        .into());
+    }
     if let Some(reason) = summary.stopped {
         println!("stopped early: {reason}");
     }
     if let Some(dir) = summary.checkpoint {
         println!("checkpoint: {}", dir.display());
     }
-    Ok(())
+    Ok(true)
+}
+
+/// Fails on the settings `new` changes of the `recorded` run, or with `--allow-changes` warns of
+/// them; returns the recorded schedule where it changed.
+fn accept_changes(
+    recorded: &RunFile,
+    new: &RunFile,
+    request: &TrainRequest,
+) -> anyhow::Result<Option<lmx::runtime::schedule::Schedule>> {
+    let changes = recorded.changes(new);
+    if changes.is_empty() {
+        return Ok(None);
+    }
+    let list: String = changes
+        .iter()
+        .map(|change| format!("\n  {change}"))
+        .collect();
+    let run = request.train.out_dir.display();
+    if !request.allow_changes {
+        anyhow::bail!(
+            "resuming would change the run in {run}:{list}\nleave these settings out to \
+             continue the run as recorded, or give --allow-changes"
+        );
+    }
+    eprintln!("warning: continuing the run in {run} with changed settings:{list}");
+    Ok((recorded.train.schedule != new.train.schedule).then(|| recorded.train.schedule.clone()))
+}
+
+/// A diverged run's error, with the command that continues from the checkpoint it names.
+fn with_hint(err: lmx::runtime::Error, run: &Path) -> anyhow::Error {
+    match &err {
+        lmx::runtime::Error::Diverged {
+            resume_from: Some((dir, _)),
+            ..
+        } => anyhow::anyhow!(
+            "{err}; to continue from it at a lower learning rate: lmx train --out {} \
+             --resume-from {} --lr LR --allow-changes",
+            run.display(),
+            dir.display()
+        ),
+        _ => err.into(),
+    }
 }
 
 /// The token stream of `paths`: token files are mapped, text and JSONL files encoded.

@@ -6,7 +6,9 @@
 //!   (`h.0.attn.c_attn.weight`);
 //! - `optimizer.safetensors`: each trainable parameter's optimizer arrays as `<name>.<i>`, the
 //!   step count as `step` and the random key as `rng`;
-//! - `trainer.json`: what the trainer passes in (step, data position, schedule, configuration).
+//! - `trainer.json`: what the trainer passes in (step, data position, schedule, configuration,
+//!   and the loss of the checkpoint's parameters, by which pruning keeps the best checkpoint and
+//!   a diverged run names the one to continue from).
 //!
 //! It is written into a temporary directory beside it, every file fsynced, then renamed into
 //! place ([`atomic`]): an interrupted save leaves the earlier checkpoints loadable, and its
@@ -26,6 +28,6 @@ mod weights;
 
 pub use atomic::{DurableWriter, FileWriter};
 pub use maps::{tree_to_map, update_tree_from_map};
-pub use store::{dir_name, Checkpoints};
+pub use store::{dir_name, Checkpoints, LOSS_FIELD, SANE_LOSS_RATIO};
 pub use train_state::{load, MODEL_FILE, OPTIMIZER_FILE, TRAINER_FILE};
 pub use weights::{load_tree, save_tree};

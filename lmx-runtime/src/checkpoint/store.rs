@@ -1,7 +1,7 @@
 //! A run's checkpoint directory: `step-000123/` entries saved atomically, listed, pruned.
 
 use super::atomic::{remove_stale, write_dir, DurableWriter, FileWriter};
-use super::train_state::encode_files;
+use super::train_state::{encode_files, TRAINER_FILE};
 use crate::error::{Error, Result};
 use crate::optim::Optimizer;
 use crate::state::TrainState;
@@ -11,7 +11,7 @@ use std::fs;
 use std::path::{Path, PathBuf};
 
 /// The checkpoints of one run: `root/step-000123/` directories, each written atomically, the
-/// oldest pruned beyond `keep_last`.
+/// oldest pruned beyond `keep_last` except the one of lowest loss.
 #[derive(Clone, Debug)]
 pub struct Checkpoints {
     root: PathBuf,
@@ -22,6 +22,14 @@ pub struct Checkpoints {
 pub fn dir_name(step: u64) -> String {
     format!("step-{step:06}")
 }
+
+/// How far above the lowest loss of a run's checkpoints a checkpoint's loss may be for a diverged
+/// run to be continued from it: a tenth. Far enough for the noise of one batch's loss; a
+/// checkpoint whose parameters have begun to blow up is much further.
+pub const SANE_LOSS_RATIO: f32 = 1.1;
+
+/// The field of a checkpoint's `trainer.json` that holds the loss of its parameters.
+pub const LOSS_FIELD: &str = "loss";
 
 /// The step of a checkpoint directory's name, or `None` for any other entry.
 fn parse_dir_name(name: &str) -> Option<u64> {
@@ -41,8 +49,8 @@ impl Checkpoints {
         }
     }
 
-    /// Keeps only the `n` most recent checkpoints (and always the one just saved); `n` is at
-    /// least 1.
+    /// Keeps only the `n` most recent checkpoints (and always the one just saved), and besides
+    /// them the one of lowest [loss](Checkpoints::loss); `n` is at least 1.
     pub fn keep_last(self, n: usize) -> Checkpoints {
         Checkpoints {
             keep_last: Some(n.max(1)),
@@ -122,18 +130,90 @@ impl Checkpoints {
         Ok(dir)
     }
 
-    /// Removes all but the `keep_last` most recent checkpoints, never the one of `saved`.
+    /// The loss of the parameters of the checkpoint in `dir`, as its `trainer.json` records it
+    /// under [`LOSS_FIELD`]; `None` where it records none, or no finite one.
+    pub fn loss(dir: &Path) -> Result<Option<f32>> {
+        let path = dir.join(TRAINER_FILE);
+        let text = fs::read(&path).map_err(|cause| Error::Io {
+            path: path.clone(),
+            cause,
+        })?;
+        let trainer: serde_json::Value =
+            serde_json::from_slice(&text).map_err(|err| Error::Checkpoint {
+                path,
+                message: format!("not valid JSON: {err}"),
+            })?;
+        Ok(trainer
+            .get(LOSS_FIELD)
+            .and_then(serde_json::Value::as_f64)
+            .map(|loss| loss as f32)
+            .filter(|loss| loss.is_finite()))
+    }
+
+    /// The checkpoints with a recorded finite loss, by increasing step.
+    fn losses(&self) -> Result<Vec<(u64, PathBuf, f32)>> {
+        let mut found = Vec::new();
+        for (step, dir) in self.list()? {
+            if let Some(loss) = Self::loss(&dir)? {
+                found.push((step, dir, loss));
+            }
+        }
+        Ok(found)
+    }
+
+    /// The checkpoint a diverged run can continue from, with its loss: the most recent one whose
+    /// loss is at most [`SANE_LOSS_RATIO`] times the lowest. Checkpoints that record no loss
+    /// are not candidates.
+    pub fn last_sane(&self) -> Result<Option<(PathBuf, f32)>> {
+        let losses = self.losses()?;
+        let best = losses
+            .iter()
+            .map(|(_, _, loss)| *loss)
+            .fold(f32::INFINITY, f32::min);
+        Ok(losses
+            .into_iter()
+            .rev()
+            .find(|(_, _, loss)| *loss <= best + (SANE_LOSS_RATIO - 1.0) * best.abs())
+            .map(|(_, dir, loss)| (dir, loss)))
+    }
+
+    /// Removes all but the `keep_last` most recent checkpoints and the one of lowest loss, never
+    /// the one of `saved`.
     fn prune(&self, saved: u64) -> Result<()> {
         let Some(keep) = self.keep_last else {
             return Ok(());
         };
         let all = self.list()?;
         let excess = all.len().saturating_sub(keep);
+        if excess == 0 {
+            return Ok(());
+        }
+        let best = self
+            .losses()?
+            .into_iter()
+            .min_by(|a, b| a.2.total_cmp(&b.2))
+            .map(|(step, _, _)| step);
         for (step, dir) in all.into_iter().take(excess) {
-            if step != saved {
+            if step != saved && Some(step) != best {
                 fs::remove_dir_all(&dir).map_err(|cause| Error::Io { path: dir, cause })?;
             }
         }
         Ok(())
+    }
+
+    /// Removes every checkpoint after `step`, so that a run continued from the checkpoint of
+    /// `step` never mixes with the later ones of the run it leaves; returns the removed ones.
+    pub fn remove_after(&self, step: u64) -> Result<Vec<PathBuf>> {
+        let mut removed = Vec::new();
+        for (later, dir) in self.list()? {
+            if later > step {
+                fs::remove_dir_all(&dir).map_err(|cause| Error::Io {
+                    path: dir.clone(),
+                    cause,
+                })?;
+                removed.push(dir);
+            }
+        }
+        Ok(removed)
     }
 }

@@ -106,6 +106,25 @@ impl JsonlLog {
         })
     }
 
+    /// Logs to `path` after cutting it back to the lines of steps up to `step`, the step a run
+    /// continues from: the lines a stopped or killed run wrote after its checkpoint, and a
+    /// partial last line, are dropped, so that each step is logged once and the log agrees with
+    /// the checkpoints. `step` 0 starts the log afresh.
+    pub fn continue_at(path: impl AsRef<Path>, step: u64) -> Result<JsonlLog> {
+        let path = path.as_ref();
+        let io = |cause| Error::Io {
+            path: path.to_owned(),
+            cause,
+        };
+        let kept = match std::fs::read(path) {
+            Ok(bytes) => kept_lines(&bytes, step),
+            Err(err) if err.kind() == std::io::ErrorKind::NotFound => Vec::new(),
+            Err(err) => return Err(io(err)),
+        };
+        crate::checkpoint::atomic::write_file(path, &kept, &mut crate::checkpoint::DurableWriter)?;
+        Self::append(path)
+    }
+
     fn write(&mut self, kind: &str, value: impl serde::Serialize) -> Result<()> {
         let mut line = serde_json::to_value(value).map_err(|err| Error::Config(err.to_string()))?;
         line["kind"] = kind.into();
@@ -128,6 +147,25 @@ impl Callback for JsonlLog {
         self.write("eval", report)?;
         Ok(Control::Continue)
     }
+}
+
+/// The complete lines of a log whose step is at most `step`. A line without its newline is one a
+/// run was stopped writing; a line that is no JSON is kept, for `lmx plot` to name.
+fn kept_lines(bytes: &[u8], step: u64) -> Vec<u8> {
+    let mut kept = Vec::with_capacity(bytes.len());
+    for line in bytes.split_inclusive(|&byte| byte == b'\n') {
+        if !line.ends_with(b"\n") {
+            break;
+        }
+        let logged = serde_json::from_slice::<serde_json::Value>(line)
+            .ok()
+            .and_then(|value| value.get("step").and_then(serde_json::Value::as_u64));
+        if logged.is_some_and(|logged| logged > step) {
+            break;
+        }
+        kept.extend_from_slice(line);
+    }
+    kept
 }
 
 /// Stops the run when the validation loss has not improved for `patience` evaluations.
@@ -205,5 +243,59 @@ impl Callback for ProgressBar {
     fn on_end(&mut self) -> Result<()> {
         self.bar.finish();
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn eval(early: &mut EarlyStopping, step: u64, val_loss: f32) -> Control {
+        early.on_eval(&EvalReport { step, val_loss }).unwrap()
+    }
+
+    #[test]
+    fn early_stopping_stops_after_patience_evaluations_without_improvement() {
+        let mut early = EarlyStopping::new(2);
+        assert_eq!(eval(&mut early, 1, 3.0), Control::Continue);
+        assert_eq!(eval(&mut early, 2, 3.5), Control::Continue, "one stale");
+        // An improvement resets the count.
+        assert_eq!(eval(&mut early, 3, 2.5), Control::Continue);
+        assert_eq!(
+            eval(&mut early, 4, 2.5),
+            Control::Continue,
+            "equal is no gain"
+        );
+        assert_eq!(
+            eval(&mut early, 5, 2.7),
+            Control::Stop(
+                "early stopping: validation loss 2.7000 has not improved on 2.5000 for 2 \
+                 evaluations"
+                    .into()
+            )
+        );
+    }
+
+    #[test]
+    fn a_continued_log_keeps_the_steps_up_to_its_checkpoint_and_drops_a_partial_line() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("metrics.jsonl");
+        let line = |kind: &str, step: u64| format!("{{\"kind\":\"{kind}\",\"step\":{step}}}\n");
+        let before: String = (1..=4).map(|step| line("step", step)).collect::<String>()
+            + &line("eval", 4)
+            + &line("step", 5)
+            + "{\"kind\":\"st";
+        std::fs::write(&path, &before).unwrap();
+        let mut log = JsonlLog::continue_at(&path, 4).unwrap();
+        log.write("step", serde_json::json!({"step": 5})).unwrap();
+        let expected: String =
+            (1..=4).map(|step| line("step", step)).collect::<String>() + &line("eval", 4);
+        let after = std::fs::read_to_string(&path).unwrap();
+        let (kept, appended) = after.split_at(expected.len());
+        assert_eq!(kept, expected);
+        let appended: serde_json::Value = serde_json::from_str(appended).unwrap();
+        assert_eq!(appended, serde_json::json!({"kind": "step", "step": 5}));
+        JsonlLog::continue_at(&path, 0).unwrap();
+        assert_eq!(std::fs::read_to_string(&path).unwrap(), "");
     }
 }

@@ -33,9 +33,10 @@ pub struct TrainConfig {
     pub eval_every: u64,
     /// Validation batches per evaluation.
     pub eval_batches: usize,
-    /// Save a checkpoint every this many steps (0: only at the end).
+    /// Save a checkpoint every this many steps (0: only at the end, or when the run is stopped).
     pub checkpoint_every: u64,
-    /// Checkpoints to keep.
+    /// Checkpoints to keep: the most recent ones, and besides them the one of lowest loss, which a
+    /// diverged run can continue from.
     pub keep_checkpoints: usize,
     /// Stop when the validation loss has not improved for this many evaluations (0: never).
     pub early_stopping_patience: usize,
@@ -65,7 +66,8 @@ impl Default for TrainConfig {
             validation_fraction: 0.05,
             eval_every: 100,
             eval_batches: 8,
-            checkpoint_every: 0,
+            // A crash or a kill loses at most this many steps, not the run.
+            checkpoint_every: 100,
             keep_checkpoints: 3,
             early_stopping_patience: 0,
             out_dir: PathBuf::from("runs/latest"),
@@ -77,6 +79,9 @@ impl Default for TrainConfig {
 impl TrainConfig {
     /// Checks the settings that would otherwise fail deep inside the run.
     pub fn validate(&self) -> Result<()> {
+        if self.steps == 0 {
+            return Err(Error::Config("steps must be at least 1".into()));
+        }
         if self.batch_size == 0 || self.seq_len == 0 {
             return Err(Error::Config(
                 "batch_size and seq_len must be at least 1".into(),

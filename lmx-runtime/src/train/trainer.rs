@@ -15,6 +15,8 @@ use mlx_rs::error::Exception;
 use mlx_rs::transforms::{async_eval, compile::compile, eval};
 use mlx_rs::Array;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::Instant;
 
 type Params<S> = <<S as TrainingStep>::Model as LanguageModel>::Params;
@@ -39,6 +41,9 @@ pub struct TrainSummary {
 /// A step dispatched to the device whose loss the host has not read yet.
 struct InFlight {
     step: u64,
+    /// When the loop began building it: the step's time runs from here to the start of the
+    /// next step's building, or, where the loop waits for it at a boundary, to its loss read.
+    started: Instant,
     loss: Array,
     grad_norm: Array,
     lr: f32,
@@ -49,7 +54,6 @@ struct InFlight {
 /// What a run has seen so far.
 struct Progress {
     started: Instant,
-    last_report: Instant,
     last_loss: f32,
     last_val_loss: Option<f32>,
     stopped: Option<String>,
@@ -66,6 +70,7 @@ pub struct Trainer<S: TrainingStep> {
     validation: Option<Windows>,
     checkpoints: Checkpoints,
     callbacks: Vec<Box<dyn Callback>>,
+    stop: Option<Arc<AtomicBool>>,
     done: u64,
     flops_per_token: f64,
 }
@@ -125,6 +130,7 @@ where
             validation,
             checkpoints,
             callbacks: Vec::new(),
+            stop: None,
             done: 0,
             flops_per_token,
         })
@@ -133,6 +139,13 @@ where
     /// Adds a callback; they run in the order added.
     pub fn add_callback(&mut self, callback: impl Callback + 'static) {
         self.callbacks.push(Box::new(callback));
+    }
+
+    /// Stops the run at the next step boundary once `flag` is set (by a signal handler, another
+    /// thread, a user interface): the step in flight is finished, a checkpoint saved, and
+    /// [`run`](Self::run) returns with [`TrainSummary::stopped`] set.
+    pub fn stop_when(&mut self, flag: Arc<AtomicBool>) {
+        self.stop = Some(flag);
     }
 
     /// The training state (parameters, optimizer state, step, key). With a flat state
@@ -179,8 +192,9 @@ where
         self.checkpoints.latest()
     }
 
-    /// Trains until `config.steps` updates are made, a callback stops the run, or the loss stops
-    /// being finite (an error naming the step and the last good checkpoint). Called again after a
+    /// Trains until `config.steps` updates are made, a callback or the [stop
+    /// flag](Self::stop_when) stops the run, or the loss stops being finite (an error naming the
+    /// step and the checkpoint to continue from). Called again after a
     /// stop, it goes on with the batches an unstopped run would have trained on.
     ///
     /// Unless `config.overlap` is [`Overlap::Off`], the loop builds the graph of step `n + 1`
@@ -196,7 +210,6 @@ where
     pub fn run(&mut self) -> Result<TrainSummary> {
         let mut progress = Progress {
             started: Instant::now(),
-            last_report: Instant::now(),
             last_loss: f32::NAN,
             last_val_loss: None,
             stopped: None,
@@ -231,7 +244,7 @@ where
                 submit_s = submit(&metrics.outputs)?;
             }
             if let Some(previous) = in_flight.take() {
-                self.report(previous, &mut progress)?;
+                self.report(previous, Some(building), &mut progress)?;
             }
             if capped && cap.is_none() && self.done - started_at == memory_cap::PROBE_STEPS {
                 cap = Some(MemoryCap::over_peak()?);
@@ -244,6 +257,7 @@ where
             self.done += 1;
             in_flight = Some(InFlight {
                 step: self.done,
+                started: building,
                 loss: metrics.loss,
                 grad_norm: metrics.grad_norm,
                 lr,
@@ -255,14 +269,23 @@ where
             if self.done < self.config.steps {
                 next = batches.next(&mut self.train_batches, remaining(self.done))?;
             }
+            if self
+                .stop
+                .as_ref()
+                .is_some_and(|flag| flag.load(Ordering::SeqCst))
+            {
+                progress
+                    .stopped
+                    .get_or_insert_with(|| "stopped on request".into());
+            }
             if self.config.overlap == Overlap::Off
                 || self.at_boundary()
                 || progress.stopped.is_some()
             {
                 if let Some(current) = in_flight.take() {
-                    self.report(current, &mut progress)?;
+                    self.report(current, None, &mut progress)?;
                 }
-                self.boundary(resume_at, &mut progress)?;
+                self.boundary(resume_at, &next, &mut progress)?;
             }
         }
         // The batches drawn ahead go back, so that another `run` after a stop trains on them.
@@ -288,8 +311,21 @@ where
     }
 
     /// Reads a step's loss and gradient norm (waiting for the device if it must) and tells the
-    /// callbacks.
-    fn report(&mut self, step: InFlight, progress: &mut Progress) -> Result<()> {
+    /// callbacks. The step's time ends at `ended` (the next step's start), or once its loss is
+    /// read.
+    ///
+    /// A step's time is the host loop's time for it, from its start to the next one's, which in
+    /// a steady run is one step of the device's pipeline whatever the overlap. Timing it from the
+    /// previous report instead would be wrong where two reports follow each other: at a
+    /// boundary the step drained there would get only the wait for its tail, near zero where
+    /// its work was done while handing it over, and with it a throughput a thousand times too
+    /// high.
+    fn report(
+        &mut self,
+        step: InFlight,
+        ended: Option<Instant>,
+        progress: &mut Progress,
+    ) -> Result<()> {
         let waiting = Instant::now();
         let loss = step.loss.item_exact::<f32>();
         let grad_norm = step.grad_norm.item_exact::<f32>();
@@ -298,13 +334,12 @@ where
             return Err(Error::Diverged {
                 loss,
                 step: step.step,
-                last_checkpoint: progress.last_checkpoint.clone(),
+                resume_from: self.checkpoints.last_sane()?,
             });
         }
         progress.last_loss = loss;
-        let now = Instant::now();
-        let seconds = now.duration_since(progress.last_report).as_secs_f64();
-        progress.last_report = now;
+        let ended = ended.unwrap_or_else(Instant::now);
+        let seconds = ended.duration_since(step.started).as_secs_f64();
         let tokens_per_s = (self.config.batch_size * self.config.seq_len) as f64 / seconds;
         let report = StepReport {
             step: step.step,
@@ -328,8 +363,14 @@ where
         Ok(())
     }
 
-    /// Validation and checkpoints after the last dispatched step, with nothing in flight.
-    fn boundary(&mut self, position: BatchPosition, progress: &mut Progress) -> Result<()> {
+    /// Validation and checkpoints after the last dispatched step, with nothing in flight; `next`
+    /// is the batch of the step after it (the last step's at the end of the run).
+    fn boundary(
+        &mut self,
+        position: BatchPosition,
+        next: &(Array, Array),
+        progress: &mut Progress,
+    ) -> Result<()> {
         let done = self.done;
         let at_end = done == self.config.steps;
         let due = |every: u64| every > 0 && done % every == 0;
@@ -348,10 +389,8 @@ where
             }
         }
         if due(self.config.checkpoint_every) || at_end || progress.stopped.is_some() {
-            progress.last_checkpoint = Some(self.save_checkpoint(position)?);
+            progress.last_checkpoint = Some(self.save_checkpoint(position, next)?);
         }
-        // Time spent here is not the next step's.
-        progress.last_report = Instant::now();
         Ok(())
     }
 
@@ -382,8 +421,27 @@ where
         Ok(Some(total / count as f32))
     }
 
-    fn save_checkpoint(&self, position: BatchPosition) -> Result<PathBuf> {
-        let trainer = serde_json::json!({
+    /// The loss of the current parameters on `batch`, computed as validation computes it.
+    fn loss_on(&mut self, batch: &(Array, Array)) -> Result<f32> {
+        let mut args = crate::tree::flatten(&self.state().params);
+        args.extend([batch.0.clone(), batch.1.clone()]);
+        let loss = (self.evaluate)(&args)?.remove(0);
+        eval([&loss])?;
+        Ok(loss.item_exact::<f32>())
+    }
+
+    /// Saves the checkpoint of the current step. Its `trainer.json` records the loss of its own
+    /// parameters, on `next`, the batch of the step after it: the loss the step after it would
+    /// report. The loss a step reports is that of the parameters before its update, so the
+    /// last reported loss says nothing of an update that blew the parameters up; pruning and a
+    /// diverged run's message go by this one (`checkpoint::Checkpoints::last_sane`).
+    fn save_checkpoint(
+        &mut self,
+        position: BatchPosition,
+        next: &(Array, Array),
+    ) -> Result<PathBuf> {
+        let loss = self.loss_on(next)?;
+        let mut trainer = serde_json::json!({
             "step": self.done,
             "data_position": position,
             "schedule": self.config.schedule,
@@ -392,6 +450,8 @@ where
             "model_config": self.model,
             "step_name": S::NAME,
         });
+        // A non-finite loss is recorded as null: no candidate to continue from.
+        trainer[checkpoint::LOSS_FIELD] = loss.into();
         self.checkpoints.save(self.done, self.state(), &trainer)
     }
 }

@@ -306,6 +306,7 @@ fn measure(args: &BenchArgs, name: &str, dtype: &str, compile: bool) -> anyhow::
         state_packing: args.state_packing.into(),
         validation_fraction: 0.0,
         eval_every: 0,
+        checkpoint_every: 0,
         out_dir: out_dir.clone(),
         peak_tflops: args.peak_tflops,
         ..TrainConfig::default()
