@@ -4,13 +4,13 @@ use std::fmt;
 
 use miette::{
     Diagnostic as MietteDiagnostic, GraphicalReportHandler, GraphicalTheme, LabeledSpan,
-    NamedSource, SourceCode,
+    MietteError, MietteSpanContents, SourceCode, SourceSpan, SpanContents,
 };
 
 use crate::span::Span;
 
 /// A located message about a `.lmx` file.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct Diagnostic {
     /// A stable code naming the rule broken, such as `lmx::branch::tensor_if`.
     pub code: &'static str,
@@ -23,7 +23,7 @@ pub struct Diagnostic {
 }
 
 /// A span with a short explanation.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct Label {
     /// The text it points at.
     pub span: Span,
@@ -82,10 +82,11 @@ pub fn render(diagnostics: &[Diagnostic], file_name: &str, source: &str) -> Stri
         .with_links(false)
         .with_primary_span_start();
     let mut out = String::new();
+    let lines = Lines::new(file_name, source);
     for d in diagnostics {
         let report = Located {
             diagnostic: d,
-            source: NamedSource::new(file_name, source.to_string()),
+            source: &lines,
             len: source.len(),
         };
         // Writing into a String cannot fail.
@@ -97,8 +98,68 @@ pub fn render(diagnostics: &[Diagnostic], file_name: &str, source: &str) -> Stri
 /// A diagnostic joined with its source, as miette wants it.
 struct Located<'a> {
     diagnostic: &'a Diagnostic,
-    source: NamedSource<String>,
+    source: &'a Lines<'a>,
     len: usize,
+}
+
+/// A named source with the offset where each of its lines starts.
+///
+/// miette finds a span's lines by scanning the source from its start, so that rendering one
+/// diagnostic per preset of a long file took time quadratic in its length. This finds them by
+/// binary search and hands miette only those lines (shifted back to their place in the file).
+struct Lines<'a> {
+    name: &'a str,
+    text: &'a str,
+    /// The offset of every line's first byte, as miette counts lines (`\n`, `\r\n` or `\r`).
+    starts: Vec<usize>,
+}
+
+impl<'a> Lines<'a> {
+    fn new(name: &'a str, text: &'a str) -> Self {
+        let bytes = text.as_bytes();
+        let mut starts = vec![0];
+        for (i, &b) in bytes.iter().enumerate() {
+            if b == b'\n' || (b == b'\r' && bytes.get(i + 1) != Some(&b'\n')) {
+                starts.push(i + 1);
+            }
+        }
+        Lines { name, text, starts }
+    }
+
+    /// The line holding byte `offset`, counted from 0.
+    fn line_of(&self, offset: usize) -> usize {
+        self.starts.partition_point(|&start| start <= offset) - 1
+    }
+}
+
+impl SourceCode for Lines<'_> {
+    fn read_span<'b>(
+        &'b self,
+        span: &SourceSpan,
+        context_lines_before: usize,
+        context_lines_after: usize,
+    ) -> Result<Box<dyn SpanContents<'b> + 'b>, MietteError> {
+        let first = self
+            .line_of(span.offset())
+            .saturating_sub(context_lines_before);
+        let last = self.line_of(span.offset() + span.len().saturating_sub(1));
+        let base = self.starts[first];
+        let end = self
+            .starts
+            .get(last + context_lines_after + 1)
+            .map_or(self.text.len(), |&end| end);
+        let window = &self.text[base..end];
+        let shifted = SourceSpan::new((span.offset() - base).into(), span.len());
+        let inner = window.read_span(&shifted, context_lines_before, context_lines_after)?;
+        Ok(Box::new(MietteSpanContents::new_named(
+            self.name.to_string(),
+            inner.data(),
+            SourceSpan::new((inner.span().offset() + base).into(), inner.span().len()),
+            inner.line() + first,
+            inner.column(),
+            inner.line_count() + first,
+        )))
+    }
 }
 
 impl fmt::Debug for Located<'_> {
@@ -128,7 +189,7 @@ impl MietteDiagnostic for Located<'_> {
     }
 
     fn source_code(&self) -> Option<&dyn SourceCode> {
-        Some(&self.source)
+        Some(self.source)
     }
 
     fn labels(&self) -> Option<Box<dyn Iterator<Item = LabeledSpan> + '_>> {
