@@ -8,6 +8,8 @@ pub use lmx_runtime as runtime;
 /// evaluation step whose tensors cannot reach the host, compiled over a declared state.
 pub use lmx_macros::{model, step};
 
+pub mod rules;
+
 // Generated code names the runtime `::lmx::runtime`, inside this crate as in any other.
 extern crate self as lmx;
 

@@ -10,7 +10,7 @@ use miette::{
 use crate::span::Span;
 
 /// A located message about a `.lmx` file.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct Diagnostic {
     /// A stable code naming the rule broken, such as `lmx::branch::tensor_if`.
     pub code: &'static str,
@@ -23,7 +23,7 @@ pub struct Diagnostic {
 }
 
 /// A span with a short explanation.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct Label {
     /// The text it points at.
     pub span: Span,
@@ -82,11 +82,12 @@ pub fn render(diagnostics: &[Diagnostic], file_name: &str, source: &str) -> Stri
         .with_links(false)
         .with_primary_span_start();
     let mut out = String::new();
-    let source = Indexed::new(file_name, source);
+    let lines = Lines::new(file_name, source);
     for d in diagnostics {
         let report = Located {
             diagnostic: d,
-            source: &source,
+            source: &lines,
+            len: source.len(),
         };
         // Writing into a String cannot fail.
         let _ = handler.render_report(&mut out, &report);
@@ -97,73 +98,74 @@ pub fn render(diagnostics: &[Diagnostic], file_name: &str, source: &str) -> Stri
 /// A diagnostic joined with its source, as miette wants it.
 struct Located<'a> {
     diagnostic: &'a Diagnostic,
-    source: &'a Indexed<'a>,
+    source: &'a Lines<'a>,
+    len: usize,
 }
 
-/// A source text with the byte offset of each line's start, computed once per render.
+/// A named source with the offset where each of its lines starts.
 ///
-/// miette's own `SourceCode` for text scans from the file's start on every read (so rendering
-/// N diagnostics of a large file takes N scans) and counts columns in bytes. This one finds the
-/// lines around a span by binary search, lets miette lay out only those lines, and reports the
-/// column in characters.
-struct Indexed<'a> {
+/// miette finds a span's lines by scanning the source from its start, so that rendering one
+/// diagnostic per preset of a long file took time quadratic in its length. This finds them by
+/// binary search and hands miette only those lines (shifted back to their place in the file).
+/// miette counts columns in bytes; this counts them in characters.
+struct Lines<'a> {
     name: &'a str,
     text: &'a str,
-    line_starts: Vec<usize>,
+    /// The offset of every line's first byte, as miette counts lines (`\n`, `\r\n` or `\r`).
+    starts: Vec<usize>,
 }
 
-impl<'a> Indexed<'a> {
+impl<'a> Lines<'a> {
     fn new(name: &'a str, text: &'a str) -> Self {
-        let line_starts = std::iter::once(0)
-            .chain(text.match_indices('\n').map(|(i, _)| i + 1))
-            .collect();
-        Indexed {
-            name,
-            text,
-            line_starts,
+        let bytes = text.as_bytes();
+        let mut starts = vec![0];
+        for (i, &b) in bytes.iter().enumerate() {
+            if b == b'\n' || (b == b'\r' && bytes.get(i + 1) != Some(&b'\n')) {
+                starts.push(i + 1);
+            }
         }
+        Lines { name, text, starts }
     }
 
     /// The line holding byte `offset`, counted from 0.
     fn line_of(&self, offset: usize) -> usize {
-        self.line_starts.partition_point(|&start| start <= offset) - 1
+        self.starts.partition_point(|&start| start <= offset) - 1
     }
 }
 
-impl SourceCode for Indexed<'_> {
+impl SourceCode for Lines<'_> {
     fn read_span<'b>(
         &'b self,
         span: &SourceSpan,
         context_lines_before: usize,
         context_lines_after: usize,
     ) -> Result<Box<dyn SpanContents<'b> + 'b>, MietteError> {
-        let (start, len) = (span.offset(), span.len());
-        if start + len > self.text.len() {
-            return Err(MietteError::OutOfBounds);
-        }
-        // The lines miette will show, and one more after them (it stops past a line's end).
-        let first = self.line_of(start).saturating_sub(context_lines_before);
-        let last = self.line_of(start + len.saturating_sub(1)) + context_lines_after + 2;
-        let from = self.line_starts[first];
-        let to = self.line_starts.get(last).copied().unwrap_or(self.text.len());
-        let window = &self.text[from..to];
-        let local = SourceSpan::new((start - from).into(), len);
-        let contents = window.read_span(&local, context_lines_before, context_lines_after)?;
-        let line_start = self.line_starts[self.line_of(start)];
-        let column = match context_lines_before {
-            0 => self.text[line_start..start].chars().count(),
-            _ => 0,
-        };
+        let first = self
+            .line_of(span.offset())
+            .saturating_sub(context_lines_before);
+        let last = self.line_of(span.offset() + span.len().saturating_sub(1));
+        let base = self.starts[first];
+        let end = self
+            .starts
+            .get(last + context_lines_after + 1)
+            .map_or(self.text.len(), |&end| end);
+        let window = &self.text[base..end];
+        let shifted = SourceSpan::new((span.offset() - base).into(), span.len());
+        let inner = window.read_span(&shifted, context_lines_before, context_lines_after)?;
         Ok(Box::new(MietteSpanContents::new_named(
             self.name.to_string(),
-            contents.data(),
-            SourceSpan::new(
-                (contents.span().offset() + from).into(),
-                contents.span().len(),
-            ),
-            contents.line() + first,
-            column,
-            contents.line_count() + first,
+            inner.data(),
+            SourceSpan::new((inner.span().offset() + base).into(), inner.span().len()),
+            inner.line() + first,
+            match context_lines_before {
+                // Where miette reads the position it prints (`file:line:column`).
+                0 => {
+                    let line_start = self.starts[self.line_of(span.offset())];
+                    self.text[line_start..span.offset()].chars().count()
+                }
+                _ => inner.column(),
+            },
+            inner.line_count() + first,
         )))
     }
 }
@@ -199,7 +201,7 @@ impl MietteDiagnostic for Located<'_> {
     }
 
     fn labels(&self) -> Option<Box<dyn Iterator<Item = LabeledSpan> + '_>> {
-        let len = self.source.text.len();
+        let len = self.len;
         let labels = self
             .diagnostic
             .labels

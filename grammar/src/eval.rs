@@ -161,12 +161,32 @@ fn call(expr: &Expr, f: &str, vals: &[Value]) -> Result<Value> {
 
 fn binary(expr: &Expr, op: BinaryOp, a: Value, b: Value, ea: &Expr, eb: &Expr) -> Result<Value> {
     use BinaryOp::*;
-    let overflow = || bad(expr, "integer overflow");
+    let overflow = || {
+        Diagnostic::new(
+            "lmx::config::overflow",
+            format!(
+                "`{}` overflows a 64-bit integer",
+                crate::text::expr_text(expr)
+            ),
+            expr.span,
+            format!("{a} {} {b} overflows", op.symbol()),
+        )
+    };
     match (op, &a, &b) {
         (Eq, _, _) => Ok(Value::Bool(a == b)),
         (Ne, _, _) => Ok(Value::Bool(a != b)),
+        (Div | Rem, Value::Int(x), Value::Int(0)) => Err(Diagnostic::new(
+            "lmx::config::division_by_zero",
+            format!("`{}` divides by zero", crate::text::expr_text(expr)),
+            expr.span,
+            format!("{x} {} 0", op.symbol()),
+        )
+        .with_help(format!(
+            "choose a value of `{}` other than 0",
+            crate::text::expr_text(eb)
+        ))),
         (Div, Value::Int(x), Value::Int(y)) => {
-            if *y == 0 || x.checked_rem(*y) != Some(0) {
+            if x.checked_rem(*y) != Some(0) {
                 Err(Diagnostic::new(
                     "lmx::config::inexact_division",
                     format!("`{}` does not divide exactly", crate::text::expr_text(expr)),

@@ -239,6 +239,8 @@ pub struct FnFacts {
     pub activations: Vec<Vec<Dim>>,
     /// Whether it draws random numbers (dropout).
     pub uses_rng: bool,
+    /// The probability of every `dropout(...)` call, a static expression.
+    pub dropout: Vec<Expr>,
     /// The declared input shapes.
     pub inputs: Vec<TensorTy>,
 }

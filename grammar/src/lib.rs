@@ -17,6 +17,7 @@ pub mod eval;
 pub mod ir;
 pub mod parse;
 pub mod report;
+pub mod rules;
 pub mod rust_front;
 pub mod span;
 pub mod text;

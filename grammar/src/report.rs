@@ -21,9 +21,9 @@ pub struct ParamShape {
 }
 
 impl ParamShape {
-    /// Its number of elements.
-    pub fn numel(&self) -> u64 {
-        self.shape.iter().fold(1, |a, b| a.saturating_mul(*b))
+    /// Its number of elements, `None` if that does not fit 64 bits.
+    pub fn numel(&self) -> Option<u64> {
+        self.shape.iter().try_fold(1u64, |a, b| a.checked_mul(*b))
     }
 }
 
@@ -41,12 +41,9 @@ pub struct Memory {
 }
 
 impl Memory {
-    /// The sum.
+    /// The sum (checked when the report is made: it fits 64 bits).
     pub fn total(&self) -> u64 {
-        self.parameters
-            .saturating_add(self.gradients)
-            .saturating_add(self.optimizer)
-            .saturating_add(self.activations)
+        self.parameters + self.gradients + self.optimizer + self.activations
     }
 }
 
@@ -78,6 +75,16 @@ pub enum ReportError {
     UnknownPreset(String),
     /// A size could not be evaluated (the message says which).
     Eval(String),
+    /// A value breaks a rule of every configuration: a size below 1, a dropout probability
+    /// outside `[0, 1)` (the message names the value and where it is used).
+    Invalid(String),
+    /// A quantity of the configuration does not fit 64 bits.
+    Overflow {
+        /// Which configuration: "preset `huge`", "these settings".
+        config: String,
+        /// What overflows: `parameter count`, `FLOPs per token`, ...
+        quantity: String,
+    },
 }
 
 impl fmt::Display for ReportError {
@@ -85,6 +92,12 @@ impl fmt::Display for ReportError {
         match self {
             ReportError::UnknownPreset(p) => write!(f, "no preset named `{p}`"),
             ReportError::Eval(m) => write!(f, "cannot evaluate a size: {m}"),
+            ReportError::Invalid(m) => f.write_str(m),
+            ReportError::Overflow { config, quantity } => write!(
+                f,
+                "with {config}, the {quantity} does not fit in 64 bits (more than {})",
+                u64::MAX
+            ),
         }
     }
 }
@@ -99,6 +112,10 @@ const SEQ_NAMES: [&str; 4] = ["ctx", "max_seq_len", "seq_len", "context"];
 
 /// Computes the report of a preset (`default` for the declared defaults).
 /// `seq` defaults to the config's context length (`ctx`, `max_seq_len`, ...).
+///
+/// Fails on a size below 1 or a dropout probability outside `[0, 1)`
+/// ([`ReportError::Invalid`]), and on a quantity that does not fit 64 bits
+/// ([`ReportError::Overflow`]) rather than report a saturated number.
 pub fn report(
     model: &CheckedModel,
     preset: &str,
@@ -109,6 +126,24 @@ pub fn report(
         .preset(preset)
         .ok_or_else(|| ReportError::UnknownPreset(preset.to_string()))?
         .values;
+    let mut report = report_values(model, &format!("preset `{preset}`"), values, batch, seq)?;
+    report.preset = preset.to_string();
+    Ok(report)
+}
+
+/// [`report`] for a complete set of config `values` (settings and derived values), which
+/// `config` describes in errors ("preset `tiny`", "these settings").
+pub fn report_values(
+    model: &CheckedModel,
+    config: &str,
+    values: &Env,
+    batch: u64,
+    seq: Option<u64>,
+) -> Result<Report, ReportError> {
+    let overflow = |quantity: &str| ReportError::Overflow {
+        config: config.to_string(),
+        quantity: quantity.to_string(),
+    };
     let seq = seq
         .or_else(|| {
             SEQ_NAMES.iter().find_map(|n| match values.get(*n) {
@@ -120,14 +155,14 @@ pub fn report(
     let mut walk = Walk {
         model,
         params: Vec::new(),
-        matmul_weights: 0,
+        matmul_weights: Some(0),
         instances: Vec::new(),
     };
     walk.tree(&model.params, values, "")?;
     walk.instances.push((String::new(), values.clone()));
     let mut sizes = Sizes::new(model, batch, seq);
-    let mut attention = 0u64;
-    let mut activations = 0u64;
+    let mut attention = Some(0u64);
+    let mut activations = Some(0u64);
     let mut layers = 0u64;
     for (block, env) in &walk.instances {
         let facts = if block.is_empty() {
@@ -139,16 +174,11 @@ pub fn report(
             }
         };
         let (a, act) = sizes.facts(facts, env, block)?;
-        if !facts.attention.is_empty() {
-            layers += facts.attention.len() as u64;
-        }
-        attention = attention.saturating_add(a);
-        activations = activations.saturating_add(act);
+        layers += facts.attention.len() as u64;
+        attention = attention.zip(a).and_then(|(x, y)| x.checked_add(y));
+        activations = activations.zip(act).and_then(|(x, y)| x.checked_add(y));
     }
-    let param_count = walk
-        .params
-        .iter()
-        .fold(0u64, |acc, p| acc.saturating_add(p.numel()));
+    let param_count = total_elements(&walk.params).ok_or_else(|| overflow("parameter count"))?;
     let d_model = values.get("d_model").and_then(Value::as_f64).unwrap_or(0.0) as u64;
     let optimizer = model.steps.first().map(|s| &s.optimizer);
     let optimizer_elements = optimizer_elements(
@@ -157,56 +187,88 @@ pub fn report(
         &walk.params,
     );
     let bytes = 4u64;
+    let flops_per_token = walk
+        .matmul_weights
+        .and_then(|w| w.checked_mul(2)?.checked_add(attention?)?.checked_mul(3))
+        .ok_or_else(|| overflow("FLOPs per token"))?;
+    let flops_per_token_6n = param_count
+        .checked_mul(6)
+        .and_then(|n| {
+            n.checked_add(
+                layers
+                    .checked_mul(12)?
+                    .checked_mul(d_model)?
+                    .checked_mul(seq)?,
+            )
+        })
+        .ok_or_else(|| overflow("6N + 12LdT FLOPs per token"))?;
+    let in_bytes = |elements: Option<u64>, quantity: &str| {
+        elements
+            .and_then(|n| n.checked_mul(bytes))
+            .ok_or_else(|| overflow(quantity))
+    };
+    let memory = Memory {
+        parameters: in_bytes(Some(param_count), "parameter memory")?,
+        gradients: in_bytes(Some(param_count), "gradient memory")?,
+        optimizer: in_bytes(optimizer_elements, "optimizer memory")?,
+        activations: in_bytes(activations, "activation memory")?,
+    };
+    memory
+        .parameters
+        .checked_add(memory.gradients)
+        .and_then(|m| m.checked_add(memory.optimizer))
+        .and_then(|m| m.checked_add(memory.activations))
+        .ok_or_else(|| overflow("training memory"))?;
     Ok(Report {
-        preset: preset.to_string(),
+        preset: config.to_string(),
         param_count,
-        flops_per_token: walk
-            .matmul_weights
-            .saturating_mul(2)
-            .saturating_add(attention)
-            .saturating_mul(3),
-        flops_per_token_6n: param_count
-            .saturating_mul(6)
-            .saturating_add((12 * layers).saturating_mul(d_model).saturating_mul(seq)),
+        flops_per_token,
+        flops_per_token_6n,
         batch,
         seq,
-        memory: Memory {
-            parameters: param_count.saturating_mul(bytes),
-            gradients: param_count.saturating_mul(bytes),
-            optimizer: optimizer_elements.saturating_mul(bytes),
-            activations: activations.saturating_mul(bytes),
-        },
+        memory,
         params: walk.params,
     })
+}
+
+/// The elements of `params` together, `None` if they do not fit 64 bits.
+fn total_elements(params: &[ParamShape]) -> Option<u64> {
+    params
+        .iter()
+        .try_fold(0u64, |acc, p| acc.checked_add(p.numel()?))
 }
 
 /// The elements of an optimizer's state for `params`: a moment the shape of every parameter per
 /// moment, except Adafactor's second moment, a row and a column vector for each parameter of two
 /// or more axes (its first moment exists when `beta1` is given).
-fn optimizer_elements(kind: OptimizerKind, first_moment: bool, params: &[ParamShape]) -> u64 {
-    let count: u64 = params
-        .iter()
-        .fold(0u64, |acc, p| acc.saturating_add(p.numel()));
+/// `None` if the count does not fit 64 bits.
+fn optimizer_elements(
+    kind: OptimizerKind,
+    first_moment: bool,
+    params: &[ParamShape],
+) -> Option<u64> {
+    let count = total_elements(params)?;
     if kind != OptimizerKind::Adafactor {
-        return count.saturating_mul(kind.moments().len() as u64);
+        return count.checked_mul(kind.moments().len() as u64);
     }
-    let second = params.iter().fold(0u64, |acc, p| {
+    let second = params.iter().try_fold(0u64, |acc, p| {
         let factored = match p.shape.as_slice() {
             [lead @ .., rows, cols] => {
-                let lead = lead.iter().fold(1u64, |a, b| a.saturating_mul(*b));
-                lead.saturating_mul(rows.saturating_add(*cols))
+                let lead = lead.iter().try_fold(1u64, |a, b| a.checked_mul(*b))?;
+                lead.checked_mul(rows.checked_add(*cols)?)?
             }
-            _ => p.numel(),
+            _ => p.numel()?,
         };
-        acc.saturating_add(factored)
-    });
-    second.saturating_add(if first_moment { count } else { 0 })
+        acc.checked_add(factored)
+    })?;
+    second.checked_add(if first_moment { count } else { 0 })
 }
 
 struct Walk<'a> {
     model: &'a CheckedModel,
     params: Vec<ParamShape>,
-    matmul_weights: u64,
+    /// `None` once the count no longer fits 64 bits.
+    matmul_weights: Option<u64>,
     /// Every block instance with its environment, for evaluating its forward facts.
     instances: Vec<(String, Env)>,
 }
@@ -221,6 +283,49 @@ fn int(expr: &crate::ast::Expr, env: &Env) -> Result<u64, ReportError> {
             crate::text::expr_text(expr)
         ))),
         Err(d) => Err(ReportError::Eval(d.message)),
+    }
+}
+
+/// A size: an int of at least 1, else an error naming the expression (with the definition of a
+/// derived config value) and `what` it sizes.
+fn size(
+    model: &CheckedModel,
+    expr: &crate::ast::Expr,
+    env: &Env,
+    what: &str,
+) -> Result<u64, ReportError> {
+    let value = match eval(expr, env) {
+        Ok(Value::Int(i)) => i,
+        Ok(v) => {
+            return Err(ReportError::Eval(format!(
+                "{} is {v}, not an int",
+                crate::text::expr_text(expr)
+            )))
+        }
+        Err(d) => return Err(ReportError::Eval(d.message)),
+    };
+    match u64::try_from(value) {
+        Ok(n) if n >= 1 => Ok(n),
+        _ => Err(ReportError::Invalid(format!(
+            "`{}` is {value}, a size of `{what}`; sizes must be at least 1",
+            described(model, expr)
+        ))),
+    }
+}
+
+/// An expression as text; a derived config value with its definition (`kv_dim = n_kv_heads *
+/// head_dim`), so that a message about it names the settings it comes from.
+fn described(model: &CheckedModel, expr: &crate::ast::Expr) -> String {
+    let text = crate::text::expr_text(expr);
+    match &expr.kind {
+        crate::ast::ExprKind::Name(name) => model
+            .config
+            .iter()
+            .find(|item| item.derived && &item.name == name)
+            .map_or(text, |item| {
+                format!("{name} = {}", crate::text::expr_text(&item.value))
+            }),
+        _ => text,
     }
 }
 
@@ -246,7 +351,7 @@ impl Walk<'_> {
                 ParamNode::Tensor { shape, .. } => {
                     let shape = shape
                         .iter()
-                        .map(|d| int(d, env))
+                        .map(|d| size(self.model, d, env, &name))
                         .collect::<Result<_, _>>()?;
                     self.params.push(ParamShape { name, shape });
                 }
@@ -276,7 +381,10 @@ impl Walk<'_> {
                 ParamNode::Tied { target } => {
                     let target = format!("{}{}.weight", prefix, target.join("."));
                     if let Some(p) = self.params.iter().find(|p| p.name == target) {
-                        self.matmul_weights = self.matmul_weights.saturating_add(p.numel());
+                        self.matmul_weights = self
+                            .matmul_weights
+                            .zip(p.numel())
+                            .and_then(|(w, n)| w.checked_add(n));
                     }
                 }
             }
@@ -292,7 +400,8 @@ impl Walk<'_> {
         name: &str,
     ) -> Result<(), ReportError> {
         let arg = |n: &str| args.iter().find(|(k, _)| k == n).map(|(_, e)| e);
-        let size = |n: &str| arg(n).map_or(Ok(0), |e| int(e, env));
+        let model = self.model;
+        let size = |n: &str| arg(n).map_or(Ok(0), |e| size(model, e, env, name));
         let bias = |n: &str| arg(n).map_or(Ok(false), |e| flag(e, env));
         let mut push = |suffix: &str, shape: Vec<u64>| {
             self.params.push(ParamShape {
@@ -308,7 +417,9 @@ impl Walk<'_> {
                 if bias("bias")? {
                     push("bias", vec![o]);
                 }
-                self.matmul_weights = self.matmul_weights.saturating_add(i.saturating_mul(o));
+                self.matmul_weights = self
+                    .matmul_weights
+                    .and_then(|w| w.checked_add(i.checked_mul(o)?));
             }
             LayerKind::LayerNorm => {
                 let d = size("dim")?;
@@ -368,13 +479,23 @@ impl Sizes {
         Sizes { bound }
     }
 
-    /// Attention FLOPs per token and activation elements of one forward pass.
+    /// Attention FLOPs per token and activation elements of one forward pass (`None` where they
+    /// do not fit 64 bits); fails on a dropout probability outside `[0, 1)`.
     fn facts(
         &mut self,
         facts: &FnFacts,
         env: &Env,
         block: &str,
-    ) -> Result<(u64, u64), ReportError> {
+    ) -> Result<(Option<u64>, Option<u64>), ReportError> {
+        for p in &facts.dropout {
+            let value = eval(p, env).map_err(|d| ReportError::Eval(d.message))?;
+            if !value.as_f64().is_some_and(|p| (0.0..1.0).contains(&p)) {
+                return Err(ReportError::Invalid(format!(
+                    "`{}` is {value}: a dropout probability must be in [0, 1)",
+                    crate::text::expr_text(p)
+                )));
+            }
+        }
         let lookup = |k: &str| -> Option<i64> {
             if let Some(v) = self.bound.get(k) {
                 return Some(*v);
@@ -398,21 +519,28 @@ impl Sizes {
                     ))
                 })
         };
-        let mut attention = 0u64;
+        let mut attention = Some(0u64);
         for site in &facts.attention {
-            let flops = size(&site.heads)?
-                .saturating_mul(size(&site.head_dim)?)
-                .saturating_mul(size(&site.kv_len)?)
-                .saturating_mul(4);
-            attention = attention.saturating_add(flops);
+            let (heads, head_dim, kv_len) = (
+                size(&site.heads)?,
+                size(&site.head_dim)?,
+                size(&site.kv_len)?,
+            );
+            attention = attention.and_then(|a| {
+                a.checked_add(
+                    heads
+                        .checked_mul(head_dim)?
+                        .checked_mul(kv_len)?
+                        .checked_mul(4)?,
+                )
+            });
         }
-        let mut activations = 0u64;
+        let mut activations = Some(0u64);
         for shape in &facts.activations {
-            let mut n = 1u64;
-            for d in shape {
-                n = n.saturating_mul(size(d).unwrap_or(1));
-            }
-            activations = activations.saturating_add(n);
+            let n = shape
+                .iter()
+                .try_fold(1u64, |n, d| n.checked_mul(size(d).unwrap_or(1)));
+            activations = activations.zip(n).and_then(|(a, n)| a.checked_add(n));
         }
         Ok((attention, activations))
     }
@@ -439,16 +567,21 @@ mod tests {
         let factored = 2 * (16 + 8) + (16 + 8) + 8;
         assert_eq!(
             optimizer_elements(OptimizerKind::Adafactor, false, &params),
-            factored
+            Some(factored)
         );
         assert_eq!(
             optimizer_elements(OptimizerKind::Adafactor, true, &params),
-            factored + 392
+            Some(factored + 392)
         );
         assert_eq!(
             optimizer_elements(OptimizerKind::AdamW, false, &params),
-            2 * 392
+            Some(2 * 392)
         );
-        assert_eq!(optimizer_elements(OptimizerKind::Sgd, false, &params), 392);
+        assert_eq!(
+            optimizer_elements(OptimizerKind::Sgd, false, &params),
+            Some(392)
+        );
+        let huge = shapes(&[&[1 << 40, 1 << 30]]);
+        assert_eq!(optimizer_elements(OptimizerKind::AdamW, false, &huge), None);
     }
 }

@@ -60,6 +60,16 @@ pub enum Error {
     /// A configuration value is out of range or inconsistent.
     #[error("configuration: {0}")]
     Config(String),
+    /// A named setting is out of its range.
+    #[error("{name} is {value}; it must be {expected}")]
+    Setting {
+        /// The setting's name, as the API spells it (`top_p`).
+        name: &'static str,
+        /// The value given.
+        value: String,
+        /// What it must be.
+        expected: &'static str,
+    },
 }
 
 impl Error {

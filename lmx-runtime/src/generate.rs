@@ -1,6 +1,7 @@
 //! Text generation: a KV-cached decoding loop with greedy, temperature, top-k and top-p sampling.
 
 use crate::data::rng::SplitMix64;
+use crate::data::{DataError, TokenOrigin};
 use crate::error::{Error, Result};
 use crate::model::{Context, LanguageModel};
 use crate::nn;
@@ -14,12 +15,12 @@ use std::time::Instant;
 #[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 #[serde(default)]
 pub struct Sampling {
-    /// 0 (or less) picks the first most likely token (greedy, on the device); otherwise logits are
-    /// divided by it and the token is sampled on the host.
+    /// 0 picks the first most likely token (greedy, on the device); a positive value divides the
+    /// logits, and the token is sampled on the host. Negative, infinite and NaN are errors.
     pub temperature: f32,
-    /// Keep only the `k` most likely tokens.
+    /// Keep only the `k` most likely tokens (`k` at least 1).
     pub top_k: Option<usize>,
-    /// Keep the smallest set of most likely tokens whose probability reaches `p`.
+    /// Keep the smallest set of most likely tokens whose probability reaches `p`, in `(0, 1]`.
     pub top_p: Option<f32>,
     /// Seed of the sampler.
     pub seed: u64,
@@ -39,6 +40,72 @@ impl Default for Sampling {
     }
 }
 
+impl Sampling {
+    /// Fails with [`Error::Setting`], naming the first setting out of its range: a temperature
+    /// that is negative, infinite or NaN, a `top_p` outside `(0, 1]` or NaN, a `top_k` of 0.
+    pub fn validate(&self) -> Result<()> {
+        let bad = |name, value: String, expected| {
+            Err(Error::Setting {
+                name,
+                value,
+                expected,
+            })
+        };
+        if !(self.temperature.is_finite() && self.temperature >= 0.0) {
+            return bad(
+                "temperature",
+                self.temperature.to_string(),
+                "0 (greedy) or a finite positive number",
+            );
+        }
+        if let Some(p) = self.top_p.filter(|p| !(*p > 0.0 && *p <= 1.0)) {
+            return bad("top_p", p.to_string(), "in (0, 1]");
+        }
+        if self.top_k == Some(0) {
+            return bad(
+                "top_k",
+                "0".into(),
+                "at least 1 (or none, to keep every token)",
+            );
+        }
+        Ok(())
+    }
+}
+
+/// Fails unless `prompt` can start a generation with `M` and `config`: it must hold at least one
+/// token and no more than the model's context, and every id must be below the vocabulary size
+/// ([`DataError::OutOfVocab`](crate::data::DataError::OutOfVocab), naming the first that is
+/// not). [`generate`] checks this itself; a program calls it to fail before showing the prompt.
+pub fn check_prompt<M: LanguageModel>(config: &M::Config, prompt: &[u32]) -> Result<()> {
+    if prompt.is_empty() {
+        return Err(Error::Config(
+            "generation needs a prompt of at least one token".into(),
+        ));
+    }
+    let context_len = M::context_len(config);
+    if prompt.len() > context_len {
+        return Err(Error::Config(format!(
+            "the prompt has {} tokens, more than the model's context of {context_len}",
+            prompt.len()
+        )));
+    }
+    let vocab_size = M::vocab_size(config);
+    if let Some((position, &id)) = prompt
+        .iter()
+        .enumerate()
+        .find(|(_, &id)| id as usize >= vocab_size)
+    {
+        return Err(DataError::OutOfVocab {
+            origin: TokenOrigin::Prompt,
+            position: position as u64,
+            id,
+            vocab_size,
+        }
+        .into());
+    }
+    Ok(())
+}
+
 /// What a generation produced, and how fast.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Generation {
@@ -52,6 +119,9 @@ pub struct Generation {
 
 /// Generates up to `sampling.max_tokens` tokens after `prompt`, calling `on_token` with each, and
 /// stops early at `stop` or when prompt and generated tokens fill the model's context.
+///
+/// Fails before any work on an invalid configuration ([`LanguageModel::validate`]), sampling
+/// setting ([`Sampling::validate`]) or prompt ([`check_prompt`]).
 ///
 /// Greedy decoding (`temperature` 0) picks the first most likely token on the device and, as
 /// mlx-lm does, queues the next token's forward pass (`async_eval`) before reading the current
@@ -67,18 +137,10 @@ pub fn generate<M: LanguageModel>(
     stop: Option<u32>,
     mut on_token: impl FnMut(u32),
 ) -> Result<Generation> {
-    if prompt.is_empty() {
-        return Err(Error::Config(
-            "generation needs a prompt of at least one token".into(),
-        ));
-    }
+    M::validate(config)?;
+    sampling.validate()?;
+    check_prompt::<M>(config, prompt)?;
     let context_len = M::context_len(config);
-    if prompt.len() > context_len {
-        return Err(Error::Config(format!(
-            "the prompt has {} tokens, more than the model's context of {context_len}",
-            prompt.len()
-        )));
-    }
     let limit = sampling.max_tokens.min(context_len - prompt.len());
     let mut tokens = Vec::with_capacity(limit);
     if limit == 0 {

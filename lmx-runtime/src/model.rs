@@ -25,6 +25,15 @@ pub trait LanguageModel: 'static {
     /// The configuration of preset `name`.
     fn preset(name: &str) -> Option<Self::Config>;
 
+    /// Fails with [`Error::Config`](crate::Error::Config), naming the setting at fault, if
+    /// `config` breaks a rule of the model (the rules `lmx check` applies to presets: sizes of at
+    /// least 1, exact divisions, probabilities in `[0, 1)`, finite numbers). The other methods
+    /// may panic or fail inside MLX on such a configuration; [`init`](Self::init), the trainer
+    /// and generation call this first.
+    fn validate(_config: &Self::Config) -> Result<()> {
+        Ok(())
+    }
+
     /// Fresh parameters for `config`, drawn from `seed`.
     fn init(config: &Self::Config, seed: u64) -> Result<Self::Params>;
 

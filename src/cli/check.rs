@@ -1,7 +1,8 @@
 //! `lmx check`, `lmx count`, `lmx info`, `lmx models`: what the checker says about a model.
 
 use super::bundled;
-use lmx_grammar::report::{report, Report};
+use lmx_grammar::ir::PresetValues;
+use lmx_grammar::report::{report, report_values, Report, ReportError};
 use lmx_grammar::CheckedModel;
 
 /// Checks `model`; on success prints its report for `preset` at `batch` x `seq`.
@@ -22,19 +23,20 @@ pub fn check(
 /// Prints the parameter count of `model` for `preset`, or for every preset.
 pub fn count(model: &str, preset: Option<&str>) -> anyhow::Result<()> {
     let checked = checked(model)?;
-    let presets: Vec<String> = match preset {
-        Some(preset) => vec![preset.to_owned()],
-        None => checked
-            .presets
-            .iter()
-            .map(|preset| preset.name.clone())
-            .collect(),
+    let presets: Vec<&PresetValues> = match preset {
+        Some(name) => vec![checked
+            .preset(name)
+            .ok_or_else(|| anyhow::anyhow!("{}", ReportError::UnknownPreset(name.to_owned())))?],
+        None => checked.presets.iter().collect(),
     };
+    // Each preset's values directly: looking each up by name made this quadratic in presets.
     for preset in presets {
-        let report = report(&checked, &preset, 1, None).map_err(|err| anyhow::anyhow!("{err}"))?;
+        let config = format!("preset `{}`", preset.name);
+        let report = report_values(&checked, &config, &preset.values, 1, None)
+            .map_err(|err| anyhow::anyhow!("{err}"))?;
         println!(
             "{:<12} {:>16} parameters",
-            preset,
+            preset.name,
             group_digits(report.param_count)
         );
     }

@@ -253,14 +253,14 @@ pub struct GenerateArgs {
     /// Tokens to generate.
     #[arg(long, default_value_t = 200)]
     pub max_tokens: usize,
-    /// 0 for greedy decoding.
-    #[arg(long, default_value_t = 0.8)]
+    /// 0 for greedy decoding; otherwise a finite positive number.
+    #[arg(long, default_value_t = 0.8, allow_negative_numbers = true)]
     pub temperature: f32,
     /// Keep the k most likely tokens (0: all).
     #[arg(long, default_value_t = 40)]
     pub top_k: usize,
-    /// Nucleus sampling mass.
-    #[arg(long)]
+    /// Nucleus sampling mass, in (0, 1].
+    #[arg(long, allow_negative_numbers = true)]
     pub top_p: Option<f32>,
     /// Sampler seed.
     #[arg(long, default_value_t = 0)]
@@ -458,15 +458,27 @@ fn adjusted(
 }
 
 impl GenerateArgs {
-    /// The sampling settings.
-    pub fn sampling(&self) -> Sampling {
-        Sampling {
+    /// The sampling settings; one out of range is an error naming its flag.
+    pub fn sampling(&self) -> anyhow::Result<Sampling> {
+        let sampling = Sampling {
             temperature: self.temperature,
             top_k: (self.top_k > 0).then_some(self.top_k),
             top_p: self.top_p,
             seed: self.seed,
             max_tokens: self.max_tokens,
-        }
+        };
+        sampling.validate().map_err(|err| match err {
+            lmx::runtime::Error::Setting {
+                name,
+                value,
+                expected,
+            } => anyhow::anyhow!(
+                "--{} {value}: it must be {expected}",
+                name.replace('_', "-")
+            ),
+            other => other.into(),
+        })?;
+        Ok(sampling)
     }
 }
 
@@ -497,12 +509,13 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
             registry::generate(&run, request)
         }
         Command::Generate(args) => {
+            let sampling = args.sampling()?;
             let run = run_file::RunFile::read(&args.run)?;
             let request = train::GenerateRequest {
                 run: args.run.clone(),
                 checkpoint: args.checkpoint.clone(),
                 prompt: args.prompt.clone(),
-                sampling: args.sampling(),
+                sampling,
             };
             registry::generate(&run, request)
         }

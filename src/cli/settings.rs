@@ -28,8 +28,9 @@ impl std::str::FromStr for Setting {
 }
 
 /// `config` with `settings` applied in order. Each value is read as the type the setting already
-/// has (an integer, a float, a flag, or an enum's variant name); an unknown name or a value of
-/// the wrong type is an error that names the setting and the model.
+/// has (an integer, a finite float, a flag, or an enum's variant name); an unknown name or a value
+/// of the wrong type is an error that names the setting and the model. Whether the values obey
+/// the model's rules is for its `Config::validate` to say.
 pub fn apply<C: Serialize + DeserializeOwned>(
     config: &C,
     settings: &[Setting],
@@ -64,7 +65,12 @@ pub fn apply<C: Serialize + DeserializeOwned>(
 /// `text` as a value of `like`'s type.
 fn parse_like(like: &Value, text: &str) -> Option<Value> {
     match like {
-        Value::Number(n) if n.is_f64() => text.parse::<f64>().ok().map(Value::from),
+        // JSON, which carries the configuration, has no NaN or infinity.
+        Value::Number(n) if n.is_f64() => text
+            .parse::<f64>()
+            .ok()
+            .filter(|x| x.is_finite())
+            .map(Value::from),
         Value::Number(_) => text.parse::<i64>().ok().map(Value::from),
         Value::Bool(_) => text.parse::<bool>().ok().map(Value::from),
         Value::String(_) => Some(Value::from(text)),
@@ -75,7 +81,7 @@ fn parse_like(like: &Value, text: &str) -> Option<Value> {
 /// What kind of value `like` is, for errors.
 fn kind(like: &Value) -> &'static str {
     match like {
-        Value::Number(n) if n.is_f64() => "a float",
+        Value::Number(n) if n.is_f64() => "a finite float",
         Value::Number(_) => "an integer",
         Value::Bool(_) => "true or false",
         Value::String(_) => "a name",
@@ -115,6 +121,15 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert_eq!(wrong, "gpt2's `n_layers` is an integer, not `2.5`");
+        for text in ["NaN", "inf", "-inf"] {
+            let wrong = apply(&tiny, &set(&[&format!("pdrop={text}")]), "gpt2")
+                .unwrap_err()
+                .to_string();
+            assert_eq!(
+                wrong,
+                format!("gpt2's `pdrop` is a finite float, not `{text}`")
+            );
+        }
         assert_eq!(
             "pdrop".parse::<Setting>().unwrap_err(),
             "`pdrop` is not NAME=VALUE"

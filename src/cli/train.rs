@@ -6,9 +6,9 @@ use super::run_file::RunFile;
 use super::tokenizer::TokenizerSpec;
 use lmx::runtime::checkpoint::{self, Checkpoints, MODEL_FILE};
 use lmx::runtime::data::{
-    DocumentEncoder, InputFormat, Separator, TokenFile, TokenSource, Windows,
+    DocumentEncoder, InputFormat, Separator, TextStream, TokenFile, TokenSource, Windows,
 };
-use lmx::runtime::generate::{generate, Sampling};
+use lmx::runtime::generate::{check_prompt, generate, Sampling};
 use lmx::runtime::model::{LanguageModel, TrainingStep};
 use lmx::runtime::train::{EarlyStopping, JsonlLog, ProgressBar, TrainConfig, Trainer};
 use lmx::runtime::tree::Tree;
@@ -79,6 +79,7 @@ where
         })?,
     };
     let model_config = super::settings::apply(&model_config, &request.settings, S::Model::NAME)?;
+    S::Model::validate(&model_config)?;
     let tokenizer = request.tokenizer.load()?;
     let vocab = S::Model::vocab_size(&model_config);
     if tokenizer.vocab_size() > vocab {
@@ -96,7 +97,7 @@ where
             request.train.seq_len
         );
     }
-    let source = tokens(&request.data, tokenizer.as_ref())?;
+    let source = tokens(&request.data, tokenizer.as_ref(), vocab)?;
     let data_tokens = source.len() as u64;
     let windows = Windows::new(source, request.train.seq_len)?;
     let out_dir = request.train.out_dir.clone();
@@ -249,10 +250,12 @@ fn with_hint(err: lmx::runtime::Error, run: &Path) -> anyhow::Error {
     }
 }
 
-/// The token stream of `paths`: token files are mapped, text and JSONL files encoded.
+/// The token stream of `paths`: token files are mapped, text and JSONL files encoded; every id
+/// must be below the model's `vocab` size.
 fn tokens(
     paths: &[PathBuf],
     tokenizer: &dyn lmx::runtime::data::Tokenizer,
+    vocab: usize,
 ) -> anyhow::Result<Arc<dyn TokenSource>> {
     if paths.is_empty() {
         anyhow::bail!("no training data: give --data FILE (text, .jsonl or .tokens)");
@@ -261,14 +264,18 @@ fn tokens(
         .iter()
         .all(|path| path.extension().is_some_and(|ext| ext == "tokens"))
     {
-        if let [path] = paths {
-            return Ok(Arc::new(TokenFile::open(path)?));
-        }
-        anyhow::bail!("give one .tokens file at a time");
+        let [path] = paths else {
+            anyhow::bail!("give one .tokens file at a time");
+        };
+        let file = TokenFile::open(path)?;
+        file.check_vocab(0..file.len(), vocab)?;
+        return Ok(Arc::new(file));
     }
     let encoder = DocumentEncoder::new(tokenizer, Separator::Eos)?;
     let format = InputFormat::from_path(&paths[0]);
-    Ok(Arc::new(encoder.encode_files(paths, &format)?))
+    let tokens = encoder.encode_files(paths, &format)?;
+    tokens.check_vocab(0..tokens.len(), vocab)?;
+    Ok(Arc::new(tokens))
 }
 
 /// What `lmx generate` was asked to do.
@@ -293,31 +300,37 @@ pub fn sample<S: TrainingStep>(run: &RunFile, request: GenerateRequest) -> anyho
             .latest()?
             .ok_or_else(|| anyhow::anyhow!("{} has no checkpoint yet", request.run.display()))?,
     };
-    let template = run.train.precision.cast(&S::Model::init(&config, 0)?)?;
-    let params = checkpoint::load_tree(&checkpoint.join(MODEL_FILE), &template)?;
+    S::Model::validate(&config)?;
+    request.sampling.validate()?;
     let tokenizer = run.tokenizer.load()?;
     let prompt = tokenizer.encode(&request.prompt)?;
+    // Everything that can be wrong with the request fails before the prompt is shown.
+    check_prompt::<S::Model>(&config, &prompt)?;
+    let template = run.train.precision.cast(&S::Model::init(&config, 0)?)?;
+    let params = checkpoint::load_tree(&checkpoint.join(MODEL_FILE), &template)?;
     print!("{}", request.prompt);
-    let mut pending = Vec::new();
+    let mut text = TextStream::new(tokenizer.as_ref());
+    let mut failed = None;
     let generation = generate::<S::Model>(
         &params,
         &config,
         &prompt,
         &request.sampling,
         tokenizer.eos_id(),
-        |token| {
-            pending.push(token);
-            // Print as soon as the pending ids decode (a byte tokenizer may split a character).
-            if let Ok(text) = tokenizer.decode(&pending) {
-                if !text.contains('\u{FFFD}') {
-                    print!("{text}");
-                    let _ = std::io::stdout().flush();
-                    pending.clear();
-                }
+        |token| match text.push(token) {
+            Ok(piece) => {
+                print!("{piece}");
+                let _ = std::io::stdout().flush();
+            }
+            Err(err) => {
+                failed.get_or_insert(err);
             }
         },
     )?;
-    println!();
+    if let Some(err) = failed {
+        return Err(err.into());
+    }
+    println!("{}", text.flush()?);
     eprintln!(
         "{} tokens; prompt {:.0} tok/s, decode {:.1} tok/s",
         generation.tokens.len(),

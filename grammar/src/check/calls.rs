@@ -415,12 +415,14 @@ impl Checker<'_> {
                     match args.get(1, "p") {
                         Some((e, t)) => {
                             let t = t.clone();
-                            self.expect_static(
+                            if self.expect_static(
                                 &t,
                                 &StaticTy::Float,
                                 e.span,
                                 "a dropout probability",
-                            );
+                            ) {
+                                self.facts.dropout.push(e.clone());
+                            }
                         }
                         None => self.missing_arg(span, name, "p"),
                     }

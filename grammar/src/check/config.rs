@@ -219,7 +219,14 @@ impl Checker<'_> {
                     expr.span,
                     format!("expected a {}", item.ty.name()),
                 )),
-                Err(d) if d.code == "lmx::config::inexact_division" => {
+                Err(d)
+                    if matches!(
+                        d.code,
+                        "lmx::config::inexact_division"
+                            | "lmx::config::division_by_zero"
+                            | "lmx::config::overflow"
+                    ) =>
+                {
                     self.error(d.with_label(at, context.clone()));
                 }
                 Err(_) => {}

@@ -13,7 +13,7 @@ mod scope;
 mod stmts;
 mod suggest;
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 use crate::ast;
 use crate::diag::Diagnostic;
@@ -92,7 +92,7 @@ pub fn check(model: &ast::Model) -> Result<CheckedModel, Vec<Diagnostic>> {
     c.rng_used = forward.uses_rng || blocks.iter().any(|b| b.forward.uses_rng);
     let steps = model.steps.iter().map(|s| c.check_step(s)).collect();
     if c.diagnostics.is_empty() {
-        Ok(CheckedModel {
+        let checked = CheckedModel {
             ast: model.clone(),
             name: model.name.name.clone(),
             config,
@@ -101,17 +101,48 @@ pub fn check(model: &ast::Model) -> Result<CheckedModel, Vec<Diagnostic>> {
             params: params.0,
             forward,
             steps,
-        })
+        };
+        let broken = preset_rules(&checked);
+        if broken.is_empty() {
+            Ok(checked)
+        } else {
+            Err(broken)
+        }
     } else {
         c.diagnostics.sort_by_key(|d| (d.span().start, d.code));
         Err(c.diagnostics)
     }
 }
 
+/// Every preset checked against the rules of [`crate::rules`] that need the whole checked model
+/// (sizes, dropout probabilities, totals), one diagnostic per broken preset at its name.
+fn preset_rules(model: &CheckedModel) -> Vec<Diagnostic> {
+    let spans: HashMap<&str, Span> = model
+        .ast
+        .presets
+        .iter()
+        .map(|p| (p.name.name.as_str(), p.name.span))
+        .collect();
+    let mut broken = Vec::new();
+    for preset in &model.presets {
+        let (span, config) = match spans.get(preset.name.as_str()) {
+            Some(span) => (*span, format!("preset `{}`", preset.name)),
+            None => (model.ast.header, "the default values".to_string()),
+        };
+        if let Err(message) = crate::rules::check_values(model, &config, &preset.values) {
+            let label = format!("with {config}");
+            broken.push(Diagnostic::new("lmx::config::rule", message, span, label));
+        }
+    }
+    broken
+}
+
 /// The checker's state while it walks one model.
 pub(crate) struct Checker<'m> {
     model: &'m ast::Model,
     diagnostics: Vec<Diagnostic>,
+    /// The diagnostics recorded, to record each once in constant time.
+    reported: HashSet<Diagnostic>,
     /// Config names (and enum variants) visible everywhere.
     globals: Scope,
     /// What each block declares, by name.
@@ -133,6 +164,7 @@ impl<'m> Checker<'m> {
         Checker {
             model,
             diagnostics: Vec::new(),
+            reported: HashSet::new(),
             globals: Scope::default(),
             blocks: HashMap::new(),
             facts: FnFacts::default(),
@@ -143,9 +175,9 @@ impl<'m> Checker<'m> {
         }
     }
 
-    /// Records a diagnostic.
+    /// Records a diagnostic, once.
     fn error(&mut self, d: Diagnostic) {
-        if !self.diagnostics.contains(&d) {
+        if self.reported.insert(d.clone()) {
             self.diagnostics.push(d);
         }
     }
@@ -185,6 +217,7 @@ impl<'m> Checker<'m> {
         let mut scope = self.globals.clone();
         scope.push();
         let mut diagnostics = std::mem::take(&mut self.diagnostics);
+        let mut reported = self.reported.clone();
         let (inputs, free) = self.resolve_inputs(&f.inputs, &mut scope);
         let output = f
             .output
@@ -192,6 +225,7 @@ impl<'m> Checker<'m> {
             .and_then(|o| self.resolve_type(o, &mut scope, &mut Vec::new()));
         // The forward pass itself reports problems with its signature.
         std::mem::swap(&mut diagnostics, &mut self.diagnostics);
+        std::mem::swap(&mut reported, &mut self.reported);
         Signature {
             inputs,
             free,

@@ -96,6 +96,7 @@ pub(crate) fn config(g: &Gen<'_>) -> R<TokenStream> {
             quote!(#name => Config { #(#overrides)* ..defaults },)
         });
     }
+    let module = super::module_name(model);
     let doc = format!(
         " The configuration of `{}`: settings a preset may override, and derived values as methods.",
         model.name
@@ -119,6 +120,18 @@ pub(crate) fn config(g: &Gen<'_>) -> R<TokenStream> {
 
         impl Config {
             #(#derived)*
+
+            /// Fails with `Error::Config`, naming the setting at fault, if these settings break
+            /// a rule of the model's `.lmx` file: the rules `lmx check` applies to every preset
+            /// (exact divisions, sizes of at least 1, dropout probabilities in `[0, 1)`, finite
+            /// floats).
+            pub fn validate(&self) -> ::lmx::runtime::Result<()> {
+                let source = super::SOURCES
+                    .iter()
+                    .find(|(module, _, _)| *module == #module)
+                    .map_or("", |(_, _, source)| source);
+                ::lmx::rules::validate(source, self)
+            }
 
             /// The configuration of preset `name`, `None` for an unknown name.
             pub fn preset(name: &str) -> Option<Config> {

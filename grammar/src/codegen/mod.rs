@@ -632,8 +632,10 @@ impl<'m> Gen<'m> {
             #pass_struct
             #(#blocks)*
 
-            /// Fresh parameters for `config`, drawn from `seed` (MLX's default initialisers).
+            /// Fresh parameters for `config`, drawn from `seed` (MLX's default initialisers);
+            /// fails on a configuration that breaks the model's rules (`Config::validate`).
             pub fn init(config: &Config, seed: u64) -> Result<Params> {
+                config.validate()?;
                 let mut keys = Keys::from_seed(seed)?;
                 Params::init(config, &mut keys)
             }
@@ -663,6 +665,10 @@ impl<'m> Gen<'m> {
 
                 fn preset(name: &str) -> Option<Config> {
                     Config::preset(name)
+                }
+
+                fn validate(config: &Config) -> Result<()> {
+                    config.validate()
                 }
 
                 fn init(config: &Config, seed: u64) -> Result<Params> {

@@ -53,6 +53,20 @@ pub enum DataError {
         /// The tokenizer's vocabulary size.
         vocab_size: usize,
     },
+    /// A token id is not below the model's vocabulary size: it would index past the embedding.
+    #[error(
+        "{origin}: token {position} is id {id}, outside the model's vocabulary of {vocab_size} ids"
+    )]
+    OutOfVocab {
+        /// Where the token is.
+        origin: TokenOrigin,
+        /// Its index among the tokens of `origin`, counted from 0.
+        position: u64,
+        /// The id.
+        id: u32,
+        /// The model's vocabulary size.
+        vocab_size: usize,
+    },
     /// A token id does not fit the storage type it is written to or read as.
     #[error("token id {id} at position {position} does not fit {target}")]
     TokenTooLarge {
@@ -85,6 +99,27 @@ pub enum DataError {
     /// A saved position does not fit the iterator it is restored into.
     #[error("cannot resume at {0}")]
     BadPosition(String),
+}
+
+/// Where token ids came from, for [`DataError::OutOfVocab`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TokenOrigin {
+    /// A token file.
+    File(PathBuf),
+    /// A token stream in memory (tokenized text, or ids handed over by a program).
+    Memory,
+    /// The prompt of a generation.
+    Prompt,
+}
+
+impl std::fmt::Display for TokenOrigin {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            TokenOrigin::File(path) => write!(f, "{}", path.display()),
+            TokenOrigin::Memory => f.write_str("the token stream"),
+            TokenOrigin::Prompt => f.write_str("the prompt"),
+        }
+    }
 }
 
 /// What is wrong with a token file (see [`DataError::TokenFile`]).

@@ -1,6 +1,8 @@
 //! Where the tokens of a corpus live: in memory or in a mapped token file.
 
-use super::error::DataError;
+use std::ops::Range;
+
+use super::error::{DataError, TokenOrigin};
 
 /// A random-access sequence of token ids that windows are cut from.
 ///
@@ -22,6 +24,31 @@ pub trait TokenSource: Send + Sync {
     /// # Panics
     /// If the range reaches past [`len`](Self::len).
     fn read_i32(&self, start: usize, out: &mut [i32]) -> Result<(), DataError>;
+
+    /// The first token of `range` whose id is `vocab_size` or more, with its position.
+    ///
+    /// # Panics
+    /// If the range reaches past [`len`](Self::len).
+    fn find_outside(&self, range: Range<usize>, vocab_size: usize) -> Option<(usize, u32)>;
+
+    /// Where the tokens are, for errors.
+    fn origin(&self) -> TokenOrigin {
+        TokenOrigin::Memory
+    }
+
+    /// Fails with [`DataError::OutOfVocab`], naming the first such token, if a token of `range`
+    /// is not below `vocab_size`: an embedding of `vocab_size` rows would be read out of bounds.
+    fn check_vocab(&self, range: Range<usize>, vocab_size: usize) -> Result<(), DataError> {
+        match self.find_outside(range, vocab_size) {
+            None => Ok(()),
+            Some((position, id)) => Err(DataError::OutOfVocab {
+                origin: self.origin(),
+                position: position as u64,
+                id,
+                vocab_size,
+            }),
+        }
+    }
 }
 
 impl TokenSource for Vec<u32> {
@@ -35,6 +62,14 @@ impl TokenSource for Vec<u32> {
             *slot = to_i32(id, start + offset)?;
         }
         Ok(())
+    }
+
+    fn find_outside(&self, range: Range<usize>, vocab_size: usize) -> Option<(usize, u32)> {
+        let start = range.start;
+        self[range]
+            .iter()
+            .position(|&id| id as usize >= vocab_size)
+            .map(|offset| (start + offset, self[start + offset]))
     }
 }
 

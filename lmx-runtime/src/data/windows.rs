@@ -77,6 +77,14 @@ impl Windows {
         (self.len - 1) / self.seq_len
     }
 
+    /// Fails with [`DataError::OutOfVocab`] if a token of these windows is not below
+    /// `vocab_size`, naming the first such token: a model of that vocabulary would read its
+    /// embedding out of bounds.
+    pub fn check_vocab(&self, vocab_size: usize) -> Result<(), DataError> {
+        self.source
+            .check_vocab(self.start..self.start + self.len, vocab_size)
+    }
+
     /// Copies window `index` into `inputs` and `targets` (`seq_len` ids each).
     ///
     /// # Panics

@@ -85,6 +85,9 @@ where
     /// before the step is traced, the windows split into training and validation.
     pub fn new(model: ModelConfig<S>, config: TrainConfig, windows: Windows) -> Result<Self> {
         config.validate()?;
+        S::Model::validate(&model)?;
+        // An id past the vocabulary would read the embedding out of bounds on the device.
+        windows.check_vocab(S::Model::vocab_size(&model))?;
         let params = S::Model::init(&model, config.seed)?;
         let params = config.precision.cast(&params)?;
         let optimizer = S::optimizer();

@@ -1,19 +1,22 @@
 //! Reading a token file through a memory map.
 
 use std::fs::File;
+use std::ops::Range;
 use std::path::{Path, PathBuf};
 
 use memmap2::Mmap;
 
 use super::header::{Header, HEADER_LEN};
 use super::TokenDtype;
-use crate::data::error::DataError;
+use crate::data::error::{DataError, TokenOrigin};
 use crate::data::source::{to_i32, TokenSource};
 
 /// A token file mapped into memory: pages are read on demand, so the corpus may be larger than
 /// memory.
 ///
-/// The header and the file's length are checked when it is opened. The file must not be
+/// The header and the file's length are checked when it is opened, and its tokens scanned once
+/// for their largest id, so that checking them against a vocabulary
+/// ([`TokenSource::check_vocab`]) costs nothing more for a valid file. The file must not be
 /// truncated or rewritten in place while it is open (files written by
 /// [`TokenFileWriter`](super::TokenFileWriter) are replaced by a rename, which is safe).
 #[derive(Debug)]
@@ -22,6 +25,8 @@ pub struct TokenFile {
     map: Mmap,
     dtype: TokenDtype,
     len: usize,
+    /// The largest id in the file (0 for an empty one).
+    max_id: u32,
 }
 
 impl TokenFile {
@@ -51,12 +56,15 @@ impl TokenFile {
                 header.count
             ))
         })?;
-        Ok(Self {
+        let mut file = Self {
             path,
             map,
             dtype: header.dtype,
             len,
-        })
+            max_id: 0,
+        };
+        file.max_id = file.iter().max().unwrap_or(0);
+        Ok(file)
     }
 
     /// The file's path.
@@ -114,5 +122,19 @@ impl TokenSource for TokenFile {
             };
         }
         Ok(())
+    }
+    fn find_outside(&self, range: Range<usize>, vocab_size: usize) -> Option<(usize, u32)> {
+        assert!(range.end <= self.len, "tokens {range:?} of {}", self.len);
+        if self.max_id as usize >= vocab_size {
+            range
+                .map(|index| (index, self.get(index).expect("index below len")))
+                .find(|&(_, id)| id as usize >= vocab_size)
+        } else {
+            None
+        }
+    }
+
+    fn origin(&self) -> TokenOrigin {
+        TokenOrigin::File(self.path.clone())
     }
 }
