@@ -144,11 +144,16 @@ impl LayerKind {
     /// Argument names in positional order, each with its type and default.
     pub fn signature(self) -> &'static [(&'static str, ArgTy, Option<&'static str>)] {
         match self {
-            LayerKind::Embedding => &[("count", ArgTy::Int, None), ("dim", ArgTy::Int, None)],
+            LayerKind::Embedding => &[
+                ("count", ArgTy::Int, None),
+                ("dim", ArgTy::Int, None),
+                ("std", ArgTy::Float, Some("0.0")),
+            ],
             LayerKind::Linear => &[
                 ("input", ArgTy::Int, None),
                 ("output", ArgTy::Int, None),
                 ("bias", ArgTy::Bool, Some("true")),
+                ("std", ArgTy::Float, Some("0.0")),
             ],
             LayerKind::LayerNorm => &[
                 ("dim", ArgTy::Int, None),

@@ -19,7 +19,7 @@
 use crate::arrays::Arrays;
 use crate::clip;
 use crate::error::{Error, Result};
-use crate::optim::{Optimizer, StepScalars};
+use crate::optim::{DecayScope, Optimizer, StepScalars};
 use crate::state::{StateTemplate, TrainState};
 use crate::step::{loss_and_grads, prepare, Loss, PureFn, StepMetrics, StepOptions};
 use crate::tree::{self, Tree};
@@ -70,6 +70,7 @@ impl FlatLayout {
     pub fn of<P: Tree<Array>, O: Optimizer>(
         state: &TrainState<P, O>,
         optimizer: &O,
+        decay: DecayScope,
     ) -> Result<Option<FlatLayout>> {
         if !optimizer.elementwise() {
             return Ok(None);
@@ -101,7 +102,7 @@ impl FlatLayout {
             if !alike || *opt_arrays.get_or_insert(opt.len()) != opt.len() {
                 return Ok(None);
             }
-            let (dtype, decay) = (param.dtype(), spec.decay);
+            let (dtype, decay) = (param.dtype(), decay.applies(spec));
             let group = match groups
                 .iter()
                 .position(|group| group.dtype == dtype && group.decay == decay)
@@ -323,7 +324,7 @@ where
                     .into(),
             ));
         }
-        let Some(layout) = FlatLayout::of(state, &optimizer)? else {
+        let Some(layout) = FlatLayout::of(state, &optimizer, options.decay)? else {
             return Ok(None);
         };
         let template = state.template();

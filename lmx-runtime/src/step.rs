@@ -14,7 +14,7 @@
 use crate::arrays::Arrays;
 use crate::clip;
 use crate::error::{Error, Result};
-use crate::optim::{Optimizer, StepScalars};
+use crate::optim::{DecayScope, Optimizer, StepScalars};
 use crate::state::{StateTemplate, TrainState};
 use crate::tree::{self, Tree};
 use mlx_rs::error::Exception;
@@ -38,6 +38,8 @@ pub struct StepOptions {
     /// Micro-batches per update: the batch is split along its first axis into this many parts and
     /// their gradients averaged before one update.
     pub accumulation: usize,
+    /// Which parameters weight decay applies to.
+    pub decay: DecayScope,
 }
 
 impl Default for StepOptions {
@@ -46,6 +48,7 @@ impl Default for StepOptions {
             clip_norm: Some(1.0),
             compile: true,
             accumulation: 1,
+            decay: DecayScope::Weights,
         }
     }
 }
@@ -117,7 +120,7 @@ where
         let specs: Vec<(bool, bool)> = state
             .specs()
             .into_iter()
-            .map(|spec| (spec.trainable, spec.decay))
+            .map(|spec| (spec.trainable, options.decay.applies(&spec)))
             .collect();
         let trainable = specs.iter().filter(|(trainable, _)| *trainable).count();
         let body = Rc::new(StepBody {

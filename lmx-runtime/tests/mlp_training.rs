@@ -43,6 +43,7 @@ fn train(compile: bool) -> Result<(Vec<f32>, usize)> {
         clip_norm: Some(1.0),
         compile,
         accumulation: 1,
+        ..StepOptions::default()
     };
     let mut step = TrainStep::new(&state, optimizer, loss, options)?;
     let batch = data()?;
@@ -95,6 +96,7 @@ fn accumulation_equals_one_large_batch() -> Result<()> {
             clip_norm: Some(1.0),
             compile,
             accumulation,
+            ..StepOptions::default()
         };
         let mut step = TrainStep::new(&state, optimizer, loss, options)?;
         let batch = data()?;

@@ -3,6 +3,7 @@
 pub mod bench;
 pub mod bundled;
 pub mod check;
+pub mod decay;
 pub mod interrupt;
 pub mod plot;
 pub mod registry;
@@ -147,6 +148,12 @@ pub struct TrainArgs {
     /// `auto` (flat on a CUDA GPU).
     #[arg(long, value_enum)]
     pub state_packing: Option<StatePackingArg>,
+    /// Which parameters weight decay applies to; without it, the settings file's `decay`, or
+    /// `weights`: lmx decays weight matrices only, not biases, norms or embeddings (as GPT-2 was
+    /// trained). `all` decays every parameter, as MLX's and PyTorch's AdamW do when handed all of
+    /// a model's parameters.
+    #[arg(long, value_enum)]
+    pub decay: Option<decay::DecayArg>,
     /// Evaluate the validation loss every N steps.
     #[arg(long)]
     pub eval_every: Option<u64>,
@@ -379,6 +386,9 @@ impl TrainArgs {
         }
         if let Some(packing) = self.state_packing {
             config.state_packing = packing.into();
+        }
+        if let Some(decay) = self.decay {
+            config.decay = decay.into();
         }
         config.compile &= !self.eager;
         config.schedule = adjusted(config.schedule, self.steps, self.lr, self.warmup);

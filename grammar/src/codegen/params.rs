@@ -281,14 +281,26 @@ fn init_struct(
                     LayerKind::Embedding => {
                         let (n, d) = (fx.i32_expr(&arg("count")?)?, fx.i32_expr(&arg("dim")?)?);
                         *keys_used = true;
-                        quote!(nn::init::embedding(#n, #d, keys)?)
+                        match arg("std") {
+                            Ok(std) if !is_zero(&std) => {
+                                let std = fx.f32_expr(&std)?;
+                                quote!(nn::init::embedding_normal(#n, #d, #std, keys)?)
+                            }
+                            _ => quote!(nn::init::embedding(#n, #d, keys)?),
+                        }
                     }
                     LayerKind::Linear => {
                         let i = fx.i32_expr(&arg("input")?)?;
                         let o = fx.i32_expr(&arg("output")?)?;
                         let b = fx.static_expr(&arg("bias")?)?.0.ts;
                         *keys_used = true;
-                        quote!(nn::init::linear(#i, #o, #b, keys)?)
+                        match arg("std") {
+                            Ok(std) if !is_zero(&std) => {
+                                let std = fx.f32_expr(&std)?;
+                                quote!(nn::init::linear_normal(#i, #o, #b, #std, keys)?)
+                            }
+                            _ => quote!(nn::init::linear(#i, #o, #b, keys)?),
+                        }
                     }
                     LayerKind::LayerNorm => {
                         let d = fx.i32_expr(&arg("dim")?)?;

@@ -287,7 +287,7 @@ fn step(g: &Gen<'_>, ir: &StepIr, ast: &Step) -> R<TokenStream> {
             }
 
             fn options() -> StepOptions {
-                StepOptions { clip_norm: #clip, compile: true, accumulation: #accumulation }
+                StepOptions { clip_norm: #clip, compile: true, accumulation: #accumulation, ..StepOptions::default() }
             }
 
             fn loss(params: &Params, #config: &Config, batch: &[Array], #key: Option<&Array>) -> Result<Array> {

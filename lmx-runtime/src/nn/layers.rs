@@ -203,6 +203,35 @@ pub mod init {
         })
     }
 
+    /// A linear layer with weights normal with standard deviation `std` and a zero bias, as
+    /// GPT-2 initialises them; a `std` of 0 is MLX's initialisation ([`linear`]).
+    pub fn linear_normal(
+        input: i32,
+        output: i32,
+        bias: bool,
+        std: f32,
+        keys: &mut Keys,
+    ) -> Result<LinearParams> {
+        if std == 0.0 {
+            return linear(input, output, bias, keys);
+        }
+        Ok(LinearParams {
+            weight: normal(&[output, input], std, &keys.next()?)?,
+            bias: if bias { Some(zeros(&[output])?) } else { None },
+        })
+    }
+
+    /// An embedding normal with standard deviation `std`, as GPT-2 initialises them; a `std` of 0
+    /// is MLX's initialisation ([`embedding`]).
+    pub fn embedding_normal(vocab: i32, dim: i32, std: f32, keys: &mut Keys) -> Result<EmbeddingParams> {
+        if std == 0.0 {
+            return embedding(vocab, dim, keys);
+        }
+        Ok(EmbeddingParams {
+            weight: normal(&[vocab, dim], std, &keys.next()?)?,
+        })
+    }
+
     /// An embedding as MLX initialises it: normal with standard deviation `1/sqrt(dim)`.
     pub fn embedding(vocab: i32, dim: i32, keys: &mut Keys) -> Result<EmbeddingParams> {
         Ok(EmbeddingParams {

@@ -19,7 +19,36 @@ pub use sgd::{Sgd, SgdLeaf};
 
 use crate::arrays::Arrays;
 use crate::error::Result;
+use crate::tree::LeafSpec;
 use mlx_rs::Array;
+
+/// Which trainable parameters weight decay applies to.
+///
+/// lmx's default decays the weight matrices only, as GPT-2-style training does (nanoGPT,
+/// Hugging Face's trainer): decaying a LayerNorm's scale pulls it towards 0 rather than towards
+/// the identity it starts as, and decaying biases and embeddings regularises nothing the model
+/// overfits with. MLX's optimizers (and PyTorch's `AdamW` handed `model.parameters()`) decay
+/// every parameter; [`DecayScope::All`] does that, e.g. to train exactly as a Python MLX script.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum DecayScope {
+    /// Weights and other raw tensors; not biases, norms, embeddings, nor fields declared
+    /// `no_decay` ([`LeafSpec::decay`]).
+    #[default]
+    Weights,
+    /// Every trainable parameter, as MLX's `AdamW` does.
+    All,
+}
+
+impl DecayScope {
+    /// Whether weight decay applies to the parameter `spec` describes.
+    pub fn applies(self, spec: &LeafSpec) -> bool {
+        match self {
+            DecayScope::Weights => spec.decay,
+            DecayScope::All => true,
+        }
+    }
+}
 
 /// The per-step values an update reads, as graph inputs.
 #[derive(Clone, Copy, Debug)]

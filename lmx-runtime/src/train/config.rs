@@ -2,6 +2,7 @@
 
 use super::{Overlap, Precision, StatePacking};
 use crate::error::{Error, Result};
+use crate::optim::DecayScope;
 use crate::schedule::Schedule;
 use std::path::PathBuf;
 
@@ -44,6 +45,9 @@ pub struct TrainConfig {
     pub out_dir: PathBuf,
     /// Peak device throughput in TFLOP/s for MFU (0: do not report MFU).
     pub peak_tflops: f64,
+    /// Which parameters the optimizer's weight decay applies to: `weights` (lmx's default) or
+    /// `all` (as MLX's optimizers do).
+    pub decay: DecayScope,
 }
 
 impl Default for TrainConfig {
@@ -72,6 +76,7 @@ impl Default for TrainConfig {
             early_stopping_patience: 0,
             out_dir: PathBuf::from("runs/latest"),
             peak_tflops: 0.0,
+            decay: DecayScope::Weights,
         }
     }
 }

@@ -94,6 +94,7 @@ where
         let state = TrainState::new(params, &optimizer, config.seed)?;
         let options = StepOptions {
             compile: config.compile,
+            decay: config.decay,
             ..S::options()
         };
         let loss_model = model.clone();

@@ -2,6 +2,7 @@
 
 mod anchor;
 pub mod chart;
+mod curves;
 pub mod generate;
 pub mod report;
 pub mod train;

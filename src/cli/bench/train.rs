@@ -4,6 +4,7 @@
 use lmx::models::gpt2;
 use lmx::runtime::data::{rng::SplitMix64, Windows};
 use lmx::runtime::model::LanguageModel;
+use lmx::runtime::optim::DecayScope;
 use lmx::runtime::schedule::Schedule;
 use lmx::runtime::train::{Callback, Control, Precision, StepReport, TrainConfig, Trainer};
 use lmx::runtime::Result as RuntimeResult;
@@ -43,9 +44,14 @@ pub struct BenchArgs {
     /// Peak device TFLOP/s for MFU (989: an H100's or H200's dense bf16).
     #[arg(long, default_value_t = 989.0)]
     pub peak_tflops: f64,
-    /// The Python MLX anchor script (shared/bench/anchor_mlx.py) to run beside each row.
+    /// The Python MLX anchor script (shared/bench/anchor_mlx.py) to run beside each row; with
+    /// --same-init, bench/anchor_same_init.py.
     #[arg(long)]
     pub anchor: Option<PathBuf>,
+    /// Start the anchor from lmx's initial parameters and train it on lmx's batch, then show both
+    /// loss curves step by step (every step, the warm-up's too) with their relative difference.
+    #[arg(long, requires = "anchor")]
+    pub same_init: bool,
     /// The Python interpreter for the anchor.
     #[arg(long, default_value = "python3")]
     pub python: String,
@@ -69,6 +75,10 @@ pub struct BenchArgs {
     /// as a JSON line: how each lmx run is made in a fresh process, as each anchor run is.
     #[arg(long, hide = true)]
     pub one_row: bool,
+    /// With --one-row: write the initial parameters and the batch to this safetensors file before
+    /// the first step, and report every step's loss.
+    #[arg(long, hide = true, requires = "one_row")]
+    pub init_out: Option<PathBuf>,
 }
 
 /// One measurement, with the anchors' JSON fields.
@@ -128,6 +138,9 @@ pub struct Row {
     /// How the step's state was laid out, `flat` or `per-parameter` (lmx only).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub state: Option<String>,
+    /// Every step's loss, the warm-up's included (--same-init).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub losses: Option<Vec<f64>>,
 }
 
 /// Runs every row, the anchor beside each when asked, and prints the tables.
@@ -143,7 +156,7 @@ pub fn bench(args: &BenchArgs) -> anyhow::Result<()> {
             ([config], [mode], [dtype]) => (config, mode, dtype),
             _ => anyhow::bail!("--one-row measures one config, one mode and one dtype"),
         };
-        let row = measure(args, config, dtype, compiled(mode)?)?;
+        let row = measure(args, config, dtype, compiled(mode)?, args.init_out.as_deref())?;
         println!("{}", serde_json::to_string(&row)?);
         return Ok(());
     }
@@ -162,15 +175,28 @@ pub fn bench(args: &BenchArgs) -> anyhow::Result<()> {
             for mode in &args.modes {
                 let compile = compiled(mode)?;
                 for repeat in 0..args.repeats {
-                    record(Row {
+                    // Where lmx leaves its initial parameters and batch for the anchor.
+                    let init = args.same_init.then(|| {
+                        std::env::temp_dir().join(format!(
+                            "lmx-same-init-{}-{config}-{dtype}-{mode}.safetensors",
+                            std::process::id()
+                        ))
+                    });
+                    let ours = Row {
                         repeat,
-                        ..measure_apart(args, config, dtype, mode)?
-                    })?;
+                        ..measure_apart(args, config, dtype, mode, init.as_deref())?
+                    };
+                    record(ours.clone())?;
                     if let Some(script) = &args.anchor {
-                        record(Row {
-                            repeat,
-                            ..anchor(args, script, config, dtype, compile)?
-                        })?;
+                        let theirs = anchor(args, script, config, dtype, compile, init.as_deref());
+                        if let Some(init) = &init {
+                            let _ = std::fs::remove_file(init);
+                        }
+                        let theirs = Row { repeat, ..theirs? };
+                        record(theirs.clone())?;
+                        if args.same_init {
+                            super::curves::print(&ours, &theirs)?;
+                        }
                     }
                 }
             }
@@ -222,7 +248,13 @@ fn compiled(mode: &str) -> anyhow::Result<bool> {
 /// One row of lmx measured by a fresh `lmx` process, so that a row's peak memory and speed do not
 /// depend on the rows run before it in the same process (MLX's CUDA allocator keeps what they
 /// left behind), and each run starts as the anchor's does.
-fn measure_apart(args: &BenchArgs, config: &str, dtype: &str, mode: &str) -> anyhow::Result<Row> {
+fn measure_apart(
+    args: &BenchArgs,
+    config: &str,
+    dtype: &str,
+    mode: &str,
+    init_out: Option<&Path>,
+) -> anyhow::Result<Row> {
     let mut command = Command::new(std::env::current_exe()?);
     command
         .args(["--device", device_name(), "bench", "train", "--one-row"])
@@ -238,6 +270,9 @@ fn measure_apart(args: &BenchArgs, config: &str, dtype: &str, mode: &str) -> any
         .args(["--peak-tflops", &args.peak_tflops.to_string()]);
     command.args(["--overlap", &flag_value(args.overlap)]);
     command.args(["--state-packing", &flag_value(args.state_packing)]);
+    if let Some(path) = init_out {
+        command.arg("--init-out").arg(path);
+    }
     let output = command.output().map_err(|err| {
         anyhow::anyhow!("cannot start lmx for the {config} {mode} {dtype} row: {err}")
     })?;
@@ -274,7 +309,13 @@ impl Callback for Collect {
 }
 
 /// One row of lmx: the anchor's model and data shapes, through `Trainer`.
-fn measure(args: &BenchArgs, name: &str, dtype: &str, compile: bool) -> anyhow::Result<Row> {
+fn measure(
+    args: &BenchArgs,
+    name: &str,
+    dtype: &str,
+    compile: bool,
+    init_out: Option<&Path>,
+) -> anyhow::Result<Row> {
     let mut config = gpt2::Config::preset(name)
         .ok_or_else(|| anyhow::anyhow!("models/gpt2.lmx has no preset `{name}`"))?;
     // The anchor's positional table is as long as the run's sequences.
@@ -309,11 +350,16 @@ fn measure(args: &BenchArgs, name: &str, dtype: &str, compile: bool) -> anyhow::
         checkpoint_every: 0,
         out_dir: out_dir.clone(),
         peak_tflops: args.peak_tflops,
+        // The anchor's MLX AdamW decays every parameter.
+        decay: DecayScope::All,
         ..TrainConfig::default()
     };
     mlx_rs::memory::reset_peak_memory()?;
     let reports = Arc::new(Mutex::new(Vec::new()));
-    let mut trainer = Trainer::<gpt2::Anchor>::new(config.clone(), train, windows)?;
+    let mut trainer = Trainer::<gpt2::Anchor>::new(config.clone(), train, windows.clone())?;
+    if let Some(path) = init_out {
+        super::curves::save_start(path, &trainer.state().params, &windows)?;
+    }
     trainer.add_callback(Collect(reports.clone()));
     trainer.run()?;
     let peak = mlx_rs::memory::peak_memory()? as f64 / (1024.0 * 1024.0);
@@ -355,6 +401,7 @@ fn measure(args: &BenchArgs, name: &str, dtype: &str, compile: bool) -> anyhow::
         repeat: 0,
         overlap: Some(flag_value(args.overlap)),
         state: Some(if flat { "flat" } else { "per-parameter" }.into()),
+        losses: init_out.map(|_| reports.iter().map(|report| report.loss as f64).collect()),
     })
 }
 
@@ -379,6 +426,7 @@ fn anchor(
     config: &str,
     dtype: &str,
     compile: bool,
+    init: Option<&Path>,
 ) -> anyhow::Result<Row> {
     let mut command = Command::new(&args.python);
     command.args(["-c", WITH_MEASUREMENTS]).arg(script).args([
@@ -401,6 +449,9 @@ fn anchor(
         "--peak_tflops",
         &args.peak_tflops.to_string(),
     ]);
+    if let Some(init) = init {
+        command.arg("--init").arg(init);
+    }
     let stdout = output_of(command, &script.display().to_string())?;
     let json_line = |field: &str| {
         json_lines_last_first(&stdout)
