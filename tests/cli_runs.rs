@@ -224,6 +224,20 @@ fn a_fresh_run_into_a_used_directory_is_refused_unless_overwritten() {
     );
     let stderr = failed(&lmx(&tiny(&run), &["--steps", "0", "--overwrite"]));
     assert_eq!(stderr, "error: configuration: steps must be at least 1\n");
+    let log = std::fs::read(run.join("metrics.jsonl")).unwrap();
+    std::fs::remove_dir_all(run.join("checkpoints")).unwrap();
+    std::fs::write(run.join("checkpoints"), "").unwrap();
+    let stderr = failed(&lmx(&tiny(&run), &["--resume"]));
+    let checkpoints = run.join("checkpoints");
+    assert!(
+        stderr.starts_with(&format!("error: {}: ", checkpoints.display())),
+        "{stderr}"
+    );
+    assert_eq!(
+        std::fs::read(run.join("metrics.jsonl")).unwrap(),
+        log,
+        "untouched"
+    );
 }
 
 #[test]

@@ -7,7 +7,8 @@ use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 
-/// The flag the first signal sets, and which signal it was.
+/// The flag the first signal sets, and which signal it was. Once dropped, a signal ends the
+/// process at once, as before training (the sample after it is not worth a checkpoint).
 pub struct StopSignals {
     stop: Arc<AtomicBool>,
     signal: Arc<AtomicUsize>,
@@ -37,6 +38,14 @@ impl StopSignals {
     pub fn received(&self) -> Option<i32> {
         let signal = self.signal.load(Ordering::SeqCst);
         (self.stop.load(Ordering::SeqCst) && signal != 0).then_some(signal as i32)
+    }
+}
+
+impl Drop for StopSignals {
+    fn drop(&mut self) {
+        // Removing the handlers would leave the signals ignored (signal-hook does not restore
+        // the default action); arming the shutdown makes the next signal end the process.
+        self.stop.store(true, Ordering::SeqCst);
     }
 }
 

@@ -309,7 +309,6 @@ impl TrainArgs {
             _ => None,
         };
         let given = |id: &str| self.given.iter().any(|given| given == id);
-        let asked_tokenizer = || tokenizer::TokenizerSpec::parse(&self.tokenizer, self.eos.clone());
         let base = recorded.as_ref().map(|run| run.train.clone());
         let mut train = self.train_config(base.unwrap_or_default())?;
         train.out_dir = out_dir;
@@ -319,7 +318,7 @@ impl TrainArgs {
             model_config: None,
             settings: self.settings.clone(),
             data: self.data.clone(),
-            tokenizer: asked_tokenizer(),
+            tokenizer: tokenizer::TokenizerSpec::parse(&self.tokenizer, self.eos.clone()),
             train,
             resume,
             recorded: None,

@@ -143,15 +143,26 @@ fn flatten(prefix: &str, value: &Value, out: &mut BTreeMap<String, String>) {
         Value::Number(number) if number.is_f64() => {
             let wide = number.as_f64().unwrap_or(f64::NAN);
             let text = if f64::from(wide as f32) == wide {
-                (wide as f32).to_string()
+                readable(wide as f32)
             } else {
-                wide.to_string()
+                readable(wide)
             };
             out.insert(prefix.into(), text);
         }
         other => {
             out.insert(prefix.into(), other.to_string());
         }
+    }
+}
+
+/// `value` in the shortest digits that read back as it, with an exponent where it is very large
+/// or small (`1e38`, not 39 digits).
+fn readable<F: std::fmt::Display + std::fmt::LowerExp + Into<f64> + Copy>(value: F) -> String {
+    let magnitude = value.into().abs();
+    if magnitude != 0.0 && !(1e-4..1e6).contains(&magnitude) {
+        format!("{value:e}")
+    } else {
+        value.to_string()
     }
 }
 
@@ -190,15 +201,19 @@ mod tests {
             final_lr: 1e-4,
         };
         new.data_tokens = Some(999);
+        new.train.seed = 7;
+        new.model_config["pdrop"] = 1e-5.into();
         let changes: Vec<String> = old.changes(&new).iter().map(Change::to_string).collect();
         assert_eq!(
             changes,
             [
                 "data_tokens: 1000 -> 999",
                 "model_config.n_layers: 2 -> 3",
+                "model_config.pdrop: 0 -> 1e-5",
                 "train.batch_size: 16 -> 4",
-                "train.schedule.final_lr: 0.0003 -> 0.0001",
+                "train.schedule.final_lr: 0.0003 -> 1e-4",
                 "train.schedule.lr: 0.003 -> 0.001",
+                "train.seed: 0 -> 7",
             ]
         );
     }

@@ -150,11 +150,13 @@ impl Checkpoints {
             .filter(|loss| loss.is_finite()))
     }
 
-    /// The checkpoints with a recorded finite loss, by increasing step.
+    /// The checkpoints with a recorded finite loss, by increasing step. One whose `trainer.json`
+    /// cannot be read is no candidate (it could not be resumed from either), and no reason to
+    /// fail a save that prunes.
     fn losses(&self) -> Result<Vec<(u64, PathBuf, f32)>> {
         let mut found = Vec::new();
         for (step, dir) in self.list()? {
-            if let Some(loss) = Self::loss(&dir)? {
+            if let Ok(Some(loss)) = Self::loss(&dir) {
                 found.push((step, dir, loss));
             }
         }
