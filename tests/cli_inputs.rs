@@ -130,6 +130,8 @@ fn set_values_go_through_the_checker_and_fail_naming_the_setting() {
             setting,
             "--steps",
             "1",
+            "--seq-len",
+            "32",
             "--quiet",
             "--out",
             out.to_str().unwrap(),
