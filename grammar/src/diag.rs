@@ -145,7 +145,11 @@ impl SourceCode for Indexed<'_> {
         let first = self.line_of(start).saturating_sub(context_lines_before);
         let last = self.line_of(start + len.saturating_sub(1)) + context_lines_after + 2;
         let from = self.line_starts[first];
-        let to = self.line_starts.get(last).copied().unwrap_or(self.text.len());
+        let to = self
+            .line_starts
+            .get(last)
+            .copied()
+            .unwrap_or(self.text.len());
         let window = &self.text[from..to];
         let local = SourceSpan::new((start - from).into(), len);
         let contents = window.read_span(&local, context_lines_before, context_lines_after)?;
