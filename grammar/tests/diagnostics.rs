@@ -77,3 +77,28 @@ fn every_case_reports_one_diagnostic() {
         assert_eq!(diags.len(), 1, "{}: {diags:#?}", path.display());
     }
 }
+
+/// Every `accept/NAME.lmx` checks without a diagnostic and generates code.
+#[test]
+fn accept_cases_check_and_generate() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/accept");
+    let mut count = 0;
+    for entry in std::fs::read_dir(&dir).expect("accept dir").flatten() {
+        let path = entry.path();
+        if path.extension().is_none_or(|e| e != "lmx") {
+            continue;
+        }
+        let source = std::fs::read_to_string(&path).expect("case file");
+        let name = path.display().to_string();
+        let model =
+            lmx_grammar::check_source(&name, &source).unwrap_or_else(|text| panic!("{text}"));
+        for preset in &model.presets {
+            lmx_grammar::report::report(&model, &preset.name, 1, None)
+                .unwrap_or_else(|d| panic!("{name}: preset {}: {d:?}", preset.name));
+        }
+        lmx_grammar::codegen::generate_module(&model, "")
+            .unwrap_or_else(|d| panic!("{}", lmx_grammar::render(&d, &name, &source)));
+        count += 1;
+    }
+    assert!(count >= 3, "{count} accept cases");
+}

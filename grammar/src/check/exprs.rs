@@ -187,11 +187,7 @@ impl Checker<'_> {
                 calls::matmul(self, op_span, x, y)
             }
             (Ty::Tensor(x), Ty::Tensor(y)) => {
-                let dtype = if op.is_comparison() {
-                    Dtype::Bool
-                } else {
-                    x.dtype
-                };
+                let dtype = promote(op, x.dtype, y.dtype);
                 match (&x.shape, &y.shape) {
                     (Some(sx), Some(sy)) => match broadcast(sx, sy) {
                         Ok(shape) => Ty::Tensor(TensorTy::new(dtype, shape, whole.span)),
@@ -223,7 +219,7 @@ impl Checker<'_> {
                     }),
                 }
             }
-            (Ty::Tensor(t), Ty::Static(_)) | (Ty::Static(_), Ty::Tensor(t)) => {
+            (Ty::Tensor(t), Ty::Static(n)) | (Ty::Static(n), Ty::Tensor(t)) => {
                 if op == BinaryOp::MatMul {
                     self.error(Diagnostic::new(
                         "lmx::type::mismatch",
@@ -233,15 +229,21 @@ impl Checker<'_> {
                     ));
                     return Ty::Unknown;
                 }
-                let dtype = if op.is_comparison() {
-                    Dtype::Bool
-                } else {
-                    t.dtype
+                let number = match n {
+                    StaticTy::Float => Dtype::Float,
+                    StaticTy::Int(_) => Dtype::Int,
+                    _ => t.dtype,
                 };
+                let dtype = promote(op, t.dtype, number);
                 Ty::Tensor(TensorTy {
                     dtype,
                     shape: t.shape.clone(),
-                    origin: t.origin,
+                    // A new dtype comes from here; the same one from where the tensor did.
+                    origin: if dtype == t.dtype {
+                        t.origin
+                    } else {
+                        whole.span
+                    },
                 })
             }
             _ => {
@@ -555,5 +557,25 @@ fn subscript_exprs(s: &Subscript) -> Vec<&Expr> {
         Subscript::Ellipsis(_) => Vec::new(),
         Subscript::Index(e) => vec![e],
         Subscript::Slice(a, b, _) => a.iter().chain(b.iter()).collect(),
+    }
+}
+
+/// The dtype of `x op y`, as MLX promotes it: a comparison is a mask, a true division is a float,
+/// and otherwise the wider of the two kinds (bool, then int, then float) wins, so that an int
+/// tensor scaled by a float is a float (which an embedding then refuses as ids).
+fn promote(op: BinaryOp, x: Dtype, y: Dtype) -> Dtype {
+    let rank = |d: Dtype| match d {
+        Dtype::Bool => 0,
+        Dtype::Int => 1,
+        Dtype::Float => 2,
+    };
+    if op.is_comparison() {
+        Dtype::Bool
+    } else if op == BinaryOp::Div {
+        Dtype::Float
+    } else if rank(x) >= rank(y) {
+        x
+    } else {
+        y
     }
 }
