@@ -107,6 +107,11 @@ const BAD_SETTINGS: &[(&str, &str, &str)] = &[
         "n_kv_heads=0",
         "`kv_dim = n_kv_heads * head_dim` is 0",
     ),
+    (
+        "llama",
+        "n_kv_heads=3",
+        "`n_heads` is 4, not a multiple of `n_kv_heads` (3)",
+    ),
     ("llama", "d_ff=0", "`d_ff` is 0"),
 ];
 

@@ -255,6 +255,8 @@ pub struct FnFacts {
 pub struct AttentionSite {
     /// Query heads.
     pub heads: Dim,
+    /// Key and value heads (fewer than `heads` in grouped-query attention).
+    pub kv_heads: Dim,
     /// Query length.
     pub q_len: Dim,
     /// Key length.

@@ -526,6 +526,18 @@ impl Sizes {
                 size(&site.head_dim)?,
                 size(&site.kv_len)?,
             );
+            // Grouped-query attention shares each key/value head among a whole number of query
+            // heads; MLX fails on any other count.
+            let kv_heads = size(&site.kv_heads)?;
+            if kv_heads == 0 || heads % kv_heads != 0 {
+                return Err(ReportError::Invalid(format!(
+                    "`{}` is {heads}, not a multiple of `{}` ({kv_heads}): attention in `{}` \
+                     shares each key/value head among a whole number of query heads",
+                    site.heads,
+                    site.kv_heads,
+                    if block.is_empty() { "forward" } else { block }
+                )));
+            }
             attention = attention.and_then(|a| {
                 a.checked_add(
                     heads

@@ -1,6 +1,7 @@
 //! The rules every complete configuration obeys, beyond its types: derived values evaluate
 //! (exact divisions, no division by zero, no overflow), float settings are finite, every size is
-//! at least 1, every dropout probability is in `[0, 1)`, and the report's quantities fit 64 bits.
+//! at least 1, every dropout probability is in `[0, 1)`, every attention's query heads are a
+//! multiple of its key/value heads, and the report's quantities fit 64 bits.
 //!
 //! The checker applies them to every preset (`lmx check`); [`validate`] applies them to settings
 //! chosen at run time (`lmx train --set`, a generated model's `Config::validate`), so that a value

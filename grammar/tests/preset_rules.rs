@@ -30,7 +30,7 @@ fn settings(model: &CheckedModel, preset: &str, changes: &[(&str, Value)]) -> En
 fn settings_that_break_a_rule_are_refused_naming_the_setting() {
     let gpt2 = bundled("gpt2.lmx");
     let llama = bundled("llama.lmx");
-    let cases: [(&CheckedModel, &str, Value, &str); 10] = [
+    let cases: [(&CheckedModel, &str, Value, &str); 11] = [
         (&gpt2, "n_heads", Value::Int(0), "`head_dim = d_model / n_heads` divides by zero: 32 / 0"),
         (&gpt2, "n_heads", Value::Int(3), "`head_dim = d_model / n_heads` does not divide exactly: 32 / 3 leaves a remainder"),
         (&gpt2, "pdrop", Value::Float(1.0), "`pdrop` is 1.0: a dropout probability must be in [0, 1)"),
@@ -40,6 +40,7 @@ fn settings_that_break_a_rule_are_refused_naming_the_setting() {
         (&gpt2, "d_model", Value::Int(-32), "`d_model` is -32, a size of `wte`; sizes must be at least 1"),
         (&gpt2, "d_model", Value::Int(1 << 40), "with these settings, the parameter count does not fit in 64 bits (more than 18446744073709551615)"),
         (&llama, "n_kv_heads", Value::Int(0), "`kv_dim = n_kv_heads * head_dim` is 0, a size of `model.layers.0.self_attn.k_proj`; sizes must be at least 1"),
+        (&llama, "n_kv_heads", Value::Int(3), "`n_heads` is 4, not a multiple of `n_kv_heads` (3): attention in `Attention` shares each key/value head among a whole number of query heads"),
         (&llama, "d_ff", Value::Int(0), "`d_ff` is 0, a size of `model.layers.0.mlp.gate_proj`; sizes must be at least 1"),
     ];
     for (model, name, value, message) in cases {

@@ -1032,6 +1032,7 @@ impl Checker<'_> {
         );
         self.facts.attention.push(AttentionSite {
             heads: sq[1].clone(),
+            kv_heads: sk[1].clone(),
             q_len: sq[2].clone(),
             kv_len: sk[2].clone(),
             head_dim: sq[3].clone(),
