@@ -34,13 +34,20 @@ fn python_mlx() -> PathBuf {
     ];
     let requirements: Vec<&str> = requirements.iter().map(String::as_str).collect();
     if let Err(error) = python::pip_install(&requirements, &staging, false) {
-        panic!("installing Python MLX with pip into {}: {error}", staging.display());
+        panic!(
+            "installing Python MLX with pip into {}: {error}",
+            staging.display()
+        );
     }
     // Another test process may have got there first: then its copy is as good as this one.
     if std::fs::rename(&staging, &root).is_err() {
         let _ = std::fs::remove_dir_all(&staging);
     }
-    assert!(root.join("mlx").is_dir(), "no Python MLX in {}", root.display());
+    assert!(
+        root.join("mlx").is_dir(),
+        "no Python MLX in {}",
+        root.display()
+    );
     root
 }
 

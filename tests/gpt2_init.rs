@@ -23,7 +23,12 @@ fn drawn(init_std: f64) -> Result<HashMap<String, Vec<f32>>> {
 fn std(values: &[f32]) -> f64 {
     let n = values.len() as f64;
     let mean = values.iter().map(|&v| v as f64).sum::<f64>() / n;
-    (values.iter().map(|&v| (v as f64 - mean).powi(2)).sum::<f64>() / n).sqrt()
+    (values
+        .iter()
+        .map(|&v| (v as f64 - mean).powi(2))
+        .sum::<f64>()
+        / n)
+        .sqrt()
 }
 
 /// `values`' standard deviation is `expected` within 5% (every tensor checked has 4,096 values
@@ -40,7 +45,12 @@ fn assert_std(params: &HashMap<String, Vec<f32>>, name: &str, expected: f64) {
 fn gpt2s_initialisation_draws_gpt2s_distributions() -> Result<()> {
     let params = drawn(0.02)?;
     let residual = 0.02 / (2.0_f64 * 2.0).sqrt();
-    for name in ["wte.weight", "wpe.weight", "h.0.attn.c_attn.weight", "h.1.mlp.c_fc.weight"] {
+    for name in [
+        "wte.weight",
+        "wpe.weight",
+        "h.0.attn.c_attn.weight",
+        "h.1.mlp.c_fc.weight",
+    ] {
         assert_std(&params, name, 0.02);
     }
     for name in ["h.0.attn.c_proj.weight", "h.1.mlp.c_proj.weight"] {

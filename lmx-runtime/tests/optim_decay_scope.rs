@@ -90,11 +90,18 @@ fn assert_scaled(leaf: &[f32], factor: f32, what: &str) {
 fn weights_decay_by_default_and_every_parameter_with_all() -> Result<()> {
     let decayed = 1.0 - LR * WEIGHT_DECAY;
     for (layout, run) in [
-        ("per parameter", per_parameter as fn(DecayScope) -> Result<_>),
+        (
+            "per parameter",
+            per_parameter as fn(DecayScope) -> Result<_>,
+        ),
         ("flat", flat),
     ] {
         let weights = run(DecayScope::default())?;
-        assert_scaled(&weights[0], decayed, &format!("{layout}, weights: the weight"));
+        assert_scaled(
+            &weights[0],
+            decayed,
+            &format!("{layout}, weights: the weight"),
+        );
         assert_scaled(&weights[1], 1.0, &format!("{layout}, weights: the bias"));
         let all = run(DecayScope::All)?;
         assert_scaled(&all[0], decayed, &format!("{layout}, all: the weight"));

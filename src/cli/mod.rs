@@ -149,9 +149,9 @@ pub struct TrainArgs {
     #[arg(long, value_enum)]
     pub state_packing: Option<StatePackingArg>,
     /// Which parameters weight decay applies to; without it, the settings file's `decay`, or
-    /// `weights`: lmx decays weight matrices only, not biases, norms or embeddings (as GPT-2 was
-    /// trained). `all` decays every parameter, as MLX's and PyTorch's AdamW do when handed all of
-    /// a model's parameters.
+    /// `weights`: lmx decays weight matrices only, not biases, norms or embeddings (as nanoGPT and
+    /// Hugging Face's trainer do). `all` decays every parameter, as MLX's AdamW does (and
+    /// PyTorch's, handed all of a model's parameters).
     #[arg(long, value_enum)]
     pub decay: Option<decay::DecayArg>,
     /// Evaluate the validation loss every N steps.

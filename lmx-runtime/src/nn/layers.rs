@@ -223,7 +223,12 @@ pub mod init {
 
     /// An embedding normal with standard deviation `std`, as GPT-2 initialises them; a `std` of 0
     /// is MLX's initialisation ([`embedding`]).
-    pub fn embedding_normal(vocab: i32, dim: i32, std: f32, keys: &mut Keys) -> Result<EmbeddingParams> {
+    pub fn embedding_normal(
+        vocab: i32,
+        dim: i32,
+        std: f32,
+        keys: &mut Keys,
+    ) -> Result<EmbeddingParams> {
         if std == 0.0 {
             return embedding(vocab, dim, keys);
         }

@@ -15,7 +15,11 @@ use std::path::Path;
 use super::train::Row;
 
 /// Writes `params` and every window of `windows` to the safetensors file `path`.
-pub fn save_start<P: Tree<Array>>(path: &Path, params: &P, windows: &Windows) -> anyhow::Result<()> {
+pub fn save_start<P: Tree<Array>>(
+    path: &Path,
+    params: &P,
+    windows: &Windows,
+) -> anyhow::Result<()> {
     let (count, seq) = (windows.count(), windows.seq_len());
     let mut inputs = vec![0; count * seq];
     let mut targets = vec![0; count * seq];
@@ -59,7 +63,10 @@ pub fn print(ours: &Row, theirs: &Row) -> anyhow::Result<()> {
         ours.dtype,
         if ours.compile { "compiled" } else { "eager" }
     );
-    println!("{:>5} {:>12} {:>12} {:>10}", "step", "lmx", "python-mlx", "rel diff");
+    println!(
+        "{:>5} {:>12} {:>12} {:>10}",
+        "step", "lmx", "python-mlx", "rel diff"
+    );
     let mut largest = 0.0_f64;
     for (step, (ours, theirs)) in lmx.iter().zip(anchor).enumerate() {
         let difference = relative_difference(*ours, *theirs);

@@ -156,7 +156,13 @@ pub fn bench(args: &BenchArgs) -> anyhow::Result<()> {
             ([config], [mode], [dtype]) => (config, mode, dtype),
             _ => anyhow::bail!("--one-row measures one config, one mode and one dtype"),
         };
-        let row = measure(args, config, dtype, compiled(mode)?, args.init_out.as_deref())?;
+        let row = measure(
+            args,
+            config,
+            dtype,
+            compiled(mode)?,
+            args.init_out.as_deref(),
+        )?;
         println!("{}", serde_json::to_string(&row)?);
         return Ok(());
     }
