@@ -89,7 +89,7 @@ pub struct TrainArgs {
     #[arg(long, default_value = "gpt2")]
     pub model: String,
     /// Its preset.
-    #[arg(long, default_value = "bytes")]
+    #[arg(long, default_value = "bpe")]
     pub preset: String,
     /// Changes a setting of the model's configuration on top of the preset (repeatable), e.g.
     /// `--set pdrop=0.1`.
@@ -98,8 +98,10 @@ pub struct TrainArgs {
     /// Training data: text, `.jsonl` (field "text") or `.tokens` files.
     #[arg(long, num_args = 1.., default_value = "data/shakespeare.txt")]
     pub data: Vec<PathBuf>,
-    /// `byte`, or the path of a Hugging Face `tokenizer.json`.
-    #[arg(long, default_value = "byte")]
+    /// `auto` (a BPE tokenizer of the model's vocabulary trained on the data and kept in the run
+    /// directory; bytes for a 257-id vocabulary or `.tokens` data), `byte`, `bpe`, or the path of
+    /// a Hugging Face `tokenizer.json`.
+    #[arg(long, default_value = "auto")]
     pub tokenizer: String,
     /// The tokenizer's end-of-sequence token (Hugging Face tokenizers).
     #[arg(long)]
@@ -148,6 +150,9 @@ pub struct TrainArgs {
     /// Save a checkpoint every N steps (and at the end).
     #[arg(long)]
     pub checkpoint_every: Option<u64>,
+    /// Print a progress line every N steps when standard error is not a terminal (0: none).
+    #[arg(long)]
+    pub log_every: Option<u64>,
     /// Continue from the run directory's latest checkpoint.
     #[arg(long)]
     pub resume: bool,
@@ -273,6 +278,9 @@ impl TrainArgs {
         if let Some(every) = self.checkpoint_every {
             config.checkpoint_every = every;
         }
+        if let Some(every) = self.log_every {
+            config.log_every = every;
+        }
         if let Some(out) = &self.out {
             config.out_dir = out.clone();
         }
@@ -327,7 +335,7 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
                 preset: args.preset.clone(),
                 settings: args.settings.clone(),
                 data: args.data.clone(),
-                tokenizer: tokenizer::TokenizerSpec::parse(&args.tokenizer, args.eos.clone()),
+                tokenizer: tokenizer::TokenizerArg::parse(&args.tokenizer, args.eos.clone()),
                 train: args.train_config()?,
                 resume: args.resume,
                 progress: !args.quiet,

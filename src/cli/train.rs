@@ -1,7 +1,7 @@
 //! `lmx train` and `lmx generate` for one model, generic over its declared training step.
 
 use super::run_file::RunFile;
-use super::tokenizer::TokenizerSpec;
+use super::tokenizer::TokenizerArg;
 use lmx::runtime::checkpoint::{self, MODEL_FILE};
 use lmx::runtime::data::{
     DocumentEncoder, InputFormat, Separator, TokenFile, TokenSource, Windows,
@@ -25,7 +25,7 @@ pub struct TrainRequest {
     /// Text (`.txt`), JSONL (`.jsonl`) or token (`.tokens`) files.
     pub data: Vec<PathBuf>,
     /// The tokenizer.
-    pub tokenizer: TokenizerSpec,
+    pub tokenizer: TokenizerArg,
     /// The training settings.
     pub train: TrainConfig,
     /// Continue from the run directory's latest checkpoint.
@@ -50,8 +50,11 @@ where
         )
     })?;
     let model_config = super::settings::apply(&model_config, &request.settings, S::Model::NAME)?;
-    let tokenizer = request.tokenizer.load()?;
     let vocab = S::Model::vocab_size(&model_config);
+    let out_dir = request.train.out_dir.clone();
+    let tokenizer_spec = request.tokenizer.resolve(vocab, &request.data);
+    let prepared = tokenizer_spec.for_training(&out_dir, &request.data, vocab, request.resume)?;
+    let tokenizer = &prepared.tokenizer;
     if tokenizer.vocab_size() > vocab {
         anyhow::bail!(
             "the tokenizer has {} ids but {} (preset {}) has a vocabulary of {vocab}",
@@ -69,18 +72,19 @@ where
     }
     let source = tokens(&request.data, tokenizer.as_ref())?;
     let windows = Windows::new(source, request.train.seq_len)?;
-    let out_dir = request.train.out_dir.clone();
+    prepared.save(&out_dir)?;
     RunFile {
         model: request.model.clone(),
         preset: request.preset.clone(),
         model_config: serde_json::to_value(&model_config)?,
-        tokenizer: request.tokenizer.clone(),
+        tokenizer: tokenizer_spec,
         train: request.train.clone(),
     }
     .write(&out_dir)?;
 
     let patience = request.train.early_stopping_patience;
     let total_steps = request.train.steps;
+    let log_every = request.train.log_every;
     let mut trainer = Trainer::<S>::new(model_config, request.train, windows)?;
     if request.resume {
         match trainer.latest_checkpoint()? {
@@ -100,7 +104,11 @@ where
     }
     trainer.add_callback(JsonlLog::append(out_dir.join("metrics.jsonl"))?);
     if request.progress {
-        trainer.add_callback(ProgressBar::new(total_steps, trainer.steps_done()));
+        trainer.add_callback(ProgressBar::new(
+            total_steps,
+            trainer.steps_done(),
+            log_every,
+        ));
     }
     if patience > 0 {
         trainer.add_callback(EarlyStopping::new(patience));
@@ -171,7 +179,7 @@ pub fn sample<S: TrainingStep>(run: &RunFile, request: GenerateRequest) -> anyho
     };
     let template = run.train.precision.cast(&S::Model::init(&config, 0)?)?;
     let params = checkpoint::load_tree(&checkpoint.join(MODEL_FILE), &template)?;
-    let tokenizer = run.tokenizer.load()?;
+    let tokenizer = run.tokenizer.load(&request.run)?;
     let prompt = tokenizer.encode(&request.prompt)?;
     print!("{}", request.prompt);
     let mut pending = Vec::new();
