@@ -7,7 +7,8 @@
 
 /// A run path to `libmlx` (so binaries run without `LD_LIBRARY_PATH`, which still wins: that is
 /// how a binary built here runs on MLX's CUDA build), and OpenBLAS ahead of MLX's reference BLAS
-/// when `mlx-sys` found it.
+/// when `mlx-sys` chose one, with a run path to its directory (the binary names it by its soname,
+/// and the wheel's or a named one is in no system directory).
 fn mlx_link_args() {
     let macos = std::env::var("CARGO_CFG_TARGET_OS").as_deref() == Ok("macos");
     if let Some(dir) = std::env::var_os("DEP_MLX_LIB_DIR") {
@@ -19,6 +20,10 @@ fn mlx_link_args() {
         }
     }
     if let Some(blas) = std::env::var_os("DEP_MLX_BLAS") {
-        println!("cargo:rustc-link-arg=-Wl,--no-as-needed,{},--as-needed", blas.to_string_lossy());
+        let blas = std::path::Path::new(&blas);
+        if let Some(dir) = blas.parent() {
+            println!("cargo:rustc-link-arg=-Wl,-rpath,{}", dir.display());
+        }
+        println!("cargo:rustc-link-arg=-Wl,--no-as-needed,{},--as-needed", blas.display());
     }
 }

@@ -37,6 +37,46 @@ pub fn blas_library() -> Option<PathBuf> {
     library_providing("cblas_sgemm")
 }
 
+/// OpenBLAS's description of itself (version, build options, the kernels chosen for this CPU)
+/// when `library` is OpenBLAS, or forwards to it as the build's `liblmx_blas.so` does.
+fn openblas_config(library: &std::path::Path) -> Option<String> {
+    let path = CString::new(library.as_os_str().as_encoded_bytes()).ok()?;
+    // SAFETY: RTLD_NOLOAD only looks up a library that is already loaded (and counts one more
+    // reference to it, which dlclose gives back); `openblas_get_config` takes no argument and
+    // returns a static C string.
+    unsafe {
+        let handle = libc::dlopen(path.as_ptr(), libc::RTLD_LAZY | libc::RTLD_NOLOAD);
+        if handle.is_null() {
+            return None;
+        }
+        let symbol = libc::dlsym(handle, c"openblas_get_config".as_ptr());
+        let config = (!symbol.is_null()).then(|| {
+            let get_config: extern "C" fn() -> *const libc::c_char = std::mem::transmute(symbol);
+            CStr::from_ptr(get_config())
+                .to_string_lossy()
+                .trim()
+                .to_owned()
+        });
+        libc::dlclose(handle);
+        config
+    }
+}
+
+/// The BLAS line of [`describe`]: the library, and what it is.
+fn describe_blas() -> String {
+    let Some(library) = blas_library() else {
+        return "(not found)".to_owned();
+    };
+    let what = match openblas_config(&library) {
+        Some(config) => config,
+        None if cfg!(target_os = "linux") && mlx_sys::LINKED_BLAS.is_empty() => {
+            "MLX's bundled reference BLAS (slow: see the README's \"BLAS on the CPU\")".to_owned()
+        }
+        None => return library.display().to_string(),
+    };
+    format!("{what} ({})", library.display())
+}
+
 /// A one-paragraph description of the platform, for `lmx info` and bug reports.
 pub fn describe() -> String {
     let show =
@@ -44,7 +84,7 @@ pub fn describe() -> String {
     format!(
         "libmlx: {}\nBLAS:   {}\nGPU:    {}",
         show(mlx_library()),
-        show(blas_library()),
+        describe_blas(),
         match device_count(DeviceKind::Gpu) {
             0 => "none (CPU-only MLX build)".to_owned(),
             n => format!("{n} device(s)"),

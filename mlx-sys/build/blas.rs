@@ -1,13 +1,17 @@
 //! OpenBLAS ahead of the reference BLAS that MLX's `mlx-cpu` wheel bundles.
 //!
-//! The wheel's libmlx calls `cblas_*` through its own `libblas`, a dependency of libmlx. A library
-//! that the binary itself needs (kept with `--no-as-needed`, although the binary calls none of its
-//! symbols) comes earlier in the loader's search order and wins symbol resolution, so MLX's CPU
-//! matrix products run on OpenBLAS. The binary's own build script adds it (`link_args.rs`). `LMX_BLAS=reference` keeps MLX's own,
-//! `LMX_BLAS=<path to libopenblas.so.0>` names one, and by default a system OpenBLAS is used when
-//! one is installed (Debian: `apt install libopenblas0-pthread`).
+//! The wheel's libmlx calls `cblas_*` and LAPACK through its own `libblas` and `liblapack`,
+//! dependencies of libmlx. A library that the binary itself needs (kept with `--no-as-needed`,
+//! although the binary calls none of its symbols) comes earlier in the loader's search order and
+//! wins symbol resolution, so MLX's CPU matrix products run on OpenBLAS. The binary's own build
+//! script adds it (`link_args.rs`). By default that is a system OpenBLAS when one is installed
+//! (Debian: `apt install libopenblas0-pthread`), else the OpenBLAS of the `scipy-openblas32` wheel
+//! fetched with pip ([`openblas_wheel`]). `LMX_BLAS` changes the choice ([`blas_choice`]):
+//! `reference` keeps MLX's own, `openblas` the system's, `wheel` the wheel's, and a path names a
+//! library.
 
-use crate::fail;
+use crate::blas_choice::{self, Choice, Request};
+use crate::{fail, openblas_wheel};
 use std::env;
 use std::path::{Path, PathBuf};
 
@@ -21,26 +25,34 @@ const CANDIDATES: &[&str] = &[
     "/usr/lib/libopenblas.so.0",
 ];
 
-/// The OpenBLAS library to link ahead of libmlx, if any.
-pub fn select() -> Option<PathBuf> {
-    if cfg!(target_os = "macos") || env::var("CARGO_CFG_TARGET_OS").as_deref() == Ok("macos") {
+/// The BLAS library to link ahead of `libmlx`, if any. The wheel's is fetched into `cache` and its
+/// forwarding library compiled into `out_dir` only when it is the one chosen.
+pub fn select(cache: &Path, out_dir: &Path, libmlx: &Path) -> Option<PathBuf> {
+    if env::var("CARGO_CFG_TARGET_OS").as_deref() == Ok("macos") {
         return None; // MLX on macOS uses Accelerate.
     }
-    match env::var("LMX_BLAS").as_deref() {
-        Ok("reference") => None,
-        Ok("" | "openblas") | Err(_) => {
-            let found = CANDIDATES.iter().map(Path::new).find(|path| path.is_file());
-            if found.is_none() && env::var("LMX_BLAS").as_deref() == Ok("openblas") {
-                fail::with("LMX_BLAS=openblas, but no libopenblas.so.0 was found");
-            }
-            found.map(Path::to_path_buf)
+    let request = Request::parse(env::var("LMX_BLAS").ok().as_deref());
+    if let Request::File(path) = &request {
+        if !path.is_file() {
+            fail::with(format!("LMX_BLAS={} is not a file", path.display()));
         }
-        Ok(path) => {
-            let path = PathBuf::from(path);
-            if !path.is_file() {
-                fail::with(format!("LMX_BLAS={} is not a file", path.display()));
+    }
+    let system = CANDIDATES
+        .iter()
+        .map(Path::new)
+        .find(|path| path.is_file())
+        .map(Path::to_path_buf);
+    let wheel = || openblas_wheel::shim(cache, out_dir, libmlx);
+    match blas_choice::decide(&request, system, wheel) {
+        Ok(Choice::Linked(path)) => Some(path),
+        Ok(Choice::Reference { warning }) => {
+            if let Some(warning) = warning {
+                for line in warning.lines() {
+                    println!("cargo:warning={line}");
+                }
             }
-            Some(path)
+            None
         }
+        Err(why) => fail::with(why),
     }
 }

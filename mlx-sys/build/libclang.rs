@@ -76,25 +76,15 @@ fn expand(pattern: &str) -> Vec<PathBuf> {
 
 /// The directory of `libclang.so` from the PyPI wheel, installed under `cache` once.
 fn wheel_libclang(cache: &Path) -> PathBuf {
-    let root = cache.join("libclang-18.1.1");
-    let lib_dir = root.join("clang/native");
-    if root.join(".complete").is_file() {
-        return lib_dir;
-    }
-    let staging = cache.join("libclang-18.1.1.partial");
-    let _ = fs::remove_dir_all(&staging);
-    if let Err(pip_error) = python::pip_install(&[WHEEL], &staging, false) {
-        fail::with(format!(
+    match python::install_once(cache, "libclang-18.1.1", &[WHEEL], false) {
+        Ok(root) => root.join("clang/native"),
+        Err(python::InstallError::Pip(pip_error)) => fail::with(format!(
             "bindgen needs libclang: none was found on the system and pip could not fetch \
              {WHEEL}:\n{pip_error}\n\nInstall libclang (e.g. Debian's libclang-dev) or set \
              LIBCLANG_PATH to the directory that holds libclang.so"
-        ));
+        )),
+        Err(python::InstallError::Cache(why)) => fail::with(why),
     }
-    let _ = fs::remove_dir_all(&root);
-    fs::rename(&staging, &root)
-        .and_then(|()| fs::write(root.join(".complete"), WHEEL))
-        .unwrap_or_else(|err| fail::with(format!("cannot install libclang: {err}")));
-    lib_dir
 }
 
 /// The C compiler's own header directory (`cc -print-file-name=include`).

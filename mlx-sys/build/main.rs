@@ -7,16 +7,19 @@
 //!    it in `OUT_DIR` for compilers and targets it does not support as published.
 //! 3. mlx-c is compiled with the `cc` crate and linked statically; `libmlx` is linked dynamically.
 //! 4. [`libclang`] finds libclang for bindgen (the system's, else the PyPI wheel).
-//! 5. [`blas`] puts OpenBLAS ahead of the reference BLAS of the `mlx-cpu` wheel when it is available.
+//! 5. [`blas`] puts OpenBLAS ahead of the reference BLAS of the `mlx-cpu` wheel: the system's, or
+//!    else the `scipy-openblas32` wheel's, fetched with pip into the cache ([`openblas_wheel`]).
 //!
 //! Dependents read `DEP_MLX_LIB_DIR` and `DEP_MLX_BLAS` (see `link_args.rs`, which their build
 //! scripts include) to give their binaries a run path to `libmlx` and to load OpenBLAS first.
 
 mod blas;
+mod blas_choice;
 mod fail;
 mod libclang;
 mod mlx_c_source;
 mod mlx_install;
+mod openblas_wheel;
 mod python;
 
 use std::env;
@@ -35,7 +38,7 @@ fn main() {
     let mlx_c = mlx_c_source::prepare(&out_dir, &cache);
 
     compile_mlx_c(&mlx_c, &mlx);
-    let blas = blas::select();
+    let blas = blas::select(&cache, &out_dir, &mlx.lib_dir().join("libmlx.so"));
     link(&mlx, blas.as_deref());
     generate_bindings(&mlx_c, &out_dir, &cache);
 }

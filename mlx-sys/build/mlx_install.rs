@@ -131,36 +131,27 @@ fn installed_version(prefix: &Path) -> Option<String> {
 
 /// Installs MLX's wheel for `flavor` under `cache`, once; later builds reuse it.
 fn install_wheel(flavor: Flavor, cache: &Path) -> Mlx {
-    let root = cache.join(format!("mlx-{MLX_VERSION}-{}", flavor.name()));
-    let prefix = root.join("mlx");
-    if root.join(".complete").is_file() {
-        return Mlx { prefix };
-    }
     let requirement = format!("{}=={MLX_VERSION}", flavor.wheel());
-    let staging = cache.join(format!("mlx-{MLX_VERSION}-{}.partial", flavor.name()));
-    let _ = fs::remove_dir_all(&staging);
     // The CUDA build needs NVIDIA's runtime wheels beside it; the others are self-contained.
     let with_deps = matches!(flavor, Flavor::Cuda13);
-    if let Err(pip_error) = python::pip_install(&[&requirement], &staging, with_deps) {
-        fail::with(format!(
+    let name = format!("mlx-{MLX_VERSION}-{}", flavor.name());
+    let root = match python::install_once(cache, &name, &[&requirement], with_deps) {
+        Ok(root) => root,
+        Err(python::InstallError::Pip(pip_error)) => fail::with(format!(
             "no MLX {MLX_VERSION} was found, and pip could not fetch {requirement}:\n{pip_error}\n\n\
              Provide one of:\n  \
              1. MLX_DIR=<prefix of an MLX {MLX_VERSION} build, holding lib/ and include/>\n  \
              2. the Python package: {} -m pip install mlx=={MLX_VERSION} {requirement}\n  \
              3. network access to PyPI, so that this build fetches {requirement} itself",
             python::interpreter().to_string_lossy()
-        ));
-    }
-    let _ = fs::remove_dir_all(&root);
-    fs::rename(&staging, &root).unwrap_or_else(|err| {
-        fail::with(format!("cannot move MLX into {}: {err}", root.display()))
-    });
+        )),
+        Err(python::InstallError::Cache(why)) => fail::with(why),
+    };
+    let prefix = root.join("mlx");
     if let Some(problem) = Mlx::problem(&prefix) {
         fail::with(format!(
             "the {requirement} wheel is not laid out as expected: {problem}"
         ));
     }
-    fs::write(root.join(".complete"), &requirement)
-        .unwrap_or_else(|err| fail::with(format!("cannot write into {}: {err}", root.display())));
     Mlx { prefix }
 }

@@ -27,3 +27,8 @@ pub extern "C" fn mach_approximate_time() -> u64 {
         .duration_since(UNIX_EPOCH)
         .map_or(0, |elapsed| elapsed.as_nanos() as u64)
 }
+
+/// The build script's choice of BLAS, tested here: a build script has no tests of its own.
+#[cfg(test)]
+#[path = "../build/blas_choice.rs"]
+mod blas_choice;

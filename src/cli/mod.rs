@@ -94,7 +94,7 @@ pub struct TrainArgs {
     #[arg(long, default_value = "gpt2")]
     pub model: String,
     /// Its preset.
-    #[arg(long, default_value = "bytes")]
+    #[arg(long, default_value = "bpe")]
     pub preset: String,
     /// Changes a setting of the model's configuration on top of the preset (repeatable), e.g.
     /// `--set pdrop=0.1`.
@@ -103,8 +103,10 @@ pub struct TrainArgs {
     /// Training data: text, `.jsonl` (field "text") or `.tokens` files.
     #[arg(long, num_args = 1.., default_value = "data/shakespeare.txt")]
     pub data: Vec<PathBuf>,
-    /// `byte`, or the path of a Hugging Face `tokenizer.json`.
-    #[arg(long, default_value = "byte")]
+    /// `auto` (a BPE tokenizer of the model's vocabulary trained on the data and kept in the run
+    /// directory; bytes for a 257-id vocabulary or `.tokens` data), `byte`, `bpe`, or the path of
+    /// a Hugging Face `tokenizer.json`.
+    #[arg(long, default_value = "auto")]
     pub tokenizer: String,
     /// The tokenizer's end-of-sequence token (Hugging Face tokenizers).
     #[arg(long)]
@@ -160,6 +162,9 @@ pub struct TrainArgs {
     /// Save a checkpoint every N steps (and at the end).
     #[arg(long)]
     pub checkpoint_every: Option<u64>,
+    /// Print a progress line every N steps when standard error is not a terminal (0: none).
+    #[arg(long)]
+    pub log_every: Option<u64>,
     /// Continue the run in the run directory from its latest checkpoint, with its recorded
     /// settings: the same losses as an uninterrupted run. Settings given that differ from the
     /// recorded ones are an error, unless --allow-changes.
@@ -318,7 +323,7 @@ impl TrainArgs {
             model_config: None,
             settings: self.settings.clone(),
             data: self.data.clone(),
-            tokenizer: tokenizer::TokenizerSpec::parse(&self.tokenizer, self.eos.clone()),
+            tokenizer: tokenizer::TokenizerArg::parse(&self.tokenizer, self.eos.clone()),
             train,
             resume,
             recorded: None,
@@ -335,7 +340,7 @@ impl TrainArgs {
                 request.model_config = Some(run.model_config.clone());
             }
             if !given("tokenizer") && !given("eos") {
-                request.tokenizer = run.tokenizer.clone();
+                request.tokenizer = tokenizer::TokenizerArg::recorded(run.tokenizer.clone());
             }
             if !given("data") && !run.data.is_empty() {
                 request.data = run.data.clone();
@@ -369,6 +374,9 @@ impl TrainArgs {
         }
         if let Some(every) = self.checkpoint_every {
             config.checkpoint_every = every;
+        }
+        if let Some(every) = self.log_every {
+            config.log_every = every;
         }
         if let Some(out) = &self.out {
             config.out_dir = out.clone();

@@ -11,6 +11,7 @@ const RUN_ENTRIES: &[&str] = &[
     ".run.json.partial",
     "metrics.jsonl",
     "checkpoints",
+    super::tokenizer::TRAINED_FILE,
     "curves.svg",
 ];
 

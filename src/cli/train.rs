@@ -3,7 +3,7 @@
 use super::interrupt::{Interrupted, StopSignals};
 use super::run_dir::RunDir;
 use super::run_file::RunFile;
-use super::tokenizer::TokenizerSpec;
+use super::tokenizer::TokenizerArg;
 use lmx::runtime::checkpoint::{self, Checkpoints, MODEL_FILE};
 use lmx::runtime::data::{
     DocumentEncoder, InputFormat, Separator, TextStream, TokenFile, TokenSource, Windows,
@@ -30,7 +30,7 @@ pub struct TrainRequest {
     /// Text (`.txt`), JSONL (`.jsonl`) or token (`.tokens`) files.
     pub data: Vec<PathBuf>,
     /// The tokenizer.
-    pub tokenizer: TokenizerSpec,
+    pub tokenizer: TokenizerArg,
     /// The training settings.
     pub train: TrainConfig,
     /// Continue the run in the run directory, and from which checkpoint.
@@ -80,8 +80,16 @@ where
     };
     let model_config = super::settings::apply(&model_config, &request.settings, S::Model::NAME)?;
     S::Model::validate(&model_config)?;
-    let tokenizer = request.tokenizer.load()?;
     let vocab = S::Model::vocab_size(&model_config);
+    let out_dir = request.train.out_dir.clone();
+    let tokenizer_spec = request.tokenizer.resolve(vocab, &request.data);
+    let prepared = tokenizer_spec.for_training(
+        &out_dir,
+        &request.data,
+        vocab,
+        request.resume.is_some(),
+    )?;
+    let tokenizer = &prepared.tokenizer;
     if tokenizer.vocab_size() > vocab {
         anyhow::bail!(
             "the tokenizer has {} ids but {} (preset {}) has a vocabulary of {vocab}",
@@ -100,12 +108,11 @@ where
     let source = tokens(&request.data, tokenizer.as_ref(), vocab)?;
     let data_tokens = source.len() as u64;
     let windows = Windows::new(source, request.train.seq_len)?;
-    let out_dir = request.train.out_dir.clone();
     let run_file = RunFile {
         model: request.model.clone(),
         preset: request.preset.clone(),
         model_config: serde_json::to_value(&model_config)?,
-        tokenizer: request.tokenizer.clone(),
+        tokenizer: tokenizer_spec,
         data: request.data.clone(),
         data_tokens: Some(data_tokens),
         train: request.train.clone(),
@@ -121,6 +128,7 @@ where
     };
     let patience = request.train.early_stopping_patience;
     let total_steps = request.train.steps;
+    let log_every = request.train.log_every;
     let mut trainer = Trainer::<S>::new(model_config, request.train, windows)?;
     let checkpoint = match &request.resume {
         Some(Resume::From(dir)) => Some(run_dir.own_checkpoint(dir)?),
@@ -166,13 +174,18 @@ where
             eprintln!("removed {}, a later checkpoint", removed.display());
         }
     }
+    prepared.save(&out_dir)?;
     run_file.write(&out_dir)?;
     trainer.add_callback(JsonlLog::continue_at(out_dir.join("metrics.jsonl"), done)?);
     if let Some(dir) = &checkpoint {
         eprintln!("resumed from {} at step {done}", dir.display());
     }
     if request.progress {
-        trainer.add_callback(ProgressBar::new(total_steps, trainer.steps_done()));
+        trainer.add_callback(ProgressBar::new(
+            total_steps,
+            trainer.steps_done(),
+            log_every,
+        ));
     }
     if patience > 0 {
         trainer.add_callback(EarlyStopping::new(patience));
@@ -302,7 +315,7 @@ pub fn sample<S: TrainingStep>(run: &RunFile, request: GenerateRequest) -> anyho
     };
     S::Model::validate(&config)?;
     request.sampling.validate()?;
-    let tokenizer = run.tokenizer.load()?;
+    let tokenizer = run.tokenizer.load(&request.run)?;
     let prompt = tokenizer.encode(&request.prompt)?;
     // Everything that can be wrong with the request fails before the prompt is shown.
     check_prompt::<S::Model>(&config, &prompt)?;

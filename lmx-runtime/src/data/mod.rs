@@ -33,6 +33,7 @@
 
 mod batch;
 mod batches;
+mod bpe;
 mod byte_tokenizer;
 mod encode;
 mod error;
@@ -47,6 +48,7 @@ mod windows;
 
 pub use batch::Batch;
 pub use batches::{BatchIterator, BatchPosition, Order};
+pub use bpe::{BPE_EOS, BPE_MIN_VOCAB};
 pub use byte_tokenizer::ByteTokenizer;
 pub use encode::{DocumentEncoder, Separator};
 pub use error::{DataError, TokenFileFault, TokenOrigin};

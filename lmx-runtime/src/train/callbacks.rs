@@ -204,48 +204,6 @@ impl Callback for EarlyStopping {
     }
 }
 
-/// A terminal progress bar with loss, tokens/s and ETA.
-pub struct ProgressBar {
-    bar: indicatif::ProgressBar,
-}
-
-impl ProgressBar {
-    /// A bar over `total` steps, starting at `done`.
-    pub fn new(total: u64, done: u64) -> ProgressBar {
-        let bar = indicatif::ProgressBar::new(total);
-        bar.set_style(
-            indicatif::ProgressStyle::with_template("{bar:30} {pos}/{len} steps  {msg}  eta {eta}")
-                .expect("a valid template"),
-        );
-        bar.set_position(done);
-        ProgressBar { bar }
-    }
-}
-
-impl Callback for ProgressBar {
-    fn on_step(&mut self, report: &StepReport) -> Result<Control> {
-        self.bar.set_position(report.step);
-        self.bar.set_message(format!(
-            "loss {:.4}  lr {:.2e}  {:.0} tok/s",
-            report.loss, report.lr, report.tokens_per_s
-        ));
-        Ok(Control::Continue)
-    }
-
-    fn on_eval(&mut self, report: &EvalReport) -> Result<Control> {
-        self.bar.println(format!(
-            "step {:>6}  validation loss {:.4}",
-            report.step, report.val_loss
-        ));
-        Ok(Control::Continue)
-    }
-
-    fn on_end(&mut self) -> Result<()> {
-        self.bar.finish();
-        Ok(())
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -34,6 +34,9 @@ pub struct TrainConfig {
     pub eval_every: u64,
     /// Validation batches per evaluation.
     pub eval_batches: usize,
+    /// Print a progress line every this many steps when the output is not a terminal (0: never;
+    /// lmxlab's `log_interval`). `metrics.jsonl` records every step whatever this is.
+    pub log_every: u64,
     /// Save a checkpoint every this many steps (0: only at the end, or when the run is stopped).
     pub checkpoint_every: u64,
     /// Checkpoints to keep: the most recent ones, and besides them the one of lowest loss, which a
@@ -70,6 +73,7 @@ impl Default for TrainConfig {
             validation_fraction: 0.05,
             eval_every: 100,
             eval_batches: 8,
+            log_every: 10,
             // A crash or a kill loses at most this many steps, not the run.
             checkpoint_every: 100,
             keep_checkpoints: 3,

@@ -12,15 +12,15 @@ mod memory_cap;
 mod overlap;
 mod packing;
 mod precision;
+mod progress;
 mod staged;
 mod stepper;
 mod trainer;
 
-pub use callbacks::{
-    Callback, Control, EarlyStopping, EvalReport, JsonlLog, ProgressBar, StepReport,
-};
+pub use callbacks::{Callback, Control, EarlyStopping, EvalReport, JsonlLog, StepReport};
 pub use config::TrainConfig;
 pub use overlap::Overlap;
 pub use packing::StatePacking;
 pub use precision::Precision;
+pub use progress::{ProgressBar, ProgressLines};
 pub use trainer::{TrainSummary, Trainer};

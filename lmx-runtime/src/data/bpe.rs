@@ -1,0 +1,128 @@
+//! Byte-level BPE tokenizers (GPT-2's kind) trained on a corpus, with the `tokenizers` crate.
+
+use std::path::Path;
+
+use tokenizers::models::bpe::{BpeTrainer, BPE};
+use tokenizers::models::TrainerWrapper;
+use tokenizers::pre_tokenizers::byte_level::ByteLevel;
+use tokenizers::{AddedToken, Tokenizer as HfInner};
+
+use super::error::DataError;
+use super::hf_tokenizer::HfTokenizer;
+
+/// The end-of-sequence token of a trained tokenizer, GPT-2's name for it.
+pub const BPE_EOS: &str = "<|endoftext|>";
+
+/// The fewest ids a byte-level BPE tokenizer has: the 256 bytes and [`BPE_EOS`].
+pub const BPE_MIN_VOCAB: usize = 257;
+
+impl HfTokenizer {
+    /// Trains a byte-level BPE tokenizer of at most `vocab_size` ids on `texts`: the 256 bytes
+    /// (so that any text encodes), [`BPE_EOS`], then the most frequent merges within words, as
+    /// GPT-2's tokenizer is made. Fewer ids when the texts have fewer pairs worth merging.
+    pub fn train_bpe(texts: &[String], vocab_size: usize) -> Result<HfTokenizer, DataError> {
+        if vocab_size < BPE_MIN_VOCAB {
+            return Err(DataError::InvalidSetting(format!(
+                "a byte-level BPE tokenizer needs a vocabulary of at least {BPE_MIN_VOCAB} ids \
+                 (256 bytes and {BPE_EOS}), not {vocab_size}"
+            )));
+        }
+        let mut trainer: TrainerWrapper = BpeTrainer::builder()
+            .vocab_size(vocab_size)
+            .min_frequency(2)
+            .special_tokens(vec![AddedToken::from(BPE_EOS, true)])
+            .initial_alphabet(ByteLevel::alphabet().into_iter().collect())
+            .show_progress(false)
+            .build()
+            .into();
+        // No space is added before the text: a prompt encodes as it is written.
+        let byte_level = ByteLevel::new(false, true, true);
+        let mut inner = HfInner::new(BPE::default());
+        inner
+            .with_pre_tokenizer(Some(byte_level))
+            .with_decoder(Some(byte_level));
+        inner
+            .train(&mut trainer, texts.iter())
+            .map_err(|cause| DataError::Tokenizer {
+                context: "training a BPE tokenizer".to_owned(),
+                cause,
+            })?;
+        Ok(HfTokenizer::from_tokenizer(inner))
+    }
+
+    /// Writes the tokenizer as a `tokenizer.json` that [`HfTokenizer::from_file`] reads back, by
+    /// way of a temporary file renamed into place, so that `path` is never half-written.
+    pub fn save(&self, path: impl AsRef<Path>) -> Result<(), DataError> {
+        let path = path.as_ref();
+        let json = self
+            .inner()
+            .to_string(false)
+            .map_err(|cause| DataError::Tokenizer {
+                context: format!("saving {}", path.display()),
+                cause,
+            })?;
+        let mut partial = path.as_os_str().to_owned();
+        partial.push(".partial");
+        let io = |cause| DataError::Io {
+            path: path.to_path_buf(),
+            cause,
+        };
+        std::fs::write(&partial, json).map_err(io)?;
+        std::fs::rename(&partial, path).map_err(io)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::data::Tokenizer;
+
+    fn corpus() -> Vec<String> {
+        let verse = "ROMEO:\nBut, soft! what light through yonder window breaks?\n\
+                     It is the east, and Juliet is the sun.\n\n";
+        vec![
+            verse.repeat(20),
+            "JULIET:\nO Romeo, Romeo! wherefore art thou Romeo?\n".into(),
+        ]
+    }
+
+    #[test]
+    fn a_trained_tokenizer_round_trips_any_text_and_ends_sequences_with_its_own_token() {
+        let tokenizer = HfTokenizer::train_bpe(&corpus(), 300).unwrap();
+        assert!(tokenizer.vocab_size() <= 300, "{}", tokenizer.vocab_size());
+        assert_eq!(tokenizer.eos_id(), tokenizer.inner().token_to_id(BPE_EOS));
+        // Text the corpus never held, non-ASCII included, comes back byte for byte.
+        let text = "ROMEO: Is the sun the east?  Café, naïve — ✓\n\tend";
+        let ids = tokenizer.encode(text).unwrap();
+        assert_eq!(tokenizer.decode(&ids).unwrap(), text);
+        // Merges were learnt: a frequent word is fewer tokens than bytes.
+        assert!(tokenizer.encode(" Romeo").unwrap().len() < " Romeo".len());
+    }
+
+    #[test]
+    fn a_saved_tokenizer_reads_back_the_same_and_training_is_deterministic() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("tokenizer.json");
+        let tokenizer = HfTokenizer::train_bpe(&corpus(), 300).unwrap();
+        tokenizer.save(&path).unwrap();
+        let read = HfTokenizer::from_file(&path).unwrap();
+        let text = "But, soft! what light through yonder window breaks?";
+        assert_eq!(read.encode(text).unwrap(), tokenizer.encode(text).unwrap());
+        assert_eq!(read.eos_id(), tokenizer.eos_id());
+        let again = HfTokenizer::train_bpe(&corpus(), 300).unwrap();
+        assert_eq!(
+            again.inner().to_string(false).unwrap(),
+            tokenizer.inner().to_string(false).unwrap()
+        );
+    }
+
+    #[test]
+    fn a_vocabulary_smaller_than_the_bytes_is_refused() {
+        let err = HfTokenizer::train_bpe(&corpus(), 256).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "invalid data setting: a byte-level BPE tokenizer needs a vocabulary of at least 257 \
+             ids (256 bytes and <|endoftext|>), not 256"
+        );
+    }
+}
