@@ -348,6 +348,7 @@ mod tests {
             submit_ms: None,
             wait_ms: None,
             eval_ms: None,
+            losses: None,
             repeat: 0,
             overlap: (implementation == "lmx").then(|| "submit".into()),
             state: None,
