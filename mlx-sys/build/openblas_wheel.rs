@@ -79,10 +79,9 @@ fn assembly(forwarded: &[&str], jump: &str) -> String {
     let mut text = String::from("    .text\n");
     for name in forwarded {
         let target = format!("{PREFIX}{name}");
-        text += &format!(
-            "    .globl {name}\n    .type {name}, %function\n{name}:\n    {}\n    .size {name}, .-{name}\n",
-            jump.replace("{target}", &target)
-        );
+        let jump = jump.replace("{target}", &target);
+        text += &format!("    .globl {name}\n    .type {name}, %function\n{name}:\n");
+        text += &format!("    {jump}\n    .size {name}, .-{name}\n");
     }
     // No executable stack.
     text += "    .section .note.GNU-stack,\"\",%progbits\n";

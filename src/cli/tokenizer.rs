@@ -81,7 +81,8 @@ pub struct ForTraining {
 }
 
 impl ForTraining {
-    /// Saves a tokenizer trained for the run into `run_dir`, where [`TokenizerSpec::load`] finds it.
+    /// Saves a tokenizer trained for the run into `run_dir`, where [`TokenizerSpec::load`] finds
+    /// it.
     pub fn save(&self, run_dir: &Path) -> anyhow::Result<()> {
         if let Some(trained) = &self.trained {
             std::fs::create_dir_all(run_dir)
