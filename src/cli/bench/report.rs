@@ -351,6 +351,7 @@ mod tests {
             repeat: 0,
             overlap: (implementation == "lmx").then(|| "submit".into()),
             state: None,
+            losses: None,
         }
     }
 
