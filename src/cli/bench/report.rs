@@ -352,6 +352,7 @@ mod tests {
             repeat: 0,
             overlap: (implementation == "lmx").then(|| "submit".into()),
             state: None,
+            losses: None,
         }
     }
 
