@@ -80,7 +80,11 @@ fn auto_trains_a_bpe_tokenizer_that_resume_and_generate_reuse_with_progress_line
     assert_eq!(tokenizer.decode(&ids).unwrap(), line);
 
     let saved = std::fs::read(&tokenizer_file).unwrap();
-    let resumed = lmx(&[&["train", "--steps", "12", "--resume"][..], &common].concat());
+    let resumed = lmx(&[
+        &["train", "--steps", "12", "--resume", "--allow-changes"][..],
+        &common,
+    ]
+    .concat());
     assert_eq!(progress_steps(&resumed.stderr), ["step 12/12"]);
     assert_eq!(
         std::fs::read(&tokenizer_file).unwrap(),

@@ -83,12 +83,8 @@ where
     let vocab = S::Model::vocab_size(&model_config);
     let out_dir = request.train.out_dir.clone();
     let tokenizer_spec = request.tokenizer.resolve(vocab, &request.data);
-    let prepared = tokenizer_spec.for_training(
-        &out_dir,
-        &request.data,
-        vocab,
-        request.resume.is_some(),
-    )?;
+    let prepared =
+        tokenizer_spec.for_training(&out_dir, &request.data, vocab, request.resume.is_some())?;
     let tokenizer = &prepared.tokenizer;
     if tokenizer.vocab_size() > vocab {
         anyhow::bail!(

@@ -352,7 +352,6 @@ mod tests {
             repeat: 0,
             overlap: (implementation == "lmx").then(|| "submit".into()),
             state: None,
-            losses: None,
         }
     }
 
