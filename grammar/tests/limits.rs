@@ -107,8 +107,8 @@ fn expressions_at_the_limits_run_on_a_default_stack() {
 /// checker says, it says it without a crash (the time is in docs/benchmarks.md, not asserted).
 #[test]
 fn a_million_tokens_check_without_a_crash() {
-    let statements = "    let y = w(x) + x * 2\n".repeat(80_000);
-    let presets: String = (0..30_000)
+    let statements = "    let y = w(x) + x * 2\n".repeat(95_000);
+    let presets: String = (0..20)
         .map(|i| format!("  preset p{i} {{ d = {} }}\n", i % 7))
         .collect();
     let source = format!(
