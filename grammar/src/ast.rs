@@ -262,6 +262,26 @@ pub enum Dtype {
     Bool,
 }
 
+impl Dtype {
+    /// The dtype's name as written in `.lmx`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Dtype::Float => "float",
+            Dtype::Int => "int",
+            Dtype::Bool => "bool",
+        }
+    }
+
+    /// The name with its indefinite article (`an int`, `a float`).
+    pub fn with_article(self) -> &'static str {
+        match self {
+            Dtype::Float => "a float",
+            Dtype::Int => "an int",
+            Dtype::Bool => "a bool",
+        }
+    }
+}
+
 /// `{ statements }`.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Body {

@@ -129,34 +129,15 @@ pub fn eval(expr: &Expr, env: &Env) -> Result<Value> {
     }
 }
 
+/// A built-in's static form, as the table defines it.
 fn call(expr: &Expr, f: &str, vals: &[Value]) -> Result<Value> {
-    match (f, vals) {
-        ("len", [Value::Str(s)]) => Ok(Value::Int(s.chars().count() as i64)),
-        ("min", [Value::Int(a), Value::Int(b)]) => Ok(Value::Int(*a.min(b))),
-        ("max", [Value::Int(a), Value::Int(b)]) => Ok(Value::Int(*a.max(b))),
-        ("int", [Value::Float(x)]) => Ok(Value::Int(*x as i64)),
-        ("int", [Value::Int(i)]) => Ok(Value::Int(*i)),
-        ("float", [v]) => v
-            .as_f64()
-            .map(Value::Float)
-            .ok_or_else(|| bad(expr, "not a number")),
-        ("sqrt" | "log" | "exp", [v]) => {
-            let x = v.as_f64().ok_or_else(|| bad(expr, "not a number"))?;
-            Ok(Value::Float(match f {
-                "sqrt" => x.sqrt(),
-                "log" => x.ln(),
-                _ => x.exp(),
-            }))
-        }
-        ("min" | "max", [a, b]) => {
-            let (a, b) = a
-                .as_f64()
-                .zip(b.as_f64())
-                .ok_or_else(|| bad(expr, "not numbers"))?;
-            Ok(Value::Float(if f == "min" { a.min(b) } else { a.max(b) }))
-        }
-        _ => Err(bad(expr, &format!("`{f}` is not a static function here"))),
+    let form = crate::builtins::lookup(f)
+        .and_then(|b| b.statik)
+        .ok_or_else(|| bad(expr, &format!("`{f}` is not a static function here")))?;
+    if vals.len() != form.arity {
+        return Err(bad(expr, &format!("`{f}` takes {} arguments", form.arity)));
     }
+    (form.eval)(vals).map_err(|why| bad(expr, why))
 }
 
 fn binary(expr: &Expr, op: BinaryOp, a: Value, b: Value, ea: &Expr, eb: &Expr) -> Result<Value> {

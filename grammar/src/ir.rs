@@ -28,6 +28,8 @@ pub struct CheckedModel {
     pub forward: FnFacts,
     /// Training steps.
     pub steps: Vec<StepIr>,
+    /// What the checker learned about each expression.
+    pub typed: Typed,
 }
 
 impl CheckedModel {
@@ -405,4 +407,40 @@ pub enum StateSlot {
     LearningRate,
     /// The random key (when the forward pass draws random numbers).
     Rng,
+}
+
+/// What the checker learned about expressions, read by the code generator (the role of rustc's
+/// `TypeckResults`): keyed by the expression's span, which is unique per expression of a model.
+#[derive(Debug, Clone, Default)]
+pub struct Typed {
+    /// Every call of a built-in: the entry, the form and the bound arguments.
+    pub calls: std::collections::HashMap<crate::span::Span, CallIr>,
+}
+
+impl Typed {
+    /// The checked call at `span`.
+    pub fn call(&self, span: crate::span::Span) -> Option<&CallIr> {
+        self.calls.get(&span)
+    }
+}
+
+/// A checked call of a built-in.
+#[derive(Debug, Clone)]
+pub struct CallIr {
+    /// The table entry.
+    pub builtin: &'static crate::builtins::Builtin,
+    /// Which of its forms applies.
+    pub form: Form,
+    /// For each parameter (the tensor form's, in order; the static form's positions), the index
+    /// of the call's argument bound to it, `None` where the default applies.
+    pub args: Vec<Option<usize>>,
+}
+
+/// The form of a built-in a call uses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Form {
+    /// Over tensors: lowered to MLX operations.
+    Tensor,
+    /// Over static values: lowered to plain Rust arithmetic on the configuration.
+    Static,
 }

@@ -9,6 +9,7 @@
 
 pub mod ast;
 pub mod build;
+pub mod builtins;
 pub mod check;
 pub mod codegen;
 pub mod diag;

@@ -5,11 +5,13 @@
 //! it finds and gives the expression [`Ty::Unknown`], which silences errors
 //! that would only repeat the first.
 
+mod bind;
 mod calls;
 mod config;
 mod exprs;
 mod params;
 mod scope;
+pub(crate) mod shape_rules;
 mod stmts;
 mod suggest;
 
@@ -17,10 +19,11 @@ use std::collections::{HashMap, HashSet};
 
 use crate::ast;
 use crate::diag::Diagnostic;
-use crate::ir::{BlockIr, CheckedModel, FnFacts, ParamTree};
+use crate::ir::{BlockIr, CheckedModel, FnFacts, ParamTree, Typed};
 use crate::span::Span;
 use crate::types::{StaticTy, TensorTy, Ty};
 
+pub(crate) use bind::RuleCx;
 pub use scope::{Binding, Scope};
 
 /// The signature of a block's forward pass.
@@ -101,6 +104,7 @@ pub fn check(model: &ast::Model) -> Result<CheckedModel, Vec<Diagnostic>> {
             params: params.0,
             forward,
             steps,
+            typed: std::mem::take(&mut c.typed),
         };
         let broken = preset_rules(&checked);
         if broken.is_empty() {
@@ -157,6 +161,8 @@ pub(crate) struct Checker<'m> {
     step_state: Option<stmts::StepState>,
     /// Whether any forward pass draws random numbers.
     rng_used: bool,
+    /// What is learned about expressions, for the code generator.
+    typed: Typed,
 }
 
 impl<'m> Checker<'m> {
@@ -172,6 +178,7 @@ impl<'m> Checker<'m> {
             model_sig: None,
             step_state: None,
             rng_used: false,
+            typed: Typed::default(),
         }
     }
 

@@ -222,7 +222,7 @@ pub(crate) struct T {
 }
 
 impl T {
-    fn owned(ts: TokenStream) -> T {
+    pub(crate) fn owned(ts: TokenStream) -> T {
         T {
             ts,
             is_ref: false,
@@ -801,11 +801,21 @@ impl<'g, 'm> Fx<'g, 'm> {
         Ok(cast(&s, &ty, "f32"))
     }
 
-    fn bool_expr(&mut self, e: &Expr) -> R<TokenStream> {
-        Ok(self.static_expr(e)?.0.ts)
+    /// A tensor from a translated expression (statics become scalars of float32).
+    pub(crate) fn tensor_of(&mut self, x: X, span: Span) -> R<T> {
+        self.tensor(x, span)
     }
 
-    /// A tensor from a translated expression (statics become scalars of float32).
+    /// [`Fx::hoist`] for the built-ins' lowerings.
+    pub(crate) fn hoist_tensor(&mut self, t: T, base: &str) -> T {
+        self.hoist(t, base)
+    }
+
+    /// The KV cache's length, where positions start.
+    pub(crate) fn pass_offset(&mut self) -> TokenStream {
+        self.offset()
+    }
+
     fn tensor(&mut self, x: X, span: Span) -> R<T> {
         match x {
             X::Tensor(t) => Ok(t),
@@ -1067,10 +1077,13 @@ impl<'g, 'm> Fx<'g, 'm> {
     // ---------------------------------------------------------------- calls
 
     fn call(&mut self, callee: &Expr, args: &[Arg], span: Span) -> R<X> {
+        let g = self.g;
+        if let Some(call) = g.model.typed.call(span) {
+            return self.builtin_call(call, args, span);
+        }
         if let ExprKind::Name(name) = &callee.kind {
-            let bound = self.env.get(name).is_some();
-            if !bound {
-                return self.builtin(name, args, span);
+            if name == "forward" && self.site == Site::Step && self.env.get(name).is_none() {
+                return self.model_forward(args, span);
             }
         }
         match self.expr(callee)? {
@@ -1193,457 +1206,30 @@ impl<'g, 'm> Fx<'g, 'm> {
         self.tensor_expr(e)
     }
 
-    fn arg_i32(
-        &mut self,
-        args: &[Arg],
-        pos: usize,
-        name: &str,
-        default: Option<i64>,
-        span: Span,
-    ) -> R<TokenStream> {
-        match self.arg(args, pos, name) {
-            Some(e) => self.i32_expr(e),
-            None => default
-                .map(|d| int_lit(d).ts)
-                .ok_or_else(|| unsupported(span, &format!("a call without `{name}`"))),
+    /// `forward(..)` in a step: the model's forward pass, with one context for the whole step.
+    fn model_forward(&mut self, args: &[Arg], span: Span) -> R<X> {
+        let n = self.g.model.forward.inputs.len();
+        if args.len() != n {
+            return Err(unsupported(span, "a `forward` call of another arity"));
         }
-    }
-
-    fn shape(&mut self, e: &Expr) -> R<TokenStream> {
-        let ExprKind::List(dims) = &e.kind else {
-            return Err(unsupported(e.span, "a shape that is not a list"));
-        };
-        let dims = dims
-            .iter()
-            .map(|d| self.i32_expr(d))
-            .collect::<R<Vec<_>>>()?;
-        Ok(quote!(&[#(#dims),*]))
-    }
-
-    /// Whether `e` is a sequence-length symbol, whose positions start at the cache offset.
-    fn is_size_symbol(&self, e: &Expr) -> bool {
-        matches!(&e.kind, ExprKind::Name(n) if n.chars().next().is_some_and(char::is_uppercase))
-    }
-
-    fn builtin(&mut self, name: &str, args: &[Arg], span: Span) -> R<X> {
-        let all_static = !args.is_empty()
-            && args.iter().all(|a| {
-                matches!(&a.value.kind, ExprKind::Int(_) | ExprKind::Float(_))
-                    || self.static_kind(&a.value)
-            });
-        if all_static {
-            if let Some(x) = self.static_call(name, args, span)? {
-                return Ok(x);
-            }
+        let mut inputs = Vec::new();
+        for a in args {
+            let x = self.expr(&a.value)?;
+            inputs.push(self.tensor_of(x, a.value.span)?.r());
         }
-        let t = |ts: TokenStream| Ok(X::Tensor(T::owned(ts)));
-        match name {
-            "gelu" | "gelu_approx" | "silu" | "relu" | "softplus" | "stop_gradient"
-            | "as_float" => {
-                let x = self.arg_tensor(args, 0, "x", span)?.r();
-                let f = format_ident!(
-                    "{}",
-                    match name {
-                        "gelu_approx" => "gelu_tanh",
-                        other => other,
-                    }
-                );
-                t(quote!(nn::#f(#x)?))
+        let config = self.config_place();
+        let ctx = match &self.step_ctx {
+            Some(name) => name.clone(),
+            None => {
+                let name = self.temp("context");
+                self.step_ctx = Some(name.clone());
+                name
             }
-            "sigmoid" | "tanh" | "exp" | "log" | "sqrt" | "rsqrt" | "abs" | "square" | "sin"
-            | "cos" => {
-                let x = self.arg_tensor(args, 0, "x", span)?.r();
-                let f = format_ident!("{}", name);
-                t(quote!(ops::#f(#x)?))
-            }
-            "softmax" | "log_softmax" => {
-                let x = self.arg_tensor(args, 0, "x", span)?.r();
-                let axis = self.arg_i32(args, 1, "axis", Some(-1), span)?;
-                let f = format_ident!("{}", name);
-                t(quote!(nn::#f(#x, #axis)?))
-            }
-            "dropout" => {
-                // Computed first: `x` may itself borrow `pass` (a block's output).
-                let x = self.arg_tensor(args, 0, "x", span)?;
-                let x = self.hoist(x, "dropout_in").r();
-                let p = match self.arg(args, 1, "p") {
-                    Some(e) => self.f32_expr(e)?,
-                    None => return Err(unsupported(span, "`dropout` without `p`")),
-                };
-                self.uses_pass = true;
-                self.pass_mut = true;
-                self.drops = true;
-                t(quote!(pass.dropout(#x, #p)?))
-            }
-            "sum" | "mean" | "max" | "min" | "logsumexp" => {
-                let x = self.arg_tensor(args, 0, "x", span)?;
-                let keep = match self.arg(args, 2, "keepdims") {
-                    Some(e) => self.bool_expr(e)?,
-                    None => quote!(false),
-                };
-                let recv = x.ts;
-                match self.arg(args, 1, "axis") {
-                    Some(axis) => {
-                        let axis = self.i32_expr(axis)?;
-                        let f = format_ident!("{}_axis", name);
-                        t(quote!(#recv.#f(#axis, #keep)?))
-                    }
-                    None => {
-                        let f = format_ident!("{}", name);
-                        t(quote!(#recv.#f(#keep)?))
-                    }
-                }
-            }
-            "maximum" | "minimum" | "logical_and" | "logical_or" => {
-                let a = self
-                    .arg(args, 0, "a")
-                    .ok_or_else(|| unsupported(span, "this call"))?;
-                let b = self
-                    .arg(args, 1, "b")
-                    .ok_or_else(|| unsupported(span, "this call"))?;
-                let (xa, xb) = (self.expr(a)?, self.expr(b)?);
-                let (a, b) = self.operands(xa, xb, span)?;
-                let f = format_ident!("{}", name);
-                let (a, b) = (a.r(), b.r());
-                t(quote!(ops::#f(#a, #b)?))
-            }
-            "logical_not" => {
-                let x = self.arg_tensor(args, 0, "x", span)?.r();
-                t(quote!(ops::logical_not(#x)?))
-            }
-            "where" => {
-                let c = self.arg_tensor(args, 0, "cond", span)?.r();
-                let a = self
-                    .arg(args, 1, "a")
-                    .ok_or_else(|| unsupported(span, "this call"))?;
-                let b = self
-                    .arg(args, 2, "b")
-                    .ok_or_else(|| unsupported(span, "this call"))?;
-                let (xa, xb) = (self.expr(a)?, self.expr(b)?);
-                let (a, b) = self.operands(xa, xb, span)?;
-                let (a, b) = (a.r(), b.r());
-                t(quote!(ops::select(#c, #a, #b)?))
-            }
-            "reshape" => {
-                let x = self.arg_tensor(args, 0, "x", span)?.ts;
-                let shape = self
-                    .arg(args, 1, "shape")
-                    .ok_or_else(|| unsupported(span, "this call"))?;
-                let shape = self.shape(shape)?;
-                t(quote!(#x.reshape(#shape)?))
-            }
-            "transpose" => {
-                let x = self.arg_tensor(args, 0, "x", span)?.ts;
-                match self.arg(args, 1, "axes") {
-                    Some(perm) => {
-                        let perm = self.shape(perm)?;
-                        t(quote!(#x.transpose_axes(#perm)?))
-                    }
-                    None => t(quote!(#x.transpose()?)),
-                }
-            }
-            "swapaxes" => {
-                let x = self.arg_tensor(args, 0, "x", span)?.ts;
-                let a = self.arg_i32(args, 1, "a", None, span)?;
-                let b = self.arg_i32(args, 2, "b", None, span)?;
-                t(quote!(#x.swap_axes(#a, #b)?))
-            }
-            "expand_dims" => {
-                let x = self.arg_tensor(args, 0, "x", span)?.ts;
-                let axis = self.arg_i32(args, 1, "axis", None, span)?;
-                t(quote!(#x.expand_dims(#axis)?))
-            }
-            "squeeze" => {
-                let x = self.arg_tensor(args, 0, "x", span)?.ts;
-                let axis = self.arg_i32(args, 1, "axis", None, span)?;
-                t(quote!(#x.squeeze_axes(&[#axis])?))
-            }
-            "split" => {
-                let x = self.arg_tensor(args, 0, "x", span)?.r();
-                let n = match self.arg(args, 1, "n").map(|e| &e.kind) {
-                    Some(ExprKind::Int(n)) => usize::try_from(*n).unwrap_or(0),
-                    _ => return Err(unsupported(span, "`split` into a non-literal count")),
-                };
-                let axis = self.arg_i32(args, 2, "axis", Some(-1), span)?;
-                let count = Literal::usize_unsuffixed(n);
-                Ok(X::Tuple(
-                    quote!(nn::split::<#count>(#x, #axis)?),
-                    vec![Val::Tensor; n],
-                    TupleForm::Array,
-                ))
-            }
-            "concat" => {
-                let list = self
-                    .arg(args, 0, "xs")
-                    .ok_or_else(|| unsupported(span, "this call"))?;
-                let ExprKind::List(items) = &list.kind else {
-                    return Err(unsupported(span, "`concat` of a non-list"));
-                };
-                let items = items
-                    .iter()
-                    .map(|i| self.tensor_expr(i).map(|t| t.r()))
-                    .collect::<R<Vec<_>>>()?;
-                let axis = self.arg_i32(args, 1, "axis", Some(0), span)?;
-                t(quote!(ops::concatenate(&[#(#items),*], #axis)?))
-            }
-            "matmul" => {
-                let a = self.arg_tensor(args, 0, "a", span)?.ts;
-                let b = self.arg_tensor(args, 1, "b", span)?.r();
-                t(quote!(#a.matmul(#b)?))
-            }
-            "arange" => {
-                let n = self
-                    .arg(args, 0, "n")
-                    .ok_or_else(|| unsupported(span, "this call"))?;
-                let start = if self.is_size_symbol(n) {
-                    self.offset()
-                } else {
-                    quote!(0)
-                };
-                let n = self.i32_expr(n)?;
-                t(quote!(nn::arange(#start, #n)?))
-            }
-            "zeros" | "ones" => {
-                let shape = self
-                    .arg(args, 0, "shape")
-                    .ok_or_else(|| unsupported(span, "this call"))?;
-                let shape = self.shape(shape)?;
-                let f = format_ident!("{}", name);
-                t(quote!(Array::#f::<f32>(#shape)?))
-            }
-            "attention" => self.attention(args, span),
-            "rope" => {
-                let x = self.arg_tensor(args, 0, "x", span)?.r();
-                let base = match self.arg(args, 1, "base") {
-                    Some(b) => self.f32_expr(b)?,
-                    None => quote!(10000.0),
-                };
-                let offset = self.offset();
-                t(quote!(nn::rotary(#x, #base, #offset)?))
-            }
-            "alibi" => {
-                let heads = self.arg_i32(args, 0, "heads", None, span)?;
-                let len = self
-                    .arg(args, 1, "len")
-                    .ok_or_else(|| unsupported(span, "a call without `len`"))?;
-                // Over a sequence length, the queries follow the cached tokens and the bias
-                // covers the cached keys too.
-                let start = if self.is_size_symbol(len) {
-                    self.offset()
-                } else {
-                    quote!(0)
-                };
-                let len = self.i32_expr(len)?;
-                t(quote!(nn::alibi(#heads, #start, #len)?))
-            }
-            "sinusoidal" => {
-                let len = self
-                    .arg(args, 0, "len")
-                    .ok_or_else(|| unsupported(span, "this call"))?;
-                let start = if self.is_size_symbol(len) {
-                    self.offset()
-                } else {
-                    quote!(0)
-                };
-                let len = self.i32_expr(len)?;
-                let dim = self.arg_i32(args, 1, "dim", None, span)?;
-                t(quote!(nn::sinusoidal(#start, #len, #dim)?))
-            }
-            "one_hot" => {
-                let x = self.arg_tensor(args, 0, "indices", span)?.r();
-                let n = self.arg_i32(args, 1, "n", None, span)?;
-                t(quote!(nn::one_hot(#x, #n)?))
-            }
-            "argsort" => {
-                let x = self.arg_tensor(args, 0, "x", span)?.r();
-                t(quote!(ops::argsort(#x)?))
-            }
-            "argpartition" => {
-                let x = self.arg_tensor(args, 0, "x", span)?.r();
-                let kth = self.arg_i32(args, 1, "kth", None, span)?;
-                t(quote!(ops::argpartition(#x, #kth)?))
-            }
-            "top_k" => {
-                let x = self.arg_tensor(args, 0, "x", span)?.r();
-                let k = self.arg_i32(args, 1, "k", None, span)?;
-                Ok(X::Tuple(
-                    quote!(nn::top_k(#x, #k)?),
-                    vec![Val::Tensor, Val::Tensor],
-                    TupleForm::Tuple,
-                ))
-            }
-            "take_along_axis" => {
-                let x = self.arg_tensor(args, 0, "x", span)?.ts;
-                let i = self.arg_tensor(args, 1, "indices", span)?.r();
-                let axis = self.arg_i32(args, 2, "axis", Some(-1), span)?;
-                t(quote!(#x.take_along_axis(#i, #axis)?))
-            }
-            "cross_entropy" => {
-                let l = self.arg_tensor(args, 0, "logits", span)?.r();
-                let y = self.arg_tensor(args, 1, "targets", span)?.r();
-                t(quote!(nn::cross_entropy(#l, #y)?))
-            }
-            "forward" if self.site == Site::Step => {
-                let n = self.g.model.forward.inputs.len();
-                let mut inputs = Vec::new();
-                for i in 0..n {
-                    inputs.push(self.arg_tensor(args, i, "", span)?.r());
-                }
-                let config = self.config_place();
-                let ctx = match &self.step_ctx {
-                    Some(name) => name.clone(),
-                    None => {
-                        let name = self.temp("context");
-                        self.step_ctx = Some(name.clone());
-                        name
-                    }
-                };
-                let ctx = ident(&ctx);
-                t(quote!(forward(params, #config, #(#inputs,)* &mut #ctx)?))
-            }
-            _ => Err(unsupported(span, &format!("`{name}` here"))),
-        }
-    }
-
-    /// Whether `e` is a static expression (without translating it).
-    fn static_kind(&self, e: &Expr) -> bool {
-        match &e.kind {
-            ExprKind::Int(_) | ExprKind::Float(_) | ExprKind::Bool(_) | ExprKind::Str(_) => true,
-            ExprKind::Name(n) => {
-                self.g.variant(n).is_some()
-                    || matches!(self.env.get(n).map(|b| &b.val), Some(Val::Static(_)))
-            }
-            ExprKind::Unary(_, a) => self.static_kind(a),
-            ExprKind::Binary(_, _, a, b) => self.static_kind(a) && self.static_kind(b),
-            ExprKind::Call(callee, args) => {
-                matches!(&callee.kind, ExprKind::Name(n) if self.env.get(n).is_none())
-                    && !args.is_empty()
-                    && args.iter().all(|a| self.static_kind(&a.value))
-            }
-            ExprKind::Index(t, _) => self.static_kind(t),
-            _ => false,
-        }
-    }
-
-    /// Static functions of static arguments; `None` when `name` is not one.
-    fn static_call(&mut self, name: &str, args: &[Arg], span: Span) -> R<Option<X>> {
-        let vals = args
-            .iter()
-            .map(|a| self.static_expr(&a.value))
-            .collect::<R<Vec<_>>>()?;
-        let float = |(s, ty): &(S, SType)| S {
-            ts: cast(s, ty, "f64"),
-            prec: if s.lit.is_some() { 10 } else { 8 },
-            lit: s.lit,
         };
-        let method = |recv: &S, m: &str| {
-            let r = recv.at(10);
-            let m = format_ident!("{}", m);
-            S::atom(quote!(#r.#m()))
-        };
-        Ok(Some(match (name, vals.as_slice()) {
-            ("sqrt" | "exp" | "abs" | "sin" | "cos" | "tanh", [v]) => {
-                X::Static(method(&float(v), name), SType::Float)
-            }
-            ("log", [v]) => X::Static(method(&float(v), "ln"), SType::Float),
-            ("rsqrt", [v]) => {
-                let r = method(&float(v), "sqrt").ts;
-                X::Static(
-                    S {
-                        ts: quote!(1.0 / #r),
-                        prec: 7,
-                        lit: None,
-                    },
-                    SType::Float,
-                )
-            }
-            ("square", [v]) => {
-                let r = float(v).at(10);
-                X::Static(S::atom(quote!(#r.powi(2))), SType::Float)
-            }
-            ("min" | "max", [a, b]) => {
-                let ints = a.1 == SType::Int && b.1 == SType::Int;
-                let (a, b) = if ints {
-                    (a.0.clone(), b.0.clone())
-                } else {
-                    (float(a), float(b))
-                };
-                let f = format_ident!("{}", name);
-                let (ra, rb) = (a.at(10), b.ts);
-                let ty = if ints { SType::Int } else { SType::Float };
-                X::Static(S::atom(quote!(#ra.#f(#rb))), ty)
-            }
-            ("len", [(s, SType::Str)]) => {
-                let r = s.at(10);
-                X::Static(
-                    S {
-                        ts: quote!(#r.chars().count() as i64),
-                        prec: 8,
-                        lit: None,
-                    },
-                    SType::Int,
-                )
-            }
-            ("int", [(s, ty)]) => X::Static(
-                S {
-                    ts: cast(s, ty, "i64"),
-                    prec: 8,
-                    lit: None,
-                },
-                SType::Int,
-            ),
-            ("float", [v]) => X::Static(float(v), SType::Float),
-            (
-                "gelu" | "gelu_approx" | "silu" | "relu" | "sigmoid" | "softplus" | "stop_gradient"
-                | "as_float" | "bool",
-                _,
-            ) => return Err(unsupported(span, &format!("`{name}` of a static value"))),
-            _ => return Ok(None),
-        }))
-    }
-
-    fn attention(&mut self, args: &[Arg], span: Span) -> R<X> {
-        let q = self.arg_tensor(args, 0, "q", span)?.r();
-        let k = self.arg_tensor(args, 1, "k", span)?.r();
-        let v = self.arg_tensor(args, 2, "v", span)?.r();
-        let keyword = |name: &str| {
-            args.iter()
-                .find(|a| a.name.as_ref().is_some_and(|n| n.name == name))
-                .map(|a| a.value.clone())
-        };
-        let causal = match keyword("causal") {
-            Some(e) => self.bool_expr(&e)?,
-            None => quote!(false),
-        };
-        let scale = match keyword("scale") {
-            Some(e) => {
-                let s = self.f32_expr(&e)?;
-                quote!(Some(#s))
-            }
-            None => quote!(None),
-        };
-        let window = match keyword("window") {
-            Some(e) => {
-                let w = self.i32_expr(&e)?;
-                quote!(Some(#w))
-            }
-            None => quote!(None),
-        };
-        let bias = match keyword("bias") {
-            Some(e) => {
-                let b = self.tensor_expr(&e)?;
-                let b = self.hoist(b, "bias");
-                let r = b.r();
-                quote!(Some(#r))
-            }
-            None => quote!(None),
-        };
-        self.uses_pass = true;
-        self.pass_mut = true;
-        self.attends = true;
-        Ok(X::Tensor(T::owned(quote!(
-            pass.attend(#q, #k, #v, nn::AttentionOptions { causal: #causal, scale: #scale, window: #window, bias: #bias })?
-        ))))
+        let ctx = ident(&ctx);
+        Ok(X::Tensor(T::owned(
+            quote!(forward(params, #config, #(#inputs,)* &mut #ctx)?),
+        )))
     }
 }
 

@@ -9,6 +9,7 @@
 //! Anything the checker accepts but this generator cannot translate is reported as an
 //! `lmx::codegen::unsupported` diagnostic at the construct, never as Rust that fails to compile.
 
+mod builtin;
 mod config;
 mod forward;
 mod names;
@@ -26,8 +27,11 @@ use crate::diag::Diagnostic;
 use crate::ir::{CheckedModel, ParamEntry, ParamNode, ParamTree};
 use crate::span::Span;
 use crate::types::StaticTy;
-use forward::{unsupported, Binding, Env, Fx, Module, SType, Site, Val, R};
+use forward::{unsupported, Binding, Env, Fx, Module, SType, Site, Val};
 use names::{camel, ident, snake};
+
+pub(crate) use builtin::{LowerCx, Lowered};
+pub(crate) use forward::R;
 
 /// The Rust module name of a model (`Gpt2` -> `gpt2`).
 pub fn module_name(model: &CheckedModel) -> String {

@@ -76,6 +76,13 @@ pub fn rotary(x: &Array, base: f32, offset: i32) -> Result<Array> {
     super::rope(x, dims, base, offset)
 }
 
+/// `cap * tanh(x / cap)`: values squashed smoothly into `(-cap, cap)` (Gemma 2's attention and
+/// final-logit soft-capping), in `x`'s precision.
+pub fn softcap(x: &Array, cap: f32) -> Result<Array> {
+    let cap = literal(f64::from(cap), x)?;
+    Ok(ops::tanh(&x.divide(&cap)?)?.multiply(&cap)?)
+}
+
 /// `x` converted to float32.
 pub fn as_float(x: &Array) -> Result<Array> {
     Ok(x.as_dtype(Dtype::Float32)?)

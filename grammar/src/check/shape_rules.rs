@@ -1,0 +1,805 @@
+//! The built-ins' shape and dtype rules, over arguments the binder has already fitted to their
+//! slots (a `Tensor` slot holds a tensor, an `Int` slot a static int, ...).
+
+use super::bind::RuleCx;
+use super::exprs::broadcast;
+use crate::ast::Dtype;
+use crate::diag::Diagnostic;
+use crate::dim::{shape_text, Dim};
+use crate::ir::AttentionSite;
+use crate::types::{StaticTy, TensorTy, Ty};
+
+/// The dtype of an elementwise result.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Out {
+    /// The input's.
+    Same,
+    /// Float (transcendental functions of int tensors are float in MLX).
+    Float,
+    /// Bool (logical functions).
+    Bool,
+    /// Int (indices).
+    Int,
+}
+
+impl Out {
+    fn dtype(self, input: Dtype) -> Dtype {
+        match self {
+            Out::Same => input,
+            Out::Float => Dtype::Float,
+            Out::Bool => Dtype::Bool,
+            Out::Int => Dtype::Int,
+        }
+    }
+}
+
+fn tensor(t: TensorTy, span: crate::span::Span) -> Ty {
+    Ty::Tensor(TensorTy { origin: span, ..t })
+}
+
+/// Elementwise over `x`.
+pub fn same_shape(c: &mut RuleCx<'_, '_>, out: Out) -> Ty {
+    let Some(x) = c.tensor(0) else {
+        return Ty::Unknown;
+    };
+    if out == Out::Bool && c.name == "logical_not" && x.dtype != Dtype::Bool {
+        return not_bool(c, 0, &x);
+    }
+    let dtype = out.dtype(x.dtype);
+    tensor(TensorTy { dtype, ..x }, c.span)
+}
+
+fn not_bool(c: &mut RuleCx<'_, '_>, i: usize, t: &TensorTy) -> Ty {
+    let span = c.arg_span(i);
+    let name = c.name;
+    c.error(
+        Diagnostic::new(
+            "lmx::type::mismatch",
+            format!(
+                "`{name}` takes bool tensors, found {} tensor",
+                t.dtype.with_article()
+            ),
+            span,
+            "not bool",
+        )
+        .with_help("compare to make a mask, e.g. `x > 0`"),
+    );
+    Ty::Unknown
+}
+
+/// `softcap(x, cap)`: the cap must be positive where it is a literal.
+pub fn softcap(c: &mut RuleCx<'_, '_>) -> Ty {
+    let span = c.arg_span(1);
+    if let Some(cap) = c.expr(1).and_then(literal_number) {
+        if cap <= 0.0 || !cap.is_finite() {
+            c.error(Diagnostic::new(
+                "lmx::call::argument_range",
+                "`cap` of `softcap` must be a positive number",
+                span,
+                "not positive",
+            ));
+            return Ty::Unknown;
+        }
+    }
+    same_shape(c, Out::Float)
+}
+
+/// The value of a number literal, negated or not.
+fn literal_number(e: &crate::ast::Expr) -> Option<f64> {
+    use crate::ast::{ExprKind, UnaryOp};
+    match &e.kind {
+        ExprKind::Float(x) => Some(*x),
+        ExprKind::Int(i) => Some(*i as f64),
+        ExprKind::Unary(UnaryOp::Neg, inner) => literal_number(inner).map(|x| -x),
+        _ => None,
+    }
+}
+
+/// Same shape, with `axis` checked against the rank.
+pub fn along_axis(c: &mut RuleCx<'_, '_>) -> Ty {
+    let Some(x) = c.tensor(0) else {
+        return Ty::Unknown;
+    };
+    if let Some(rank) = x.rank() {
+        if c.axis(1, rank).is_none() {
+            return Ty::Unknown;
+        }
+    }
+    tensor(x, c.span)
+}
+
+/// `dropout(x, p)`: records that the forward pass draws random numbers.
+pub fn dropout(c: &mut RuleCx<'_, '_>) -> Ty {
+    let p = c.expr(1).cloned();
+    let facts = c.facts();
+    facts.uses_rng = true;
+    facts.dropout.extend(p);
+    same_shape(c, Out::Same)
+}
+
+/// A reduction over `axis` (every axis when left out), keeping it as size 1 with `keepdims`.
+pub fn reduce(c: &mut RuleCx<'_, '_>) -> Ty {
+    let Some(x) = c.tensor(0) else {
+        return Ty::Unknown;
+    };
+    let Some(keep) = c.flag(2) else {
+        let span = c.arg_span(2);
+        let name = c.name;
+        c.error(Diagnostic::new(
+            "lmx::call::literal_flag",
+            format!("`keepdims` of `{name}` must be a literal `true` or `false`"),
+            span,
+            "the result's rank depends on it",
+        ));
+        return Ty::Unknown;
+    };
+    let Some(shape) = x.shape.clone() else {
+        return tensor(x, c.span);
+    };
+    if !c.given(1) {
+        let shape = if keep {
+            vec![Dim::constant(1); shape.len()]
+        } else {
+            Vec::new()
+        };
+        return Ty::Tensor(TensorTy::new(x.dtype, shape, c.span));
+    }
+    let Some(axis) = c.axis(1, shape.len()) else {
+        return Ty::Unknown;
+    };
+    let mut shape = shape;
+    if keep {
+        shape[axis] = Dim::constant(1);
+    } else {
+        shape.remove(axis);
+    }
+    Ty::Tensor(TensorTy::new(x.dtype, shape, c.span))
+}
+
+/// The broadcast of the operands `ops` (tensors or static numbers).
+pub fn broadcast_operands(c: &mut RuleCx<'_, '_>, ops: &[usize], out: Out) -> Ty {
+    let mut acc: Option<(Option<Vec<Dim>>, Dtype)> = None;
+    let mut float_static = false;
+    for &i in ops {
+        let t = match c.ty(i) {
+            Some(Ty::Tensor(t)) => t.clone(),
+            Some(Ty::Static(StaticTy::Float)) => {
+                float_static = true;
+                continue;
+            }
+            _ => continue,
+        };
+        if out == Out::Bool && t.dtype != Dtype::Bool {
+            return not_bool(c, i, &t);
+        }
+        acc = Some(match acc {
+            None => (t.shape.clone(), t.dtype),
+            Some((shape, dtype)) => {
+                let dtype = promote(dtype, t.dtype);
+                match (shape, &t.shape) {
+                    (Some(a), Some(b)) => match broadcast(&a, b) {
+                        Ok(s) => (Some(s), dtype),
+                        Err(_) => {
+                            let span = c.arg_span(i);
+                            let name = c.name;
+                            c.error(
+                                Diagnostic::new(
+                                    "lmx::shape::mismatch",
+                                    format!(
+                                        "arguments of `{name}` do not broadcast: {} and {}",
+                                        shape_text(&a),
+                                        shape_text(b)
+                                    ),
+                                    span,
+                                    format!("this has shape {}", t.shape_text()),
+                                )
+                                .with_label(t.origin, "its shape comes from here"),
+                            );
+                            return Ty::Unknown;
+                        }
+                    },
+                    _ => (None, dtype),
+                }
+            }
+        });
+    }
+    let Some((shape, dtype)) = acc else {
+        let (span, name) = (c.span, c.name);
+        c.error(
+            Diagnostic::new(
+                "lmx::type::mismatch",
+                format!("`{name}` needs at least one tensor operand"),
+                span,
+                "every operand is static",
+            )
+            .with_help("compute static values with `min`, `max` and operators"),
+        );
+        return Ty::Unknown;
+    };
+    let dtype = match out {
+        Out::Same if float_static => promote(dtype, Dtype::Float),
+        other => other.dtype(dtype),
+    };
+    Ty::Tensor(TensorTy {
+        dtype,
+        shape,
+        origin: c.span,
+    })
+}
+
+/// The dtype of a result mixing `a` and `b`: float wins over int, int over bool.
+pub fn promote(a: Dtype, b: Dtype) -> Dtype {
+    match (a, b) {
+        (Dtype::Float, _) | (_, Dtype::Float) => Dtype::Float,
+        (Dtype::Int, _) | (_, Dtype::Int) => Dtype::Int,
+        _ => Dtype::Bool,
+    }
+}
+
+/// `where(cond, a, b)`: a bool condition, broadcast with both values.
+pub fn select(c: &mut RuleCx<'_, '_>) -> Ty {
+    let Some(cond) = c.tensor(0) else {
+        return Ty::Unknown;
+    };
+    if cond.dtype != Dtype::Bool {
+        return not_bool(c, 0, &cond);
+    }
+    let is_static = |c: &RuleCx<'_, '_>, i| matches!(c.ty(i), Some(Ty::Static(_)));
+    if is_static(c, 1) && is_static(c, 2) {
+        return static_select(c, cond);
+    }
+    let Ty::Tensor(values) = broadcast_operands(c, &[1, 2], Out::Same) else {
+        return Ty::Unknown;
+    };
+    match (&cond.shape, &values.shape) {
+        (Some(a), Some(b)) => match broadcast(a, b) {
+            Ok(s) => Ty::Tensor(TensorTy::new(values.dtype, s, c.span)),
+            Err(_) => {
+                let span = c.span;
+                c.error(Diagnostic::new(
+                    "lmx::shape::mismatch",
+                    format!(
+                        "the condition {} and the values {} of `where` do not broadcast",
+                        cond.shape_text(),
+                        values.shape_text()
+                    ),
+                    span,
+                    "in this selection",
+                ));
+                Ty::Unknown
+            }
+        },
+        _ => Ty::Tensor(TensorTy {
+            shape: None,
+            ..values
+        }),
+    }
+}
+
+/// `where(cond, 0.1, 1.0)`: two static values chosen per element of the condition.
+fn static_select(c: &mut RuleCx<'_, '_>, cond: TensorTy) -> Ty {
+    let float = [1, 2]
+        .iter()
+        .any(|&i| matches!(c.ty(i), Some(Ty::Static(StaticTy::Float))));
+    let dtype = if float { Dtype::Float } else { Dtype::Int };
+    Ty::Tensor(TensorTy { dtype, ..cond })
+}
+
+/// `reshape(x, shape)`: element counts equal symbolically.
+pub fn reshape(c: &mut RuleCx<'_, '_>) -> Ty {
+    let Some(x) = c.tensor(0) else {
+        return Ty::Unknown;
+    };
+    let shape = c.shape(1);
+    if let Some(from) = &x.shape {
+        let product = |s: &[Dim]| s.iter().fold(Dim::constant(1), |acc, d| acc.mul(d));
+        let (a, b) = (product(from), product(&shape));
+        if a != b {
+            let text = |s: &[Dim]| {
+                s.iter()
+                    .map(|d| d.to_string())
+                    .collect::<Vec<_>>()
+                    .join(" * ")
+            };
+            let (ta, tb) = (text(from), text(&shape));
+            let span = c.span;
+            c.error(
+                Diagnostic::new(
+                    "lmx::shape::reshape",
+                    format!(
+                        "cannot reshape {} into {}: `{ta}` elements against `{tb}`",
+                        x.shape_text(),
+                        shape_text(&shape)
+                    ),
+                    span,
+                    "the element counts differ",
+                )
+                .with_label(
+                    x.origin,
+                    format!("the shape {} comes from here", x.shape_text()),
+                ),
+            );
+            return Ty::Unknown;
+        }
+    }
+    Ty::Tensor(TensorTy::new(x.dtype, shape, c.span))
+}
+
+/// `transpose(x, axes)`: a permutation of every axis (reversed when left out).
+pub fn transpose(c: &mut RuleCx<'_, '_>) -> Ty {
+    let Some(x) = c.tensor(0) else {
+        return Ty::Unknown;
+    };
+    let Some(shape) = x.shape.clone() else {
+        return tensor(x, c.span);
+    };
+    if !c.given(1) {
+        let reversed = shape.iter().rev().cloned().collect();
+        return Ty::Tensor(TensorTy::new(x.dtype, reversed, c.span));
+    }
+    let perm: Option<Vec<usize>> = c
+        .axes(1)
+        .into_iter()
+        .map(|a| a.and_then(|a| super::bind::normalise_axis(a, shape.len())))
+        .collect();
+    let valid = perm.as_ref().is_some_and(|p| {
+        let mut sorted = p.clone();
+        sorted.sort_unstable();
+        sorted == (0..shape.len()).collect::<Vec<_>>()
+    });
+    match perm {
+        Some(p) if valid => Ty::Tensor(TensorTy::new(
+            x.dtype,
+            p.iter().map(|&i| shape[i].clone()).collect(),
+            c.span,
+        )),
+        _ => {
+            let span = c.arg_span(1);
+            c.error(
+                Diagnostic::new(
+                    "lmx::shape::axis",
+                    format!(
+                        "`transpose` needs a permutation of the {} axes of {}",
+                        shape.len(),
+                        x.shape_text()
+                    ),
+                    span,
+                    "not a permutation",
+                )
+                .with_label(
+                    x.origin,
+                    format!("the shape {} comes from here", x.shape_text()),
+                ),
+            );
+            Ty::Unknown
+        }
+    }
+}
+
+/// `swapaxes(x, a, b)`.
+pub fn swapaxes(c: &mut RuleCx<'_, '_>) -> Ty {
+    let Some(x) = c.tensor(0) else {
+        return Ty::Unknown;
+    };
+    let Some(mut shape) = x.shape.clone() else {
+        return tensor(x, c.span);
+    };
+    let (Some(i), Some(j)) = (c.axis(1, shape.len()), c.axis(2, shape.len())) else {
+        return Ty::Unknown;
+    };
+    shape.swap(i, j);
+    Ty::Tensor(TensorTy::new(x.dtype, shape, c.span))
+}
+
+/// `expand_dims(x, axis)`: the axis counts in the result's rank.
+pub fn expand_dims(c: &mut RuleCx<'_, '_>) -> Ty {
+    let Some(x) = c.tensor(0) else {
+        return Ty::Unknown;
+    };
+    let Some(mut shape) = x.shape.clone() else {
+        return tensor(x, c.span);
+    };
+    let Some(axis) = c.axis(1, shape.len() + 1) else {
+        return Ty::Unknown;
+    };
+    shape.insert(axis, Dim::constant(1));
+    Ty::Tensor(TensorTy::new(x.dtype, shape, c.span))
+}
+
+/// `squeeze(x, axis)`: the axis must have size 1.
+pub fn squeeze(c: &mut RuleCx<'_, '_>) -> Ty {
+    let Some(x) = c.tensor(0) else {
+        return Ty::Unknown;
+    };
+    let Some(mut shape) = x.shape.clone() else {
+        return tensor(x, c.span);
+    };
+    let Some(axis) = c.axis(1, shape.len()) else {
+        return Ty::Unknown;
+    };
+    if shape[axis].as_constant() != Some(1) {
+        let span = c.arg_span(1);
+        c.error(
+            Diagnostic::new(
+                "lmx::shape::squeeze",
+                format!(
+                    "`squeeze` removes an axis of size 1, but axis {axis} of {} has size `{}`",
+                    x.shape_text(),
+                    shape[axis]
+                ),
+                span,
+                "not of size 1",
+            )
+            .with_label(
+                x.origin,
+                format!("the shape {} comes from here", x.shape_text()),
+            ),
+        );
+        return Ty::Unknown;
+    }
+    shape.remove(axis);
+    Ty::Tensor(TensorTy::new(x.dtype, shape, c.span))
+}
+
+/// `split(x, n, axis)`: `n` equal parts.
+pub fn split(c: &mut RuleCx<'_, '_>) -> Ty {
+    let Some(x) = c.tensor(0) else {
+        return Ty::Unknown;
+    };
+    let n = match c.expr(1).map(|e| &e.kind) {
+        Some(crate::ast::ExprKind::Int(n)) if (1..=64).contains(n) => *n,
+        _ => {
+            let span = c.arg_span(1);
+            c.error(Diagnostic::new(
+                "lmx::call::split_count",
+                "`split` needs a literal count between 1 and 64",
+                span,
+                "the number of results must be written out",
+            ));
+            return Ty::Unknown;
+        }
+    };
+    let Some(mut shape) = x.shape.clone() else {
+        let part = Ty::Tensor(TensorTy {
+            shape: None,
+            origin: c.span,
+            ..x
+        });
+        return Ty::Tuple(vec![part; n as usize]);
+    };
+    let Some(axis) = c.axis(2, shape.len()) else {
+        return Ty::Unknown;
+    };
+    if let Some(size) = shape[axis].as_constant() {
+        if size % n != 0 {
+            let span = c.span;
+            c.error(Diagnostic::new(
+                "lmx::shape::split",
+                format!("`split` cannot cut axis {axis} of size {size} into {n} equal parts"),
+                span,
+                "not divisible",
+            ));
+            return Ty::Unknown;
+        }
+    }
+    shape[axis] = shape[axis].div(&Dim::constant(n));
+    let part = Ty::Tensor(TensorTy::new(x.dtype, shape, c.span));
+    Ty::Tuple(vec![part; n as usize])
+}
+
+/// `concat(xs, axis)`: equal off the axis, sizes added along it.
+pub fn concat(c: &mut RuleCx<'_, '_>) -> Ty {
+    let parts = c.tensors(0);
+    let Some((_, first)) = parts.first().cloned() else {
+        return Ty::Unknown;
+    };
+    let mut dtype = first.dtype;
+    let Some(first_shape) = first.shape.clone() else {
+        return tensor(first, c.span);
+    };
+    let Some(axis) = c.axis(1, first_shape.len()) else {
+        return Ty::Unknown;
+    };
+    let mut out = first_shape.clone();
+    for (span, t) in &parts[1..] {
+        dtype = promote(dtype, t.dtype);
+        let Some(shape) = &t.shape else {
+            return Ty::Tensor(TensorTy {
+                dtype,
+                shape: None,
+                origin: c.span,
+            });
+        };
+        let same_rest = shape.len() == first_shape.len()
+            && shape
+                .iter()
+                .zip(&first_shape)
+                .enumerate()
+                .all(|(i, (a, b))| i == axis || a == b);
+        if !same_rest {
+            c.error(Diagnostic::new(
+                "lmx::shape::mismatch",
+                format!(
+                    "`concat` parts differ off the joined axis: {} and {}",
+                    shape_text(&first_shape),
+                    shape_text(shape)
+                ),
+                *span,
+                format!("this has shape {}", shape_text(shape)),
+            ));
+            return Ty::Unknown;
+        }
+        out[axis] = out[axis].add(&shape[axis], 1);
+    }
+    Ty::Tensor(TensorTy::new(dtype, out, c.span))
+}
+
+/// `matmul(a, b)`: the same rule as `a @ b`.
+pub fn matmul(c: &mut RuleCx<'_, '_>) -> Ty {
+    let (Some(a), Some(b)) = (c.tensor(0), c.tensor(1)) else {
+        return Ty::Unknown;
+    };
+    let span = c.span;
+    super::calls::matmul(c.c, span, &a, &b)
+}
+
+/// `arange(n)`: `[n] int`.
+pub fn arange(c: &mut RuleCx<'_, '_>) -> Ty {
+    let n = c.dim(0);
+    Ty::Tensor(TensorTy::new(Dtype::Int, vec![n], c.span))
+}
+
+/// `zeros(shape)`, `ones(shape)`.
+pub fn filled(c: &mut RuleCx<'_, '_>) -> Ty {
+    let shape = c.shape(0);
+    Ty::Tensor(TensorTy::new(Dtype::Float, shape, c.span))
+}
+
+/// `attention(q, k, v, ..)`: rank-4 inputs, matching widths and lengths, whole groups of query
+/// heads per key head; records the call for the cost report.
+pub fn attention(c: &mut RuleCx<'_, '_>) -> Ty {
+    let (Some(q), Some(k), Some(v)) = (c.tensor(0), c.tensor(1), c.tensor(2)) else {
+        return Ty::Unknown;
+    };
+    for t in [&q, &k, &v] {
+        if t.rank().is_some_and(|r| r != 4) {
+            c.rank_error("[B, heads, T, head_dim]", t);
+            return Ty::Unknown;
+        }
+    }
+    let (Some(sq), Some(sk), Some(sv)) = (&q.shape, &k.shape, &v.shape) else {
+        return Ty::Tensor(TensorTy {
+            shape: None,
+            origin: c.span,
+            ..q
+        });
+    };
+    if sq[3] != sk[3] || sk[2] != sv[2] || sk[1] != sv[1] {
+        let (what, a, b) = if sq[3] != sk[3] {
+            ("head width", &q, &k)
+        } else if sk[2] != sv[2] {
+            ("length", &k, &v)
+        } else {
+            ("head count", &k, &v)
+        };
+        let span = c.span;
+        c.error(
+            Diagnostic::new(
+                "lmx::shape::mismatch",
+                format!(
+                    "`attention` {what} differs: {} and {}",
+                    a.shape_text(),
+                    b.shape_text()
+                ),
+                span,
+                "in this attention",
+            )
+            .with_label(a.origin, format!("this has shape {}", a.shape_text()))
+            .with_label(b.origin, format!("this has shape {}", b.shape_text())),
+        );
+        return Ty::Unknown;
+    }
+    if let (Some(h), Some(kv)) = (sq[1].as_constant(), sk[1].as_constant()) {
+        if kv == 0 || h % kv != 0 {
+            let span = c.span;
+            c.error(
+                Diagnostic::new(
+                    "lmx::shape::heads",
+                    format!(
+                        "`attention` needs whole groups of query heads per key head: {h} query heads over {kv} key heads"
+                    ),
+                    span,
+                    "in this attention",
+                )
+                .with_label(q.origin, format!("this has shape {}", q.shape_text()))
+                .with_label(k.origin, format!("this has shape {}", k.shape_text())),
+            );
+            return Ty::Unknown;
+        }
+    }
+    let causal = c.flag(3).unwrap_or(false);
+    let site = AttentionSite {
+        heads: sq[1].clone(),
+        kv_heads: sk[1].clone(),
+        q_len: sq[2].clone(),
+        kv_len: sk[2].clone(),
+        head_dim: sq[3].clone(),
+        causal,
+    };
+    c.facts().attention.push(site);
+    let shape = vec![sq[0].clone(), sq[1].clone(), sq[2].clone(), sv[3].clone()];
+    Ty::Tensor(TensorTy::new(q.dtype, shape, c.span))
+}
+
+/// `rope(x, base, dims)`: rank 4; `dims` even and at most the head width.
+pub fn rope(c: &mut RuleCx<'_, '_>) -> Ty {
+    let Some(x) = c.tensor(0) else {
+        return Ty::Unknown;
+    };
+    if x.rank().is_some_and(|r| r != 4) {
+        c.rank_error("[B, heads, T, head_dim]", &x);
+        return Ty::Unknown;
+    }
+    if let (Some(dims), Some(width)) = (
+        c.given(2).then(|| c.constant(2)).flatten(),
+        x.shape.as_ref().and_then(|s| s[3].as_constant()),
+    ) {
+        if dims < 2 || dims % 2 != 0 || dims > width {
+            let span = c.arg_span(2);
+            c.error(Diagnostic::new(
+                "lmx::call::argument_range",
+                format!(
+                    "`dims` of `rope` must be even, from 2 to the head width {width}; found {dims}"
+                ),
+                span,
+                "out of range",
+            ));
+            return Ty::Unknown;
+        }
+    }
+    tensor(x, c.span)
+}
+
+/// `alibi(heads, len)`: `[heads, len, len]`.
+pub fn alibi(c: &mut RuleCx<'_, '_>) -> Ty {
+    let (h, t) = (c.dim(0), c.dim(1));
+    Ty::Tensor(TensorTy::new(Dtype::Float, vec![h, t.clone(), t], c.span))
+}
+
+/// `sinusoidal(len, dim)`: `[len, dim]`.
+pub fn sinusoidal(c: &mut RuleCx<'_, '_>) -> Ty {
+    let (t, d) = (c.dim(0), c.dim(1));
+    Ty::Tensor(TensorTy::new(Dtype::Float, vec![t, d], c.span))
+}
+
+/// `one_hot(indices, n)`: int indices, a new last axis of `n`.
+pub fn one_hot(c: &mut RuleCx<'_, '_>) -> Ty {
+    let Some(x) = c.tensor(0) else {
+        return Ty::Unknown;
+    };
+    if x.dtype != Dtype::Int {
+        return not_int(c, 0, &x);
+    }
+    let n = c.dim(1);
+    let shape = x.shape.map(|mut s| {
+        s.push(n);
+        s
+    });
+    Ty::Tensor(TensorTy {
+        dtype: Dtype::Float,
+        shape,
+        origin: c.span,
+    })
+}
+
+fn not_int(c: &mut RuleCx<'_, '_>, i: usize, t: &TensorTy) -> Ty {
+    let span = c.arg_span(i);
+    let name = c.name;
+    c.error(
+        Diagnostic::new(
+            "lmx::type::mismatch",
+            format!(
+                "`{name}` takes int indices, found {} tensor",
+                t.dtype.with_article()
+            ),
+            span,
+            "not int",
+        )
+        .with_label(t.origin, "its dtype comes from here"),
+    );
+    Ty::Unknown
+}
+
+/// `top_k(x, k)`: values and int indices, the last axis `k` wide.
+pub fn top_k(c: &mut RuleCx<'_, '_>) -> Ty {
+    let Some(x) = c.tensor(0) else {
+        return Ty::Unknown;
+    };
+    let k = c.dim(1);
+    let shape = x.shape.clone().map(|mut s| {
+        if let Some(last) = s.last_mut() {
+            *last = k;
+        }
+        s
+    });
+    Ty::Tuple(vec![
+        Ty::Tensor(TensorTy {
+            dtype: x.dtype,
+            shape: shape.clone(),
+            origin: c.span,
+        }),
+        Ty::Tensor(TensorTy {
+            dtype: Dtype::Int,
+            shape,
+            origin: c.span,
+        }),
+    ])
+}
+
+/// `take_along_axis(x, indices, axis)`: equal ranks, int indices; the indices' shape.
+pub fn take_along_axis(c: &mut RuleCx<'_, '_>) -> Ty {
+    let (Some(x), Some(i)) = (c.tensor(0), c.tensor(1)) else {
+        return Ty::Unknown;
+    };
+    if i.dtype != Dtype::Int {
+        return not_int(c, 1, &i);
+    }
+    if let (Some(rx), Some(ri)) = (x.rank(), i.rank()) {
+        if rx != ri {
+            c.rank_error(&format!("indices of rank {rx}"), &i);
+            return Ty::Unknown;
+        }
+        if c.axis(2, rx).is_none() {
+            return Ty::Unknown;
+        }
+    }
+    Ty::Tensor(TensorTy {
+        dtype: x.dtype,
+        shape: i.shape,
+        origin: c.span,
+    })
+}
+
+/// `cross_entropy(logits, targets)`: a scalar; logits are the targets' shape plus classes.
+pub fn cross_entropy(c: &mut RuleCx<'_, '_>) -> Ty {
+    let (Some(logits), Some(targets)) = (c.tensor(0), c.tensor(1)) else {
+        return Ty::Unknown;
+    };
+    if targets.dtype != Dtype::Int {
+        let span = targets.origin;
+        c.error(Diagnostic::new(
+            "lmx::type::mismatch",
+            "`cross_entropy` targets must be an int tensor of class ids",
+            span,
+            "not int",
+        ));
+        return Ty::Unknown;
+    }
+    if let (Some(l), Some(t)) = (&logits.shape, &targets.shape) {
+        if l.len() != t.len() + 1 || l[..t.len()] != t[..] {
+            let span = c.span;
+            c.error(
+                Diagnostic::new(
+                    "lmx::shape::mismatch",
+                    format!(
+                        "`cross_entropy` logits {} do not match targets {}",
+                        logits.shape_text(),
+                        targets.shape_text()
+                    ),
+                    span,
+                    "logits must be the targets' shape plus a class axis",
+                )
+                .with_label(
+                    logits.origin,
+                    format!("logits have shape {}", logits.shape_text()),
+                )
+                .with_label(
+                    targets.origin,
+                    format!("targets have shape {}", targets.shape_text()),
+                ),
+            );
+            return Ty::Unknown;
+        }
+    }
+    Ty::Tensor(TensorTy::new(Dtype::Float, Vec::new(), c.span))
+}
