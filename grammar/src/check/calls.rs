@@ -121,7 +121,13 @@ impl Checker<'_> {
         scope: &mut Scope,
         ctx: Context,
     ) -> Ty {
-        let ft = self.infer(callee, scope, ctx);
+        // A built-in's name is resolved here, in the one position where a function may appear.
+        let ft = match &callee.kind {
+            ExprKind::Name(n) if scope.get(n).is_none() && is_builtin(n, ctx) => {
+                Ty::Function(n.clone())
+            }
+            _ => self.infer(callee, scope, ctx),
+        };
         let tys: Vec<Ty> = args
             .iter()
             .map(|a| self.infer(&a.value, scope, ctx))
@@ -133,14 +139,6 @@ impl Checker<'_> {
         };
         match ft {
             Ty::Unknown => Ty::Unknown,
-            Ty::Function(name) if name.starts_with('.') => {
-                let ExprKind::Member(target, method) = &callee.kind else {
-                    return Ty::Unknown;
-                };
-                let t = self.infer(target, scope, ctx);
-                self.host_read(&format!(".{}()", &name[1..]), target.span, method.span, &t);
-                Ty::Unknown
-            }
             Ty::Function(name) => match crate::builtins::lookup(&name) {
                 Some(b) => self.builtin_call(b, e, args.args, args.tys, ctx),
                 None => self.step_builtin(&name, e.span, &args),
@@ -165,7 +163,7 @@ impl Checker<'_> {
         }
     }
 
-    fn host_read(&mut self, what: &str, target: Span, at: Span, t: &Ty) {
+    pub(crate) fn host_read(&mut self, what: &str, target: Span, at: Span, t: &Ty) {
         let shape = match t {
             Ty::Tensor(t) => t.shape_text(),
             _ => "[?]".to_string(),

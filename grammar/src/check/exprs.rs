@@ -103,7 +103,16 @@ impl Checker<'_> {
             return b.ty.clone();
         }
         if calls::is_builtin(name, ctx) {
-            return Ty::Function(name.to_string());
+            self.error(
+                Diagnostic::new(
+                    "lmx::type::function_value",
+                    format!("`{name}` is a built-in function, used here as a value"),
+                    span,
+                    "not called",
+                )
+                .with_help(format!("call it: `{name}(..)`")),
+            );
+            return Ty::Unknown;
         }
         let mut d = Diagnostic::new(
             "lmx::name::unknown",
@@ -325,7 +334,11 @@ impl Checker<'_> {
             }
             Ty::Unknown => Ty::Unknown,
             Ty::Tensor(_) if HOST_READS.contains(&name.name.as_str()) => {
-                Ty::Function(format!(".{}", name.name))
+                // Reported at the member itself, called or not: a method value bound with `let`
+                // and called later reads the tensor just the same.
+                let what = format!(".{}()", name.name);
+                self.host_read(&what, target.span, name.span, t);
+                Ty::Unknown
             }
             other => {
                 self.error(Diagnostic::new(
