@@ -284,6 +284,12 @@ pub struct StepIr {
     pub clip: Option<Expr>,
     /// Names of the scalar metrics the step returns.
     pub metrics: Vec<String>,
+    /// The `grad(..)` call's span and its argument: the loss the step differentiates.
+    pub loss: Option<(crate::span::Span, Expr)>,
+    /// The metric naming the loss, if any.
+    pub loss_metric: Option<String>,
+    /// The metric naming the gradient norm, if any.
+    pub norm_metric: Option<String>,
     /// The compiled state, in its fixed order.
     pub state: Vec<StateSlot>,
 }

@@ -29,6 +29,10 @@ pub(crate) struct StepState {
     /// Whether an `optimizer` was written nested (an error already), so none is asked for again.
     optimizer_nested: bool,
     metrics: Vec<String>,
+    /// The `grad(..)` call and its argument, the loss.
+    grad: Option<(Span, Expr)>,
+    /// The `clip_grad_norm(..)` call, whose second result is the gradient norm.
+    clip_call: Option<Span>,
 }
 
 impl Checker<'_> {
@@ -404,6 +408,7 @@ impl Checker<'_> {
         }
         let mut state = StepState::default();
         self.step_state = Some(StepState::default());
+        let mut metric_origins = Vec::new();
         for s in &step.body.stmts {
             match &s.kind {
                 StmtKind::Optimizer(call) => self.optimizer(call, &mut state),
@@ -450,7 +455,8 @@ impl Checker<'_> {
                                     .with_help("reduce it first, e.g. `mean(x)`"),
                                 );
                             }
-                            Ty::Tensor(_) | Ty::Unknown => {}
+                            Ty::Tensor(t) => metric_origins.push((n.clone(), t.origin)),
+                            Ty::Unknown => {}
                             other => self.error(Diagnostic::new(
                                 "lmx::step::metric_shape",
                                 format!(
@@ -473,7 +479,10 @@ impl Checker<'_> {
             state.clip = nested.clip;
             state.updated |= nested.updated;
             state.optimizer_nested = nested.optimizer_nested;
+            state.grad = nested.grad;
+            state.clip_call = nested.clip_call;
         }
+        let (loss_metric, norm_metric) = self.step_metrics(&state, &metric_origins);
         let end = Span::new(step.body.span.end.saturating_sub(1), step.body.span.end);
         let optimizer = state.optimizer.take().unwrap_or_else(|| {
             if !state.optimizer_nested {
@@ -530,8 +539,50 @@ impl Checker<'_> {
             accumulate,
             clip: state.clip,
             metrics: state.metrics,
+            loss: state.grad,
+            loss_metric,
+            norm_metric,
             state: slots,
         }
+    }
+
+    /// Sorts the step's metrics into the two the compiled step returns: the loss (the name given
+    /// to `grad`) and the gradient norm (from `clip_grad_norm`); any other is reported.
+    fn step_metrics(
+        &mut self,
+        state: &StepState,
+        metrics: &[(ast::Ident, Span)],
+    ) -> (Option<String>, Option<String>) {
+        let loss_name = match &state.grad {
+            Some((_, Expr { kind: ExprKind::Name(n), .. })) => Some(n.as_str()),
+            _ => None,
+        };
+        let (mut loss, mut norm) = (None, None);
+        for (name, origin) in metrics {
+            if Some(name.name.as_str()) == loss_name {
+                loss = Some(name.name.clone());
+            } else if state.clip_call == Some(*origin) {
+                norm = Some(name.name.clone());
+            } else {
+                let help = match &state.grad {
+                    Some(_) => "a step reports the loss it differentiates, named in `grad(loss)`, and the gradient norm from `clip_grad_norm`",
+                    None => "a step reports the loss it differentiates (`grad(loss)`) and the gradient norm from `clip_grad_norm`",
+                };
+                self.error(
+                    Diagnostic::new(
+                        "lmx::step::metric",
+                        format!(
+                            "metric `{}` is neither the differentiated loss nor the gradient norm",
+                            name.name
+                        ),
+                        name.span,
+                        "not returned by the compiled step",
+                    )
+                    .with_help(help),
+                );
+            }
+        }
+        (loss, norm)
     }
 
     fn model_uses_rng(&self) -> bool {
@@ -638,7 +689,27 @@ impl Checker<'_> {
                         );
                         Ty::Unknown
                     }
-                    Ty::Tensor(_) => Ty::Grads,
+                    Ty::Tensor(_) => {
+                        let e = e.clone();
+                        if let Some(st) = self.step_state.as_mut() {
+                            if let Some((first, _)) = &st.grad {
+                                let first = *first;
+                                self.error(
+                                    Diagnostic::new(
+                                        "lmx::step::two_grads",
+                                        "a step differentiates one loss",
+                                        span,
+                                        "a second `grad`",
+                                    )
+                                    .with_label(first, "the first `grad`")
+                                    .with_help("combine the losses into one scalar, e.g. `grad(a + 0.5 * b)`"),
+                                );
+                                return Ty::Unknown;
+                            }
+                            st.grad = Some((span, e));
+                        }
+                        Ty::Grads
+                    }
                     Ty::Unknown => Ty::Unknown,
                     other => {
                         self.error(Diagnostic::new(
@@ -674,6 +745,7 @@ impl Checker<'_> {
                 self.expect_static(&mt, &StaticTy::Float, m.span, "the maximum norm");
                 if let Some(st) = self.step_state.as_mut() {
                     st.clip = Some(m);
+                    st.clip_call = Some(span);
                 }
                 Ty::Tuple(vec![
                     Ty::Grads,

@@ -6,7 +6,7 @@ use quote::{format_ident, quote};
 use super::forward::{unsupported, Fx, Site, R};
 use super::names::{camel, ident};
 use super::Gen;
-use crate::ast::{Expr, ExprKind, Step, StmtKind};
+use crate::ast::{Expr, Step};
 use crate::eval::{eval, Value};
 use crate::ir::{OptimizerKind, SettingDefault, StepIr};
 
@@ -195,45 +195,18 @@ fn step(g: &Gen<'_>, ir: &StepIr, ast: &Step) -> R<TokenStream> {
         None => quote!(None),
     };
 
-    // The loss: the statements before `grad(..)`, and the value `grad` differentiates.
-    let mut loss_expr = None;
-    let mut norm_name = None;
-    let mut before = Vec::new();
-    for s in &ast.body.stmts {
-        if let Some(e) = find_call(s, "grad") {
-            loss_expr = Some(e);
-            if let StmtKind::Let(names, _) = &s.kind {
-                if find_call(s, "clip_grad_norm").is_some() {
-                    norm_name = names.get(1).map(|n| n.name.clone());
-                }
-            }
-            break;
-        }
-        before.push(s.clone());
-    }
-    let loss_expr =
-        loss_expr.ok_or_else(|| unsupported(ast.name.span, "a step without `grad(loss)`"))?;
-    let loss_name = match &loss_expr.kind {
-        ExprKind::Name(n) => Some(n.clone()),
-        _ => None,
+    // The loss: the statements before the one holding `grad(..)`, and the value it
+    // differentiates; the checker found both and sorted the metrics into loss and norm.
+    let Some((grad_call, loss_expr)) = ir.loss.clone() else {
+        return Err(unsupported(ast.name.span, "a step without `grad(loss)`"));
     };
-    for (m, span) in ast
+    let before: Vec<_> = ast
         .body
         .stmts
         .iter()
-        .filter_map(|s| match &s.kind {
-            StmtKind::Metrics(ms) => Some(ms.iter().map(move |m| (m.name.clone(), m.span))),
-            _ => None,
-        })
-        .flatten()
-    {
-        if Some(&m) != loss_name.as_ref() && Some(&m) != norm_name.as_ref() {
-            return Err(unsupported(
-                span,
-                "a metric other than the loss and the gradient norm",
-            ));
-        }
-    }
+        .take_while(|s| !(s.span.start <= grad_call.start && grad_call.end <= s.span.end))
+        .cloned()
+        .collect();
     let mut fx = Fx::new(g, Site::Step, g.globals());
     let inputs: Vec<(String, Vec<Expr>)> = ast
         .inputs
@@ -301,25 +274,4 @@ fn step(g: &Gen<'_>, ir: &StepIr, ast: &Step) -> R<TokenStream> {
             }
         }
     })
-}
-
-/// The first argument of the first call of `name` in a statement.
-fn find_call(s: &crate::ast::Stmt, name: &str) -> Option<Expr> {
-    fn walk(e: &Expr, name: &str) -> Option<Expr> {
-        match &e.kind {
-            ExprKind::Call(callee, args) => {
-                if matches!(&callee.kind, ExprKind::Name(n) if n == name) {
-                    return args.first().map(|a| a.value.clone());
-                }
-                args.iter().find_map(|a| walk(&a.value, name))
-            }
-            ExprKind::Binary(_, _, a, b) => walk(a, name).or_else(|| walk(b, name)),
-            ExprKind::Unary(_, a) | ExprKind::Member(a, _) | ExprKind::Index(a, _) => walk(a, name),
-            _ => None,
-        }
-    }
-    match &s.kind {
-        StmtKind::Let(_, e) | StmtKind::Assign(_, e) | StmtKind::Expr(e) => walk(e, name),
-        _ => None,
-    }
 }
