@@ -255,6 +255,22 @@ impl Checker<'_> {
                     },
                 })
             }
+            (Ty::Grads, _) | (_, Ty::Grads) => {
+                // The compiled step differentiates one scalar and updates with its gradients as
+                // they are (clipped if asked); scaling the loss scales them alike.
+                let at = if matches!(ta, Ty::Grads) { a } else { b };
+                self.error(
+                    Diagnostic::new(
+                        "lmx::step::grad_arithmetic",
+                        format!("gradients cannot be combined with `{}`", op.symbol()),
+                        whole.span,
+                        "arithmetic on gradients",
+                    )
+                    .with_label(at.span, "these are the gradients of the loss")
+                    .with_help("scale the loss instead, which scales its gradients alike: `grad(stop_gradient(scale) * loss)`"),
+                );
+                Ty::Unknown
+            }
             _ => {
                 let bad = if matches!(ta, Ty::Tensor(_) | Ty::Static(_)) {
                     (b, &tb)
