@@ -328,6 +328,11 @@ impl Dim {
         out.unwrap_or_else(|| Dim::constant(0))
     }
 
+    /// Whether the dimension is an expression the normal form cannot represent.
+    pub fn is_opaque(&self) -> bool {
+        matches!(self.norm, Norm::Opaque(_))
+    }
+
     /// The base symbols the dimension depends on.
     pub fn symbols(&self) -> Vec<String> {
         match &self.norm {

@@ -549,6 +549,17 @@ impl Sizes {
         }
         let mut activations = Some(0u64);
         for shape in &facts.activations {
+            // A size whose every symbol has a value must be a whole number (`d_model / 3` with
+            // `d_model = 64` is not: `split` and `reshape` would fail when the model runs).
+            for d in shape {
+                let known = !d.is_opaque() && d.symbols().iter().all(|s| lookup(s).is_some());
+                if known && size(d).is_err() {
+                    return Err(ReportError::Invalid(format!(
+                        "a tensor in `{}` has a size `{d}` that is not a whole number",
+                        if block.is_empty() { "forward" } else { block }
+                    )));
+                }
+            }
             let n = shape
                 .iter()
                 .try_fold(1u64, |n, d| n.checked_mul(size(d).unwrap_or(1)));

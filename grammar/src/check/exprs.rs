@@ -77,8 +77,11 @@ impl Checker<'_> {
     }
 
     fn note_activation(&mut self, ty: &Ty) {
-        if let Ty::Tensor(TensorTy { shape: Some(s), .. }) = ty {
-            self.facts.activations.push(s.clone());
+        match ty {
+            Ty::Tensor(TensorTy { shape: Some(s), .. }) => self.facts.activations.push(s.clone()),
+            // `split` and `top_k` produce several tensors.
+            Ty::Tuple(parts) => parts.iter().for_each(|p| self.note_activation(p)),
+            _ => {}
         }
     }
 
