@@ -5,7 +5,10 @@ fn main() {
             Err(e) => println!("== {path}: REJECTED\n{e}"),
             Ok(m) => match lmx_grammar::codegen::generate(&m) {
                 Ok(_) => println!("== {path}: ok"),
-                Err(d) => println!("== {path}: CODEGEN FAILED\n{}", lmx_grammar::render(&d, &path, &src)),
+                Err(d) => println!(
+                    "== {path}: CODEGEN FAILED\n{}",
+                    lmx_grammar::render(&d, &path, &src)
+                ),
             },
         }
     }

@@ -178,23 +178,51 @@ impl std::fmt::Debug for Builtin {
 impl Builtin {
     /// The signature as the documentation writes it: `softmax(x, axis = -1)`.
     pub fn signature(&self) -> String {
-        let Some(tensor) = &self.tensor else {
-            let arity = self.statik.map_or(0, |s| s.arity);
-            let args: Vec<&str> = ["x", "y"].into_iter().take(arity).collect();
-            return format!("{}({})", self.name, args.join(", "));
-        };
-        let args: Vec<String> = tensor
-            .params
-            .iter()
-            .map(|p| match p.default {
-                Default::Required => p.name.to_string(),
-                Default::Absent => format!("{} = none", p.name),
-                d => format!("{} = {}", p.name, d.text().unwrap_or_default()),
-            })
-            .collect();
-        format!("{}({})", self.name, args.join(", "))
+        match &self.tensor {
+            Some(tensor) => signature(self.name, tensor.params),
+            None => {
+                let arity = self.statik.map_or(0, |s| s.arity);
+                let args: Vec<&str> = ["x", "y"].into_iter().take(arity).collect();
+                format!("{}({})", self.name, args.join(", "))
+            }
+        }
     }
 }
+
+/// `name(params)` with the parameters' defaults, as documentation and help lines write it.
+pub fn signature(name: &str, params: &[Param]) -> String {
+    let args: Vec<String> = params
+        .iter()
+        .map(|p| match p.default {
+            Default::Required => p.name.to_string(),
+            Default::Absent => format!("{} = none", p.name),
+            d => format!("{} = {}", p.name, d.text().unwrap_or_default()),
+        })
+        .collect();
+    format!("{name}({})", args.join(", "))
+}
+
+/// The parameters of the step-only functions `grad` and `clip_grad_norm` (their rules are the
+/// step's: `check/stmts.rs`).
+pub const GRAD_PARAMS: &[Param] = &[Param {
+    name: "loss",
+    slot: Slot::Tensor,
+    default: Default::Required,
+}];
+
+/// The parameters of `clip_grad_norm`.
+pub const CLIP_PARAMS: &[Param] = &[
+    Param {
+        name: "grads",
+        slot: Slot::Tensor,
+        default: Default::Required,
+    },
+    Param {
+        name: "max",
+        slot: Slot::Float,
+        default: Default::Required,
+    },
+];
 
 /// The built-in called `name`.
 pub fn lookup(name: &str) -> Option<&'static Builtin> {

@@ -4,7 +4,7 @@
 use super::calls::HOST_READ_HELP;
 use super::{Checker, Context};
 use crate::ast::{Arg, Expr, ExprKind};
-use crate::builtins::{Builtin, Default, Site, Slot, StaticForm, TensorForm};
+use crate::builtins::{Builtin, Default, Param, Site, Slot, StaticForm, TensorForm};
 use crate::diag::Diagnostic;
 use crate::dim::Dim;
 use crate::ir::{CallIr, Form};
@@ -342,7 +342,7 @@ impl Checker<'_> {
         args: &[Arg],
         tys: Vec<Ty>,
     ) -> Ty {
-        let Some(slots) = self.bind(b.name, form, call.span, args) else {
+        let Some(slots) = self.bind(b.name, form.params, call.span, args) else {
             return Ty::Unknown;
         };
         let mut ok = true;
@@ -381,14 +381,13 @@ impl Checker<'_> {
 
     /// Binds arguments to parameters: positional ones in order, then keywords by name.
     /// Reports extra, unknown, repeated and missing arguments.
-    fn bind(
+    pub(crate) fn bind(
         &mut self,
         name: &str,
-        form: TensorForm,
+        params: &'static [Param],
         span: Span,
         args: &[Arg],
     ) -> Option<Vec<Option<usize>>> {
-        let params = form.params;
         let mut slots: Vec<Option<usize>> = vec![None; params.len()];
         let mut next = 0;
         for (i, arg) in args.iter().enumerate() {
@@ -407,7 +406,7 @@ impl Checker<'_> {
                                 arg.value.span,
                                 "this argument has no parameter",
                             )
-                            .with_help(format!("`{}`", signature(name, form))),
+                            .with_help(format!("`{}`", signature(name, params))),
                         );
                         return None;
                     }
@@ -426,9 +425,9 @@ impl Checker<'_> {
                         d = match super::suggest::closest(&kw.name, params.iter().map(|p| p.name)) {
                             Some(s) => d.with_help(format!(
                                 "did you mean `{s}`? `{}`",
-                                signature(name, form)
+                                signature(name, params)
                             )),
-                            None => d.with_help(format!("`{}`", signature(name, form))),
+                            None => d.with_help(format!("`{}`", signature(name, params))),
                         };
                         self.error(d);
                         return None;
@@ -461,7 +460,7 @@ impl Checker<'_> {
                     span,
                     format!("`{}` is required", missing.0.name),
                 )
-                .with_help(format!("`{}`", signature(name, form))),
+                .with_help(format!("`{}`", signature(name, params))),
             );
             return None;
         }
@@ -547,14 +546,6 @@ impl Checker<'_> {
 }
 
 /// `name(params)` as the documentation writes it.
-fn signature(name: &str, form: TensorForm) -> String {
-    let b = Builtin {
-        name: "",
-        site: Site::Anywhere,
-        tensor: Some(form),
-        statik: None,
-        result: "",
-        doc: "",
-    };
-    format!("{name}{}", b.signature())
+fn signature(name: &str, params: &'static [Param]) -> String {
+    crate::builtins::signature(name, params)
 }

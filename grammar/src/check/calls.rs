@@ -88,8 +88,8 @@ pub(crate) fn matmul(c: &mut Checker<'_>, span: Span, a: &TensorTy, b: &TensorTy
 
 /// Arguments of one call, with their types, found by position or keyword.
 pub(crate) struct Args<'a> {
-    args: &'a [Arg],
-    tys: Vec<Ty>,
+    pub(crate) args: &'a [Arg],
+    pub(crate) tys: Vec<Ty>,
     span: Span,
 }
 

@@ -553,8 +553,12 @@ impl Checker<'_> {
         state: &StepState,
         metrics: &[(ast::Ident, Span)],
     ) -> (Option<String>, Option<String>) {
-        let loss_name = match &state.grad {
-            Some((_, Expr { kind: ExprKind::Name(n), .. })) => Some(n.as_str()),
+        // Without a `grad(..)`, the step has an error of its own already.
+        let Some((_, loss)) = &state.grad else {
+            return (None, None);
+        };
+        let loss_name = match &loss.kind {
+            ExprKind::Name(n) => Some(n.as_str()),
             _ => None,
         };
         let (mut loss, mut norm) = (None, None);
@@ -564,10 +568,7 @@ impl Checker<'_> {
             } else if state.clip_call == Some(*origin) {
                 norm = Some(name.name.clone());
             } else {
-                let help = match &state.grad {
-                    Some(_) => "a step reports the loss it differentiates, named in `grad(loss)`, and the gradient norm from `clip_grad_norm`",
-                    None => "a step reports the loss it differentiates (`grad(loss)`) and the gradient norm from `clip_grad_norm`",
-                };
+                let help = "a step reports the loss it differentiates, named in `grad(loss)`, and the gradient norm from `clip_grad_norm`";
                 self.error(
                     Diagnostic::new(
                         "lmx::step::metric",
@@ -661,6 +662,18 @@ impl Checker<'_> {
                 Some(sig) => self.signature_call(&sig, "forward", span, args),
                 None => Ty::Unknown,
             },
+            "grad" | "clip_grad_norm"
+                if {
+                    let params = if name == "grad" {
+                        crate::builtins::GRAD_PARAMS
+                    } else {
+                        crate::builtins::CLIP_PARAMS
+                    };
+                    self.bind(name, params, span, args.args).is_none()
+                } =>
+            {
+                Ty::Unknown
+            }
             "grad" => {
                 let Some((e, t)) = args.get(0, "loss") else {
                     return Ty::Unknown;
