@@ -138,7 +138,20 @@ impl Checker<'_> {
             (UnaryOp::Neg, Ty::Static(StaticTy::Int(d))) => {
                 Ty::Static(StaticTy::Int(d.map(|d| Dim::constant(-1).mul(&d))))
             }
-            (_, t) => t,
+            (UnaryOp::Neg, t @ (Ty::Static(StaticTy::Float) | Ty::Tensor(_) | Ty::Unknown)) => t,
+            (UnaryOp::Neg, other) => {
+                self.error(
+                    Diagnostic::new(
+                        "lmx::type::mismatch",
+                        format!("`-` negates numbers and tensors, found a {}", other),
+                        a.span,
+                        format!("this is a {other}"),
+                    )
+                    .with_help("negate a bool with `not`"),
+                );
+                Ty::Unknown
+            }
+            (UnaryOp::Not, t) => t,
         }
     }
 
@@ -232,7 +245,25 @@ impl Checker<'_> {
                 let number = match n {
                     StaticTy::Float => Dtype::Float,
                     StaticTy::Int(_) => Dtype::Int,
-                    _ => t.dtype,
+                    StaticTy::Bool => Dtype::Bool,
+                    StaticTy::Str | StaticTy::Enum(_) => {
+                        let (e, what) = if matches!(ta, Ty::Static(_)) {
+                            (a, n)
+                        } else {
+                            (b, n)
+                        };
+                        self.error(Diagnostic::new(
+                            "lmx::type::mismatch",
+                            format!(
+                                "`{}` cannot combine a tensor and a {}",
+                                op.symbol(),
+                                what.name()
+                            ),
+                            e.span,
+                            format!("this is a {}", what.name()),
+                        ));
+                        return Ty::Unknown;
+                    }
                 };
                 let dtype = promote(op, t.dtype, number);
                 Ty::Tensor(TensorTy {
@@ -245,6 +276,22 @@ impl Checker<'_> {
                         whole.span
                     },
                 })
+            }
+            (Ty::Grads, _) | (_, Ty::Grads) => {
+                let g = if matches!(ta, Ty::Grads) { a } else { b };
+                self.error(
+                    Diagnostic::new(
+                        "lmx::step::grads_arithmetic",
+                        format!("`{}` cannot be applied to gradients", op.symbol()),
+                        g.span,
+                        "these are the gradients of `grad(..)`",
+                    )
+                    .with_help(
+                        "`update` applies the gradients as `grad` gives them; to scale them, \
+                         scale the loss first: `grad(stop_gradient(s) * loss)` is `s` times them",
+                    ),
+                );
+                Ty::Unknown
             }
             _ => {
                 let bad = if matches!(ta, Ty::Tensor(_) | Ty::Static(_)) {
@@ -266,6 +313,29 @@ impl Checker<'_> {
     fn static_binary(&mut self, op: BinaryOp, whole: &Expr, x: &StaticTy, y: &StaticTy) -> Ty {
         use BinaryOp::*;
         if op.is_comparison() {
+            let number = |t: &StaticTy| matches!(t, StaticTy::Int(_) | StaticTy::Float);
+            let comparable = match (x, y) {
+                (a, b) if number(a) && number(b) => true,
+                (StaticTy::Str, StaticTy::Str) => true,
+                // Bools and enum variants are equal or not; they have no order.
+                (StaticTy::Bool, StaticTy::Bool) => matches!(op, Eq | Ne),
+                (StaticTy::Enum(a), StaticTy::Enum(b)) => matches!(op, Eq | Ne) && a == b,
+                _ => false,
+            };
+            if !comparable {
+                self.error(Diagnostic::new(
+                    "lmx::type::mismatch",
+                    format!(
+                        "`{}` cannot compare {} and {}",
+                        op.symbol(),
+                        article(x.name()),
+                        article(y.name())
+                    ),
+                    whole.span,
+                    "mismatched static types",
+                ));
+                return Ty::Unknown;
+            }
             return Ty::Static(StaticTy::Bool);
         }
         match (x, y) {
@@ -324,8 +394,26 @@ impl Checker<'_> {
                 Ty::Unknown
             }
             Ty::Unknown => Ty::Unknown,
-            Ty::Tensor(_) if HOST_READS.contains(&name.name.as_str()) => {
-                Ty::Function(format!(".{}", name.name))
+            // The method value itself leaves the graph, whether it is called at once or bound
+            // with `let` and called later: the read is reported here, where it is named.
+            Ty::Tensor(tt) if HOST_READS.contains(&name.name.as_str()) => {
+                self.error(
+                    Diagnostic::new(
+                        "lmx::branch::host_read",
+                        format!(
+                            "`.{}()` reads a tensor to the host inside a traced function",
+                            name.name
+                        ),
+                        name.span,
+                        "this waits for the graph to run and leaves it",
+                    )
+                    .with_label(
+                        target.span,
+                        format!("this is a tensor of shape {}", tt.shape_text()),
+                    )
+                    .with_help(calls::HOST_READ_HELP),
+                );
+                Ty::Unknown
             }
             other => {
                 self.error(Diagnostic::new(
@@ -479,7 +567,7 @@ impl Checker<'_> {
         ctx: Context,
     ) -> Ty {
         let ct = self.infer(cond, scope, ctx);
-        let is_value = then.tail().is_some() || otherwise.and_then(Body::tail).is_some();
+        let is_value = gives_value(then) || otherwise.is_some_and(gives_value);
         if let Ty::Tensor(t) = &ct {
             let (code, what) = if is_value {
                 ("lmx::branch::tensor_conditional", "conditional expression")
@@ -549,6 +637,27 @@ impl Checker<'_> {
             }
             _ => Ty::Tuple(Vec::new()),
         }
+    }
+}
+
+/// `word` with its indefinite article: "an int", "a float".
+pub(crate) fn article(word: &str) -> String {
+    if word.starts_with(['a', 'e', 'i', 'o', 'u']) {
+        format!("an {word}")
+    } else {
+        format!("a {word}")
+    }
+}
+
+/// Whether a body ends with a value: an expression other than an `if` that itself gives none
+/// (`if a { if b { x = y } }` is a statement, not a value missing its `else`).
+fn gives_value(body: &Body) -> bool {
+    match body.tail().map(|e| &e.kind) {
+        None => false,
+        Some(ExprKind::If(_, then, otherwise)) => {
+            gives_value(then) || otherwise.as_ref().is_some_and(gives_value)
+        }
+        Some(_) => true,
     }
 }
 
