@@ -1,8 +1,11 @@
 //! Bodies: forward passes, statements, loops, and training steps.
 
 use super::calls::Args;
+use super::exprs::article;
 use super::scope::Scope;
 use super::{Checker, Context};
+use std::collections::HashMap;
+
 use crate::ast::{self, Body, Expr, ExprKind, Forward, StmtKind};
 use crate::diag::Diagnostic;
 use crate::dim::shape_text;
@@ -19,6 +22,24 @@ pub(crate) fn paren(text: &str) -> String {
     }
 }
 
+/// A dtype as `.lmx` writes it.
+fn dtype_name(d: ast::Dtype) -> &'static str {
+    match d {
+        ast::Dtype::Float => "float",
+        ast::Dtype::Int => "int",
+        ast::Dtype::Bool => "bool",
+    }
+}
+
+/// A type with its article, without its shape: "a tensor", "a static int".
+fn article_ty(t: &Ty) -> String {
+    match t {
+        Ty::Tensor(_) => "a tensor".to_string(),
+        Ty::Static(s) => format!("a static {}", s.name()),
+        other => article(&other.to_string()),
+    }
+}
+
 /// What a step declares as it is checked.
 #[derive(Default)]
 pub(crate) struct StepState {
@@ -26,9 +47,14 @@ pub(crate) struct StepState {
     accumulate: Option<Expr>,
     clip: Option<Expr>,
     updated: bool,
-    /// Whether an `optimizer` was written nested (an error already), so none is asked for again.
-    optimizer_nested: bool,
+    /// Whether an `optimizer` was written but not taken (nested, or unknown: an error already),
+    /// so that none is asked for again.
+    optimizer_written: bool,
     metrics: Vec<String>,
+    /// Where each step statement was first written, to refuse a second one.
+    first: HashMap<&'static str, Span>,
+    /// Where each metric was first listed.
+    metric_spans: HashMap<String, Span>,
 }
 
 impl Checker<'_> {
@@ -150,6 +176,9 @@ impl Checker<'_> {
                             )
                             .with_help(format!("declare it first with `let {} = ...`", name.name)),
                         );
+                        // Declared from here on, as the help suggests, so that its uses below
+                        // are checked rather than each reported again.
+                        scope.bind(&name.name, ty, name.span);
                     }
                     Some((old, decl)) => self.check_assign(name, &old, decl, ty, value.span, scope),
                 }
@@ -246,11 +275,44 @@ impl Checker<'_> {
         scope: &mut Scope,
     ) {
         let same = match (old, &new) {
+            (Ty::Tensor(a), Ty::Tensor(b)) if a.dtype != b.dtype => {
+                self.error(
+                    Diagnostic::new(
+                        "lmx::type::assign",
+                        format!(
+                            "assigning {} tensor to `{}`, which holds {} tensor",
+                            article(dtype_name(b.dtype)),
+                            name.name,
+                            article(dtype_name(a.dtype))
+                        ),
+                        span,
+                        format!("this is {} tensor", article(dtype_name(b.dtype))),
+                    )
+                    .with_label(decl, format!("`{}` was declared as {} tensor", name.name, article(dtype_name(a.dtype))))
+                    .with_help(format!("assignment keeps a variable's type (it may run in a loop); use `let {} = ...` for a new value", name.name)),
+                );
+                scope.rebind(&name.name, Ty::Unknown);
+                return;
+            }
             (Ty::Tensor(a), Ty::Tensor(b)) => {
                 a.shape.is_none() || b.shape.is_none() || a.shape == b.shape
             }
             (Ty::Unknown, _) | (_, Ty::Unknown) => true,
-            (a, b) => a.kind() == b.kind(),
+            (a, b) if a.kind() == b.kind() => true,
+            (a, b) => {
+                self.error(
+                    Diagnostic::new(
+                        "lmx::type::assign",
+                        format!("assigning {} to `{}`, which holds {}", article_ty(b), name.name, article_ty(a)),
+                        span,
+                        format!("this is {}", article_ty(b)),
+                    )
+                    .with_label(decl, format!("`{}` was declared as {}", name.name, article_ty(a)))
+                    .with_help(format!("assignment keeps a variable's type (it may run in a loop); use `let {} = ...` for a new value", name.name)),
+                );
+                scope.rebind(&name.name, Ty::Unknown);
+                return;
+            }
         };
         if same {
             if !matches!(new, Ty::Unknown) {
@@ -258,10 +320,11 @@ impl Checker<'_> {
             }
             return;
         }
-        let (was, now) = match (old, &new) {
-            (Ty::Tensor(a), Ty::Tensor(b)) => (a.shape_text(), b.shape_text()),
-            (a, b) => (a.to_string(), b.to_string()),
+        // Only two tensors of different shapes are left.
+        let (Ty::Tensor(a), Ty::Tensor(b)) = (old, &new) else {
+            return;
         };
+        let (was, now) = (a.shape_text(), b.shape_text());
         self.error(
             Diagnostic::new(
                 "lmx::shape::assign",
@@ -387,7 +450,7 @@ impl Checker<'_> {
         );
         if let Some(state) = self.step_state.as_mut() {
             match &s.kind {
-                StmtKind::Optimizer(_) => state.optimizer_nested = true,
+                StmtKind::Optimizer(_) => state.optimizer_written = true,
                 StmtKind::Update(_) => state.updated = true,
                 _ => {}
             }
@@ -405,11 +468,16 @@ impl Checker<'_> {
         let mut state = StepState::default();
         self.step_state = Some(StepState::default());
         for s in &step.body.stmts {
+            if self.repeated(s, &mut state) {
+                continue;
+            }
             match &s.kind {
                 StmtKind::Optimizer(call) => self.optimizer(call, &mut state),
                 StmtKind::Accumulate(e) => {
                     let t = self.infer(e, &mut scope, Context::Step);
-                    self.expect_static(&t, &StaticTy::Int(None), e.span, "`accumulate`");
+                    if self.expect_static(&t, &StaticTy::Int(None), e.span, "`accumulate`") {
+                        self.accumulate_count(e, &t);
+                    }
                     state.accumulate = Some(e.clone());
                 }
                 StmtKind::Update(e) => {
@@ -426,6 +494,20 @@ impl Checker<'_> {
                 }
                 StmtKind::Metrics(names) => {
                     for n in names {
+                        if let Some(first) = state.metric_spans.get(&n.name) {
+                            self.error(
+                                Diagnostic::new(
+                                    "lmx::step::repeated",
+                                    format!("metric `{}` is listed twice", n.name),
+                                    n.span,
+                                    "listed again here",
+                                )
+                                .with_label(*first, "first listed here")
+                                .with_help("list each metric once"),
+                            );
+                            continue;
+                        }
+                        state.metric_spans.insert(n.name.clone(), n.span);
                         let t = self.infer(
                             &Expr {
                                 kind: ExprKind::Name(n.name.clone()),
@@ -472,11 +554,11 @@ impl Checker<'_> {
         if let Some(nested) = self.step_state.take() {
             state.clip = nested.clip;
             state.updated |= nested.updated;
-            state.optimizer_nested = nested.optimizer_nested;
+            state.optimizer_written |= nested.optimizer_written;
         }
         let end = Span::new(step.body.span.end.saturating_sub(1), step.body.span.end);
         let optimizer = state.optimizer.take().unwrap_or_else(|| {
-            if !state.optimizer_nested {
+            if !state.optimizer_written {
                 self.error(
                     Diagnostic::new(
                         "lmx::step::no_optimizer",
@@ -534,6 +616,58 @@ impl Checker<'_> {
         }
     }
 
+    /// Whether `s` repeats a step statement (`optimizer`, `accumulate`, `update`, `metrics`)
+    /// written before at the top level of the step; reports it, which then stands for that one
+    /// mistake (the repeated statement is not checked further).
+    fn repeated(&mut self, s: &ast::Stmt, state: &mut StepState) -> bool {
+        let keyword = match &s.kind {
+            StmtKind::Optimizer(_) => "optimizer",
+            StmtKind::Accumulate(_) => "accumulate",
+            StmtKind::Update(_) => "update",
+            StmtKind::Metrics(_) => "metrics",
+            _ => return false,
+        };
+        let here = Span::new(s.span.start, s.span.start + keyword.len());
+        let Some(first) = state.first.get(keyword).copied() else {
+            state.first.insert(keyword, here);
+            return false;
+        };
+        let help = match keyword {
+            "metrics" => "list every metric in one `metrics` line: `metrics loss, grad_norm`",
+            "update" => "a step applies its gradients once; combine them before `update`",
+            _ => "keep one of them",
+        };
+        self.error(
+            Diagnostic::new(
+                "lmx::step::repeated",
+                format!("a step declares `{keyword}` once"),
+                here,
+                "declared again here",
+            )
+            .with_label(first, "first declared here")
+            .with_help(help),
+        );
+        true
+    }
+
+    /// A literal accumulation count below 1 would never apply the gradients.
+    fn accumulate_count(&mut self, e: &Expr, t: &Ty) {
+        let Ty::Static(StaticTy::Int(Some(d))) = t else {
+            return;
+        };
+        if let Some(n) = d.as_constant().filter(|n| *n < 1) {
+            self.error(
+                Diagnostic::new(
+                    "lmx::step::accumulate",
+                    format!("`accumulate {n}` never completes an update"),
+                    e.span,
+                    "the number of micro-batches per update must be at least 1",
+                )
+                .with_help("write `accumulate 1` (the default) or leave it out"),
+            );
+        }
+    }
+
     fn model_uses_rng(&self) -> bool {
         self.rng_used
     }
@@ -552,17 +686,9 @@ impl Checker<'_> {
                 )
                 .with_help("optimizers are sgd, adam, adamw, lion and adafactor"),
             );
+            state.optimizer_written = true;
             return;
         };
-        if state.optimizer.is_some() {
-            self.error(Diagnostic::new(
-                "lmx::step::two_optimizers",
-                "a step has one optimizer",
-                call.span,
-                "second optimizer",
-            ));
-            return;
-        }
         let mut args = Vec::new();
         let mut scope = self.globals.clone();
         for a in &call.args {
@@ -592,6 +718,19 @@ impl Checker<'_> {
                 );
                 continue;
             };
+            if let Some((_, first)) = args.iter().find(|(n, _): &&(String, Expr)| *n == name.name) {
+                self.error(
+                    Diagnostic::new(
+                        "lmx::call::duplicate_argument",
+                        format!("`{}` is set twice", name.name),
+                        name.span,
+                        "set again here",
+                    )
+                    .with_label(first.span, "first set here")
+                    .with_help("keep one of them"),
+                );
+                continue;
+            }
             let t = self.infer(&a.value, &mut scope, Context::Step);
             let expected = match default {
                 SettingDefault::Bool(_) => StaticTy::Bool,

@@ -319,7 +319,9 @@ fn find_call(s: &crate::ast::Stmt, name: &str) -> Option<Expr> {
         }
     }
     match &s.kind {
-        StmtKind::Let(_, e) | StmtKind::Assign(_, e) | StmtKind::Expr(e) => walk(e, name),
+        StmtKind::Let(_, e) | StmtKind::Assign(_, e) | StmtKind::Expr(e) | StmtKind::Update(e) => {
+            walk(e, name)
+        }
         _ => None,
     }
 }
