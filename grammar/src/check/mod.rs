@@ -157,6 +157,10 @@ pub(crate) struct Checker<'m> {
     step_state: Option<stmts::StepState>,
     /// Whether any forward pass draws random numbers.
     rng_used: bool,
+    /// Config entries whose declaration was reported, so that evaluating them is not.
+    config_errors: HashSet<String>,
+    /// Config entries that fail to evaluate with the default values (reported there once).
+    default_failures: HashSet<String>,
 }
 
 impl<'m> Checker<'m> {
@@ -172,6 +176,8 @@ impl<'m> Checker<'m> {
             model_sig: None,
             step_state: None,
             rng_used: false,
+            config_errors: HashSet::new(),
+            default_failures: HashSet::new(),
         }
     }
 
