@@ -535,16 +535,25 @@ impl Checker<'_> {
                 Subscript::Index(_) => axis += 1,
                 Subscript::Slice(lo, hi, _) => {
                     let full = &shape[axis];
-                    let dim_of = |x: &Option<Expr>, default: Dim| match x {
-                        None => Some(default),
-                        Some(Expr {
-                            kind: ExprKind::Unary(UnaryOp::Neg, _),
-                            ..
-                        }) => None,
-                        Some(b) => bounds.get(&b.span.start).cloned(),
+                    // A bound's position on the axis: a negative literal counts from its end
+                    // (`-2` is `T - 2`); another negated value has no known position.
+                    let position = |x: &Option<Expr>, default: Dim| {
+                        let Some(b) = x else {
+                            return Some(default);
+                        };
+                        let d = bounds.get(&b.span.start)?;
+                        match d.as_constant() {
+                            Some(c) if c < 0 => Some(full.add(&Dim::constant(-c), -1)),
+                            _ if matches!(b.kind, ExprKind::Unary(UnaryOp::Neg, _)) => None,
+                            _ => Some(d.clone()),
+                        }
                     };
-                    let d = match (dim_of(lo, Dim::constant(0)), dim_of(hi, full.clone())) {
-                        (Some(l), Some(h)) => h.add(&l, -1),
+                    let d = match (position(lo, Dim::constant(0)), position(hi, full.clone())) {
+                        (Some(l), Some(h)) if l.as_constant() == Some(0) => h,
+                        (Some(l), Some(h)) => {
+                            let d = h.add(&l, -1);
+                            d.as_constant().map_or(d, Dim::constant)
+                        }
                         _ => Dim::opaque(&expr_text(e)),
                     };
                     out.push(d);
