@@ -31,11 +31,24 @@ fn dtype_name(d: ast::Dtype) -> &'static str {
     }
 }
 
+/// Binds every declared input: to its type, or, where the type was reported as wrong, to an
+/// unknown type, so that its uses are not reported as undeclared names as well.
+fn bind_inputs(declared: &[ast::Input], resolved: &[(String, TensorTy)], scope: &mut Scope) {
+    for input in declared {
+        let ty = resolved
+            .iter()
+            .find(|(name, _)| *name == input.name.name)
+            .map_or(Ty::Unknown, |(_, t)| Ty::Tensor(t.clone()));
+        scope.bind(&input.name.name, ty, input.name.span);
+    }
+}
+
 /// A type with its article, without its shape: "a tensor", "a static int".
 fn article_ty(t: &Ty) -> String {
     match t {
         Ty::Tensor(_) => "a tensor".to_string(),
         Ty::Static(s) => format!("a static {}", s.name()),
+        Ty::Grads => "gradients".to_string(),
         other => article(&other.to_string()),
     }
 }
@@ -46,6 +59,13 @@ pub(crate) struct StepState {
     optimizer: Option<OptimizerIr>,
     accumulate: Option<Expr>,
     clip: Option<Expr>,
+    /// Where `grad` and `clip_grad_norm` were first called: a step differentiates one loss and
+    /// clips once (the compiled step is that loss, optionally clipped, then applied).
+    grad_at: Option<Span>,
+    clip_at: Option<Span>,
+    /// The name `let` gives the clipped gradients, and what `update` applies.
+    clipped: Option<String>,
+    update: Option<Expr>,
     updated: bool,
     /// Whether an `optimizer` was written but not taken (nested, or unknown: an error already),
     /// so that none is asked for again.
@@ -83,15 +103,7 @@ impl Checker<'_> {
         }
         scope.push();
         let (inputs, _) = self.resolve_inputs(&f.inputs, &mut scope);
-        for (name, t) in &inputs {
-            let span = f
-                .inputs
-                .iter()
-                .find(|i| i.name.name == *name)
-                .map(|i| i.name.span)
-                .unwrap_or_default();
-            scope.bind(name, Ty::Tensor(t.clone()), span);
-        }
+        bind_inputs(&f.inputs, &inputs, &mut scope);
         let output = f
             .output
             .as_ref()
@@ -462,9 +474,7 @@ impl Checker<'_> {
         let mut scope = self.globals.clone();
         scope.push();
         let (inputs, _) = self.resolve_inputs(&step.inputs, &mut scope);
-        for (name, t) in &inputs {
-            scope.bind(name, Ty::Tensor(t.clone()), step.name.span);
-        }
+        bind_inputs(&step.inputs, &inputs, &mut scope);
         let mut state = StepState::default();
         self.step_state = Some(StepState::default());
         for s in &step.body.stmts {
@@ -489,6 +499,9 @@ impl Checker<'_> {
                             e.span,
                             "not gradients",
                         ));
+                    }
+                    if matches!(t, Ty::Grads) {
+                        state.update = Some(e.clone());
                     }
                     state.updated = true;
                 }
@@ -536,8 +549,9 @@ impl Checker<'_> {
                             other => self.error(Diagnostic::new(
                                 "lmx::step::metric_shape",
                                 format!(
-                                    "metric `{}` must be a scalar tensor, found a {other}",
-                                    n.name
+                                    "metric `{}` must be a scalar tensor, found {}",
+                                    n.name,
+                                    article_ty(&other)
                                 ),
                                 n.span,
                                 "not a tensor",
@@ -547,15 +561,24 @@ impl Checker<'_> {
                     }
                 }
                 _ => {
+                    if let StmtKind::Let(names, value) = &s.kind {
+                        if let ExprKind::Call(callee, _) = &value.kind {
+                            if matches!(&callee.kind, ExprKind::Name(f) if f == "clip_grad_norm") {
+                                state.clipped = names.first().map(|n| n.name.clone());
+                            }
+                        }
+                    }
                     self.stmt(s, &mut scope, Context::Step);
                 }
             }
         }
         if let Some(nested) = self.step_state.take() {
             state.clip = nested.clip;
+            state.clip_at = nested.clip_at;
             state.updated |= nested.updated;
             state.optimizer_written |= nested.optimizer_written;
         }
+        self.check_clipped_update(&state);
         let end = Span::new(step.body.span.end.saturating_sub(1), step.body.span.end);
         let optimizer = state.optimizer.take().unwrap_or_else(|| {
             if !state.optimizer_written {
@@ -742,6 +765,60 @@ impl Checker<'_> {
         state.optimizer = Some(OptimizerIr { kind, args });
     }
 
+    /// Records the first call of `grad` or `clip_grad_norm` in the step being checked (`slot`);
+    /// a second one is an error.
+    fn once_per_step(
+        &mut self,
+        span: Span,
+        what: &str,
+        slot: fn(&mut StepState) -> &mut Option<Span>,
+    ) {
+        let Some(first) = self
+            .step_state
+            .as_mut()
+            .map(|st| *slot(st).get_or_insert(span))
+        else {
+            return;
+        };
+        if first != span {
+            self.error(
+                Diagnostic::new(
+                    "lmx::step::repeated",
+                    format!("a step {what}"),
+                    span,
+                    "again here",
+                )
+                .with_label(first, "first here")
+                .with_help("the compiled step differentiates one loss, clips the gradients at most once and applies them"),
+            );
+        }
+    }
+
+    /// With a `clip_grad_norm`, `update` must apply its result: the compiled step clips
+    /// whatever it applies, so updating other gradients would silently clip them too.
+    fn check_clipped_update(&mut self, state: &StepState) {
+        let (Some(clip), Some(update)) = (state.clip_at, &state.update) else {
+            return;
+        };
+        let applies_clipped = matches!(
+            (&update.kind, &state.clipped),
+            (ExprKind::Name(n), Some(c)) if n == c
+        );
+        if !applies_clipped {
+            let mut d = Diagnostic::new(
+                "lmx::step::unclipped",
+                "`update` applies gradients other than the clipped ones",
+                update.span,
+                "not the result of `clip_grad_norm`",
+            )
+            .with_label(clip, "the gradients are clipped here");
+            if let Some(c) = &state.clipped {
+                d = d.with_help(format!("apply the clipped gradients: `update {c}`"));
+            }
+            self.error(d);
+        }
+    }
+
     /// `forward(..)`, `grad(loss)`, `clip_grad_norm(grads, max)` inside a step.
     pub(crate) fn step_builtin(&mut self, name: &str, span: Span, args: &Args<'_>) -> Ty {
         match name {
@@ -777,7 +854,10 @@ impl Checker<'_> {
                         );
                         Ty::Unknown
                     }
-                    Ty::Tensor(_) => Ty::Grads,
+                    Ty::Tensor(_) => {
+                        self.once_per_step(span, "differentiates one loss", |st| &mut st.grad_at);
+                        Ty::Grads
+                    }
                     Ty::Unknown => Ty::Unknown,
                     other => {
                         self.error(Diagnostic::new(
@@ -811,8 +891,12 @@ impl Checker<'_> {
                 }
                 let (m, mt) = (m.clone(), mt.clone());
                 self.expect_static(&mt, &StaticTy::Float, m.span, "the maximum norm");
-                if let Some(st) = self.step_state.as_mut() {
-                    st.clip = Some(m);
+                // A clip of something other than gradients is reported above, and is no clip.
+                if matches!(gt, Ty::Grads) {
+                    self.once_per_step(span, "clips its gradients once", |st| &mut st.clip_at);
+                    if let Some(st) = self.step_state.as_mut() {
+                        st.clip.get_or_insert(m);
+                    }
                 }
                 Ty::Tuple(vec![
                     Ty::Grads,
