@@ -328,8 +328,8 @@ impl Checker<'_> {
                     format!(
                         "`{}` cannot compare {} and {}",
                         op.symbol(),
-                        article(x.name()),
-                        article(y.name())
+                        article(&written(x)),
+                        article(&written(y))
                     ),
                     whole.span,
                     "mismatched static types",
@@ -605,9 +605,13 @@ impl Checker<'_> {
             self.expect_static(&ct, &StaticTy::Bool, cond.span, "a condition");
         }
         let text = expr_text(cond);
+        // Inside `if a and b`, both `a` and `b` hold: each guards what `a` or `b` alone would.
+        let held = conjuncts(cond);
+        let pushed = held.len() + 1;
         self.guards.push(text.clone());
+        self.guards.extend(held);
         let a = self.body(then, scope, ctx);
-        self.guards.pop();
+        self.guards.truncate(self.guards.len() - pushed);
         self.guards
             .push(format!("not {}", super::stmts::paren(&text)));
         let b = otherwise.map(|o| self.body(o, scope, ctx));
@@ -646,6 +650,31 @@ impl Checker<'_> {
             }
             _ => Ty::Tuple(Vec::new()),
         }
+    }
+}
+
+/// The texts of the operands of a chain of `and`s (none for another condition).
+fn conjuncts(cond: &Expr) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut todo = vec![cond];
+    while let Some(e) = todo.pop() {
+        match &e.kind {
+            ExprKind::Binary(BinaryOp::And, _, a, b) => {
+                todo.push(b);
+                todo.push(a);
+            }
+            _ if !std::ptr::eq(e, cond) => out.push(expr_text(e)),
+            _ => {}
+        }
+    }
+    out
+}
+
+/// A static type as written in `.lmx`, an enum with its variants (`enum(layer, rms)`).
+fn written(t: &StaticTy) -> String {
+    match t {
+        StaticTy::Enum(variants) => format!("enum({})", variants.join(", ")),
+        other => other.name().to_string(),
     }
 }
 
