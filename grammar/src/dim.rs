@@ -164,6 +164,11 @@ impl Dim {
         }
     }
 
+    /// Whether the dimension is opaque: equal only to one written the same way.
+    pub fn is_opaque(&self) -> bool {
+        matches!(self.norm, Norm::Opaque(_))
+    }
+
     /// An opaque dimension compared by its text.
     pub fn opaque(text: &str) -> Dim {
         Dim {

@@ -618,26 +618,11 @@ impl Checker<'_> {
         self.guards.pop();
         match (a, b) {
             (Some(a), Some(Some(b))) => {
-                if let (Ty::Tensor(x), Ty::Tensor(y)) = (&a, &b) {
-                    if x.shape.is_some() && y.shape.is_some() && x.shape != y.shape {
-                        self.error(
-                            Diagnostic::new(
-                                "lmx::shape::branches",
-                                format!(
-                                    "the branches have different shapes, {} and {}",
-                                    x.shape_text(),
-                                    y.shape_text()
-                                ),
-                                e.span,
-                                "both branches must give the same shape",
-                            )
-                            .with_label(x.origin, format!("shape {}", x.shape_text()))
-                            .with_label(y.origin, format!("shape {}", y.shape_text())),
-                        );
-                        return Ty::Unknown;
-                    }
-                }
-                a
+                let spans = (
+                    then.tail().map_or(e.span, |t| t.span),
+                    otherwise.and_then(Body::tail).map_or(e.span, |t| t.span),
+                );
+                self.join_branches(e, a, b, spans)
             }
             (Some(a), _) if otherwise.is_none() && is_value => {
                 self.error(Diagnostic::new(
@@ -649,6 +634,87 @@ impl Checker<'_> {
                 a
             }
             _ => Ty::Tuple(Vec::new()),
+        }
+    }
+}
+
+impl Checker<'_> {
+    /// The type of an `if` value from its branches' types (`spans`: their values): the same
+    /// type, or an error. A static size that differs between the branches is the one or the
+    /// other, so it becomes a size equal only to itself.
+    fn join_branches(&mut self, e: &Expr, a: Ty, b: Ty, spans: (Span, Span)) -> Ty {
+        let differ = |what: &str, x: String, y: String| {
+            Diagnostic::new(
+                "lmx::type::branches",
+                format!("the branches give {what}, {x} and {y}"),
+                Span::new(e.span.start, e.span.start + 2),
+                "both branches of this `if` must give the same type",
+            )
+            .with_label(spans.0, x)
+            .with_label(spans.1, y)
+        };
+        match (&a, &b) {
+            (Ty::Unknown, _) | (_, Ty::Unknown) => Ty::Unknown,
+            (Ty::Tensor(x), Ty::Tensor(y)) => {
+                if x.shape.is_some() && y.shape.is_some() && x.shape != y.shape {
+                    self.error(
+                        Diagnostic::new(
+                            "lmx::shape::branches",
+                            format!(
+                                "the branches have different shapes, {} and {}",
+                                x.shape_text(),
+                                y.shape_text()
+                            ),
+                            e.span,
+                            "both branches must give the same shape",
+                        )
+                        .with_label(x.origin, format!("shape {}", x.shape_text()))
+                        .with_label(y.origin, format!("shape {}", y.shape_text())),
+                    );
+                    return Ty::Unknown;
+                }
+                if x.dtype != y.dtype {
+                    let name = |d: Dtype| match d {
+                        Dtype::Float => "a float tensor",
+                        Dtype::Int => "an int tensor",
+                        Dtype::Bool => "a bool tensor",
+                    };
+                    let d = differ(
+                        "different dtypes",
+                        name(x.dtype).to_string(),
+                        name(y.dtype).to_string(),
+                    );
+                    self.error(d);
+                    return Ty::Unknown;
+                }
+                a
+            }
+            (Ty::Static(StaticTy::Int(x)), Ty::Static(StaticTy::Int(y))) if x != y => {
+                let size = x
+                    .as_ref()
+                    .and(y.as_ref())
+                    .map(|_| Dim::opaque(&expr_text(e)));
+                Ty::Static(StaticTy::Int(size))
+            }
+            (Ty::Static(StaticTy::Int(_)), Ty::Static(StaticTy::Float))
+            | (Ty::Static(StaticTy::Float), Ty::Static(StaticTy::Int(_))) => {
+                Ty::Static(StaticTy::Float)
+            }
+            (Ty::Static(x), Ty::Static(y)) if x.name() != y.name() => {
+                let d = differ(
+                    "different types",
+                    format!("a static {}", x.name()),
+                    format!("a static {}", y.name()),
+                );
+                self.error(d);
+                Ty::Unknown
+            }
+            (x, y) if x.kind() != y.kind() => {
+                let d = differ("a tensor and a static value", x.to_string(), y.to_string());
+                self.error(d);
+                Ty::Unknown
+            }
+            _ => a,
         }
     }
 }

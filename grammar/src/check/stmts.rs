@@ -251,6 +251,13 @@ impl Checker<'_> {
 
     fn bind_let(&mut self, names: &[ast::Ident], ty: Ty, span: Span, scope: &mut Scope) {
         match (names, ty) {
+            // A size known only as itself (a static `if` choosing between two) is named by
+            // its variable in messages.
+            ([one], Ty::Static(StaticTy::Int(Some(d)))) if d.is_opaque() => scope.bind(
+                &one.name,
+                Ty::Static(StaticTy::Int(Some(d.named(&one.name)))),
+                one.span,
+            ),
             ([one], ty) => scope.bind(&one.name, ty, one.span),
             (many, Ty::Tuple(parts)) if parts.len() == many.len() => {
                 for (n, t) in many.iter().zip(parts) {
