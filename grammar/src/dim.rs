@@ -164,6 +164,11 @@ impl Dim {
         }
     }
 
+    /// Whether the dimension is opaque: equal only to one written the same way.
+    pub fn is_opaque(&self) -> bool {
+        matches!(self.norm, Norm::Opaque(_))
+    }
+
     /// An opaque dimension compared by its text.
     pub fn opaque(text: &str) -> Dim {
         Dim {
@@ -326,11 +331,6 @@ impl Dim {
             });
         }
         out.unwrap_or_else(|| Dim::constant(0))
-    }
-
-    /// Whether the dimension is an expression the normal form cannot represent.
-    pub fn is_opaque(&self) -> bool {
-        matches!(self.norm, Norm::Opaque(_))
     }
 
     /// The base symbols the dimension depends on.

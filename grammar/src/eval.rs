@@ -196,6 +196,16 @@ fn binary(expr: &Expr, op: BinaryOp, a: Value, b: Value, ea: &Expr, eb: &Expr) -
         (Mul, Value::Int(x), Value::Int(y)) => {
             x.checked_mul(*y).map(Value::Int).ok_or_else(overflow)
         }
+        (Pow, Value::Int(_), Value::Int(y)) if *y < 0 => Err(Diagnostic::new(
+            "lmx::eval",
+            format!(
+                "`{}` raises an int to a negative power",
+                crate::text::expr_text(expr)
+            ),
+            eb.span,
+            format!("the exponent is {y}"),
+        )
+        .with_help("an int power needs an exponent of at least 0; write the base as a float (`2.0`) for a fraction")),
         (Pow, Value::Int(x), Value::Int(y)) => u32::try_from(*y)
             .ok()
             .and_then(|y| x.checked_pow(y))

@@ -545,8 +545,40 @@ fn build_names(pair: Pair<'_, Rule>) -> Vec<Ident> {
     kids(pair).map(ident).collect()
 }
 
+/// A pair's span without the whitespace and comments that pest's implicit skipping leaves at
+/// its end when its rule ends with an optional or repeated part (an `if` with no `else`, the
+/// names of `metrics`), so that a diagnostic underlines the construct and not the lines after it.
+fn tight_span(pair: &Pair<'_, Rule>) -> Span {
+    let input = pair.get_input();
+    let start = pair.as_span().start();
+    let mut end = pair.as_span().end();
+    let mut last = pair.clone().into_inner().last();
+    while let Some(inner) = last {
+        let rest = &input[inner.as_span().end()..end];
+        if !only_skipped(rest) {
+            // A token of the rule itself follows its last part (a closing brace).
+            end = inner.as_span().end() + rest.trim_end().len();
+            break;
+        }
+        end = inner.as_span().end();
+        last = inner.into_inner().last();
+    }
+    Span::new(start, start + input[start..end].trim_end().len())
+}
+
+/// Whether `text` is only what the grammar skips: whitespace and `//` comments.
+fn only_skipped(mut text: &str) -> bool {
+    loop {
+        text = text.trim_start();
+        match text.strip_prefix("//") {
+            Some(comment) => text = comment.split_once('\n').map_or("", |(_, after)| after),
+            None => return text.is_empty(),
+        }
+    }
+}
+
 fn build_stmt(pair: Pair<'_, Rule>, depth: Depth) -> Result<Stmt> {
-    let span: Span = pair.as_span().into();
+    let span = tight_span(&pair);
     let depth = depth.deeper(1, span)?;
     let rule = pair.as_rule();
     let mut it = kids(pair);
@@ -789,7 +821,7 @@ fn build_primary(pair: Pair<'_, Rule>, depth: Depth) -> Result<Expr> {
 /// `if c1 { .. } else if c2 { .. } else { .. }`, read flat by the grammar (so that a long chain
 /// does not recurse in the parser), as nested `If`s: each `else if` one level deeper.
 fn build_conditional(pair: Pair<'_, Rule>, depth: Depth) -> Result<Expr> {
-    let span: Span = pair.as_span().into();
+    let span = tight_span(&pair);
     // Each arm: where its `if` starts, its condition and its body; then the `else` body.
     let mut arms = Vec::new();
     let mut otherwise = None;

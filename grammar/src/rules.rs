@@ -1,5 +1,6 @@
 //! The rules every complete configuration obeys, beyond its types: derived values evaluate
-//! (exact divisions, no division by zero, no overflow), float settings are finite, every size is
+//! (exact divisions, no division by zero, no overflow), float settings and derived floats are
+//! finite, every size is
 //! at least 1, every dropout probability is in `[0, 1)`, every attention's query heads are a
 //! multiple of its key/value heads, and the report's quantities fit 64 bits.
 //!
@@ -23,14 +24,23 @@ pub fn validate(model: &CheckedModel, settings: &Env) -> Result<(), String> {
 /// rules that need more than evaluating it: finite floats, and the report's sizes, dropout
 /// probabilities and totals. `config` names the configuration in an overflow ("preset `huge`").
 pub(crate) fn check_values(model: &CheckedModel, config: &str, values: &Env) -> Result<(), String> {
-    for item in model.config.iter().filter(|item| !item.derived) {
+    for item in &model.config {
         if let Some(Value::Float(x)) = values.get(&item.name) {
-            if !x.is_finite() {
-                return Err(format!(
+            if x.is_finite() {
+                continue;
+            }
+            return Err(if item.derived {
+                format!(
+                    "`{} = {}` is {x}; a derived float must be a finite number",
+                    item.name,
+                    crate::text::expr_text(&item.value)
+                )
+            } else {
+                format!(
                     "`{}` is {x}; a float setting must be a finite number",
                     item.name
-                ));
-            }
+                )
+            });
         }
     }
     report_values(model, config, values, 1, None)

@@ -57,8 +57,10 @@ fn diagnostics_match_snapshots() {
         }
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));
+    // Every code a small file can reach has a case (all but the size limits, covered by
+    // tests/limits.rs, and the code generator's); a case lost or merged shows here.
     assert!(
-        bless || codes.len() >= 15,
+        bless || codes.len() >= 69,
         "only {} distinct diagnostics: {codes:?}",
         codes.len()
     );
@@ -100,5 +102,5 @@ fn accept_cases_check_and_generate() {
             .unwrap_or_else(|d| panic!("{}", lmx_grammar::render(&d, &name, &source)));
         count += 1;
     }
-    assert!(count >= 3, "{count} accept cases");
+    assert!(count >= 33, "{count} accept cases");
 }

@@ -624,32 +624,38 @@ pub static TABLE: &[Builtin] = &[
         name: "argsort",
         site: Site::Anywhere,
         tensor: Some(TensorForm {
-            params: X,
-            rule: |c| r::same_shape(c, r::Out::Int),
+            params: X_AXIS,
+            rule: r::along_axis_int,
             lower: |c| {
-            let x = c.tensor_ref(0)?;
-            Ok(c.tensor(quote!(ops::argsort(#x)?)))
-        },
+                let x = c.tensor_ref(0)?;
+                let axis = c.i32(1)?;
+                Ok(c.tensor(quote!(ops::argsort_axis(#x, #axis)?)))
+            },
         }),
         statik: None,
         result: "same shape, int",
-        doc: "indices that sort the last axis",
+        doc: "indices that sort `axis`",
     },
     Builtin {
         name: "argpartition",
         site: Site::Anywhere,
         tensor: Some(TensorForm {
-            params: &[p("x", Tensor, Required), p("kth", Slot::Int, Required)],
-            rule: |c| r::same_shape(c, r::Out::Int),
+            params: &[
+                p("x", Tensor, Required),
+                p("kth", Slot::Int, Required),
+                p("axis", Axis, Int(-1)),
+            ],
+            rule: r::argpartition,
             lower: |c| {
-            let x = c.tensor_ref(0)?;
-            let kth = c.i32(1)?;
-            Ok(c.tensor(quote!(ops::argpartition(#x, #kth)?)))
-        },
+                let x = c.tensor_ref(0)?;
+                let kth = c.i32(1)?;
+                let axis = c.i32(2)?;
+                Ok(c.tensor(quote!(ops::argpartition_axis(#x, #kth, #axis)?)))
+            },
         }),
         statik: None,
         result: "same shape, int",
-        doc: "indices that partition the last axis around its `kth` element",
+        doc: "indices that partition `axis` around its `kth` element",
     },
     Builtin {
         name: "top_k",

@@ -1,7 +1,8 @@
 //! `config { }` and `preset { }`: types, symbolic sizes, and every preset's values.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 
+use super::exprs::article;
 use super::{Checker, Context};
 use crate::ast::{ConfigEntry, StaticType};
 use crate::diag::Diagnostic;
@@ -40,6 +41,7 @@ impl Checker<'_> {
         self.globals.push();
         for entry in &self.model.config {
             let name = entry.name();
+            let reported = self.diagnostics.len();
             if let Some(prev) = self.globals.get(&name.name) {
                 let prev = prev.span;
                 self.error(
@@ -92,6 +94,9 @@ impl Checker<'_> {
                     (ty, value.clone(), true)
                 }
             };
+            if self.diagnostics.len() > reported {
+                self.config_errors.insert(name.name.clone());
+            }
             self.globals
                 .bind(&name.name, Ty::Static(ty.clone()), name.span);
             items.push(ConfigItem {
@@ -120,7 +125,8 @@ impl Checker<'_> {
     /// Evaluates the defaults and every preset; reports inexact divisions and bad overrides.
     pub(crate) fn evaluate_presets(&mut self, items: &[ConfigItem]) -> Vec<PresetValues> {
         let mut seen: HashSet<&str> = HashSet::new();
-        let mut out = vec![self.evaluate_preset("default", &[], self.model.header, items)];
+        let mut out =
+            vec![self.evaluate_preset("default", &[], self.model.header, items, &HashSet::new())];
         let model = self.model;
         for preset in &model.presets {
             if !seen.insert(&preset.name.name) || preset.name.name == "default" {
@@ -132,7 +138,25 @@ impl Checker<'_> {
                 ));
                 continue;
             }
-            for (key, _) in &preset.overrides {
+            let mut set: HashMap<&str, Span> = HashMap::new();
+            let mut broken = HashSet::new();
+            for (key, value) in &preset.overrides {
+                if let Some(first) = set.insert(&key.name, key.span) {
+                    self.error(
+                        Diagnostic::new(
+                            "lmx::name::duplicate",
+                            format!("preset `{}` sets `{}` twice", preset.name.name, key.name),
+                            key.span,
+                            "set again here",
+                        )
+                        .with_label(first, "first set here"),
+                    );
+                    broken.insert(key.name.clone());
+                    continue;
+                }
+                if !self.override_is_static(value) {
+                    broken.insert(key.name.clone());
+                }
                 match items.iter().find(|i| i.name == key.name) {
                     None => {
                         let mut d = Diagnostic::new(
@@ -170,17 +194,43 @@ impl Checker<'_> {
                 &preset.overrides,
                 preset.name.span,
                 items,
+                &broken,
             ));
         }
         out
     }
 
+    /// Checks a preset's value as a config default is checked (its names exist, it is not a
+    /// tensor); whether it is static and reported nothing.
+    fn override_is_static(&mut self, value: &crate::ast::Expr) -> bool {
+        let reported = self.diagnostics.len();
+        let mut scope = self.globals.clone();
+        let found = self.infer(value, &mut scope, Context::Forward);
+        if let Ty::Tensor(t) = &found {
+            self.error(
+                Diagnostic::new(
+                    "lmx::kind::expected_static",
+                    "a preset value must be static, found a tensor",
+                    value.span,
+                    format!("this is a tensor of shape {}", t.shape_text()),
+                )
+                .with_help("a preset sets sizes and settings, fixed when the model is built"),
+            );
+        }
+        self.diagnostics.len() == reported
+    }
+
+    /// Evaluates the settings and derived values of one preset (`broken`: its overrides already
+    /// reported). Each failure is reported once, where its cause is: an override at its value, a
+    /// default or derived value in the defaults (or in the first preset where only it fails);
+    /// what depends on a failed value is left out rather than reported again.
     fn evaluate_preset(
         &mut self,
         name: &str,
         overrides: &[(crate::ast::Ident, crate::ast::Expr)],
         at: Span,
         items: &[ConfigItem],
+        broken: &HashSet<String>,
     ) -> PresetValues {
         let mut env = Env::new();
         for entry in &self.model.config {
@@ -200,11 +250,14 @@ impl Checker<'_> {
             format!("with preset `{name}`")
         };
         for item in items {
-            let expr = overrides
+            let given = overrides
                 .iter()
                 .find(|(k, _)| k.name == item.name && !item.derived)
-                .map(|(_, e)| e)
-                .unwrap_or(&item.value);
+                .map(|(_, e)| e);
+            if given.is_some() && broken.contains(&item.name) {
+                break;
+            }
+            let expr = given.unwrap_or(&item.value);
             match eval(expr, &env) {
                 Ok(v) if value_fits(&v, &item.ty) => {
                     let v = match (v, &item.ty) {
@@ -213,12 +266,21 @@ impl Checker<'_> {
                     };
                     env.insert(item.name.clone(), v);
                 }
-                Ok(v) => self.error(Diagnostic::new(
-                    "lmx::config::type",
-                    format!("`{}` is a {}, but this is {v}", item.name, item.ty.name()),
-                    expr.span,
-                    format!("expected a {}", item.ty.name()),
-                )),
+                Ok(v) => {
+                    if given.is_some() || !self.config_errors.contains(&item.name) {
+                        self.error(Diagnostic::new(
+                            "lmx::config::type",
+                            format!(
+                                "`{}` is {}, but this is {v}",
+                                item.name,
+                                article(item.ty.name())
+                            ),
+                            expr.span,
+                            format!("expected {}", article(item.ty.name())),
+                        ));
+                    }
+                    break;
+                }
                 Err(d)
                     if matches!(
                         d.code,
@@ -228,8 +290,20 @@ impl Checker<'_> {
                     ) =>
                 {
                     self.error(d.with_label(at, context.clone()));
+                    break;
                 }
-                Err(_) => {}
+                Err(d) => {
+                    let own_cause = given.is_some()
+                        || (!self.config_errors.contains(&item.name)
+                            && (name == "default" || !self.default_failures.contains(&item.name)));
+                    if own_cause {
+                        self.error(d.with_label(at, context.clone()));
+                    }
+                    if name == "default" {
+                        self.default_failures.insert(item.name.clone());
+                    }
+                    break;
+                }
             }
         }
         PresetValues {

@@ -150,7 +150,20 @@ impl Checker<'_> {
             (UnaryOp::Neg, Ty::Static(StaticTy::Int(d))) => {
                 Ty::Static(StaticTy::Int(d.map(|d| Dim::constant(-1).mul(&d))))
             }
-            (_, t) => t,
+            (UnaryOp::Neg, t @ (Ty::Static(StaticTy::Float) | Ty::Tensor(_) | Ty::Unknown)) => t,
+            (UnaryOp::Neg, other) => {
+                self.error(
+                    Diagnostic::new(
+                        "lmx::type::mismatch",
+                        format!("`-` negates numbers and tensors, found a {}", other),
+                        a.span,
+                        format!("this is a {other}"),
+                    )
+                    .with_help("negate a bool with `not`"),
+                );
+                Ty::Unknown
+            }
+            (UnaryOp::Not, t) => t,
         }
     }
 
@@ -244,7 +257,25 @@ impl Checker<'_> {
                 let number = match n {
                     StaticTy::Float => Dtype::Float,
                     StaticTy::Int(_) => Dtype::Int,
-                    _ => t.dtype,
+                    StaticTy::Bool => Dtype::Bool,
+                    StaticTy::Str | StaticTy::Enum(_) => {
+                        let (e, what) = if matches!(ta, Ty::Static(_)) {
+                            (a, n)
+                        } else {
+                            (b, n)
+                        };
+                        self.error(Diagnostic::new(
+                            "lmx::type::mismatch",
+                            format!(
+                                "`{}` cannot combine a tensor and a {}",
+                                op.symbol(),
+                                what.name()
+                            ),
+                            e.span,
+                            format!("this is a {}", what.name()),
+                        ));
+                        return Ty::Unknown;
+                    }
                 };
                 let dtype = promote(op, t.dtype, number);
                 Ty::Tensor(TensorTy {
@@ -294,6 +325,29 @@ impl Checker<'_> {
     fn static_binary(&mut self, op: BinaryOp, whole: &Expr, x: &StaticTy, y: &StaticTy) -> Ty {
         use BinaryOp::*;
         if op.is_comparison() {
+            let number = |t: &StaticTy| matches!(t, StaticTy::Int(_) | StaticTy::Float);
+            let comparable = match (x, y) {
+                (a, b) if number(a) && number(b) => true,
+                (StaticTy::Str, StaticTy::Str) => true,
+                // Bools and enum variants are equal or not; they have no order.
+                (StaticTy::Bool, StaticTy::Bool) => matches!(op, Eq | Ne),
+                (StaticTy::Enum(a), StaticTy::Enum(b)) => matches!(op, Eq | Ne) && a == b,
+                _ => false,
+            };
+            if !comparable {
+                self.error(Diagnostic::new(
+                    "lmx::type::mismatch",
+                    format!(
+                        "`{}` cannot compare {} and {}",
+                        op.symbol(),
+                        article(&written(x)),
+                        article(&written(y))
+                    ),
+                    whole.span,
+                    "mismatched static types",
+                ));
+                return Ty::Unknown;
+            }
             return Ty::Static(StaticTy::Bool);
         }
         match (x, y) {
@@ -479,16 +533,25 @@ impl Checker<'_> {
                 Subscript::Index(_) => axis += 1,
                 Subscript::Slice(lo, hi, _) => {
                     let full = &shape[axis];
-                    let dim_of = |x: &Option<Expr>, default: Dim| match x {
-                        None => Some(default),
-                        Some(Expr {
-                            kind: ExprKind::Unary(UnaryOp::Neg, _),
-                            ..
-                        }) => None,
-                        Some(b) => bounds.get(&b.span.start).cloned(),
+                    // A bound's position on the axis: a negative literal counts from its end
+                    // (`-2` is `T - 2`); another negated value has no known position.
+                    let position = |x: &Option<Expr>, default: Dim| {
+                        let Some(b) = x else {
+                            return Some(default);
+                        };
+                        let d = bounds.get(&b.span.start)?;
+                        match d.as_constant() {
+                            Some(c) if c < 0 => Some(full.add(&Dim::constant(-c), -1)),
+                            _ if matches!(b.kind, ExprKind::Unary(UnaryOp::Neg, _)) => None,
+                            _ => Some(d.clone()),
+                        }
                     };
-                    let d = match (dim_of(lo, Dim::constant(0)), dim_of(hi, full.clone())) {
-                        (Some(l), Some(h)) => h.add(&l, -1),
+                    let d = match (position(lo, Dim::constant(0)), position(hi, full.clone())) {
+                        (Some(l), Some(h)) if l.as_constant() == Some(0) => h,
+                        (Some(l), Some(h)) => {
+                            let d = h.add(&l, -1);
+                            d.as_constant().map_or(d, Dim::constant)
+                        }
                         _ => Dim::opaque(&expr_text(e)),
                     };
                     out.push(d);
@@ -511,7 +574,7 @@ impl Checker<'_> {
         ctx: Context,
     ) -> Ty {
         let ct = self.infer(cond, scope, ctx);
-        let is_value = then.tail().is_some() || otherwise.and_then(Body::tail).is_some();
+        let is_value = gives_value(then) || otherwise.is_some_and(gives_value);
         if let Ty::Tensor(t) = &ct {
             let (code, what) = if is_value {
                 ("lmx::branch::tensor_conditional", "conditional expression")
@@ -540,35 +603,24 @@ impl Checker<'_> {
             self.expect_static(&ct, &StaticTy::Bool, cond.span, "a condition");
         }
         let text = expr_text(cond);
+        // Inside `if a and b`, both `a` and `b` hold: each guards what `a` or `b` alone would.
+        let held = conjuncts(cond);
+        let pushed = held.len() + 1;
         self.guards.push(text.clone());
+        self.guards.extend(held);
         let a = self.body(then, scope, ctx);
-        self.guards.pop();
+        self.guards.truncate(self.guards.len() - pushed);
         self.guards
             .push(format!("not {}", super::stmts::paren(&text)));
         let b = otherwise.map(|o| self.body(o, scope, ctx));
         self.guards.pop();
         match (a, b) {
             (Some(a), Some(Some(b))) => {
-                if let (Ty::Tensor(x), Ty::Tensor(y)) = (&a, &b) {
-                    if x.shape.is_some() && y.shape.is_some() && x.shape != y.shape {
-                        self.error(
-                            Diagnostic::new(
-                                "lmx::shape::branches",
-                                format!(
-                                    "the branches have different shapes, {} and {}",
-                                    x.shape_text(),
-                                    y.shape_text()
-                                ),
-                                e.span,
-                                "both branches must give the same shape",
-                            )
-                            .with_label(x.origin, format!("shape {}", x.shape_text()))
-                            .with_label(y.origin, format!("shape {}", y.shape_text())),
-                        );
-                        return Ty::Unknown;
-                    }
-                }
-                a
+                let spans = (
+                    then.tail().map_or(e.span, |t| t.span),
+                    otherwise.and_then(Body::tail).map_or(e.span, |t| t.span),
+                );
+                self.join_branches(e, a, b, spans)
             }
             (Some(a), _) if otherwise.is_none() && is_value => {
                 self.error(Diagnostic::new(
@@ -581,6 +633,133 @@ impl Checker<'_> {
             }
             _ => Ty::Tuple(Vec::new()),
         }
+    }
+}
+
+impl Checker<'_> {
+    /// The type of an `if` value from its branches' types (`spans`: their values): the same
+    /// type, or an error. A static size that differs between the branches is the one or the
+    /// other, so it becomes a size equal only to itself.
+    fn join_branches(&mut self, e: &Expr, a: Ty, b: Ty, spans: (Span, Span)) -> Ty {
+        let differ = |what: &str, x: String, y: String| {
+            Diagnostic::new(
+                "lmx::type::branches",
+                format!("the branches give {what}, {x} and {y}"),
+                Span::new(e.span.start, e.span.start + 2),
+                "both branches of this `if` must give the same type",
+            )
+            .with_label(spans.0, x)
+            .with_label(spans.1, y)
+        };
+        match (&a, &b) {
+            (Ty::Unknown, _) | (_, Ty::Unknown) => Ty::Unknown,
+            (Ty::Tensor(x), Ty::Tensor(y)) => {
+                if x.shape.is_some() && y.shape.is_some() && x.shape != y.shape {
+                    self.error(
+                        Diagnostic::new(
+                            "lmx::shape::branches",
+                            format!(
+                                "the branches have different shapes, {} and {}",
+                                x.shape_text(),
+                                y.shape_text()
+                            ),
+                            e.span,
+                            "both branches must give the same shape",
+                        )
+                        .with_label(x.origin, format!("shape {}", x.shape_text()))
+                        .with_label(y.origin, format!("shape {}", y.shape_text())),
+                    );
+                    return Ty::Unknown;
+                }
+                if x.dtype != y.dtype {
+                    let name = |d: Dtype| match d {
+                        Dtype::Float => "a float tensor",
+                        Dtype::Int => "an int tensor",
+                        Dtype::Bool => "a bool tensor",
+                    };
+                    let d = differ(
+                        "different dtypes",
+                        name(x.dtype).to_string(),
+                        name(y.dtype).to_string(),
+                    );
+                    self.error(d);
+                    return Ty::Unknown;
+                }
+                a
+            }
+            (Ty::Static(StaticTy::Int(x)), Ty::Static(StaticTy::Int(y))) if x != y => {
+                let size = x
+                    .as_ref()
+                    .and(y.as_ref())
+                    .map(|_| Dim::opaque(&expr_text(e)));
+                Ty::Static(StaticTy::Int(size))
+            }
+            (Ty::Static(StaticTy::Int(_)), Ty::Static(StaticTy::Float))
+            | (Ty::Static(StaticTy::Float), Ty::Static(StaticTy::Int(_))) => {
+                Ty::Static(StaticTy::Float)
+            }
+            (Ty::Static(x), Ty::Static(y)) if x.name() != y.name() => {
+                let d = differ(
+                    "different types",
+                    format!("a static {}", x.name()),
+                    format!("a static {}", y.name()),
+                );
+                self.error(d);
+                Ty::Unknown
+            }
+            (x, y) if x.kind() != y.kind() => {
+                let d = differ("a tensor and a static value", x.to_string(), y.to_string());
+                self.error(d);
+                Ty::Unknown
+            }
+            _ => a,
+        }
+    }
+}
+
+/// The texts of the operands of a chain of `and`s (none for another condition).
+fn conjuncts(cond: &Expr) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut todo = vec![cond];
+    while let Some(e) = todo.pop() {
+        match &e.kind {
+            ExprKind::Binary(BinaryOp::And, _, a, b) => {
+                todo.push(b);
+                todo.push(a);
+            }
+            _ if !std::ptr::eq(e, cond) => out.push(expr_text(e)),
+            _ => {}
+        }
+    }
+    out
+}
+
+/// A static type as written in `.lmx`, an enum with its variants (`enum(layer, rms)`).
+fn written(t: &StaticTy) -> String {
+    match t {
+        StaticTy::Enum(variants) => format!("enum({})", variants.join(", ")),
+        other => other.name().to_string(),
+    }
+}
+
+/// `word` with its indefinite article: "an int", "a float".
+pub(crate) fn article(word: &str) -> String {
+    if word.starts_with(['a', 'e', 'i', 'o', 'u']) {
+        format!("an {word}")
+    } else {
+        format!("a {word}")
+    }
+}
+
+/// Whether a body ends with a value: an expression other than an `if` that itself gives none
+/// (`if a { if b { x = y } }` is a statement, not a value missing its `else`).
+fn gives_value(body: &Body) -> bool {
+    match body.tail().map(|e| &e.kind) {
+        None => false,
+        Some(ExprKind::If(_, then, otherwise)) => {
+            gives_value(then) || otherwise.as_ref().is_some_and(gives_value)
+        }
+        Some(_) => true,
     }
 }
 

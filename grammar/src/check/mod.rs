@@ -163,6 +163,10 @@ pub(crate) struct Checker<'m> {
     rng_used: bool,
     /// What is learned about expressions, for the code generator.
     typed: Typed,
+    /// Config entries whose declaration was reported, so that evaluating them is not.
+    config_errors: HashSet<String>,
+    /// Config entries that fail to evaluate with the default values (reported there once).
+    default_failures: HashSet<String>,
 }
 
 impl<'m> Checker<'m> {
@@ -179,6 +183,8 @@ impl<'m> Checker<'m> {
             step_state: None,
             rng_used: false,
             typed: Typed::default(),
+            config_errors: HashSet::new(),
+            default_failures: HashSet::new(),
         }
     }
 

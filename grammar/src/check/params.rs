@@ -228,12 +228,24 @@ impl Checker<'_> {
     ) -> Option<BoundArgs> {
         let mut slots: Vec<Option<(ast::Expr, Ty)>> = vec![None; sig.len()];
         let mut ok = true;
-        for (i, (a, t)) in args.iter().zip(tys).enumerate() {
+        // An unknown or misplaced argument is most likely the required one it stands for: that
+        // one's "missing" is not reported as well.
+        let mut misplaced = false;
+        let mut positional = 0;
+        let mut keyword_seen = false;
+        for (a, t) in args.iter().zip(tys) {
             let idx = match &a.name {
                 Some(n) => match sig.iter().position(|(s, _, _)| *s == n.name) {
-                    Some(i) => i,
+                    Some(i) => {
+                        keyword_seen = true;
+                        i
+                    }
                     None => {
                         let names: Vec<&str> = sig.iter().map(|(s, _, _)| s.as_str()).collect();
+                        let help = match super::suggest::closest(&n.name, names.iter().copied()) {
+                            Some(s) => format!("did you mean `{s}`?"),
+                            None => format!("its arguments are: {}", names.join(", ")),
+                        };
                         self.error(
                             Diagnostic::new(
                                 "lmx::call::unknown_argument",
@@ -241,14 +253,49 @@ impl Checker<'_> {
                                 n.span,
                                 "unknown argument",
                             )
-                            .with_help(format!("its arguments are: {}", names.join(", "))),
+                            .with_help(help),
                         );
                         ok = false;
+                        misplaced = true;
                         continue;
                     }
                 },
-                None => i,
+                None if keyword_seen => {
+                    self.error(
+                        Diagnostic::new(
+                            "lmx::call::positional_after_keyword",
+                            format!(
+                                "a positional argument of `{}` follows a named one",
+                                callee.name
+                            ),
+                            a.value.span,
+                            "positional argument after a named one",
+                        )
+                        .with_help("write positional arguments first, or name this one"),
+                    );
+                    ok = false;
+                    misplaced = true;
+                    continue;
+                }
+                None => {
+                    positional += 1;
+                    positional - 1
+                }
             };
+            if let (Some(Some((first, _))), Some((name, _, _))) = (slots.get(idx), sig.get(idx)) {
+                self.error(
+                    Diagnostic::new(
+                        "lmx::call::duplicate_argument",
+                        format!("`{name}` of `{}` is given twice", callee.name),
+                        a.name.as_ref().map_or(a.value.span, |n| n.span),
+                        "given again here",
+                    )
+                    .with_label(first.span, "first given here")
+                    .with_help("keep one of them"),
+                );
+                ok = false;
+                continue;
+            }
             let Some((name, want, _)) = sig.get(idx) else {
                 self.error(Diagnostic::new(
                     "lmx::call::arity",
@@ -281,6 +328,7 @@ impl Checker<'_> {
                     out.push((name.clone(), d.clone()));
                     out_tys.push(Ty::Static(ty.clone()));
                 }
+                (None, None) if misplaced => ok = false,
                 (None, None) => {
                     self.error(Diagnostic::new(
                         "lmx::call::missing_argument",

@@ -108,6 +108,47 @@ pub fn along_axis(c: &mut RuleCx<'_, '_>) -> Ty {
     tensor(x, c.span)
 }
 
+/// Int indices of `x`'s shape, with `axis` checked against the rank (`argsort`).
+pub fn along_axis_int(c: &mut RuleCx<'_, '_>) -> Ty {
+    match along_axis(c) {
+        Ty::Tensor(t) => Ty::Tensor(TensorTy {
+            dtype: Dtype::Int,
+            ..t
+        }),
+        other => other,
+    }
+}
+
+/// `argpartition(x, kth, axis)`: `kth` within the axis where both are known.
+pub fn argpartition(c: &mut RuleCx<'_, '_>) -> Ty {
+    let Some(x) = c.tensor(0) else {
+        return Ty::Unknown;
+    };
+    let Some(shape) = x.shape.clone() else {
+        return Ty::Tensor(TensorTy {
+            dtype: Dtype::Int,
+            origin: c.span,
+            ..x
+        });
+    };
+    let Some(axis) = c.axis(2, shape.len()) else {
+        return Ty::Unknown;
+    };
+    if let (Some(kth), Some(size)) = (c.constant(1), shape[axis].as_constant()) {
+        if kth < -size || kth >= size {
+            let span = c.arg_span(1);
+            c.error(Diagnostic::new(
+                "lmx::call::argument_range",
+                format!("`kth` of `argpartition` is {kth}, outside an axis of size {size}"),
+                span,
+                "out of range",
+            ));
+            return Ty::Unknown;
+        }
+    }
+    Ty::Tensor(TensorTy::new(Dtype::Int, shape, c.span))
+}
+
 /// `dropout(x, p)`: records that the forward pass draws random numbers.
 pub fn dropout(c: &mut RuleCx<'_, '_>) -> Ty {
     let p = c.expr(1).cloned();

@@ -1,8 +1,11 @@
 //! Bodies: forward passes, statements, loops, and training steps.
 
 use super::calls::Args;
+use super::exprs::article;
 use super::scope::Scope;
 use super::{Checker, Context};
+use std::collections::HashMap;
+
 use crate::ast::{self, Body, Expr, ExprKind, Forward, StmtKind};
 use crate::diag::Diagnostic;
 use crate::dim::shape_text;
@@ -19,20 +22,61 @@ pub(crate) fn paren(text: &str) -> String {
     }
 }
 
+/// A dtype as `.lmx` writes it.
+fn dtype_name(d: ast::Dtype) -> &'static str {
+    match d {
+        ast::Dtype::Float => "float",
+        ast::Dtype::Int => "int",
+        ast::Dtype::Bool => "bool",
+    }
+}
+
+/// Binds every declared input: to its type, or, where the type was reported as wrong, to an
+/// unknown type, so that its uses are not reported as undeclared names as well.
+fn bind_inputs(declared: &[ast::Input], resolved: &[(String, TensorTy)], scope: &mut Scope) {
+    for input in declared {
+        let ty = resolved
+            .iter()
+            .find(|(name, _)| *name == input.name.name)
+            .map_or(Ty::Unknown, |(_, t)| Ty::Tensor(t.clone()));
+        scope.bind(&input.name.name, ty, input.name.span);
+    }
+}
+
+/// A type with its article, without its shape: "a tensor", "a static int".
+fn article_ty(t: &Ty) -> String {
+    match t {
+        Ty::Tensor(_) => "a tensor".to_string(),
+        Ty::Static(s) => format!("a static {}", s.name()),
+        Ty::Grads => "gradients".to_string(),
+        other => article(&other.to_string()),
+    }
+}
+
 /// What a step declares as it is checked.
 #[derive(Default)]
 pub(crate) struct StepState {
     optimizer: Option<OptimizerIr>,
     accumulate: Option<Expr>,
     clip: Option<Expr>,
+    /// Where `grad` and `clip_grad_norm` were first called: a step differentiates one loss and
+    /// clips once (the compiled step is that loss, optionally clipped, then applied).
+    grad_at: Option<Span>,
+    clip_at: Option<Span>,
+    /// The name `let` gives the clipped gradients, and what `update` applies.
+    clipped: Option<String>,
+    update: Option<Expr>,
     updated: bool,
-    /// Whether an `optimizer` was written nested (an error already), so none is asked for again.
-    optimizer_nested: bool,
+    /// Whether an `optimizer` was written but not taken (nested, or unknown: an error already),
+    /// so that none is asked for again.
+    optimizer_written: bool,
     metrics: Vec<String>,
-    /// The `grad(..)` call and its argument, the loss.
+    /// The first `grad(..)` call and its argument, the loss.
     grad: Option<(Span, Expr)>,
-    /// The `clip_grad_norm(..)` call, whose second result is the gradient norm.
-    clip_call: Option<Span>,
+    /// Where each step statement was first written, to refuse a second one.
+    first: HashMap<&'static str, Span>,
+    /// Where each metric was first listed.
+    metric_spans: HashMap<String, Span>,
 }
 
 impl Checker<'_> {
@@ -61,15 +105,7 @@ impl Checker<'_> {
         }
         scope.push();
         let (inputs, _) = self.resolve_inputs(&f.inputs, &mut scope);
-        for (name, t) in &inputs {
-            let span = f
-                .inputs
-                .iter()
-                .find(|i| i.name.name == *name)
-                .map(|i| i.name.span)
-                .unwrap_or_default();
-            scope.bind(name, Ty::Tensor(t.clone()), span);
-        }
+        bind_inputs(&f.inputs, &inputs, &mut scope);
         let output = f
             .output
             .as_ref()
@@ -154,6 +190,9 @@ impl Checker<'_> {
                             )
                             .with_help(format!("declare it first with `let {} = ...`", name.name)),
                         );
+                        // Declared from here on, as the help suggests, so that its uses below
+                        // are checked rather than each reported again.
+                        scope.bind(&name.name, ty, name.span);
                     }
                     Some((old, decl)) => self.check_assign(name, &old, decl, ty, value.span, scope),
                 }
@@ -214,6 +253,13 @@ impl Checker<'_> {
 
     fn bind_let(&mut self, names: &[ast::Ident], ty: Ty, span: Span, scope: &mut Scope) {
         match (names, ty) {
+            // A size known only as itself (a static `if` choosing between two) is named by
+            // its variable in messages.
+            ([one], Ty::Static(StaticTy::Int(Some(d)))) if d.is_opaque() => scope.bind(
+                &one.name,
+                Ty::Static(StaticTy::Int(Some(d.named(&one.name)))),
+                one.span,
+            ),
             ([one], ty) => scope.bind(&one.name, ty, one.span),
             (many, Ty::Tuple(parts)) if parts.len() == many.len() => {
                 for (n, t) in many.iter().zip(parts) {
@@ -250,11 +296,44 @@ impl Checker<'_> {
         scope: &mut Scope,
     ) {
         let same = match (old, &new) {
+            (Ty::Tensor(a), Ty::Tensor(b)) if a.dtype != b.dtype => {
+                self.error(
+                    Diagnostic::new(
+                        "lmx::type::assign",
+                        format!(
+                            "assigning {} tensor to `{}`, which holds {} tensor",
+                            article(dtype_name(b.dtype)),
+                            name.name,
+                            article(dtype_name(a.dtype))
+                        ),
+                        span,
+                        format!("this is {} tensor", article(dtype_name(b.dtype))),
+                    )
+                    .with_label(decl, format!("`{}` was declared as {} tensor", name.name, article(dtype_name(a.dtype))))
+                    .with_help(format!("assignment keeps a variable's type (it may run in a loop); use `let {} = ...` for a new value", name.name)),
+                );
+                scope.rebind(&name.name, Ty::Unknown);
+                return;
+            }
             (Ty::Tensor(a), Ty::Tensor(b)) => {
                 a.shape.is_none() || b.shape.is_none() || a.shape == b.shape
             }
             (Ty::Unknown, _) | (_, Ty::Unknown) => true,
-            (a, b) => a.kind() == b.kind(),
+            (a, b) if a.kind() == b.kind() => true,
+            (a, b) => {
+                self.error(
+                    Diagnostic::new(
+                        "lmx::type::assign",
+                        format!("assigning {} to `{}`, which holds {}", article_ty(b), name.name, article_ty(a)),
+                        span,
+                        format!("this is {}", article_ty(b)),
+                    )
+                    .with_label(decl, format!("`{}` was declared as {}", name.name, article_ty(a)))
+                    .with_help(format!("assignment keeps a variable's type (it may run in a loop); use `let {} = ...` for a new value", name.name)),
+                );
+                scope.rebind(&name.name, Ty::Unknown);
+                return;
+            }
         };
         if same {
             if !matches!(new, Ty::Unknown) {
@@ -262,10 +341,11 @@ impl Checker<'_> {
             }
             return;
         }
-        let (was, now) = match (old, &new) {
-            (Ty::Tensor(a), Ty::Tensor(b)) => (a.shape_text(), b.shape_text()),
-            (a, b) => (a.to_string(), b.to_string()),
+        // Only two tensors of different shapes are left.
+        let (Ty::Tensor(a), Ty::Tensor(b)) = (old, &new) else {
+            return;
         };
+        let (was, now) = (a.shape_text(), b.shape_text());
         self.error(
             Diagnostic::new(
                 "lmx::shape::assign",
@@ -391,7 +471,7 @@ impl Checker<'_> {
         );
         if let Some(state) = self.step_state.as_mut() {
             match &s.kind {
-                StmtKind::Optimizer(_) => state.optimizer_nested = true,
+                StmtKind::Optimizer(_) => state.optimizer_written = true,
                 StmtKind::Update(_) => state.updated = true,
                 _ => {}
             }
@@ -403,18 +483,21 @@ impl Checker<'_> {
         let mut scope = self.globals.clone();
         scope.push();
         let (inputs, _) = self.resolve_inputs(&step.inputs, &mut scope);
-        for (name, t) in &inputs {
-            scope.bind(name, Ty::Tensor(t.clone()), step.name.span);
-        }
+        bind_inputs(&step.inputs, &inputs, &mut scope);
         let mut state = StepState::default();
         self.step_state = Some(StepState::default());
         let mut metric_origins = Vec::new();
         for s in &step.body.stmts {
+            if self.repeated(s, &mut state) {
+                continue;
+            }
             match &s.kind {
                 StmtKind::Optimizer(call) => self.optimizer(call, &mut state),
                 StmtKind::Accumulate(e) => {
                     let t = self.infer(e, &mut scope, Context::Step);
-                    self.expect_static(&t, &StaticTy::Int(None), e.span, "`accumulate`");
+                    if self.expect_static(&t, &StaticTy::Int(None), e.span, "`accumulate`") {
+                        self.accumulate_count(e, &t);
+                    }
                     state.accumulate = Some(e.clone());
                 }
                 StmtKind::Update(e) => {
@@ -427,10 +510,27 @@ impl Checker<'_> {
                             "not gradients",
                         ));
                     }
+                    if matches!(t, Ty::Grads) {
+                        state.update = Some(e.clone());
+                    }
                     state.updated = true;
                 }
                 StmtKind::Metrics(names) => {
                     for n in names {
+                        if let Some(first) = state.metric_spans.get(&n.name) {
+                            self.error(
+                                Diagnostic::new(
+                                    "lmx::step::repeated",
+                                    format!("metric `{}` is listed twice", n.name),
+                                    n.span,
+                                    "listed again here",
+                                )
+                                .with_label(*first, "first listed here")
+                                .with_help("list each metric once"),
+                            );
+                            continue;
+                        }
+                        state.metric_spans.insert(n.name.clone(), n.span);
                         let t = self.infer(
                             &Expr {
                                 kind: ExprKind::Name(n.name.clone()),
@@ -460,8 +560,9 @@ impl Checker<'_> {
                             other => self.error(Diagnostic::new(
                                 "lmx::step::metric_shape",
                                 format!(
-                                    "metric `{}` must be a scalar tensor, found a {other}",
-                                    n.name
+                                    "metric `{}` must be a scalar tensor, found {}",
+                                    n.name,
+                                    article_ty(&other)
                                 ),
                                 n.span,
                                 "not a tensor",
@@ -471,21 +572,29 @@ impl Checker<'_> {
                     }
                 }
                 _ => {
+                    if let StmtKind::Let(names, value) = &s.kind {
+                        if let ExprKind::Call(callee, _) = &value.kind {
+                            if matches!(&callee.kind, ExprKind::Name(f) if f == "clip_grad_norm") {
+                                state.clipped = names.first().map(|n| n.name.clone());
+                            }
+                        }
+                    }
                     self.stmt(s, &mut scope, Context::Step);
                 }
             }
         }
         if let Some(nested) = self.step_state.take() {
             state.clip = nested.clip;
+            state.clip_at = nested.clip_at;
             state.updated |= nested.updated;
-            state.optimizer_nested = nested.optimizer_nested;
+            state.optimizer_written |= nested.optimizer_written;
             state.grad = nested.grad;
-            state.clip_call = nested.clip_call;
         }
+        self.check_clipped_update(&state);
         let (loss_metric, norm_metric) = self.step_metrics(&state, &metric_origins);
         let end = Span::new(step.body.span.end.saturating_sub(1), step.body.span.end);
         let optimizer = state.optimizer.take().unwrap_or_else(|| {
-            if !state.optimizer_nested {
+            if !state.optimizer_written {
                 self.error(
                     Diagnostic::new(
                         "lmx::step::no_optimizer",
@@ -565,7 +674,7 @@ impl Checker<'_> {
         for (name, origin) in metrics {
             if Some(name.name.as_str()) == loss_name {
                 loss = Some(name.name.clone());
-            } else if state.clip_call == Some(*origin) {
+            } else if state.clip_at == Some(*origin) {
                 norm = Some(name.name.clone());
             } else {
                 let help = "a step reports the loss it differentiates, named in `grad(loss)`, and the gradient norm from `clip_grad_norm`";
@@ -586,6 +695,58 @@ impl Checker<'_> {
         (loss, norm)
     }
 
+    /// Whether `s` repeats a step statement (`optimizer`, `accumulate`, `update`, `metrics`)
+    /// written before at the top level of the step; reports it, which then stands for that one
+    /// mistake (the repeated statement is not checked further).
+    fn repeated(&mut self, s: &ast::Stmt, state: &mut StepState) -> bool {
+        let keyword = match &s.kind {
+            StmtKind::Optimizer(_) => "optimizer",
+            StmtKind::Accumulate(_) => "accumulate",
+            StmtKind::Update(_) => "update",
+            StmtKind::Metrics(_) => "metrics",
+            _ => return false,
+        };
+        let here = Span::new(s.span.start, s.span.start + keyword.len());
+        let Some(first) = state.first.get(keyword).copied() else {
+            state.first.insert(keyword, here);
+            return false;
+        };
+        let help = match keyword {
+            "metrics" => "list every metric in one `metrics` line: `metrics loss, grad_norm`",
+            "update" => "a step applies its gradients once; combine them before `update`",
+            _ => "keep one of them",
+        };
+        self.error(
+            Diagnostic::new(
+                "lmx::step::repeated",
+                format!("a step declares `{keyword}` once"),
+                here,
+                "declared again here",
+            )
+            .with_label(first, "first declared here")
+            .with_help(help),
+        );
+        true
+    }
+
+    /// A literal accumulation count below 1 would never apply the gradients.
+    fn accumulate_count(&mut self, e: &Expr, t: &Ty) {
+        let Ty::Static(StaticTy::Int(Some(d))) = t else {
+            return;
+        };
+        if let Some(n) = d.as_constant().filter(|n| *n < 1) {
+            self.error(
+                Diagnostic::new(
+                    "lmx::step::accumulate",
+                    format!("`accumulate {n}` never completes an update"),
+                    e.span,
+                    "the number of micro-batches per update must be at least 1",
+                )
+                .with_help("write `accumulate 1` (the default) or leave it out"),
+            );
+        }
+    }
+
     fn model_uses_rng(&self) -> bool {
         self.rng_used
     }
@@ -604,17 +765,9 @@ impl Checker<'_> {
                 )
                 .with_help("optimizers are sgd, adam, adamw, lion and adafactor"),
             );
+            state.optimizer_written = true;
             return;
         };
-        if state.optimizer.is_some() {
-            self.error(Diagnostic::new(
-                "lmx::step::two_optimizers",
-                "a step has one optimizer",
-                call.span,
-                "second optimizer",
-            ));
-            return;
-        }
         let mut args = Vec::new();
         let mut scope = self.globals.clone();
         for a in &call.args {
@@ -644,6 +797,19 @@ impl Checker<'_> {
                 );
                 continue;
             };
+            if let Some((_, first)) = args.iter().find(|(n, _): &&(String, Expr)| *n == name.name) {
+                self.error(
+                    Diagnostic::new(
+                        "lmx::call::duplicate_argument",
+                        format!("`{}` is set twice", name.name),
+                        name.span,
+                        "set again here",
+                    )
+                    .with_label(first.span, "first set here")
+                    .with_help("keep one of them"),
+                );
+                continue;
+            }
             let t = self.infer(&a.value, &mut scope, Context::Step);
             let expected = match default {
                 SettingDefault::Bool(_) => StaticTy::Bool,
@@ -653,6 +819,60 @@ impl Checker<'_> {
             args.push((name.name.clone(), a.value.clone()));
         }
         state.optimizer = Some(OptimizerIr { kind, args });
+    }
+
+    /// Records the first call of `grad` or `clip_grad_norm` in the step being checked (`slot`);
+    /// a second one is an error.
+    fn once_per_step(
+        &mut self,
+        span: Span,
+        what: &str,
+        slot: fn(&mut StepState) -> &mut Option<Span>,
+    ) {
+        let Some(first) = self
+            .step_state
+            .as_mut()
+            .map(|st| *slot(st).get_or_insert(span))
+        else {
+            return;
+        };
+        if first != span {
+            self.error(
+                Diagnostic::new(
+                    "lmx::step::repeated",
+                    format!("a step {what}"),
+                    span,
+                    "again here",
+                )
+                .with_label(first, "first here")
+                .with_help("the compiled step differentiates one loss, clips the gradients at most once and applies them"),
+            );
+        }
+    }
+
+    /// With a `clip_grad_norm`, `update` must apply its result: the compiled step clips
+    /// whatever it applies, so updating other gradients would silently clip them too.
+    fn check_clipped_update(&mut self, state: &StepState) {
+        let (Some(clip), Some(update)) = (state.clip_at, &state.update) else {
+            return;
+        };
+        let applies_clipped = matches!(
+            (&update.kind, &state.clipped),
+            (ExprKind::Name(n), Some(c)) if n == c
+        );
+        if !applies_clipped {
+            let mut d = Diagnostic::new(
+                "lmx::step::unclipped",
+                "`update` applies gradients other than the clipped ones",
+                update.span,
+                "not the result of `clip_grad_norm`",
+            )
+            .with_label(clip, "the gradients are clipped here");
+            if let Some(c) = &state.clipped {
+                d = d.with_help(format!("apply the clipped gradients: `update {c}`"));
+            }
+            self.error(d);
+        }
     }
 
     /// `forward(..)`, `grad(loss)`, `clip_grad_norm(grads, max)` inside a step.
@@ -703,23 +923,9 @@ impl Checker<'_> {
                         Ty::Unknown
                     }
                     Ty::Tensor(_) => {
-                        let e = e.clone();
+                        self.once_per_step(span, "differentiates one loss", |st| &mut st.grad_at);
                         if let Some(st) = self.step_state.as_mut() {
-                            if let Some((first, _)) = &st.grad {
-                                let first = *first;
-                                self.error(
-                                    Diagnostic::new(
-                                        "lmx::step::two_grads",
-                                        "a step differentiates one loss",
-                                        span,
-                                        "a second `grad`",
-                                    )
-                                    .with_label(first, "the first `grad`")
-                                    .with_help("combine the losses into one scalar, e.g. `grad(a + 0.5 * b)`"),
-                                );
-                                return Ty::Unknown;
-                            }
-                            st.grad = Some((span, e));
+                            st.grad.get_or_insert((span, e.clone()));
                         }
                         Ty::Grads
                     }
@@ -756,9 +962,12 @@ impl Checker<'_> {
                 }
                 let (m, mt) = (m.clone(), mt.clone());
                 self.expect_static(&mt, &StaticTy::Float, m.span, "the maximum norm");
-                if let Some(st) = self.step_state.as_mut() {
-                    st.clip = Some(m);
-                    st.clip_call = Some(span);
+                // A clip of something other than gradients is reported above, and is no clip.
+                if matches!(gt, Ty::Grads) {
+                    self.once_per_step(span, "clips its gradients once", |st| &mut st.clip_at);
+                    if let Some(st) = self.step_state.as_mut() {
+                        st.clip.get_or_insert(m);
+                    }
                 }
                 Ty::Tuple(vec![
                     Ty::Grads,
