@@ -210,6 +210,13 @@ pub const GRAD_PARAMS: &[Param] = &[Param {
     default: Default::Required,
 }];
 
+/// The parameters of a layer's call (`proj(x)`): one tensor.
+pub const LAYER_PARAMS: &[Param] = &[Param {
+    name: "x",
+    slot: Slot::Tensor,
+    default: Default::Required,
+}];
+
 /// The parameters of `clip_grad_norm`.
 pub const CLIP_PARAMS: &[Param] = &[
     Param {

@@ -144,6 +144,9 @@ impl Checker<'_> {
                 None => self.step_builtin(&name, e.span, &args),
             },
             Ty::Module(ModuleTy::Layer(layer)) => self.layer_call(&layer, callee, &args),
+            Ty::Module(ModuleTy::Block(block)) if self.broken_blocks.contains(&block) => {
+                Ty::Unknown
+            }
             Ty::Module(ModuleTy::Block(block)) => {
                 let sig = self.blocks.get(&block).map(|b| b.sig.clone());
                 match sig {
@@ -235,6 +238,12 @@ impl Checker<'_> {
 
     fn layer_call(&mut self, layer: &LayerTy, callee: &Expr, args: &Args<'_>) -> Ty {
         let name = crate::text::expr_text(callee);
+        if self
+            .bind(&name, crate::builtins::LAYER_PARAMS, args.span, args.args)
+            .is_none()
+        {
+            return Ty::Unknown;
+        }
         let Some(x) = self.tensor_arg(args, 0, "x", &name) else {
             return Ty::Unknown;
         };
@@ -320,6 +329,22 @@ impl Checker<'_> {
             let Some(got) = self.tensor_arg(args, i, name, callee) else {
                 return Ty::Unknown;
             };
+            if got.dtype != want.dtype {
+                self.error(
+                    Diagnostic::new(
+                        "lmx::type::mismatch",
+                        format!(
+                            "`{callee}` takes `{name}` as {} tensor, found {} tensor",
+                            want.dtype.with_article(),
+                            got.dtype.with_article()
+                        ),
+                        args.args[i].value.span,
+                        format!("{} tensor", got.dtype.with_article()),
+                    )
+                    .with_label(got.origin, "its dtype comes from here"),
+                );
+                return Ty::Unknown;
+            }
             let (Some(ws), Some(gs)) = (&want.shape, &got.shape) else {
                 continue;
             };

@@ -163,6 +163,8 @@ pub(crate) struct Checker<'m> {
     rng_used: bool,
     /// What is learned about expressions, for the code generator.
     typed: Typed,
+    /// Blocks whose forward pass does not give a tensor (reported), whose calls are not typed.
+    broken_blocks: HashSet<String>,
     /// Config entries whose declaration was reported, so that evaluating them is not.
     config_errors: HashSet<String>,
     /// Config entries that fail to evaluate with the default values (reported there once).
@@ -183,6 +185,7 @@ impl<'m> Checker<'m> {
             step_state: None,
             rng_used: false,
             typed: Typed::default(),
+            broken_blocks: HashSet::new(),
             config_errors: HashSet::new(),
             default_failures: HashSet::new(),
         }

@@ -18,8 +18,6 @@ pub enum Out {
     Float,
     /// Bool (logical functions).
     Bool,
-    /// Int (indices).
-    Int,
 }
 
 impl Out {
@@ -28,7 +26,6 @@ impl Out {
             Out::Same => input,
             Out::Float => Dtype::Float,
             Out::Bool => Dtype::Bool,
-            Out::Int => Dtype::Int,
         }
     }
 }

@@ -142,12 +142,18 @@ impl Checker<'_> {
                 }
             }
             (Some(Ty::Unknown), _) => {}
-            (Some(other), Some(tail)) => self.error(Diagnostic::new(
-                "lmx::type::mismatch",
-                format!("forward must return a tensor, found a {other}"),
-                tail.span,
-                "not a tensor",
-            )),
+            (Some(other), Some(tail)) => {
+                self.error(Diagnostic::new(
+                    "lmx::type::mismatch",
+                    format!("forward must return a tensor, found a {other}"),
+                    tail.span,
+                    "not a tensor",
+                ));
+                // Its calls then have no type to report against: one mistake, one diagnostic.
+                if let Some(b) = block {
+                    self.broken_blocks.insert(b.name.name.clone());
+                }
+            }
             (Some(_), None) => {}
         }
         let mut facts = std::mem::take(&mut self.facts);

@@ -520,7 +520,7 @@ impl<'g, 'm> Fx<'g, 'm> {
         let mut tail = None;
         for (i, stmt) in body.stmts.iter().enumerate() {
             match &stmt.kind {
-                StmtKind::Expr(e) if i == last => tail = Some(self.expr(e)?),
+                StmtKind::Expr(e) if i == last && has_value(e) => tail = Some(self.expr(e)?),
                 _ => self.stmt(stmt)?,
             }
         }
@@ -530,6 +530,16 @@ impl<'g, 'm> Fx<'g, 'm> {
     pub fn stmt(&mut self, stmt: &crate::ast::Stmt) -> R<()> {
         match &stmt.kind {
             StmtKind::Let(names, value) => {
+                // `let lo, hi = [0, 2]`: one binding per item.
+                if let ExprKind::List(items) = &value.kind {
+                    if items.len() == names.len() && names.len() > 1 {
+                        for (name, item) in names.iter().zip(items) {
+                            let x = self.expr(item)?;
+                            self.let_names(vec![name.name.as_str()], x, stmt.span)?;
+                        }
+                        return Ok(());
+                    }
+                }
                 let x = self.expr(value)?;
                 self.let_names(
                     names.iter().map(|n| n.name.as_str()).collect(),
@@ -1070,6 +1080,49 @@ impl<'g, 'm> Fx<'g, 'm> {
                 let r = t.r();
                 Ok(X::Tensor(T::owned(quote!(nn::index(#r, &[#(#items),*])?))))
             }
+            X::Module(m) => match *m {
+                Module::List {
+                    block,
+                    place,
+                    args,
+                    var,
+                    start,
+                    mut decl,
+                } => {
+                    let [Subscript::Index(i)] = subs else {
+                        return Err(unsupported(span, "this index of a block list"));
+                    };
+                    let (i, ity) = self.static_expr(i)?;
+                    let index = cast(&i, &ity, "i64");
+                    let name = self.temp("element");
+                    let id = ident(&name);
+                    let message = format!(
+                        "index {{}} is outside the block list `{}` of {{}}",
+                        crate::text::expr_text(target)
+                    );
+                    self.emit(GenStmt::Raw(quote!(
+                        let #id = usize::try_from(#index)
+                            .ok()
+                            .and_then(|at| #place.get(at))
+                            .ok_or_else(|| Error::Layout(format!(#message, #index, #place.len())))?;
+                    )));
+                    if let Some(v) = &var {
+                        // The list's element variable counts from the list's start.
+                        let offset = self.static_in(&start, &decl.clone())?;
+                        let o = offset.0.at(7);
+                        let tokens = quote!((#o + #index));
+                        decl.push();
+                        decl.bind(v, Binding::new(Val::Static(SType::Int), tokens));
+                    }
+                    Ok(X::Module(Box::new(Module::Block {
+                        block,
+                        place: quote!(#id),
+                        args,
+                        decl,
+                    })))
+                }
+                _ => Err(unsupported(span, "indexing this value")),
+            },
             _ => Err(unsupported(span, "indexing this value")),
         }
     }
@@ -1230,6 +1283,23 @@ impl<'g, 'm> Fx<'g, 'm> {
         Ok(X::Tensor(T::owned(
             quote!(forward(params, #config, #(#inputs,)* &mut #ctx)?),
         )))
+    }
+}
+
+/// Whether an expression in a body's last place gives the body a value: anything but an `if`
+/// whose branches end in statements (or that has no `else`), which is a statement.
+fn has_value(e: &Expr) -> bool {
+    match &e.kind {
+        ExprKind::If(_, then, Some(otherwise)) => body_has_value(then) && body_has_value(otherwise),
+        ExprKind::If(_, _, None) => false,
+        _ => true,
+    }
+}
+
+fn body_has_value(body: &Body) -> bool {
+    match body.stmts.last().map(|s| &s.kind) {
+        Some(StmtKind::Expr(e)) => has_value(e),
+        _ => false,
     }
 }
 
