@@ -220,7 +220,7 @@ pub static TABLE: &[Builtin] = &[
         site: Site::Anywhere,
         tensor: Some(TensorForm {
             params: X_AXIS,
-            rule: r::along_axis,
+            rule: r::distribution,
             lower: |c| {
             let x = c.tensor_ref(0)?;
             let axis = c.i32(1)?;
@@ -236,7 +236,7 @@ pub static TABLE: &[Builtin] = &[
         site: Site::Anywhere,
         tensor: Some(TensorForm {
             params: X_AXIS,
-            rule: r::along_axis,
+            rule: r::distribution,
             lower: |c| {
             let x = c.tensor_ref(0)?;
             let axis = c.i32(1)?;

@@ -105,6 +105,17 @@ pub fn along_axis(c: &mut RuleCx<'_, '_>) -> Ty {
     tensor(x, c.span)
 }
 
+/// A probability distribution along `axis` (`softmax`, `log_softmax`): float, same shape.
+pub fn distribution(c: &mut RuleCx<'_, '_>) -> Ty {
+    match along_axis(c) {
+        Ty::Tensor(t) => Ty::Tensor(TensorTy {
+            dtype: Dtype::Float,
+            ..t
+        }),
+        other => other,
+    }
+}
+
 /// Int indices of `x`'s shape, with `axis` checked against the rank (`argsort`).
 pub fn along_axis_int(c: &mut RuleCx<'_, '_>) -> Ty {
     match along_axis(c) {
@@ -157,9 +168,13 @@ pub fn dropout(c: &mut RuleCx<'_, '_>) -> Ty {
 
 /// A reduction over `axis` (every axis when left out), keeping it as size 1 with `keepdims`.
 pub fn reduce(c: &mut RuleCx<'_, '_>) -> Ty {
-    let Some(x) = c.tensor(0) else {
+    let Some(mut x) = c.tensor(0) else {
         return Ty::Unknown;
     };
+    // A mean or a log-sum-exp of ints is a float (MLX's promotion).
+    if matches!(c.name, "mean" | "logsumexp") {
+        x.dtype = Dtype::Float;
+    }
     let Some(keep) = c.flag(2) else {
         let span = c.arg_span(2);
         let name = c.name;
