@@ -4,11 +4,13 @@
 
 use lmx_grammar::{compile_str, Diagnostic};
 
-/// A model whose forward pass returns `expr`.
+/// A model whose forward pass returns `expr` over `x: [B, T, d]` (in a block, as the model's own
+/// forward pass takes token ids).
 fn with_forward(expr: &str) -> String {
     format!(
-        "model M {{\n  config {{ d: int = 4 }}\n  params {{ w: linear(d, d) }}\n  \
-         forward(x: [B, d]) -> [B, d] {{\n    {expr}\n  }}\n}}\n"
+        "model M {{\n  config {{ d: int = 4 }}\n  block E {{\n    params {{ w: linear(d, d) }}\n    \
+         forward(x: [B, T, d]) -> [B, T, d] {{\n    {expr}\n    }}\n  }}\n  params {{ e: E }}\n  \
+         forward(tokens: [B, T] int) -> [B, T, d] {{ e(one_hot(tokens, d)) }}\n}}\n"
     )
 }
 
@@ -55,7 +57,7 @@ fn brackets_in_comments_and_strings_do_not_count() {
     let deep = "(".repeat(200);
     let source = format!(
         "// {deep}\nmodel M {{\n  config {{ d: int = 4  name: str = \"{deep}\" }}\n  \
-         params {{ w: linear(d, d) }} // {deep}\n  forward(x: [B, d]) -> [B, d] {{ w(x) }}\n}}\n"
+         params {{ w: linear(d, d) }} // {deep}\n  forward(tokens: [B, T] int) -> [B, T, d] {{ w(one_hot(tokens, d)) }}\n}}\n"
     );
     compile_str(&source).expect("valid");
 }
@@ -113,7 +115,7 @@ fn a_million_tokens_check_without_a_crash() {
         .collect();
     let source = format!(
         "model M {{\n  config {{ d: int = 4 }}\n{presets}  params {{ w: linear(d, d) }}\n  \
-         forward(x: [B, d]) -> [B, d] {{\n{statements}    w(x)\n  }}\n}}\n"
+         forward(tokens: [B, T] int) -> [B, T, d] {{\n    let x = one_hot(tokens, d)\n{statements}    w(x)\n  }}\n}}\n"
     );
     let tokens = token_count(&source);
     assert!(tokens > 1_000_000, "{tokens}");

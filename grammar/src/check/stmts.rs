@@ -106,6 +106,9 @@ impl Checker<'_> {
         scope.push();
         let (inputs, _) = self.resolve_inputs(&f.inputs, &mut scope);
         bind_inputs(&f.inputs, &inputs, &mut scope);
+        if block.is_none() {
+            self.model_signature(f, &inputs);
+        }
         let output = f
             .output
             .as_ref()
@@ -159,6 +162,34 @@ impl Checker<'_> {
         let mut facts = std::mem::take(&mut self.facts);
         facts.inputs = inputs.into_iter().map(|(_, t)| t).collect();
         facts
+    }
+
+    /// The model's own forward pass is what training, generation and the KV cache call with
+    /// token ids: one input, `[B, T] int`.
+    fn model_signature(&mut self, f: &Forward, inputs: &[(String, TensorTy)]) {
+        let fits = matches!(
+            inputs,
+            [(_, TensorTy { dtype: ast::Dtype::Int, shape: Some(s), .. })] if s.len() == 2
+        );
+        if fits || inputs.len() != f.inputs.len() {
+            return;
+        }
+        let at = match f.inputs.as_slice() {
+            [_, second, ..] => second.name.span,
+            [only] => only.ty.span,
+            [] => f.span,
+        };
+        self.error(
+            Diagnostic::new(
+                "lmx::forward::signature",
+                "the model's forward pass takes token ids alone: one input of type `[B, T] int`",
+                at,
+                "the trainer, generation and the KV cache call it with token ids only",
+            )
+            .with_help(
+                "compute other inputs inside the model, or pass them to a block's forward pass",
+            ),
+        );
     }
 
     /// Checks a body in a new scope; returns the type of its value, if it ends with one.

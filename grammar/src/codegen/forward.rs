@@ -1080,49 +1080,56 @@ impl<'g, 'm> Fx<'g, 'm> {
                 let r = t.r();
                 Ok(X::Tensor(T::owned(quote!(nn::index(#r, &[#(#items),*])?))))
             }
-            X::Module(m) => match *m {
-                Module::List {
-                    block,
-                    place,
-                    args,
-                    var,
-                    start,
-                    mut decl,
-                } => {
-                    let [Subscript::Index(i)] = subs else {
-                        return Err(unsupported(span, "this index of a block list"));
-                    };
-                    let (i, ity) = self.static_expr(i)?;
-                    let index = cast(&i, &ity, "i64");
-                    let name = self.temp("element");
-                    let id = ident(&name);
-                    let message = format!(
-                        "index {{}} is outside the block list `{}` of {{}}",
-                        crate::text::expr_text(target)
-                    );
-                    self.emit(GenStmt::Raw(quote!(
-                        let #id = usize::try_from(#index)
-                            .ok()
-                            .and_then(|at| #place.get(at))
-                            .ok_or_else(|| Error::Layout(format!(#message, #index, #place.len())))?;
-                    )));
-                    if let Some(v) = &var {
-                        // The list's element variable counts from the list's start.
-                        let offset = self.static_in(&start, &decl.clone())?;
-                        let o = offset.0.at(7);
-                        let tokens = quote!((#o + #index));
-                        decl.push();
-                        decl.bind(v, Binding::new(Val::Static(SType::Int), tokens));
-                    }
-                    Ok(X::Module(Box::new(Module::Block {
-                        block,
-                        place: quote!(#id),
-                        args,
-                        decl,
-                    })))
+            X::Module(m) => self.index_list(*m, target, subs, span),
+            _ => Err(unsupported(span, "indexing this value")),
+        }
+    }
+
+    /// `h[i]`: one block of a list. Apart from [`Fx::index`], whose frame is on the path of
+    /// every nested expression.
+    #[inline(never)]
+    fn index_list(&mut self, m: Module, target: &Expr, subs: &[Subscript], span: Span) -> R<X> {
+        match m {
+            Module::List {
+                block,
+                place,
+                args,
+                var,
+                start,
+                mut decl,
+            } => {
+                let [Subscript::Index(i)] = subs else {
+                    return Err(unsupported(span, "this index of a block list"));
+                };
+                let (i, ity) = self.static_expr(i)?;
+                let index = cast(&i, &ity, "i64");
+                let name = self.temp("element");
+                let id = ident(&name);
+                let message = format!(
+                    "index {{}} is outside the block list `{}` of {{}}",
+                    crate::text::expr_text(target)
+                );
+                self.emit(GenStmt::Raw(quote!(
+                    let #id = usize::try_from(#index)
+                        .ok()
+                        .and_then(|at| #place.get(at))
+                        .ok_or_else(|| Error::Layout(format!(#message, #index, #place.len())))?;
+                )));
+                if let Some(v) = &var {
+                    // The list's element variable counts from the list's start.
+                    let offset = self.static_in(&start, &decl.clone())?;
+                    let o = offset.0.at(7);
+                    let tokens = quote!((#o + #index));
+                    decl.push();
+                    decl.bind(v, Binding::new(Val::Static(SType::Int), tokens));
                 }
-                _ => Err(unsupported(span, "indexing this value")),
-            },
+                Ok(X::Module(Box::new(Module::Block {
+                    block,
+                    place: quote!(#id),
+                    args,
+                    decl,
+                })))
+            }
             _ => Err(unsupported(span, "indexing this value")),
         }
     }
@@ -1326,7 +1333,7 @@ fn assigned_names(body: &Body, out: &mut Vec<String>) {
 /// Access to a guarded parameter: an error, never a panic, when its guard did not hold.
 pub(crate) fn guarded(place: TokenStream, name: &str) -> TokenStream {
     let message = format!("`{name}` exists only when its guard holds for this configuration");
-    quote!(#place.as_ref().ok_or_else(|| Error::Config(#message.into()))?)
+    quote!((*#place.as_ref().ok_or_else(|| Error::Config(#message.into()))?))
 }
 
 /// An owned `Array` from a tensor expression.
@@ -1411,13 +1418,12 @@ fn static_binary(op: BinaryOp, sa: S, ta: SType, sb: S, tb: SType, span: Span) -
         Div => (7, quote!(/), num_ty),
         Rem => (7, quote!(%), num_ty),
         Pow => {
-            let base = sa.at(10);
+            let (base, e) = (sa.ts, sb.ts.clone());
             let ts = if float {
-                let e = sb.ts;
-                quote!(#base.powf(#e))
+                quote!(f64::powf(#base, #e))
             } else {
                 let e = cast(&sb, &tb, "u32");
-                quote!(#base.pow(#e))
+                quote!(i64::pow(#base, #e))
             };
             return Ok(X::Static(S::atom(ts), num_ty));
         }
@@ -1428,6 +1434,13 @@ fn static_binary(op: BinaryOp, sa: S, ta: SType, sb: S, tb: SType, span: Span) -
     }
     let left_min = if prec == 4 { 5 } else { prec };
     let (a, b) = (sa.at(left_min), sb.at(prec + 1));
+    // A config string is a `String`, a literal a `&str`: compare them as `str`s.
+    let (a, b) = if ta == SType::Str && prec == 4 {
+        let (a, b) = (sa.at(10), sb.at(10));
+        (quote!(#a[..]), quote!(#b[..]))
+    } else {
+        (a, b)
+    };
     Ok(X::Static(
         S {
             ts: quote!(#a #sym #b),
