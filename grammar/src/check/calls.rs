@@ -315,8 +315,9 @@ impl Checker<'_> {
             self.error(Diagnostic::new(
                 "lmx::call::arity",
                 format!(
-                    "`{callee}` takes {} inputs, found {}",
+                    "`{callee}` takes {} input{}, found {}",
                     sig.inputs.len(),
+                    if sig.inputs.len() == 1 { "" } else { "s" },
                     args.args.len()
                 ),
                 span,

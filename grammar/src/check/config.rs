@@ -125,8 +125,7 @@ impl Checker<'_> {
     /// Evaluates the defaults and every preset; reports inexact divisions and bad overrides.
     pub(crate) fn evaluate_presets(&mut self, items: &[ConfigItem]) -> Vec<PresetValues> {
         let mut seen: HashSet<&str> = HashSet::new();
-        let mut out =
-            vec![self.evaluate_preset("default", &[], self.model.header, items, &HashSet::new())];
+        let mut out = vec![self.evaluate_preset("default", &[], self.model.header, items)];
         let model = self.model;
         for preset in &model.presets {
             if !seen.insert(&preset.name.name) || preset.name.name == "default" {
@@ -139,7 +138,7 @@ impl Checker<'_> {
                 continue;
             }
             let mut set: HashMap<&str, Span> = HashMap::new();
-            let mut broken = HashSet::new();
+            let reported = self.diagnostics.len();
             for (key, value) in &preset.overrides {
                 if let Some(first) = set.insert(&key.name, key.span) {
                     self.error(
@@ -151,12 +150,9 @@ impl Checker<'_> {
                         )
                         .with_label(first, "first set here"),
                     );
-                    broken.insert(key.name.clone());
                     continue;
                 }
-                if !self.override_is_static(value) {
-                    broken.insert(key.name.clone());
-                }
+                self.override_is_static(value);
                 match items.iter().find(|i| i.name == key.name) {
                     None => {
                         let mut d = Diagnostic::new(
@@ -189,21 +185,28 @@ impl Checker<'_> {
                     Some(_) => {}
                 }
             }
+            // A preset whose settings were reported is not evaluated: its values are not the
+            // ones meant, and what they break would only repeat the mistake.
+            if self.diagnostics.len() > reported {
+                out.push(PresetValues {
+                    name: preset.name.name.clone(),
+                    values: Env::new(),
+                });
+                continue;
+            }
             out.push(self.evaluate_preset(
                 &preset.name.name,
                 &preset.overrides,
                 preset.name.span,
                 items,
-                &broken,
             ));
         }
         out
     }
 
-    /// Checks a preset's value as a config default is checked (its names exist, it is not a
-    /// tensor); whether it is static and reported nothing.
-    fn override_is_static(&mut self, value: &crate::ast::Expr) -> bool {
-        let reported = self.diagnostics.len();
+    /// Checks a preset's value as a config default is checked: its names exist, it is not a
+    /// tensor.
+    fn override_is_static(&mut self, value: &crate::ast::Expr) {
         let mut scope = self.globals.clone();
         let found = self.infer(value, &mut scope, Context::Forward);
         if let Ty::Tensor(t) = &found {
@@ -217,11 +220,9 @@ impl Checker<'_> {
                 .with_help("a preset sets sizes and settings, fixed when the model is built"),
             );
         }
-        self.diagnostics.len() == reported
     }
 
-    /// Evaluates the settings and derived values of one preset (`broken`: its overrides already
-    /// reported). Each failure is reported once, where its cause is: an override at its value, a
+    /// Evaluates the settings and derived values of one preset. Each failure is reported once, where its cause is: an override at its value, a
     /// default or derived value in the defaults (or in the first preset where only it fails);
     /// what depends on a failed value is left out rather than reported again.
     fn evaluate_preset(
@@ -230,7 +231,6 @@ impl Checker<'_> {
         overrides: &[(crate::ast::Ident, crate::ast::Expr)],
         at: Span,
         items: &[ConfigItem],
-        broken: &HashSet<String>,
     ) -> PresetValues {
         let mut env = Env::new();
         for entry in &self.model.config {
@@ -254,9 +254,6 @@ impl Checker<'_> {
                 .iter()
                 .find(|(k, _)| k.name == item.name && !item.derived)
                 .map(|(_, e)| e);
-            if given.is_some() && broken.contains(&item.name) {
-                break;
-            }
             let expr = given.unwrap_or(&item.value);
             match eval(expr, &env) {
                 Ok(v) if value_fits(&v, &item.ty) => {

@@ -586,6 +586,19 @@ impl Checker<'_> {
         )
     }
 
+    /// Whether `path` names an entry of the parameter group `types`, whatever its type.
+    fn declared_path(&self, path: &[String], types: &[(String, Ty)]) -> bool {
+        let mut entries = types;
+        for (i, seg) in path.iter().enumerate() {
+            match entries.iter().find(|(n, _)| n == seg) {
+                None => return false,
+                Some((_, Ty::Module(ModuleTy::Group(inner)))) => entries = inner,
+                Some(_) => return i + 1 == path.len(),
+            }
+        }
+        true
+    }
+
     fn check_tied(&mut self, target: &[ast::Ident], types: &[(String, Ty)]) -> (ParamNode, Ty) {
         let path: Vec<String> = target.iter().map(|i| i.name.clone()).collect();
         let span = target
@@ -605,6 +618,10 @@ impl Checker<'_> {
             };
         }
         let layer = match ty {
+            // The target exists but its own declaration was reported: nothing to add.
+            Ty::Unknown if self.declared_path(&path, types) => {
+                return (ParamNode::Tied { target: path }, Ty::Unknown);
+            }
             Ty::Module(ModuleTy::Layer(LayerTy::Embedding { count, dim })) => {
                 Some(LayerTy::Linear {
                     input: dim,
@@ -645,9 +662,16 @@ impl Checker<'_> {
         let mut free = Vec::new();
         let mut out = Vec::new();
         for i in inputs {
-            if let Some(t) = self.resolve_type(&i.ty, scope, &mut free) {
-                out.push((i.name.name.clone(), t));
-            }
+            // An input whose shape was reported as wrong is still an input, of unknown shape:
+            // callers then pass the right number of arguments without a second error.
+            let t = self
+                .resolve_type(&i.ty, scope, &mut free)
+                .unwrap_or(TensorTy {
+                    dtype: i.ty.dtype,
+                    shape: None,
+                    origin: i.ty.span,
+                });
+            out.push((i.name.name.clone(), t));
         }
         (out, free)
     }

@@ -31,15 +31,10 @@ fn dtype_name(d: ast::Dtype) -> &'static str {
     }
 }
 
-/// Binds every declared input: to its type, or, where the type was reported as wrong, to an
-/// unknown type, so that its uses are not reported as undeclared names as well.
+/// Binds the inputs (every declared one, in order) to their types.
 fn bind_inputs(declared: &[ast::Input], resolved: &[(String, TensorTy)], scope: &mut Scope) {
-    for input in declared {
-        let ty = resolved
-            .iter()
-            .find(|(name, _)| *name == input.name.name)
-            .map_or(Ty::Unknown, |(_, t)| Ty::Tensor(t.clone()));
-        scope.bind(&input.name.name, ty, input.name.span);
+    for (input, (name, t)) in declared.iter().zip(resolved) {
+        scope.bind(name, Ty::Tensor(t.clone()), input.name.span);
     }
 }
 
