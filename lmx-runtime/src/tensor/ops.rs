@@ -238,3 +238,62 @@ impl Tensor {
         Ok(Tensor(self.0.take_axis(&ids.0, axis)?))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tensor(values: &[f32], shape: &[i32]) -> Tensor {
+        Tensor(Array::from_slice(values, shape))
+    }
+
+    /// The shape and the elements in row-major order (a slice may be a strided view).
+    fn values(t: &Tensor) -> (Vec<i32>, Vec<f32>) {
+        let dense = t.0.contiguous().unwrap();
+        (t.shape().to_vec(), dense.as_slice::<f32>().to_vec())
+    }
+
+    /// `[[0, 1, 2, 3], [4, 5, 6, 7]]`.
+    fn grid() -> Tensor {
+        let v: Vec<f32> = (0..8).map(|i| i as f32).collect();
+        tensor(&v, &[2, 4])
+    }
+
+    #[test]
+    fn slices_take_ranges_of_one_axis_with_negative_bounds_from_the_end() -> Result<()> {
+        let x = grid();
+        assert_eq!(
+            values(&x.slice(1, ..2)?),
+            (vec![2, 2], vec![0., 1., 4., 5.])
+        );
+        assert_eq!(values(&x.slice(-1, -1..)?), (vec![2, 1], vec![3., 7.]));
+        assert_eq!(
+            values(&x.slice(0, 1..=1)?),
+            (vec![1, 4], vec![4., 5., 6., 7.])
+        );
+        match x.slice(2, ..) {
+            Err(Error::Layout(message)) => {
+                assert_eq!(message, "axis 2 is out of range for a tensor of 2 axes")
+            }
+            Err(other) => panic!("expected a layout error, got {other}"),
+            Ok(_) => panic!("axis 2 of a matrix was sliced"),
+        }
+        let row = x.index(&[Subscript::At(-1), Subscript::Range(Some(1), Some(3))])?;
+        assert_eq!(values(&row), (vec![2], vec![5., 6.]));
+        Ok(())
+    }
+
+    #[test]
+    fn split_and_concatenate_are_inverse() -> Result<()> {
+        let x = grid();
+        let [left, right] = x.split(1)?;
+        assert_eq!(values(&left), (vec![2, 2], vec![0., 1., 4., 5.]));
+        assert_eq!(values(&concatenate(&[left, right], 1)?), values(&x));
+        let parts = x.split_at(&[1, 3], -1)?;
+        let shapes: Vec<Vec<i32>> = parts.iter().map(|p| p.shape().to_vec()).collect();
+        assert_eq!(shapes, [vec![2, 1], vec![2, 2], vec![2, 1]]);
+        assert_eq!(values(&concatenate(&parts, -1)?), values(&x));
+        assert!(matches!(x.split::<3>(1), Err(Error::Mlx(_))));
+        Ok(())
+    }
+}
