@@ -6,6 +6,7 @@
 mod llama;
 
 use llama::{Llama, LlamaConfig};
+use lmx::runtime::model::LanguageModel;
 use lmx::runtime::nn::{init, EmbeddingParams, LinearParams, RmsNormParams};
 use lmx::runtime::tree::{self, LeafRole, Tree};
 use lmx::runtime::{Array, Error};

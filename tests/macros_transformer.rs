@@ -68,7 +68,7 @@ impl PicoConfig {
 /// A GPT-style decoder whose output head is its token embedding.
 #[lmx::model(
     config = PicoConfig,
-    init = Pico::init,
+    init = Pico::build,
     forward = pico,
     vocab_size = vocab,
     context_len = context,
@@ -96,8 +96,7 @@ pub struct PicoBlock {
 }
 
 impl Pico {
-    fn init(config: &PicoConfig, seed: u64) -> Result<Pico> {
-        let keys = &mut Keys::from_seed(seed)?;
+    fn build(config: &PicoConfig, keys: &mut Keys) -> Result<Pico> {
         let dim = config.dim;
         let blocks = (0..config.layers)
             .map(|_| {
@@ -340,7 +339,7 @@ fn the_model_and_its_step_declare_what_a_lmx_model_declares() -> Result<()> {
         heads: 5,
         ..config.clone()
     };
-    match <Pico as LanguageModel>::init(&bad, 0) {
+    match Pico::init(&bad, 0) {
         Err(Error::Config(message)) => assert_eq!(message, "`heads` (5) must divide `dim` (32)"),
         other => panic!("expected a configuration error, got {other:?}"),
     }

@@ -31,7 +31,7 @@ use proc_macro::TokenStream;
 /// ```ignore
 /// #[lmx::model(
 ///     config = TinyConfig,              // Clone + Debug + Serialize + Deserialize
-///     init = Tiny::init,                // fn(&TinyConfig, seed: u64) -> Result<Tiny>
+///     init = Tiny::build,               // fn(&TinyConfig, &mut Keys) -> Result<Tiny>
 ///     forward = forward,                // fn(&Tiny<Tensor>, &Tensor, &TinyConfig, &mut Context) -> Result<Tensor>
 ///     vocab_size = vocab,               // a field of the configuration
 ///     context_len = context,            // a field of the configuration (optional)

@@ -56,7 +56,7 @@ impl LlamaConfig {
 /// `LlamaForCausalLM`: the decoder stack and the output head.
 #[lmx::model(
     config = LlamaConfig,
-    init = Llama::init,
+    init = Llama::build,
     forward = forward,
     vocab_size = vocab,
     presets(tiny = LlamaConfig::tiny()),
@@ -117,9 +117,9 @@ pub struct Mlp {
 }
 
 impl Llama {
-    /// Fresh parameters for `config`, drawn from `seed` (MLX's default initialisers).
-    pub fn init(config: &LlamaConfig, seed: u64) -> Result<Llama> {
-        let keys = &mut Keys::from_seed(seed)?;
+    /// Fresh parameters for `config`, drawn from `keys` (MLX's default initialisers);
+    /// `LanguageModel::init` draws them from a seed.
+    pub fn build(config: &LlamaConfig, keys: &mut Keys) -> Result<Llama> {
         let (dim, kv_dim) = (config.dim, config.kv_heads * config.head_dim());
         let layers = (0..config.layers)
             .map(|_| {

@@ -43,7 +43,7 @@ pub fn expand(args: TokenStream, item: TokenStream) -> syn::Result<TokenStream> 
 /// ```ignore
 /// #[lmx::model(
 ///     config = TinyConfig,          // serde: Clone + Debug + Serialize + Deserialize
-///     init = Tiny::init,            // fn(&TinyConfig, seed: u64) -> Result<Tiny>
+///     init = Tiny::build,           // fn(&TinyConfig, &mut Keys) -> Result<Tiny>
 ///     forward = forward,            // fn(&Tiny<Tensor>, &Tensor, &TinyConfig, &mut Context) -> Result<Tensor>
 ///     vocab_size = vocab,           // the configuration's field holding the vocabulary size
 ///     context_len = context,        // ... and the longest context (unbounded if not given)
@@ -464,7 +464,8 @@ fn language_model(name: &Ident, rt: &TokenStream, language: &Language) -> TokenS
 
             fn init(config: &#config, seed: u64) -> #rt::Result<#name> {
                 <#name as #rt::model::LanguageModel>::validate(config)?;
-                #init(config, seed)
+                let mut keys = #rt::nn::init::Keys::from_seed(seed)?;
+                #init(config, &mut keys)
             }
 
             fn forward(
