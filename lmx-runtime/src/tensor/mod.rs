@@ -15,7 +15,7 @@ pub mod host;
 pub mod nn;
 mod ops;
 
-pub use context::Context;
+pub use context::{AttentionOptions, Context};
 pub use ops::{concatenate, where_};
 
 use crate::tree::Tree;
