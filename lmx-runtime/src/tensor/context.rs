@@ -130,10 +130,11 @@ mod tests {
         assert_eq!(ctx.attention, 3);
         // Generation: the slots keep each layer's keys apart.
         let mut inner = model::Context::generation();
-        let mut ctx = Context::new(&mut inner);
-        ctx.attend(&q, &k, &v)?;
-        ctx.attend(&q, &v, &k)?;
-        drop(ctx);
+        {
+            let mut ctx = Context::new(&mut inner);
+            ctx.attend(&q, &k, &v)?;
+            ctx.attend(&q, &v, &k)?;
+        }
         inner.advance(5);
         let mut ctx = Context::new(&mut inner);
         let (q1, k1, v1) = (
