@@ -4,9 +4,10 @@
 /// The runtime: typed parameter trees, the compiled step, optimizers, layers, data, devices.
 pub use lmx_runtime as runtime;
 
-/// `#[lmx::model]`: a typed parameter tree from a Rust struct. `#[lmx::step]`: a training or
-/// evaluation step whose tensors cannot reach the host, compiled over a declared state.
-pub use lmx_macros::{model, step};
+/// `#[lmx::model]`: a typed parameter tree from a Rust struct, and with `config = ...` a
+/// language model. `#[lmx::step]`: a training or evaluation step whose tensors cannot reach the
+/// host. `#[derive(lmx::Tree)]`: the `Tree` impl of a struct generic over its leaf.
+pub use lmx_macros::{model, step, Tree};
 
 pub mod rules;
 

@@ -13,7 +13,6 @@ use lmx::runtime::checkpoint::tree_to_map;
 use lmx::runtime::model::{Context, LanguageModel, TrainingStep};
 use lmx::runtime::state::TrainState;
 use lmx::runtime::step::{StepOptions, TrainStep};
-use lmx::runtime::tensor::{graph, Tensor};
 use lmx::runtime::{tree, Array};
 
 /// `llama.lmx`'s `tiny` preset, and the same shape for the Rust LLaMA.
@@ -84,9 +83,13 @@ fn outputs_are_identical_on_the_same_weights() {
         &mut Context::evaluation(),
     )
     .unwrap();
-    let theirs = llama_rs::forward(&graph(&rust_params), &Tensor::from(tokens), &rust_config)
-        .unwrap()
-        .into_array();
+    let theirs = Llama::forward(
+        &rust_params,
+        &rust_config,
+        &tokens,
+        &mut Context::evaluation(),
+    )
+    .unwrap();
     assert_eq!(ours.shape(), theirs.shape());
     let gap = max_abs_difference(&ours, &theirs);
     assert!(gap <= 1e-5, "logits differ by {gap}");
@@ -111,8 +114,16 @@ fn losses_are_identical_over_ten_steps() {
         options,
     )
     .unwrap();
-    let mut rust_state = llama_rs::Train::state(rust_params, &optimizer, 0).unwrap();
-    let mut rust_step = llama_rs::Train::new(&rust_state, optimizer, rust_config, options).unwrap();
+    let mut rust_state = TrainState::new(rust_params, &optimizer, 0).unwrap();
+    let mut rust_step = TrainStep::new(
+        &rust_state,
+        optimizer,
+        move |params: &Llama, batch: &[Array], key: &Array| {
+            llama_rs::Train::loss(params, &rust_config, batch, Some(key))
+        },
+        options,
+    )
+    .unwrap();
 
     for step in 0..10 {
         let lr = 1e-2;
@@ -120,7 +131,7 @@ fn losses_are_identical_over_ten_steps() {
             .step(&mut lmx_state, lr, &[tokens.clone(), targets.clone()])
             .unwrap();
         let theirs = rust_step
-            .step(&mut rust_state, lr, &tokens, &targets)
+            .step(&mut rust_state, lr, &[tokens.clone(), targets.clone()])
             .unwrap();
         let (ours, theirs) = (
             ours.loss.item_exact::<f32>(),

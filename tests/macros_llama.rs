@@ -1,4 +1,5 @@
-//! The LLaMA of `tests/support/llama.rs` trained through the step `#[lmx::step]` declares and compiles.
+//! The LLaMA of `tests/support/llama.rs` trained through the `TrainingStep` that `#[lmx::step]`
+//! implements, compiled over the state the runtime declares for it.
 
 // Shared with other tests, which use parts this one does not.
 #[allow(dead_code)]
@@ -6,8 +7,10 @@
 mod llama;
 
 use llama::{Llama, LlamaConfig, Train};
+use lmx::runtime::model::{Context, LanguageModel, TrainingStep};
 use lmx::runtime::optim::AdamW;
-use lmx::runtime::step::StepOptions;
+use lmx::runtime::state::TrainState;
+use lmx::runtime::step::{StepOptions, TrainStep};
 use lmx::runtime::Array;
 
 /// A batch of token sequences `[2, 8]` and their next tokens.
@@ -24,17 +27,27 @@ fn batch() -> (Array, Array) {
 /// The losses of `steps` steps from the same initial weights.
 fn losses(compile: bool, steps: usize) -> (Vec<f32>, usize) {
     let config = LlamaConfig::tiny();
-    let optimizer = AdamW::default();
-    let mut state = Train::state(Llama::init(&config, 0).unwrap(), &optimizer, 0).unwrap();
+    let optimizer = Train::optimizer();
+    let mut state = TrainState::new(Llama::init(&config, 0).unwrap(), &optimizer, 0).unwrap();
     let options = StepOptions {
         compile,
-        ..StepOptions::default()
+        ..Train::options()
     };
-    let mut train = Train::new(&state, optimizer, config, options).unwrap();
+    let mut train = TrainStep::new(
+        &state,
+        optimizer,
+        move |params: &Llama, batch: &[Array], key: &Array| {
+            Train::loss(params, &config, batch, Some(key))
+        },
+        options,
+    )
+    .unwrap();
     let (tokens, targets) = batch();
     let losses = (0..steps)
         .map(|_| {
-            let metrics = train.step(&mut state, 1e-2, &tokens, &targets).unwrap();
+            let metrics = train
+                .step(&mut state, 1e-2, &[tokens.clone(), targets.clone()])
+                .unwrap();
             metrics.loss.item_exact::<f32>()
         })
         .collect();
@@ -67,7 +80,7 @@ fn the_declared_state_holds_every_optimizer_moment() {
     let config = LlamaConfig::tiny();
     let params = Llama::init(&config, 0).unwrap();
     let leaves = params.leaf_count();
-    let state = Train::state(params, &AdamW::default(), 0).unwrap();
+    let state = TrainState::new(params, &AdamW::default(), 0).unwrap();
     let declaration = state.declaration();
     assert_eq!(declaration.len(), leaves * 3 + 2);
     assert_eq!(declaration[0], "params.model.embed_tokens.weight");
@@ -82,18 +95,20 @@ fn the_step_at_the_host_boundary_is_the_first_loss() {
     let config = LlamaConfig::tiny();
     let params = Llama::init(&config, 0).unwrap();
     let (tokens, targets) = batch();
-    let loss = Train::call(&params, &tokens, &targets, &config)
+    let loss = Train::loss(&params, &config, &[tokens.clone(), targets.clone()], None)
         .unwrap()
         .item_exact::<f32>();
     let (losses, _) = losses(true, 1);
     assert!((loss - losses[0]).abs() < 1e-5);
     // Untrained, the loss is near ln(vocab).
     assert!((loss - (64f32).ln()).abs() < 1.5, "{loss}");
-    let logits = llama::forward(
-        &lmx::runtime::tensor::graph(&params),
-        &tokens.into(),
-        &config,
-    )
-    .unwrap();
+    let logits = Llama::forward(&params, &config, &tokens, &mut Context::evaluation()).unwrap();
     assert_eq!(logits.shape(), &[2, 8, 64]);
+    // A batch of another size is an error naming the step, not a panic.
+    match Train::loss(&params, &config, &[tokens], None) {
+        Err(lmx::runtime::Error::Layout(message)) => {
+            assert_eq!(message, "step `train` takes 2 inputs, got 1")
+        }
+        other => panic!("expected a layout error, got {other:?}"),
+    }
 }

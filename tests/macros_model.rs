@@ -6,6 +6,7 @@
 mod llama;
 
 use llama::{Llama, LlamaConfig};
+use lmx::runtime::model::LanguageModel;
 use lmx::runtime::nn::{init, EmbeddingParams, LinearParams, RmsNormParams};
 use lmx::runtime::tree::{self, LeafRole, Tree};
 use lmx::runtime::{Array, Error};
@@ -291,4 +292,44 @@ fn a_file_error_names_the_file_and_the_tensor() {
         }
         other => panic!("expected a checkpoint error, got {other:?}"),
     }
+}
+
+/// A tree written by hand, generic over its leaf, with the derive every tree impl comes from.
+#[derive(Clone, Debug, PartialEq, lmx::Tree)]
+pub struct Adapter<T = Array> {
+    #[lmx(role = weight, frozen)]
+    down: T,
+    #[lmx(role = bias, rename = "b")]
+    bias: Option<T>,
+    #[lmx(no_decay)]
+    inner: LinearParams<T>,
+}
+
+#[test]
+fn the_tree_derive_reads_roles_masks_and_names() {
+    let adapter = Adapter {
+        down: 1.0f32,
+        bias: Some(2.0),
+        inner: LinearParams {
+            weight: 3.0,
+            bias: None,
+        },
+    };
+    assert_eq!(tree::flatten(&adapter), [1.0, 2.0, 3.0]);
+    let specs = tree::specs(&adapter);
+    let summary: Vec<(&str, LeafRole, bool, bool)> = specs
+        .iter()
+        .map(|s| (s.name.as_str(), s.role, s.trainable, s.decay))
+        .collect();
+    assert_eq!(
+        summary,
+        [
+            ("down", LeafRole::Weight, false, true),
+            ("b", LeafRole::Bias, true, false),
+            ("inner.weight", LeafRole::Weight, true, false),
+        ]
+    );
+    let doubled: Adapter<f32> = adapter.map(&mut |x| x * 2.0);
+    assert_eq!(doubled.bias, Some(4.0));
+    assert_eq!(adapter.map_same(&mut |x| x + 1.0).inner.weight, 4.0);
 }

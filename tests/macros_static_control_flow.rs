@@ -3,7 +3,8 @@
 
 use lmx::runtime::nn::{init, LinearParams};
 use lmx::runtime::optim::Adam;
-use lmx::runtime::step::StepOptions;
+use lmx::runtime::state::TrainState;
+use lmx::runtime::step::{StepOptions, TrainStep};
 use lmx::runtime::tensor::{nn, where_, Tensor};
 use lmx::runtime::{Array, Result};
 
@@ -29,7 +30,9 @@ pub struct Config {
     skip_first: bool,
 }
 
-#[lmx::step(optimizer = Adam)]
+/// An evaluation step (a regression, not a language model): its `call` runs it on arrays, and a
+/// `TrainStep` compiles it as the loss of a training step.
+#[lmx::step]
 pub fn regression(
     params: &Stack<Tensor>,
     x: &Tensor,
@@ -109,17 +112,19 @@ fn static_branches_follow_the_configuration() {
 fn a_step_with_static_branches_trains() {
     let (x, y) = data();
     let optimizer = Adam::default();
-    let mut state = Regression::state(stack(true), &optimizer, 0).unwrap();
+    let mut state = TrainState::new(stack(true), &optimizer, 0).unwrap();
     let config = Config {
         residual: true,
         activation: Activation::Gelu,
         skip_first: false,
     };
-    let mut step =
-        Regression::new(&state, optimizer, config, 10.0, StepOptions::default()).unwrap();
+    let loss = move |params: &Stack, batch: &[Array], _key: &Array| {
+        Regression::call(params, &batch[0], &batch[1], &config, &10.0)
+    };
+    let mut step = TrainStep::new(&state, optimizer, loss, StepOptions::default()).unwrap();
     let losses: Vec<f32> = (0..20)
         .map(|_| {
-            step.step(&mut state, 1e-2, &x, &y)
+            step.step(&mut state, 1e-2, &[x.clone(), y.clone()])
                 .unwrap()
                 .loss
                 .item_exact::<f32>()

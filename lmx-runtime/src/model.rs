@@ -1,7 +1,10 @@
 //! What a language model offers the trainer, the generator and the CLI.
 //!
-//! Models written in `.lmx` files and under `#[lmx::model]` implement [`LanguageModel`] in their
-//! generated code; the runtime is written once against it.
+//! Models written in `.lmx` files implement [`LanguageModel`] and their steps [`TrainingStep`] in
+//! their generated code; a Rust model does through `#[lmx::model(config = .., init = ..,
+//! forward = .., vocab_size = ..)]` on its struct and `#[lmx::step(optimizer = ..)]` on its loss,
+//! whose generated impls run the user's tensor code through [`crate::tensor::host`]. The
+//! runtime (trainer, checkpoints, generation, the CLI) is written once against these traits.
 
 use crate::error::Result;
 use crate::tree::Tree;

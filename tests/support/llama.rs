@@ -1,19 +1,19 @@
 //! A small LLaMA (RMSNorm, RoPE, SwiGLU, grouped-query attention) written as Rust structs under
 //! `#[lmx::model]`, its parameters named as Hugging Face's `LlamaForCausalLM` names them
-//! (`model.layers.0.self_attn.q_proj.weight`, ...), and its loss under `#[lmx::step]`.
+//! (`model.layers.0.self_attn.q_proj.weight`, ...), a language model with its training step under
+//! `#[lmx::step]`.
 
 use lmx::runtime::nn::init::{self, Keys};
 use lmx::runtime::nn::{EmbeddingParams, LinearParams, RmsNormParams};
 use lmx::runtime::optim::AdamW;
 use lmx::runtime::tensor::nn::{
-    causal_attention, cross_entropy, embedding, linear, merge_heads, rms_norm, rope, silu,
-    split_heads,
+    cross_entropy, embedding, linear, merge_heads, rms_norm, rope, silu, split_heads,
 };
-use lmx::runtime::tensor::Tensor;
+use lmx::runtime::tensor::{Context, Tensor};
 use lmx::runtime::Result;
 
 /// The static shape of a LLaMA.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct LlamaConfig {
     /// Vocabulary size.
     pub vocab: i32,
@@ -54,7 +54,13 @@ impl LlamaConfig {
 }
 
 /// `LlamaForCausalLM`: the decoder stack and the output head.
-#[lmx::model]
+#[lmx::model(
+    config = LlamaConfig,
+    init = Llama::build,
+    forward = forward,
+    vocab_size = vocab,
+    presets(tiny = LlamaConfig::tiny()),
+)]
 pub struct Llama {
     /// The decoder stack.
     pub model: LlamaModel,
@@ -111,9 +117,9 @@ pub struct Mlp {
 }
 
 impl Llama {
-    /// Fresh parameters for `config`, drawn from `seed` (MLX's default initialisers).
-    pub fn init(config: &LlamaConfig, seed: u64) -> Result<Llama> {
-        let keys = &mut Keys::from_seed(seed)?;
+    /// Fresh parameters for `config`, drawn from `keys` (MLX's default initialisers);
+    /// `LanguageModel::init` draws them from a seed.
+    pub fn build(config: &LlamaConfig, keys: &mut Keys) -> Result<Llama> {
         let (dim, kv_dim) = (config.dim, config.kv_heads * config.head_dim());
         let layers = (0..config.layers)
             .map(|_| {
@@ -146,13 +152,19 @@ impl Llama {
 }
 
 /// Logits `[B, T, vocab]` for tokens `[B, T]`.
-pub fn forward(params: &Llama<Tensor>, tokens: &Tensor, config: &LlamaConfig) -> Result<Tensor> {
+pub fn forward(
+    params: &Llama<Tensor>,
+    tokens: &Tensor,
+    config: &LlamaConfig,
+    ctx: &mut Context,
+) -> Result<Tensor> {
     let mut h = embedding(&params.model.embed_tokens, tokens)?;
     for layer in &params.model.layers {
         let attended = attention(
             &layer.self_attn,
             &rms_norm(&layer.input_layernorm, &h, config.eps)?,
             config,
+            ctx,
         )?;
         h = h.add(&attended)?;
         let mixed = mlp(
@@ -167,17 +179,19 @@ pub fn forward(params: &Llama<Tensor>, tokens: &Tensor, config: &LlamaConfig) ->
     )
 }
 
-fn attention(params: &Attention<Tensor>, x: &Tensor, config: &LlamaConfig) -> Result<Tensor> {
+fn attention(
+    params: &Attention<Tensor>,
+    x: &Tensor,
+    config: &LlamaConfig,
+    ctx: &mut Context,
+) -> Result<Tensor> {
     let head_dim = config.head_dim();
     let q = split_heads(&linear(&params.q_proj, x)?, config.heads)?;
     let k = split_heads(&linear(&params.k_proj, x)?, config.kv_heads)?;
     let v = split_heads(&linear(&params.v_proj, x)?, config.kv_heads)?;
-    let q = rope(&q, head_dim, config.rope_base, 0)?;
-    let k = rope(&k, head_dim, config.rope_base, 0)?;
-    linear(
-        &params.o_proj,
-        &merge_heads(&causal_attention(&q, &k, &v)?)?,
-    )
+    let q = rope(&q, head_dim, config.rope_base, ctx.offset())?;
+    let k = rope(&k, head_dim, config.rope_base, ctx.offset())?;
+    linear(&params.o_proj, &merge_heads(&ctx.attend(&q, &k, &v)?)?)
 }
 
 fn mlp(params: &Mlp<Tensor>, x: &Tensor) -> Result<Tensor> {
@@ -195,6 +209,7 @@ pub fn train(
     tokens: &Tensor,
     targets: &Tensor,
     config: &LlamaConfig,
+    ctx: &mut Context,
 ) -> Result<Tensor> {
-    cross_entropy(&forward(params, tokens, config)?, targets)
+    cross_entropy(&forward(params, tokens, config, ctx)?, targets)
 }

@@ -908,7 +908,15 @@ fn imports(body: &TokenStream) -> TokenStream {
     if !nn.is_empty() {
         out.extend(quote!(use ::lmx::runtime::nn::{#(#nn),*};));
     }
-    let tree = used(&["FieldAttrs", "LeafRole", "LeafSpec", "Scope", "Tree"]);
+    let mut tree = used(&["FieldAttrs", "LeafRole", "LeafSpec", "Scope"]);
+    // `#[derive(::lmx::Tree)]` names the derive, not the trait.
+    if text
+        .replace(":: lmx :: Tree", "")
+        .split(|c: char| !(c.is_alphanumeric() || c == '_'))
+        .any(|w| w == "Tree")
+    {
+        tree.push(quote!(Tree));
+    }
     if !tree.is_empty() {
         out.extend(quote!(use ::lmx::runtime::tree::{#(#tree),*};));
     }

@@ -117,11 +117,6 @@ fn struct_tree(
     let fields = field_names(tree);
     let mut group_names = Vec::new();
     let mut defs = Vec::new();
-    let mut for_each = Vec::new();
-    let mut for_each_mut = Vec::new();
-    let mut map = Vec::new();
-    let mut map_same = Vec::new();
-    let mut describe = Vec::new();
     for (entry, f) in tree.entries.iter().zip(&fields) {
         let dotted = if path.is_empty() {
             entry.name.clone()
@@ -130,9 +125,8 @@ fn struct_tree(
         };
         let mut group = None;
         let ty = match &entry.node {
-            ParamNode::Tied { target } => {
+            ParamNode::Tied { .. } => {
                 group_names.push(None);
-                let _ = target;
                 continue;
             }
             ParamNode::Layer { kind, .. } => {
@@ -173,7 +167,6 @@ fn struct_tree(
                 quote!(#gid<T>)
             }
         };
-        let leaf = matches!(entry.node, ParamNode::Tensor { .. });
         let guarded = entry.guard.is_some();
         let fdoc = format!(
             " `{dotted}`{}",
@@ -184,38 +177,12 @@ fn struct_tree(
             }
         );
         let full_ty = if guarded { quote!(Option<#ty>) } else { ty };
-        defs.push(quote!(#[doc = #fdoc] pub #f: #full_ty,));
-        let seg = &entry.name;
-        match (leaf, guarded) {
-            (true, false) => {
-                for_each.push(quote!(f(&self.#f);));
-                for_each_mut.push(quote!(f(&mut self.#f);));
-                map.push(quote!(#f: f(&self.#f),));
-                map_same.push(quote!(#f: f(&self.#f),));
-                describe
-                    .push(quote!(scope.leaf(#seg, LeafRole::Other, FieldAttrs::default(), out);));
-            }
-            (true, true) => {
-                for_each.push(quote!(if let Some(leaf) = &self.#f { f(leaf); }));
-                for_each_mut.push(quote!(if let Some(leaf) = &mut self.#f { f(leaf); }));
-                map.push(quote!(#f: self.#f.as_ref().map(|leaf| f(leaf)),));
-                map_same.push(quote!(#f: self.#f.as_ref().map(|leaf| f(leaf)),));
-                describe.push(quote!(if self.#f.is_some() { scope.leaf(#seg, LeafRole::Other, FieldAttrs::default(), out); }));
-            }
-            (false, _) => {
-                for_each.push(quote!(self.#f.for_each(f);));
-                for_each_mut.push(quote!(self.#f.for_each_mut(f);));
-                if guarded {
-                    map.push(quote!(#f: Tree::<T>::map(&self.#f, f),));
-                } else {
-                    map.push(quote!(#f: self.#f.map(f),));
-                }
-                map_same.push(quote!(#f: self.#f.map_same(f),));
-                describe.push(
-                    quote!(self.#f.describe(&scope.child(#seg, FieldAttrs::default()), out);),
-                );
-            }
-        }
+        // The leaf name is the `.lmx` name, whatever Rust field name it took.
+        let rename = (*f != entry.name.as_str()).then(|| {
+            let seg = &entry.name;
+            quote!(#[lmx(rename = #seg)])
+        });
+        defs.push(quote!(#[doc = #fdoc] #rename pub #f: #full_ty,));
         group_names.push(group);
     }
     if defs.is_empty() {
@@ -224,28 +191,12 @@ fn struct_tree(
             &format!("`{name}` without parameters of its own"),
         ));
     }
+    // `Tree` comes from the one generator of tree impls, `#[derive(lmx::Tree)]`, as for
+    // `#[lmx::model]` structs and the runtime's layers.
     out.extend(quote! {
         #[doc = #doc]
-        #[derive(Clone, Debug, PartialEq)]
+        #[derive(Clone, Debug, PartialEq, ::lmx::Tree)]
         pub struct #name<T = Array> { #(#defs)* }
-
-        impl<T> Tree<T> for #name<T> {
-            type Of<U> = #name<U>;
-
-            fn for_each<'a>(&'a self, f: &mut dyn FnMut(&'a T)) { #(#for_each)* }
-
-            fn for_each_mut(&mut self, f: &mut dyn FnMut(&mut T)) { #(#for_each_mut)* }
-
-            fn map<U>(&self, f: &mut dyn FnMut(&T) -> U) -> #name<U> {
-                #name { #(#map)* }
-            }
-
-            fn map_same(&self, f: &mut dyn FnMut(&T) -> T) -> Self {
-                #name { #(#map_same)* }
-            }
-
-            fn describe(&self, scope: &Scope, out: &mut Vec<LeafSpec>) { #(#describe)* }
-        }
     });
     Ok(group_names)
 }

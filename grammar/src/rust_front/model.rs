@@ -1,50 +1,184 @@
-//! `#[lmx::model]`: a Rust struct of layers becomes a typed parameter tree.
+//! `#[lmx::model]`: a Rust struct of layers becomes a typed parameter tree and, given a
+//! configuration type, a language model.
 //!
 //! The struct gains the leaf parameter `T = Array`: `Array` fields become `T`, layer and model
 //! fields (`LinearParams`, `Block`, `Vec<Block>`, `Option<Block>`) become `LinearParams<T>`, ...
-//! so that gradients and optimizer state are the same struct with other leaves. The generated
-//! `Tree<T>` impl lists the fields in declaration order; the inherent impls add names, masks,
-//! parameter counts, flat maps and safetensors files.
+//! so that gradients and optimizer state are the same struct with other leaves. Its `Tree<T>`
+//! impl comes from the one generator of [`tree`](super::tree); the inherent impls add names,
+//! masks, parameter counts, flat maps and safetensors files. With `config = Config` (and the
+//! functions that go with it) the struct implements `LanguageModel` (see [`Language`]).
 
-use super::options::{take_lmx_attrs, Accepts, Options};
+use super::options::{self, take_lmx_attrs};
+use super::tree::{self, FieldKind, TreeDef, TreeField};
 use proc_macro2::TokenStream;
 use quote::{format_ident, quote};
 use syn::ext::IdentExt;
+use syn::meta::ParseNestedMeta;
 use syn::spanned::Spanned;
 use syn::{
-    Fields, GenericArgument, Ident, ItemStruct, LitStr, Member, Path, PathArguments, Type, TypePath,
+    Expr, Fields, GenericArgument, Ident, ItemStruct, LitStr, Member, Path, PathArguments, Type,
+    TypePath,
 };
 
 /// Expands `#[lmx::model(args)]` on `item`.
 pub fn expand(args: TokenStream, item: TokenStream) -> syn::Result<TokenStream> {
     let mut item: ItemStruct = syn::parse2(item)?;
-    let options = Options::parse(args, &mut item.attrs, Accepts::Crate)?;
+    let mut krate = options::default_krate();
+    let mut language = LanguageArgs::default();
+    options::parse(args, &mut item.attrs, |meta| {
+        if meta.path.is_ident("crate") {
+            krate = options::krate(&meta)?;
+            Ok(())
+        } else {
+            language.set(meta)
+        }
+    })?;
+    let language = language.finish(&item)?;
     let model = Model::analyze(item)?;
-    Ok(model.generate(&options.krate))
+    Ok(model.generate(&krate, language.as_ref()))
+}
+
+/// What makes a model struct a `LanguageModel`:
+///
+/// ```ignore
+/// #[lmx::model(
+///     config = TinyConfig,          // serde: Clone + Debug + Serialize + Deserialize
+///     init = Tiny::build,           // fn(&TinyConfig, &mut Keys) -> Result<Tiny>
+///     forward = forward,            // fn(&Tiny<Tensor>, &Tensor, &TinyConfig, &mut Context) -> Result<Tensor>
+///     vocab_size = vocab,           // the configuration's field holding the vocabulary size
+///     context_len = context,        // ... and the longest context (unbounded if not given)
+///     presets(tiny = TinyConfig::tiny(), small = TinyConfig::small()),
+///     validate = TinyConfig::check, // fn(&TinyConfig) -> Result<()> (none if not given)
+///     name = "tiny",                // the name `lmx` lists (the struct's name in snake case)
+/// )]
+/// ```
+struct Language {
+    config: Type,
+    init: Path,
+    forward: Path,
+    vocab_size: Ident,
+    context_len: Option<Ident>,
+    validate: Option<Path>,
+    presets: Vec<(Ident, Expr)>,
+    name: String,
+}
+
+/// The language-model arguments as given, before their completeness is checked.
+#[derive(Default)]
+struct LanguageArgs {
+    config: Option<Type>,
+    init: Option<Path>,
+    forward: Option<Path>,
+    vocab_size: Option<Ident>,
+    context_len: Option<Ident>,
+    validate: Option<Path>,
+    presets: Vec<(Ident, Expr)>,
+    name: Option<LitStr>,
+    /// The first language-model argument, where an error about a missing one points.
+    first: Option<proc_macro2::Span>,
+}
+
+impl LanguageArgs {
+    fn set(&mut self, meta: ParseNestedMeta<'_>) -> syn::Result<()> {
+        self.first.get_or_insert(meta.path.span());
+        let path = &meta.path;
+        if path.is_ident("config") {
+            self.config = Some(meta.value()?.parse()?);
+        } else if path.is_ident("init") {
+            self.init = Some(meta.value()?.parse()?);
+        } else if path.is_ident("forward") {
+            self.forward = Some(meta.value()?.parse()?);
+        } else if path.is_ident("vocab_size") {
+            self.vocab_size = Some(meta.value()?.parse()?);
+        } else if path.is_ident("context_len") {
+            self.context_len = Some(meta.value()?.parse()?);
+        } else if path.is_ident("validate") {
+            self.validate = Some(meta.value()?.parse()?);
+        } else if path.is_ident("name") {
+            self.name = Some(meta.value()?.parse()?);
+        } else if path.is_ident("presets") {
+            meta.parse_nested_meta(|preset| {
+                let Some(name) = preset.path.get_ident().cloned() else {
+                    return Err(preset.error("a preset is `name = expression`"));
+                };
+                if self.presets.iter().any(|(known, _)| *known == name) {
+                    return Err(preset.error(format!("preset `{name}` is declared twice")));
+                }
+                self.presets.push((name, preset.value()?.parse()?));
+                Ok(())
+            })?;
+        } else {
+            return Err(meta.error(
+                "expected `crate`, `config`, `init`, `forward`, `vocab_size`, `context_len`, \
+                 `validate`, `presets(..)` or `name`",
+            ));
+        }
+        Ok(())
+    }
+
+    /// The language model, `None` for a plain tree, or an error naming what is missing.
+    fn finish(self, item: &ItemStruct) -> syn::Result<Option<Language>> {
+        let Some(first) = self.first else {
+            return Ok(None);
+        };
+        let missing: Vec<&str> = [
+            ("config = Type", self.config.is_none()),
+            ("init = function", self.init.is_none()),
+            ("forward = function", self.forward.is_none()),
+            ("vocab_size = field", self.vocab_size.is_none()),
+        ]
+        .into_iter()
+        .filter_map(|(name, missing)| missing.then_some(name))
+        .collect();
+        let (Some(config), Some(init), Some(forward), Some(vocab_size)) =
+            (self.config, self.init, self.forward, self.vocab_size)
+        else {
+            return Err(syn::Error::new(
+                first,
+                format!(
+                    "a language model names its configuration and functions: missing `{}`",
+                    missing.join("`, `")
+                ),
+            ));
+        };
+        let name = self
+            .name
+            .map(|name| name.value())
+            .unwrap_or_else(|| snake_case(&item.ident.unraw().to_string()));
+        Ok(Some(Language {
+            config,
+            init,
+            forward,
+            vocab_size,
+            context_len: self.context_len,
+            validate: self.validate,
+            presets: self.presets,
+            name,
+        }))
+    }
+}
+
+/// `TinyGpt` as `tiny_gpt`.
+fn snake_case(name: &str) -> String {
+    let mut out = String::new();
+    for (i, c) in name.chars().enumerate() {
+        if c.is_uppercase() {
+            if i > 0 {
+                out.push('_');
+            }
+            out.extend(c.to_lowercase());
+        } else {
+            out.push(c);
+        }
+    }
+    out
 }
 
 /// A model struct after analysis.
 struct Model {
     item: ItemStruct,
-    fields: Vec<Field>,
+    fields: Vec<TreeField>,
     tied: Vec<Tied>,
-}
-
-/// A field that is part of the tree.
-struct Field {
-    ident: Ident,
-    kind: FieldKind,
-    frozen: bool,
-    no_decay: bool,
-}
-
-enum FieldKind {
-    /// An `Array` leaf of a role.
-    Leaf(Ident),
-    /// An `Option<Array>` leaf of a role.
-    OptionalLeaf(Ident),
-    /// A tree: a layer, a nested model, a `Vec` or `Option` of those.
-    Tree,
 }
 
 /// A tied field: no leaf of its own, an accessor to the tree it shares.
@@ -64,8 +198,6 @@ struct FieldOptions {
     tied: Option<LitStr>,
 }
 
-const ROLES: [&str; 5] = ["Weight", "Bias", "Norm", "Embedding", "Other"];
-
 impl FieldOptions {
     fn parse(attrs: &mut Vec<syn::Attribute>) -> syn::Result<FieldOptions> {
         let mut options = FieldOptions::default();
@@ -76,15 +208,7 @@ impl FieldOptions {
                 } else if meta.path.is_ident("no_decay") {
                     options.no_decay = true;
                 } else if meta.path.is_ident("role") {
-                    let role: Ident = meta.value()?.parse()?;
-                    let name = role.to_string();
-                    let Some(canonical) = ROLES.iter().find(|r| r.eq_ignore_ascii_case(&name)) else {
-                        return Err(syn::Error::new(
-                            role.span(),
-                            "unknown role: expected `weight`, `bias`, `norm`, `embedding` or `other`",
-                        ));
-                    };
-                    options.role = Some(Ident::new(canonical, role.span()));
+                    options.role = Some(tree::role(&meta.value()?.parse()?)?);
                 } else if meta.path.is_ident("tied") {
                     options.tied = Some(meta.value()?.parse()?);
                 } else {
@@ -144,8 +268,9 @@ impl Model {
             match classify(&field.ty, &options) {
                 Ok((kind, ty)) => {
                     field.ty = ty;
-                    fields.push(Field {
-                        ident,
+                    fields.push(TreeField {
+                        segment: ident.unraw().to_string(),
+                        member: ident,
                         kind,
                         frozen: options.frozen,
                         no_decay: options.no_decay,
@@ -165,62 +290,19 @@ impl Model {
         Ok(Model { item, fields, tied })
     }
 
-    fn generate(&self, krate: &Path) -> TokenStream {
+    fn generate(self, krate: &Path, language: Option<&Language>) -> TokenStream {
         let rt = quote!(#krate::runtime);
-        let mut item = self.item.clone();
+        let mut item = self.item;
         item.generics = syn::parse_quote!(<T = #rt::Array>);
-        let name = &item.ident;
-        let vis = &item.vis;
-
-        let for_each = self.fields.iter().map(|field| {
-            let ident = &field.ident;
-            match field.kind {
-                FieldKind::Leaf(_) => quote!(f(&self.#ident);),
-                FieldKind::OptionalLeaf(_) => quote!(if let Some(leaf) = &self.#ident { f(leaf); }),
-                FieldKind::Tree => quote!(#rt::tree::Tree::<T>::for_each(&self.#ident, f);),
-            }
+        let name = item.ident.clone();
+        let vis = item.vis.clone();
+        let tree_impl = tree::tree_impl(&TreeDef {
+            name: name.clone(),
+            leaf: format_ident!("T"),
+            runtime: rt.clone(),
+            fields: self.fields,
         });
-        let for_each_mut = self.fields.iter().map(|field| {
-            let ident = &field.ident;
-            match field.kind {
-                FieldKind::Leaf(_) => quote!(f(&mut self.#ident);),
-                FieldKind::OptionalLeaf(_) => {
-                    quote!(if let Some(leaf) = &mut self.#ident { f(leaf); })
-                }
-                FieldKind::Tree => quote!(#rt::tree::Tree::<T>::for_each_mut(&mut self.#ident, f);),
-            }
-        });
-        let map = self.fields.iter().map(|field| {
-            let ident = &field.ident;
-            match field.kind {
-                FieldKind::Leaf(_) => quote!(#ident: f(&self.#ident)),
-                FieldKind::OptionalLeaf(_) => {
-                    quote!(#ident: self.#ident.as_ref().map(|leaf| f(leaf)))
-                }
-                FieldKind::Tree => quote!(#ident: #rt::tree::Tree::<T>::map(&self.#ident, f)),
-            }
-        });
-        let describe = self.fields.iter().map(|field| {
-            let ident = &field.ident;
-            let segment = ident.unraw().to_string();
-            let attrs = if field.frozen || field.no_decay {
-                let (frozen, no_decay) = (field.frozen, field.no_decay);
-                quote!(#rt::tree::FieldAttrs { frozen: #frozen, no_decay: #no_decay })
-            } else {
-                quote!(#rt::tree::FieldAttrs::default())
-            };
-            match &field.kind {
-                FieldKind::Leaf(role) => quote!(scope.leaf(#segment, #rt::tree::LeafRole::#role, #attrs, out);),
-                FieldKind::OptionalLeaf(role) => quote! {
-                    if self.#ident.is_some() {
-                        scope.leaf(#segment, #rt::tree::LeafRole::#role, #attrs, out);
-                    }
-                },
-                FieldKind::Tree => quote! {
-                    #rt::tree::Tree::<T>::describe(&self.#ident, &scope.child(#segment, #attrs), out);
-                },
-            }
-        });
+        let language = language.map(|language| language_model(&name, &rt, language));
         let tied = self.tied.iter().map(|tied| {
             let Tied {
                 ident,
@@ -251,29 +333,9 @@ impl Model {
             #[derive(Clone, Debug, PartialEq)]
             #item
 
-            impl<T> #rt::tree::Tree<T> for #name<T> {
-                type Of<U> = #name<U>;
+            #tree_impl
 
-                fn for_each<'a>(&'a self, f: &mut dyn FnMut(&'a T)) {
-                    #(#for_each)*
-                }
-
-                fn for_each_mut(&mut self, f: &mut dyn FnMut(&mut T)) {
-                    #(#for_each_mut)*
-                }
-
-                fn map<U>(&self, f: &mut dyn FnMut(&T) -> U) -> #name<U> {
-                    #name { #(#map,)* }
-                }
-
-                fn map_same(&self, f: &mut dyn FnMut(&T) -> T) -> Self {
-                    #rt::tree::Tree::<T>::map(self, f)
-                }
-
-                fn describe(&self, scope: &#rt::tree::Scope, out: &mut Vec<#rt::tree::LeafSpec>) {
-                    #(#describe)*
-                }
-            }
+            #language
 
             impl<T> #name<T> {
                 /// The dotted names of the leaves, in traversal order.
@@ -342,6 +404,87 @@ impl Model {
                     *self = #rt::checkpoint::load_tree(path.as_ref(), self)?;
                     Ok(())
                 }
+            }
+        }
+    }
+}
+
+/// `impl LanguageModel for Name`: the forward pass over tensors run through the runtime's host
+/// boundary, which also advances the context past the tokens.
+fn language_model(name: &Ident, rt: &TokenStream, language: &Language) -> TokenStream {
+    let Language {
+        config,
+        init,
+        forward,
+        vocab_size,
+        context_len,
+        validate,
+        presets,
+        name: model_name,
+    } = language;
+    let preset_names: Vec<String> = presets.iter().map(|(name, _)| name.to_string()).collect();
+    let preset_values = presets.iter().map(|(_, value)| value);
+    let validate = validate.as_ref().map(|validate| {
+        quote! {
+            fn validate(config: &#config) -> #rt::Result<()> {
+                #validate(config)
+            }
+        }
+    });
+    let context_len = match context_len {
+        Some(field) => quote!(config.#field as usize),
+        None => quote!({
+            let _ = config;
+            usize::MAX
+        }),
+    };
+    let doc = format!(
+        "`{name}` as a language model: `Trainer`, checkpoints, `generate` and the KV cache work for it as for a `.lmx` model."
+    );
+    quote! {
+        #[doc = #doc]
+        impl #rt::model::LanguageModel for #name {
+            type Config = #config;
+            type Params = #name;
+
+            const NAME: &'static str = #model_name;
+
+            fn presets() -> &'static [&'static str] {
+                &[#(#preset_names),*]
+            }
+
+            fn preset(name: &str) -> ::std::option::Option<#config> {
+                match name {
+                    #(#preset_names => ::std::option::Option::Some(#preset_values),)*
+                    _ => ::std::option::Option::None,
+                }
+            }
+
+            #validate
+
+            fn init(config: &#config, seed: u64) -> #rt::Result<#name> {
+                <#name as #rt::model::LanguageModel>::validate(config)?;
+                let mut keys = #rt::nn::init::Keys::from_seed(seed)?;
+                #init(config, &mut keys)
+            }
+
+            fn forward(
+                params: &#name,
+                config: &#config,
+                tokens: &#rt::Array,
+                ctx: &mut #rt::model::Context,
+            ) -> #rt::Result<#rt::Array> {
+                #rt::tensor::host::forward(params, tokens, ctx, |params, tokens, ctx| {
+                    #forward(params, tokens, config, ctx)
+                })
+            }
+
+            fn vocab_size(config: &#config) -> usize {
+                config.#vocab_size as usize
+            }
+
+            fn context_len(config: &#config) -> usize {
+                #context_len
             }
         }
     }
@@ -538,6 +681,52 @@ mod tests {
         assert!(messages[0].contains("`role` applies"));
         assert!(messages[1].contains("`Vec<Array>` is not a tree"));
         assert!(messages[2].contains("write `Foo` without generic arguments"));
+    }
+
+    #[test]
+    fn a_language_model_names_its_configuration_and_functions() {
+        let item = "pub struct TinyGpt { embed: EmbeddingParams }";
+        let tokens = expand(
+            quote!(
+                config = TinyConfig,
+                init = TinyGpt::init,
+                forward = forward,
+                vocab_size = vocab,
+                context_len = context,
+                presets(tiny = TinyConfig::tiny())
+            ),
+            item.parse().unwrap(),
+        )
+        .unwrap();
+        let out = prettyplease::unparse(&syn::parse2(tokens).unwrap());
+        assert!(
+            out.contains("impl ::lmx::runtime::model::LanguageModel for TinyGpt"),
+            "{out}"
+        );
+        assert!(
+            out.contains("const NAME: &'static str = \"tiny_gpt\";"),
+            "{out}"
+        );
+        assert!(
+            out.contains("\"tiny\" => ::std::option::Option::Some(TinyConfig::tiny())"),
+            "{out}"
+        );
+        assert!(
+            out.contains("forward(params, tokens, config, ctx)"),
+            "{out}"
+        );
+        assert!(out.contains("config.vocab as usize"), "{out}");
+
+        let err = expand(
+            quote!(config = TinyConfig, vocab_size = vocab),
+            item.parse().unwrap(),
+        )
+        .err()
+        .unwrap();
+        assert_eq!(
+            err.to_string(),
+            "a language model names its configuration and functions: missing `init = function`, `forward = function`"
+        );
     }
 
     #[test]

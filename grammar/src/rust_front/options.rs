@@ -1,57 +1,64 @@
 //! The options a macro takes, in its arguments or in `#[lmx(...)]` attributes on its item.
 
 use proc_macro2::TokenStream;
+use quote::quote;
 use syn::meta::ParseNestedMeta;
 use syn::parse::Parser;
-use syn::{Attribute, LitStr, Path, Type};
+use syn::{Attribute, Expr, LitStr, Path, Type};
 
-/// What `#[lmx::model(...)]`, `#[lmx::step(...)]` and the item's `#[lmx(...)]` attributes say.
-pub struct Options {
-    /// The path of the `lmx` facade crate, whose `runtime` module the generated code uses.
-    pub krate: Path,
-    /// The optimizer of a training step (`optimizer = AdamW`); `None` for an evaluation step.
-    pub optimizer: Option<Type>,
-}
-
-/// Which options an item accepts.
-#[derive(Clone, Copy, PartialEq, Eq)]
-pub enum Accepts {
-    /// `crate = "..."` only.
-    Crate,
-    /// `crate = "..."` and `optimizer = Type`.
-    CrateAndOptimizer,
-}
-
-impl Options {
-    /// Reads the macro's arguments and removes (and reads) the `#[lmx(...)]` attributes of `attrs`.
-    pub fn parse(
-        args: TokenStream,
-        attrs: &mut Vec<Attribute>,
-        accepts: Accepts,
-    ) -> syn::Result<Options> {
-        let mut options = Options {
-            krate: syn::parse_quote!(::lmx),
-            optimizer: None,
-        };
-        syn::meta::parser(|meta| options.set(meta, accepts)).parse2(args)?;
-        for attr in take_lmx_attrs(attrs) {
-            attr.parse_nested_meta(|meta| options.set(meta, accepts))?;
-        }
-        Ok(options)
+/// Reads the macro's arguments, then removes and reads the `#[lmx(...)]` attributes of `attrs`,
+/// giving each option to `set`.
+pub fn parse(
+    args: TokenStream,
+    attrs: &mut Vec<Attribute>,
+    mut set: impl FnMut(ParseNestedMeta<'_>) -> syn::Result<()>,
+) -> syn::Result<()> {
+    syn::meta::parser(&mut set).parse2(args)?;
+    for attr in take_lmx_attrs(attrs) {
+        attr.parse_nested_meta(&mut set)?;
     }
+    Ok(())
+}
 
-    fn set(&mut self, meta: ParseNestedMeta<'_>, accepts: Accepts) -> syn::Result<()> {
-        if meta.path.is_ident("crate") {
-            self.krate = meta.value()?.parse::<LitStr>()?.parse()?;
-            Ok(())
-        } else if meta.path.is_ident("optimizer") && accepts == Accepts::CrateAndOptimizer {
-            self.optimizer = Some(meta.value()?.parse()?);
-            Ok(())
-        } else if accepts == Accepts::CrateAndOptimizer {
-            Err(meta.error("expected `crate = \"path\"` or `optimizer = Type`"))
-        } else {
-            Err(meta.error("expected `crate = \"path\"`"))
-        }
+/// `crate = "path"`: the `lmx` facade crate, whose `runtime` module generated code uses.
+pub fn krate(meta: &ParseNestedMeta<'_>) -> syn::Result<Path> {
+    meta.value()?.parse::<LitStr>()?.parse()
+}
+
+/// The default facade path, `::lmx`.
+pub fn default_krate() -> Path {
+    syn::parse_quote!(::lmx)
+}
+
+/// A step's optimizer: its type and the value the step trains with.
+pub struct Optimizer {
+    /// `AdamW`.
+    pub ty: Type,
+    /// `AdamW::default()`, or the struct expression the user gave.
+    pub value: TokenStream,
+}
+
+impl Optimizer {
+    /// `optimizer = AdamW` (its default settings) or `optimizer = AdamW { weight_decay: 0.1,
+    /// ..AdamW::default() }`.
+    pub fn parse(meta: &ParseNestedMeta<'_>) -> syn::Result<Optimizer> {
+        let expr: Expr = meta.value()?.parse()?;
+        let path =
+            match &expr {
+                Expr::Path(path) if path.qself.is_none() => path.path.clone(),
+                Expr::Struct(lit) if lit.qself.is_none() => lit.path.clone(),
+                other => return Err(syn::Error::new_spanned(
+                    other,
+                    "expected an optimizer type (`AdamW`, with its default settings) or a struct \
+                     expression (`AdamW { weight_decay: 0.1, ..AdamW::default() }`)",
+                )),
+            };
+        let ty: Type = syn::parse_quote!(#path);
+        let value = match expr {
+            Expr::Path(_) => quote!(<#ty as ::std::default::Default>::default()),
+            other => quote!(#other),
+        };
+        Ok(Optimizer { ty, value })
     }
 }
 

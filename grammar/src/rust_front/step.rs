@@ -1,28 +1,75 @@
-//! `#[lmx::step]`: a loss function over tensors becomes a compiled step over a declared state.
+//! `#[lmx::step]`: a loss function over tensors becomes a training step over a declared state.
 //!
 //! The function reads the parameter tree with `Tensor` leaves (`&Llama<Tensor>`), the batch
-//! (`&Tensor` arguments, in order), optionally the step's random key (`#[lmx(rng)] key: &Tensor`)
-//! and static configuration (any other argument), and returns its loss. Its body is checked by
-//! [`taint::check`](super::taint::check). With `optimizer = O`, the macro declares the compiled
-//! state, `TrainState<Params, O>` (parameters, the optimizer's state for every trainable
-//! parameter, the step count and the random key; the learning rate is an input of each call),
-//! and a struct that compiles the step over it with `TrainStep`.
+//! (`&Tensor` arguments, in order), static configuration (any other argument) and, optionally,
+//! the forward pass's context (`ctx: &mut Context`: attention, positions, dropout drawing from
+//! the step's key), and returns its loss. Its body is checked by
+//! [`taint::check`](super::taint::check).
+//!
+//! With `optimizer = O` the step is a training step: a unit struct implementing the runtime's
+//! `TrainingStep` for the model the tree implements `LanguageModel` for, exactly as a `.lmx`
+//! file's `step` does, so `Trainer`, checkpoints and the CLI run it. Its configuration argument,
+//! if any, is the model's `Config`. Without an optimizer it is an evaluation step: a unit struct
+//! whose `call` runs the function on arrays.
 
-use super::options::{take_lmx_attrs, Accepts, Options};
+use super::options::{self, take_lmx_attrs, Optimizer};
 use super::taint;
 use proc_macro2::TokenStream;
 use quote::{format_ident, quote, quote_spanned};
 use syn::spanned::Spanned;
-use syn::{FnArg, Ident, ItemFn, Pat, PathArguments, Type, TypePath};
+use syn::{Expr, FnArg, Ident, ItemFn, Pat, PathArguments, Type, TypePath};
+
+/// What `#[lmx::step(...)]` says.
+struct StepArgs {
+    krate: syn::Path,
+    optimizer: Option<Optimizer>,
+    clip_norm: Option<Expr>,
+    accumulate: Option<Expr>,
+}
+
+impl StepArgs {
+    fn parse(args: TokenStream, attrs: &mut Vec<syn::Attribute>) -> syn::Result<StepArgs> {
+        let mut out = StepArgs {
+            krate: options::default_krate(),
+            optimizer: None,
+            clip_norm: None,
+            accumulate: None,
+        };
+        options::parse(args, attrs, |meta| {
+            if meta.path.is_ident("crate") {
+                out.krate = options::krate(&meta)?;
+            } else if meta.path.is_ident("optimizer") {
+                out.optimizer = Some(Optimizer::parse(&meta)?);
+            } else if meta.path.is_ident("clip_norm") {
+                out.clip_norm = Some(meta.value()?.parse()?);
+            } else if meta.path.is_ident("accumulate") {
+                out.accumulate = Some(meta.value()?.parse()?);
+            } else {
+                return Err(meta.error(
+                    "expected `crate = \"path\"`, `optimizer = Type`, `clip_norm = number` or `accumulate = count`",
+                ));
+            }
+            Ok(())
+        })?;
+        if out.optimizer.is_none() {
+            if let Some(setting) = out.clip_norm.as_ref().or(out.accumulate.as_ref()) {
+                return Err(syn::Error::new_spanned(
+                    setting,
+                    "`clip_norm` and `accumulate` belong to a training step: name its `optimizer`",
+                ));
+            }
+        }
+        Ok(out)
+    }
+}
 
 /// Expands `#[lmx::step(args)]` on `item`.
 pub fn expand(args: TokenStream, item: TokenStream) -> syn::Result<TokenStream> {
     let mut item: ItemFn = syn::parse2(item)?;
-    let options = Options::parse(args, &mut item.attrs, Accepts::CrateAndOptimizer)?;
-    let signature = Signature::analyze(&mut item)?;
+    let args = StepArgs::parse(args, &mut item.attrs)?;
+    let signature = Signature::analyze(&mut item, args.optimizer.is_some())?;
     let mut tensors = vec![signature.params.ident.clone()];
     tensors.extend(signature.batch.iter().map(|arg| arg.ident.clone()));
-    tensors.extend(signature.rng.iter().map(|arg| arg.ident.clone()));
     let errors = taint::check(&tensors, &item.block);
     if let Some(err) = errors.into_iter().reduce(|mut all, err| {
         all.combine(err);
@@ -30,7 +77,7 @@ pub fn expand(args: TokenStream, item: TokenStream) -> syn::Result<TokenStream> 
     }) {
         return Err(err);
     }
-    Ok(signature.generate(&item, &options))
+    Ok(signature.generate(&item, &args))
 }
 
 /// One argument of the step.
@@ -47,12 +94,13 @@ struct Signature {
     params: Arg,
     params_ty: Type,
     batch: Vec<Arg>,
-    rng: Option<Arg>,
     config: Vec<Arg>,
+    /// The forward pass's context, `ctx: &mut Context`.
+    context: Option<Ident>,
 }
 
 impl Signature {
-    fn analyze(item: &mut ItemFn) -> syn::Result<Signature> {
+    fn analyze(item: &mut ItemFn, training: bool) -> syn::Result<Signature> {
         let sig = &mut item.sig;
         if !sig.generics.params.is_empty() {
             return Err(syn::Error::new(
@@ -61,6 +109,7 @@ impl Signature {
             ));
         }
         let mut args = Vec::new();
+        let mut context = None;
         let mut errors = Vec::new();
         for input in &mut sig.inputs {
             let FnArg::Typed(arg) = input else {
@@ -70,17 +119,11 @@ impl Signature {
                 ));
                 continue;
             };
-            let mut rng = false;
             for attr in take_lmx_attrs(&mut arg.attrs) {
-                let parsed = attr.parse_nested_meta(|meta| {
-                    if meta.path.is_ident("rng") {
-                        rng = true;
-                        Ok(())
-                    } else {
-                        Err(meta.error("expected `rng`"))
-                    }
-                });
-                errors.extend(parsed.err());
+                errors.push(syn::Error::new_spanned(
+                    attr,
+                    "a step's arguments take no `#[lmx(...)]` attributes: dropout draws from the step's key through `ctx: &mut Context`",
+                ));
             }
             let Pat::Ident(pat) = &*arg.pat else {
                 errors.push(syn::Error::new(
@@ -90,6 +133,15 @@ impl Signature {
                 continue;
             };
             let (ty, by_ref) = match &*arg.ty {
+                Type::Reference(reference)
+                    if reference.mutability.is_some() && is_named(&reference.elem, "Context") =>
+                {
+                    if context.is_some() {
+                        errors.push(syn::Error::new(pat.ident.span(), "a step has one context"));
+                    }
+                    context = Some(pat.ident.clone());
+                    continue;
+                }
                 Type::Reference(reference) if reference.mutability.is_some() => {
                     errors.push(syn::Error::new_spanned(
                         reference,
@@ -106,14 +158,11 @@ impl Signature {
                 Type::Reference(reference) => ((*reference.elem).clone(), true),
                 ty => (ty.clone(), false),
             };
-            args.push((
-                Arg {
-                    ident: pat.ident.clone(),
-                    ty,
-                    by_ref,
-                },
-                rng,
-            ));
+            args.push(Arg {
+                ident: pat.ident.clone(),
+                ty,
+                by_ref,
+            });
         }
         if let Some(err) = errors.into_iter().reduce(|mut all, err| {
             all.combine(err);
@@ -129,7 +178,7 @@ impl Signature {
                 "the first argument of a step is its parameter tree, e.g. `params: &Llama<Tensor>`",
             )
         };
-        let (params, _) = args.next().ok_or_else(params_error)?;
+        let params = args.next().ok_or_else(params_error)?;
         let params_ty = array_leaves(&params.ty)
             .filter(|_| params.by_ref)
             .ok_or_else(params_error)?;
@@ -137,65 +186,41 @@ impl Signature {
             params,
             params_ty,
             batch: Vec::new(),
-            rng: None,
             config: Vec::new(),
+            context,
         };
-        for (arg, rng) in args {
-            let tensor = is_tensor(&arg.ty) && arg.by_ref;
-            match (tensor, rng) {
-                (true, true) if signature.rng.is_none() => signature.rng = Some(arg),
-                (true, true) => {
-                    return Err(syn::Error::new(
-                        arg.ident.span(),
-                        "a step has one random key",
-                    ))
-                }
-                (false, true) => {
-                    return Err(syn::Error::new(
-                        arg.ty.span(),
-                        "the random key is a `&Tensor`",
-                    ))
-                }
-                (true, false) => signature.batch.push(arg),
-                (false, false) if is_tensor(&arg.ty) => {
+        for arg in args {
+            match (is_named(&arg.ty, "Tensor"), arg.by_ref) {
+                (true, true) => signature.batch.push(arg),
+                (true, false) => {
                     return Err(syn::Error::new(
                         arg.ty.span(),
                         "a step reads tensors by reference: `&Tensor`",
                     ))
                 }
-                (false, false) => signature.config.push(arg),
+                (false, by_ref) if training && (!by_ref || !signature.config.is_empty()) => {
+                    return Err(syn::Error::new(
+                        arg.ty.span(),
+                        "a training step's configuration is one argument, its model's configuration by \
+                         reference (`config: &LlamaConfig`), which the trainer passes",
+                    ))
+                }
+                (false, _) => signature.config.push(arg),
             }
         }
         Ok(signature)
     }
 
-    fn generate(&self, item: &ItemFn, options: &Options) -> TokenStream {
-        let krate = &options.krate;
+    fn generate(&self, item: &ItemFn, args: &StepArgs) -> TokenStream {
+        let krate = &args.krate;
         let rt = quote!(#krate::runtime);
         let vis = &item.vis;
         let function = &item.sig.ident;
-        let name = format_ident!(
-            "{}",
-            camel_case(&function.to_string()),
-            span = function.span()
-        );
+        let function_name = function.to_string();
+        let name = format_ident!("{}", camel_case(&function_name), span = function.span());
         let params_ty = &self.params_ty;
-
         let batch: Vec<&Ident> = self.batch.iter().map(|arg| &arg.ident).collect();
-        let config: Vec<&Ident> = self.config.iter().map(|arg| &arg.ident).collect();
-        let config_tys: Vec<&Type> = self.config.iter().map(|arg| &arg.ty).collect();
-        let config_args: Vec<TokenStream> = self
-            .config
-            .iter()
-            .map(|arg| {
-                let ident = &arg.ident;
-                if arg.by_ref {
-                    quote!(&#ident)
-                } else {
-                    quote!(::std::clone::Clone::clone(&#ident))
-                }
-            })
-            .collect();
+        let batch_len = proc_macro2::Literal::usize_unsuffixed(batch.len());
         // The user's function takes its arguments in its own order.
         let call_args: Vec<TokenStream> = item
             .sig
@@ -211,38 +236,56 @@ impl Signature {
                 };
                 let ident = &pat.ident;
                 if index == 0 {
-                    quote!(&#rt::tensor::graph(#ident))
-                } else if let Some(position) = config.iter().position(|c| *c == ident) {
-                    config_args[position].clone()
+                    quote!(#ident)
+                } else if self.context.as_ref() == Some(ident) {
+                    quote!(ctx)
+                } else if let Some(config) = self.config.iter().find(|c| c.ident == *ident) {
+                    if config.by_ref {
+                        quote!(#ident)
+                    } else {
+                        quote!(::std::clone::Clone::clone(#ident))
+                    }
                 } else {
-                    quote!(&#rt::tensor::Tensor::from(::std::clone::Clone::clone(#ident)))
+                    quote!(&#ident)
                 }
             })
             .collect();
         let params = &self.params.ident;
-        let rng_arg: Vec<&Ident> = self.rng.iter().map(|arg| &arg.ident).collect();
-        let batch_len = batch.len();
-        let call_doc = format!(
-            "[`{function}`] run eagerly on arrays, outside any compiled step (for evaluation and debugging)."
-        );
-        let call = quote! {
-            #[doc = #call_doc]
-            #vis fn call(
-                #params: &#params_ty,
-                #(#batch: &#rt::Array,)*
-                #(#rng_arg: &#rt::Array,)*
-                #(#config: &#config_tys,)*
-            ) -> #rt::Result<#rt::Array> {
-                #(let #config = ::std::clone::Clone::clone(#config);)*
-                Ok(#function(#(#call_args),*)?.into_array())
-            }
+        let ctx = match self.context {
+            Some(_) => quote!(ctx),
+            None => quote!(_),
+        };
+        let run = quote! {
+            #rt::tensor::host::loss::<_, #batch_len>(
+                #function_name,
+                #params,
+                batch,
+                key,
+                |#params, [#(#batch),*], #ctx| #function(#(#call_args),*),
+            )
         };
 
         let mut fn_item = item.clone();
         fn_item.attrs.retain(|attr| !attr.path().is_ident("lmx"));
 
-        let Some(optimizer) = &options.optimizer else {
+        let Some(optimizer) = &args.optimizer else {
+            let config: Vec<&Ident> = self.config.iter().map(|arg| &arg.ident).collect();
+            let config_tys: Vec<&Type> = self.config.iter().map(|arg| &arg.ty).collect();
+            let (key_arg, key_doc) = match self.context {
+                Some(_) => (
+                    quote!(key: ::std::option::Option<&#rt::Array>,),
+                    " Dropout draws from `key`, and is off when it is `None`.",
+                ),
+                None => (quote!(), ""),
+            };
+            let key_value = match self.context {
+                Some(_) => quote!(),
+                None => quote!(let key = ::std::option::Option::None;),
+            };
             let doc = format!("The evaluation step [`{function}`] at the host boundary.");
+            let call_doc = format!(
+                "[`{function}`] run on arrays, eagerly or inside a `TrainStep`'s loss.{key_doc}"
+            );
             return quote! {
                 #fn_item
 
@@ -250,30 +293,48 @@ impl Signature {
                 #vis struct #name;
 
                 impl #name {
-                    #call
+                    #[doc = #call_doc]
+                    #vis fn call(
+                        #params: &#params_ty,
+                        #(#batch: &#rt::Array,)*
+                        #(#config: &#config_tys,)*
+                        #key_arg
+                    ) -> #rt::Result<#rt::Array> {
+                        let batch = &[#(::std::clone::Clone::clone(#batch)),*];
+                        #key_value
+                        #run
+                    }
                 }
             };
         };
 
-        let state = format_ident!("{name}State");
-        let key = self
-            .rng
-            .as_ref()
-            .map_or_else(|| format_ident!("_key"), |arg| arg.ident.clone());
-        let key_binding = self.rng.as_ref().map(|_| quote!(let #key = #key;));
-        let state_doc = format!(
-            "The compiled state of [`{function}`]: the parameters (`{}`), the state of `{}` for every trainable \
-             parameter (`opt`), the step count and the random key, flattened in that declared order \
-             (`TrainState::declaration`). The learning rate is an input of each step.",
+        let Optimizer {
+            ty: optimizer_ty,
+            value: optimizer_value,
+        } = optimizer;
+        let config_binding = match self.config.first() {
+            Some(arg) => {
+                let ident = &arg.ident;
+                quote!(#ident)
+            }
+            None => quote!(_config),
+        };
+        let clip = match &args.clip_norm {
+            Some(clip) => quote!(::std::option::Option::Some(#clip)),
+            None => quote!(::std::option::Option::None),
+        };
+        let accumulation = match &args.accumulate {
+            Some(count) => quote!(#count),
+            None => quote!(1),
+        };
+        let doc = format!(
+            "The training step [`{function}`]: its loss, gradients of the trainable parameters, \
+             clipping and the `{}` update, compiled over `TrainState<{}, {}>`.",
+            quote!(#optimizer_ty),
             quote!(#params_ty),
-            quote!(#optimizer),
+            quote!(#optimizer_ty),
         );
-        let struct_doc = format!(
-            "[`{function}`] compiled as a training step over [`{state}`]: loss, gradients of the trainable \
-             parameters, clipping and the `{}` update, traced once.",
-            quote!(#optimizer)
-        );
-        let assert_optimizer = quote_spanned! {optimizer.span()=>
+        let assert_optimizer = quote_spanned! {optimizer_ty.span()=>
             const _: () = {
                 #[diagnostic::on_unimplemented(
                     message = "`{Self}` is not an lmx optimizer: its state would live outside the compiled step",
@@ -286,7 +347,7 @@ impl Signature {
                 trait DeclaresItsState {}
                 impl<O: #rt::optim::Optimizer> DeclaresItsState for O {}
                 fn declares_its_state<O: DeclaresItsState>() {}
-                let _ = declares_its_state::<#optimizer>;
+                let _ = declares_its_state::<#optimizer_ty>;
             };
         };
 
@@ -295,56 +356,37 @@ impl Signature {
 
             #assert_optimizer
 
-            #[doc = #state_doc]
-            #vis type #state = #rt::state::TrainState<#params_ty, #optimizer>;
+            #[doc = #doc]
+            #[derive(Clone, Copy, Debug, Default)]
+            #vis struct #name;
 
-            #[doc = #struct_doc]
-            #vis struct #name {
-                step: #rt::step::TrainStep<#params_ty, #optimizer>,
-            }
+            impl #rt::model::TrainingStep for #name {
+                type Model = #params_ty;
+                type Optimizer = #optimizer_ty;
 
-            impl #name {
-                /// A fresh compiled state for `params`, with the optimizer's state created now for every
-                /// trainable parameter and the random key drawn from `seed`.
-                #vis fn state(params: #params_ty, optimizer: &#optimizer, seed: u64) -> #rt::Result<#state> {
-                    #rt::state::TrainState::new(params, optimizer, seed)
+                const NAME: &'static str = #function_name;
+
+                fn optimizer() -> #optimizer_ty {
+                    #optimizer_value
                 }
 
-                /// The step for states laid out like `state`, with its configuration fixed for its life.
-                #vis fn new(
-                    state: &#state,
-                    optimizer: #optimizer,
-                    #(#config: #config_tys,)*
-                    options: #rt::step::StepOptions,
-                ) -> #rt::Result<Self> {
-                    let loss = move |#params: &#params_ty, batch: &[#rt::Array], #key: &#rt::Array| -> #rt::Result<#rt::Array> {
-                        let [#(#batch),*] = batch else {
-                            return Err(#rt::Error::Layout(format!(
-                                "`{}` takes {} batch arrays, got {}", stringify!(#function), #batch_len, batch.len()
-                            )));
-                        };
-                        #key_binding
-                        Ok(#function(#(#call_args),*)?.into_array())
-                    };
-                    Ok(#name { step: #rt::step::TrainStep::new(state, optimizer, loss, options)? })
+                fn options() -> #rt::step::StepOptions {
+                    #rt::step::StepOptions {
+                        clip_norm: #clip,
+                        compile: true,
+                        accumulation: #accumulation,
+                        ..#rt::step::StepOptions::default()
+                    }
                 }
 
-                /// One step at learning rate `lr`: `state` becomes the next state (lazily).
-                #vis fn step(
-                    &mut self,
-                    state: &mut #state,
-                    lr: f32,
-                    #(#batch: &#rt::Array),*
-                ) -> #rt::Result<#rt::step::StepMetrics> {
-                    self.step.step(state, lr, &[#(::std::clone::Clone::clone(#batch)),*])
+                fn loss(
+                    #params: &#params_ty,
+                    #config_binding: &<#params_ty as #rt::model::LanguageModel>::Config,
+                    batch: &[#rt::Array],
+                    key: ::std::option::Option<&#rt::Array>,
+                ) -> #rt::Result<#rt::Array> {
+                    #run
                 }
-
-                /// How many times the step has been traced (compiled) or run (eager).
-                #vis fn traces(&self) -> usize {
-                    self.step.traces()
-                }
-
-                #call
             }
         }
     }
@@ -362,7 +404,7 @@ fn array_leaves(ty: &Type) -> Option<Type> {
             let syn::GenericArgument::Type(leaf) = args.args.first()? else {
                 return None;
             };
-            if !is_tensor(leaf) {
+            if !is_named(leaf, "Tensor") {
                 return None;
             }
         }
@@ -372,9 +414,10 @@ fn array_leaves(ty: &Type) -> Option<Type> {
     Some(Type::Path(TypePath { qself: None, path }))
 }
 
-fn is_tensor(ty: &Type) -> bool {
+/// Whether `ty` is a path ending in `name` with no generic arguments (`Tensor`, `Context`).
+fn is_named(ty: &Type, name: &str) -> bool {
     matches!(ty, Type::Path(TypePath { qself: None, path })
-        if path.segments.last().is_some_and(|s| s.ident == "Tensor" && s.arguments.is_empty()))
+        if path.segments.last().is_some_and(|s| s.ident == name && s.arguments.is_empty()))
 }
 
 /// `train_loss` as `TrainLoss`.
@@ -402,38 +445,77 @@ mod tests {
         Ok(prettyplease::unparse(&syn::parse2(tokens).unwrap()))
     }
 
-    const LOSS: &str = "pub fn train_loss(params: &Mlp<Tensor>, x: &Tensor, #[lmx(rng)] key: &Tensor, \
-                        config: &Config, depth: usize) -> Result<Tensor> { todo(params, x, key, config, depth) }";
+    const LOSS: &str = "pub fn train_loss(params: &Mlp<Tensor>, x: &Tensor, config: &Config, \
+                        ctx: &mut Context) -> Result<Tensor> { todo(params, x, config, ctx) }";
 
     #[test]
-    fn a_training_step_declares_its_state() {
-        let out = expand_str(quote!(optimizer = AdamW), LOSS).unwrap();
-        assert!(
-            out.contains(
-                "pub type TrainLossState = ::lmx::runtime::state::TrainState<Mlp, AdamW>;"
+    fn a_training_step_implements_training_step() {
+        let out = expand_str(
+            quote!(
+                optimizer = AdamW {
+                    weight_decay: 0.1,
+                    ..AdamW::default()
+                },
+                clip_norm = 1.0
             ),
-            "{out}"
-        );
-        assert!(out.contains("pub struct TrainLoss {"), "{out}");
+            LOSS,
+        )
+        .unwrap();
+        assert!(out.contains("pub struct TrainLoss;"), "{out}");
         assert!(
-            out.contains("step: ::lmx::runtime::step::TrainStep<Mlp, AdamW>"),
+            out.contains("impl ::lmx::runtime::model::TrainingStep for TrainLoss"),
             "{out}"
         );
-        assert!(out.contains("let [x] = batch else"), "{out}");
-        assert!(out.contains("config: Config,"), "{out}");
-        assert!(out.contains("::std::clone::Clone::clone(&depth)"), "{out}");
+        assert!(out.contains("type Model = Mlp;"), "{out}");
+        assert!(out.contains("type Optimizer = AdamW;"), "{out}");
+        assert!(
+            out.contains("const NAME: &'static str = \"train_loss\";"),
+            "{out}"
+        );
+        assert!(out.contains("weight_decay: 0.1"), "{out}");
+        assert!(
+            out.contains("clip_norm: ::std::option::Option::Some(1.0)"),
+            "{out}"
+        );
+        assert!(
+            out.contains("config: &<Mlp as ::lmx::runtime::model::LanguageModel>::Config"),
+            "{out}"
+        );
+        assert!(
+            out.contains("|params, [x], ctx| train_loss(params, &x, config, ctx)"),
+            "{out}"
+        );
         assert!(!out.contains("#[lmx"), "{out}");
     }
 
     #[test]
-    fn an_evaluation_step_has_no_state() {
-        let out = expand_str(quote!(crate = "my::lmx"), LOSS).unwrap();
-        assert!(!out.contains("TrainState"), "{out}");
-        assert!(out.contains("pub struct TrainLoss;"), "{out}");
+    fn an_evaluation_step_runs_on_arrays() {
+        let out = expand_str(
+            quote!(crate = "my::lmx"),
+            "fn eval(params: &Mlp<Tensor>, x: &Tensor, depth: usize) -> Result<Tensor> { x }",
+        )
+        .unwrap();
+        assert!(!out.contains("TrainingStep"), "{out}");
+        assert!(out.contains("struct Eval;"), "{out}");
+        assert!(out.contains("depth: &usize,"), "{out}");
         assert!(
-            out.contains("my::lmx::runtime::tensor::graph(params)"),
+            out.contains("my::lmx::runtime::tensor::host::loss::<"),
             "{out}"
         );
+        assert!(out.contains("::std::clone::Clone::clone(depth)"), "{out}");
+    }
+
+    #[test]
+    fn a_training_step_reads_one_configuration_by_reference() {
+        let err = expand_str(
+            quote!(optimizer = AdamW),
+            "fn s(params: &Mlp<Tensor>, x: &Tensor, config: &Config, clip: f32) -> Result<Tensor> { x }",
+        )
+        .err()
+        .unwrap();
+        assert!(err
+            .to_string()
+            .starts_with("a training step's configuration is one argument"));
     }
 
     #[test]
@@ -447,6 +529,17 @@ mod tests {
         assert!(err
             .to_string()
             .starts_with("a step cannot mutate `moments`"));
+    }
+
+    #[test]
+    fn settings_of_a_training_step_need_its_optimizer() {
+        let err = expand_str(
+            quote!(clip_norm = 1.0),
+            "fn s(params: &Mlp<Tensor>) -> Result<Tensor> { x }",
+        )
+        .err()
+        .unwrap();
+        assert!(err.to_string().contains("name its `optimizer`"), "{err}");
     }
 
     #[test]

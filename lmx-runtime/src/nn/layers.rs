@@ -1,41 +1,46 @@
 //! Layers: parameter structs and the pure functions that apply them.
 
 use super::extra::literal;
-use super::leaf_struct::leaf_struct;
 use super::linear_grad::linear_with_row_major_grad;
 use crate::error::Result;
 use crate::model::Context;
 use mlx_rs::fast::{self, ScaledDotProductAttentionMask};
 use mlx_rs::{ops, random, Array, Dtype};
 
-leaf_struct! {
-    /// A linear map `y = x W^T + b` with `weight: [out, in]` and an optional `bias: [out]`.
-    pub struct LinearParams {
-        weight: Weight,
-        ? bias: Bias,
-    }
+/// A linear map `y = x W^T + b` with `weight: [out, in]` and an optional `bias: [out]`.
+#[derive(Clone, Debug, PartialEq, lmx_macros::Tree)]
+#[lmx(runtime = "crate")]
+pub struct LinearParams<T = Array> {
+    #[lmx(role = weight)]
+    pub weight: T,
+    #[lmx(role = bias)]
+    pub bias: Option<T>,
 }
 
-leaf_struct! {
-    /// An embedding table `weight: [vocab, dim]`.
-    pub struct EmbeddingParams {
-        weight: Embedding,
-    }
+/// An embedding table `weight: [vocab, dim]`.
+#[derive(Clone, Debug, PartialEq, lmx_macros::Tree)]
+#[lmx(runtime = "crate")]
+pub struct EmbeddingParams<T = Array> {
+    #[lmx(role = embedding)]
+    pub weight: T,
 }
 
-leaf_struct! {
-    /// Layer normalisation with a scale `weight: [dim]` and an optional shift `bias: [dim]`.
-    pub struct LayerNormParams {
-        weight: Norm,
-        ? bias: Norm,
-    }
+/// Layer normalisation with a scale `weight: [dim]` and an optional shift `bias: [dim]`.
+#[derive(Clone, Debug, PartialEq, lmx_macros::Tree)]
+#[lmx(runtime = "crate")]
+pub struct LayerNormParams<T = Array> {
+    #[lmx(role = norm)]
+    pub weight: T,
+    #[lmx(role = norm)]
+    pub bias: Option<T>,
 }
 
-leaf_struct! {
-    /// RMS normalisation with a scale `weight: [dim]`.
-    pub struct RmsNormParams {
-        weight: Norm,
-    }
+/// RMS normalisation with a scale `weight: [dim]`.
+#[derive(Clone, Debug, PartialEq, lmx_macros::Tree)]
+#[lmx(runtime = "crate")]
+pub struct RmsNormParams<T = Array> {
+    #[lmx(role = norm)]
+    pub weight: T,
 }
 
 /// `x W^T + b`, with a bias in one fused `addmm` as `mlx.nn.Linear` computes it (on the CPU, BLAS

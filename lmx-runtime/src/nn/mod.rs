@@ -8,7 +8,6 @@ mod custom_vjp;
 mod extra;
 mod layer_norm_grad;
 mod layers;
-mod leaf_struct;
 mod linear_grad;
 mod loss;
 

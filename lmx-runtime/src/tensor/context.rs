@@ -1,0 +1,152 @@
+//! The forward pass's context over tensors: attention through the KV cache, positions, dropout.
+
+use super::Tensor;
+use crate::error::Result;
+use crate::model;
+
+/// How [`Context::attend_with`] masks and scales its scores: `causal: true` with the rest
+/// unset is what [`Context::attend`] does; the default masks nothing.
+#[derive(Clone, Copy, Default)]
+pub struct AttentionOptions<'a> {
+    /// Each query sees only itself and earlier keys.
+    pub causal: bool,
+    /// The factor applied to `q k^T` (`1/sqrt(head_dim)` when `None`).
+    pub scale: Option<f32>,
+    /// A query sees only keys fewer than `window` positions away.
+    pub window: Option<i32>,
+    /// An additive bias broadcast against the scores `[B, heads, T_q, T_k]`.
+    pub bias: Option<&'a Tensor>,
+}
+
+/// What a forward pass over tensors threads through its layers: the runtime's
+/// [`model::Context`] (the key-value cache during generation, the dropout key in a training
+/// step) and the number of attention calls so far, which decides each call's cache slot.
+pub struct Context<'a> {
+    inner: &'a mut model::Context,
+    attention: usize,
+}
+
+impl<'a> Context<'a> {
+    /// The context of one forward pass (or one step's loss) over `inner`.
+    pub(crate) fn new(inner: &'a mut model::Context) -> Context<'a> {
+        Context {
+            inner,
+            attention: 0,
+        }
+    }
+
+    /// The position of this call's first token: `0` in training, the number of tokens already
+    /// in the cache during generation (where RoPE and learned positions start).
+    pub fn offset(&self) -> i32 {
+        self.inner.offset()
+    }
+
+    /// Causal attention over `[B, heads, T, head_dim]` queries, keys and values (keys and
+    /// values may have fewer heads: grouped-query attention). During generation `k` and `v` go
+    /// into the cache first and the queries attend to every position it holds.
+    ///
+    /// Each call takes the next cache slot, so a forward pass makes one call per attention
+    /// layer, in the same order on every call (as a loop over the layers does).
+    pub fn attend(&mut self, q: &Tensor, k: &Tensor, v: &Tensor) -> Result<Tensor> {
+        let layer = self.next_layer();
+        Ok(Tensor(self.inner.attend(layer, &q.0, &k.0, &v.0)?))
+    }
+
+    /// Attention as [`attend`](Self::attend) does it, masked and scaled as `options` say: a
+    /// sliding window, an additive bias (ALiBi) over every key the queries see, a scale other than
+    /// `1/sqrt(head_dim)`, or no causal mask.
+    pub fn attend_with(
+        &mut self,
+        q: &Tensor,
+        k: &Tensor,
+        v: &Tensor,
+        options: AttentionOptions<'_>,
+    ) -> Result<Tensor> {
+        let layer = self.next_layer();
+        let options = crate::nn::AttentionOptions {
+            causal: options.causal,
+            scale: options.scale,
+            window: options.window,
+            bias: options.bias.map(|bias| &bias.0),
+        };
+        Ok(Tensor(crate::nn::attend(
+            self.inner, layer, &q.0, &k.0, &v.0, options,
+        )?))
+    }
+
+    /// The cache slot of the next attention call.
+    fn next_layer(&mut self) -> usize {
+        self.attention += 1;
+        self.attention - 1
+    }
+
+    /// Dropout with probability `p` in `[0, 1)`: in a training step each call draws a fresh mask
+    /// from the step's random key; in evaluation, validation and generation it is the identity.
+    pub fn dropout(&mut self, x: &Tensor, p: f32) -> Result<Tensor> {
+        Ok(Tensor(crate::nn::dropout(&x.0, p, self.inner)?))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn random(shape: &[i32], seed: u64) -> Tensor {
+        let key = mlx_rs::random::key(seed).unwrap();
+        Tensor(mlx_rs::random::normal::<f32>(shape, None, None, &key).unwrap())
+    }
+
+    fn max_gap(a: &Tensor, b: &Tensor) -> f32 {
+        a.0.subtract(&b.0)
+            .unwrap()
+            .abs()
+            .unwrap()
+            .max(None)
+            .unwrap()
+            .item_exact::<f32>()
+    }
+
+    #[test]
+    fn attention_options_mask_and_each_call_takes_the_next_slot() -> Result<()> {
+        let (q, k, v) = (
+            random(&[1, 2, 5, 4], 1),
+            random(&[1, 2, 5, 4], 2),
+            random(&[1, 2, 5, 4], 3),
+        );
+        let mut inner = model::Context::evaluation();
+        let mut ctx = Context::new(&mut inner);
+        let plain = ctx.attend(&q, &k, &v)?;
+        let causal = AttentionOptions {
+            causal: true,
+            ..AttentionOptions::default()
+        };
+        assert!(max_gap(&plain, &ctx.attend_with(&q, &k, &v, causal)?) < 1e-6);
+        // A window of one: each query sees only its own key, so it returns its own value.
+        let own = AttentionOptions {
+            window: Some(1),
+            ..causal
+        };
+        assert!(max_gap(&v, &ctx.attend_with(&q, &k, &v, own)?) < 1e-5);
+        assert_eq!(ctx.attention, 3);
+        // Generation: the slots keep each layer's keys apart.
+        let mut inner = model::Context::generation();
+        {
+            let mut ctx = Context::new(&mut inner);
+            ctx.attend(&q, &k, &v)?;
+            ctx.attend(&q, &v, &k)?;
+        }
+        inner.advance(5);
+        let mut ctx = Context::new(&mut inner);
+        let (q1, k1, v1) = (
+            random(&[1, 2, 1, 4], 4),
+            random(&[1, 2, 1, 4], 5),
+            random(&[1, 2, 1, 4], 6),
+        );
+        let first = ctx.attend(&q1, &k1, &v1)?;
+        let keys = Tensor(mlx_rs::ops::concatenate(&[&k.0, &k1.0], 2)?);
+        let values = Tensor(mlx_rs::ops::concatenate(&[&v.0, &v1.0], 2)?);
+        let full = crate::nn::attention(&q1.0, &keys.0, &values.0, crate::nn::AttentionMask::None)?;
+        assert!(max_gap(&first, &Tensor(full)) < 1e-5);
+        Ok(())
+    }
+}
