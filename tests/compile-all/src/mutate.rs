@@ -29,6 +29,29 @@ const ACTIVATIONS: [&str; 7] = [
     "softplus",
 ];
 
+/// Parameters of builtins in positional order (docs/language.md's table), for
+/// [`Kind::KeywordToPositional`].
+const POSITIONAL: [(&str, &[&str]); 15] = [
+    ("softmax", &["x", "axis"]),
+    ("log_softmax", &["x", "axis"]),
+    ("dropout", &["x", "p"]),
+    ("sum", &["x", "axis", "keepdims"]),
+    ("mean", &["x", "axis", "keepdims"]),
+    ("max", &["x", "axis", "keepdims"]),
+    ("min", &["x", "axis", "keepdims"]),
+    ("logsumexp", &["x", "axis", "keepdims"]),
+    ("split", &["x", "n", "axis"]),
+    ("concat", &["xs", "axis"]),
+    ("expand_dims", &["x", "axis"]),
+    ("squeeze", &["x", "axis"]),
+    (
+        "attention",
+        &["q", "k", "v", "causal", "window", "scale", "bias"],
+    ),
+    ("rope", &["x", "base"]),
+    ("take_along_axis", &["x", "i", "axis"]),
+];
+
 /// The optimizers of a step, each valid with its defaults.
 const OPTIMIZERS: [&str; 5] = ["sgd", "adam", "adamw", "lion", "adafactor"];
 
@@ -101,11 +124,13 @@ pub enum Kind {
     SwapOptimizer,
     /// `accumulate 2` added to a step without one.
     AddAccumulate,
+    /// A builtin's first keyword argument written positionally, where it is the next parameter.
+    KeywordToPositional,
 }
 
 /// Every kind, for the tests' coverage check.
 #[cfg(test)]
-pub const KINDS: [Kind; 22] = [
+pub const KINDS: [Kind; 23] = [
     Kind::Commute,
     Kind::RenameLocal,
     Kind::SwapActivation,
@@ -128,9 +153,25 @@ pub const KINDS: [Kind; 22] = [
     Kind::SqrtAsPow,
     Kind::SwapOptimizer,
     Kind::AddAccumulate,
+    Kind::KeywordToPositional,
 ];
 
 impl Kind {
+    /// Whether the mutation leaves the forward pass's logits at the `tiny` preset as they were
+    /// (exactly, or within rounding for `sqrt` as `** 0.5`): the parameter tree, its
+    /// initialisation and the computed function are the same.
+    pub fn preserves_logits(self) -> bool {
+        !matches!(
+            self,
+            Kind::SwapActivation
+                | Kind::ToggleBias
+                | Kind::UntieHead
+                | Kind::TieHead
+                | Kind::AddLayer
+                | Kind::GrowPreset
+        )
+    }
+
     /// The kind's name in mutant descriptions.
     pub fn name(self) -> &'static str {
         match self {
@@ -156,6 +197,7 @@ impl Kind {
             Kind::SqrtAsPow => "sqrt-as-pow",
             Kind::SwapOptimizer => "swap-optimizer",
             Kind::AddAccumulate => "add-accumulate",
+            Kind::KeywordToPositional => "keyword-to-positional",
         }
     }
 }
@@ -611,6 +653,9 @@ impl<'a> Collector<'a> {
                 continue;
             };
             self.reorder_keywords(args);
+            if let ExprKind::Name(f) = &callee.kind {
+                self.keyword_to_positional(f, args);
+            }
             if step {
                 continue;
             }
@@ -675,6 +720,34 @@ impl<'a> Collector<'a> {
                 },
             ];
             self.push(Kind::ReorderKeywords, a.start, detail, edits);
+        }
+    }
+
+    /// `f(a, name = b, ...)` as `f(a, b, ...)` where `name` is `f`'s parameter after `a`.
+    fn keyword_to_positional(&mut self, f: &str, args: &[Arg]) {
+        let Some((_, params)) = POSITIONAL.iter().find(|(name, _)| *name == f) else {
+            return;
+        };
+        let positional = args.iter().take_while(|a| a.name.is_none()).count();
+        let Some(Arg {
+            name: Some(name),
+            value,
+        }) = args.get(positional)
+        else {
+            return;
+        };
+        if params.get(positional) == Some(&name.name.as_str()) {
+            let span = Span::new(name.span.start, value.span.start);
+            let detail = format!(
+                "`{}` -> `{}`",
+                short(self.text(Span::new(span.start, value.span.end))),
+                short(self.text(value.span))
+            );
+            let edits = vec![Edit {
+                span,
+                text: String::new(),
+            }];
+            self.push(Kind::KeywordToPositional, span.start, detail, edits);
         }
     }
 
@@ -1125,6 +1198,7 @@ mod tests {
         }
         forward(x: [B, T, d]) -> [B, T, d] {
             let h = gelu(up(x))
+            let h = h + softmax(h, axis = -1)
             down(dropout(h, pdrop)) + x
         }
     }
@@ -1207,6 +1281,7 @@ mod tests {
             "{swapped}"
         );
         assert!(one(Kind::AddAccumulate).contains("accumulate 2\n        let loss"));
+        assert!(one(Kind::KeywordToPositional).contains("let h = h + softmax(h, -1)"));
     }
 
     #[test]
