@@ -320,6 +320,46 @@ fn find_call(s: &crate::ast::Stmt, name: &str) -> Option<Expr> {
     }
     match &s.kind {
         StmtKind::Let(_, e) | StmtKind::Assign(_, e) | StmtKind::Expr(e) => walk(e, name),
+        // `update grad(loss)` applies the gradients as they are; an update of any other
+        // expression of them (`update 0.5 * grad(loss)`) is not dropped to its `grad` here.
+        StmtKind::Update(e) => match &e.kind {
+            ExprKind::Call(callee, _) if matches!(&callee.kind, ExprKind::Name(n) if n == name) => {
+                walk(e, name)
+            }
+            _ => None,
+        },
         _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    fn model(update: &str) -> String {
+        format!(
+            "model M {{
+                config {{ vocab: int = 16 }}
+                params {{ wte: embedding(vocab, 8)
+                          proj: linear(8, vocab) }}
+                forward(tokens: [B, T] int) -> [B, T, vocab] {{ proj(wte(tokens)) }}
+                step train(tokens: [B, T] int, targets: [B, T] int) {{
+                    optimizer adamw()
+                    let loss = cross_entropy(forward(tokens), targets)
+                    {update}
+                }}
+            }}"
+        )
+    }
+
+    fn generated(update: &str) -> Result<String, String> {
+        let source = model(update);
+        let model = crate::compile_str(&source).expect("checks");
+        crate::codegen::generate(&model).map_err(|d| crate::render(&d, "m.lmx", &source))
+    }
+
+    #[test]
+    fn update_of_grad_itself_compiles_as_through_a_let() {
+        let direct = generated("update grad(loss)").expect("generates");
+        let through_let = generated("let grads = grad(loss)\nupdate grads").expect("generates");
+        assert_eq!(direct, through_let);
     }
 }
