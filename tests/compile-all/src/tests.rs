@@ -143,13 +143,15 @@ fn every_accepted_program_is_generated_compiled_and_runs_a_forward_pass() {
             }
         }
     }
-    for k in &known {
-        if !PROGRAMS.iter().any(|p| p.name == k.id) {
-            failures.push(format!(
-                "known-failures.txt lists `{}`, which is no longer drawn",
-                k.id
-            ));
-        }
+    // Not a failure: accept cases arrive from the corpus's own branch, their entries with them.
+    for k in known
+        .iter()
+        .filter(|k| !PROGRAMS.iter().any(|p| p.name == k.id))
+    {
+        eprintln!(
+            "known-failures.txt lists `{}`, which is not drawn here",
+            k.id
+        );
     }
     eprintln!("{}", summary());
     assert!(
