@@ -124,7 +124,8 @@ pub enum Kind {
     SwapOptimizer,
     /// `accumulate 2` added to a step without one.
     AddAccumulate,
-    /// A builtin's first keyword argument written positionally, where it is the next parameter.
+    /// A builtin's or layer's first keyword argument written positionally, where it is the next
+    /// parameter.
     KeywordToPositional,
 }
 
@@ -525,6 +526,7 @@ impl<'a> Collector<'a> {
             self.static_expr(&arg.value);
         }
         self.reorder_keywords(&module.args);
+        self.keyword_to_positional(&module.name.name, &module.args);
     }
 
     fn toggle_bias(&mut self, module: &ModuleRef) {
@@ -723,10 +725,15 @@ impl<'a> Collector<'a> {
         }
     }
 
-    /// `f(a, name = b, ...)` as `f(a, b, ...)` where `name` is `f`'s parameter after `a`.
+    /// `f(a, name = b, ...)` as `f(a, b, ...)` where `name` is `f`'s parameter after `a` (a
+    /// layer's signature from `lmx_grammar::ir::LayerKind`, a builtin's from [`POSITIONAL`]).
     fn keyword_to_positional(&mut self, f: &str, args: &[Arg]) {
-        let Some((_, params)) = POSITIONAL.iter().find(|(name, _)| *name == f) else {
-            return;
+        let params: Vec<&str> = match lmx_grammar::ir::LayerKind::from_name(f) {
+            Some(layer) => layer.signature().iter().map(|(name, _, _)| *name).collect(),
+            None => match POSITIONAL.iter().find(|(name, _)| *name == f) {
+                Some((_, params)) => params.to_vec(),
+                None => return,
+            },
         };
         let positional = args.iter().take_while(|a| a.name.is_none()).count();
         let Some(Arg {
@@ -1281,7 +1288,15 @@ mod tests {
             "{swapped}"
         );
         assert!(one(Kind::AddAccumulate).contains("accumulate 2\n        let loss"));
-        assert!(one(Kind::KeywordToPositional).contains("let h = h + softmax(h, -1)"));
+        let (model, sites) = site_list();
+        let positional: Vec<String> = sites
+            .iter()
+            .filter(|s| s.kind == Kind::KeywordToPositional)
+            .map(|s| apply(&model, MODEL, &[s], "Small"))
+            .collect();
+        assert_eq!(positional.len(), 2);
+        assert!(positional[0].contains("down: linear(d_ff, d, false)"));
+        assert!(positional[1].contains("let h = h + softmax(h, -1)"));
     }
 
     #[test]
