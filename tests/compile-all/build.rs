@@ -37,6 +37,9 @@ struct Candidate {
     mutations: Vec<String>,
     /// Its full source.
     source: String,
+    /// For a mutant whose mutations all keep the logits, the path of the bundled model it
+    /// came from (`::lmx::models::gpt2::Gpt2`), whose forward pass it must match.
+    reference: Option<String>,
 }
 
 fn main() {
@@ -115,9 +118,12 @@ fn run(root: &Path, manifest: &Path, out: &Path) -> Result<(), String> {
                             c.origin,
                             lmx_path.display().to_string()
                         );
-                        let (preset, params) = smallest_preset(&checked);
+                        let (preset, params) = run_preset(&checked);
+                        let reference = c.reference.as_ref().map_or("None".to_string(), |r| {
+                            format!("Some(crate::forward_once::<{r}>)")
+                        });
                         format!(
-                            "crate::Outcome::Compiled {{ preset: {preset:?}, params: {params}, forward: crate::forward_once::<{id}::{}> }}",
+                            "crate::Outcome::Compiled {{ preset: {preset:?}, params: {params}, forward: crate::forward_once::<{id}::{}>, reference: {reference} }}",
                             checked.name
                         )
                     }
@@ -149,6 +155,12 @@ fn mutants(file: &Path, origin: &str) -> Result<Vec<Candidate>, String> {
     let source = read(file)?;
     let model =
         lmx_grammar::parse(&source).map_err(|d| lmx_grammar::render(&[d], origin, &source))?;
+    let original = lmx_grammar::check_source(origin, &source)?;
+    let original = format!(
+        "::lmx::models::{}::{}",
+        lmx_grammar::codegen::module_name(&original),
+        original.name
+    );
     let sites = mutate::sites(&model, &source);
     let seed = SEED ^ fnv1a(origin.as_bytes());
     let mut out = Vec::new();
@@ -165,11 +177,13 @@ fn mutants(file: &Path, origin: &str) -> Result<Vec<Candidate>, String> {
             mutations.join("; ")
         );
         let source = header + &mutate::apply(&model, &source, &chosen, &name);
+        let same = chosen.iter().all(|s| s.kind.preserves_logits());
         out.push(Candidate {
             name,
             origin: origin.to_string(),
             mutations,
             source,
+            reference: same.then(|| original.clone()),
         });
     }
     Ok(out)
@@ -192,20 +206,27 @@ fn accept_case(file: &Path, origin: &str) -> Result<Candidate, String> {
         origin: origin.to_string(),
         mutations: Vec::new(),
         source,
+        reference: None,
     })
 }
 
-/// The preset with the fewest parameters (the first of equals) and its parameter count.
-fn smallest_preset(model: &lmx_grammar::CheckedModel) -> (String, u64) {
+/// The preset a forward pass runs at, and its parameter count: `tiny` where there is one (the
+/// bundled models' smallest, which a mutant's reference also has), else the one with the fewest
+/// parameters (the first of equals).
+fn run_preset(model: &lmx_grammar::CheckedModel) -> (String, u64) {
+    let count = |name: &str| {
+        lmx_grammar::report::report(model, name, 1, Some(8))
+            .ok()
+            .map(|r| r.param_count)
+    };
+    if let Some(params) = count("tiny") {
+        return ("tiny".to_string(), params);
+    }
     model
         .presets
         .iter()
-        .filter_map(|p| {
-            lmx_grammar::report::report(model, &p.name, 1, Some(8))
-                .ok()
-                .map(|r| (p.name.clone(), r.param_count))
-        })
-        .min_by_key(|(_, count)| *count)
+        .filter_map(|p| count(&p.name).map(|params| (p.name.clone(), params)))
+        .min_by_key(|(_, params)| *params)
         .unwrap_or_else(|| ("default".to_string(), u64::MAX))
 }
 

@@ -55,15 +55,30 @@ pub enum Outcome {
         /// That preset's parameter count.
         params: u64,
         /// Initialises the model at a preset and runs one forward pass.
-        forward: fn(&str) -> std::result::Result<Vec<i32>, String>,
+        forward: Forward,
+        /// For a mutant whose mutations keep the logits, the same for the bundled model it
+        /// came from.
+        reference: Option<Forward>,
     },
 }
 
-/// Initialises `M` at `preset` and runs one forward pass over a batch of one sequence of 8
-/// tokens (fewer if the context is shorter); the logits' shape, or why it failed (an error, or
-/// logits that are not finite).
-pub fn forward_once<M: LanguageModel>(preset: &str) -> std::result::Result<Vec<i32>, String> {
-    let run = || -> Result<(Vec<i32>, bool)> {
+/// Initialises a model at a preset and runs one forward pass: [`forward_once`] of a model.
+pub type Forward = fn(&str) -> std::result::Result<Logits, String>;
+
+/// The logits of a forward pass, as float32.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Logits {
+    /// Their shape.
+    pub shape: Vec<i32>,
+    /// Their values, in row-major order.
+    pub values: Vec<f32>,
+}
+
+/// Initialises `M` at `preset` with seed 0 and runs one forward pass, without dropout, over a
+/// batch of one sequence of 8 tokens (fewer if the context is shorter); its logits, or why it
+/// failed (an error, or logits that are not finite).
+pub fn forward_once<M: LanguageModel>(preset: &str) -> std::result::Result<Logits, String> {
+    let run = || -> Result<Logits> {
         let config = M::preset(preset)
             .ok_or_else(|| lmx::runtime::Error::Config(format!("no preset `{preset}`")))?;
         let params = M::init(&config, 0)?;
@@ -74,13 +89,19 @@ pub fn forward_once<M: LanguageModel>(preset: &str) -> std::result::Result<Vec<i
         let logits = M::forward(&params, &config, &tokens, &mut Context::evaluation())?;
         let values = logits.as_dtype(Dtype::Float32)?;
         values.eval()?;
-        let finite = values.as_slice::<f32>().iter().all(|v| v.is_finite());
-        Ok((logits.shape().to_vec(), finite))
+        Ok(Logits {
+            shape: logits.shape().to_vec(),
+            values: values.as_slice::<f32>().to_vec(),
+        })
     };
-    match run() {
-        Ok((shape, true)) => Ok(shape),
-        Ok((shape, false)) => Err(format!("logits of shape {shape:?} that are not finite")),
-        Err(e) => Err(e.to_string()),
+    let logits = run().map_err(|e| e.to_string())?;
+    if logits.values.iter().all(|v| v.is_finite()) {
+        Ok(logits)
+    } else {
+        Err(format!(
+            "logits of shape {:?} that are not finite",
+            logits.shape
+        ))
     }
 }
 

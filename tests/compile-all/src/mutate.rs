@@ -29,6 +29,29 @@ const ACTIVATIONS: [&str; 7] = [
     "softplus",
 ];
 
+/// Parameters of builtins in positional order (docs/language.md's table), for
+/// [`Kind::KeywordToPositional`].
+const POSITIONAL: [(&str, &[&str]); 15] = [
+    ("softmax", &["x", "axis"]),
+    ("log_softmax", &["x", "axis"]),
+    ("dropout", &["x", "p"]),
+    ("sum", &["x", "axis", "keepdims"]),
+    ("mean", &["x", "axis", "keepdims"]),
+    ("max", &["x", "axis", "keepdims"]),
+    ("min", &["x", "axis", "keepdims"]),
+    ("logsumexp", &["x", "axis", "keepdims"]),
+    ("split", &["x", "n", "axis"]),
+    ("concat", &["xs", "axis"]),
+    ("expand_dims", &["x", "axis"]),
+    ("squeeze", &["x", "axis"]),
+    (
+        "attention",
+        &["q", "k", "v", "causal", "window", "scale", "bias"],
+    ),
+    ("rope", &["x", "base"]),
+    ("take_along_axis", &["x", "i", "axis"]),
+];
+
 /// The optimizers of a step, each valid with its defaults.
 const OPTIMIZERS: [&str; 5] = ["sgd", "adam", "adamw", "lion", "adafactor"];
 
@@ -101,11 +124,14 @@ pub enum Kind {
     SwapOptimizer,
     /// `accumulate 2` added to a step without one.
     AddAccumulate,
+    /// A builtin's or layer's first keyword argument written positionally, where it is the next
+    /// parameter.
+    KeywordToPositional,
 }
 
 /// Every kind, for the tests' coverage check.
 #[cfg(test)]
-pub const KINDS: [Kind; 22] = [
+pub const KINDS: [Kind; 23] = [
     Kind::Commute,
     Kind::RenameLocal,
     Kind::SwapActivation,
@@ -128,9 +154,25 @@ pub const KINDS: [Kind; 22] = [
     Kind::SqrtAsPow,
     Kind::SwapOptimizer,
     Kind::AddAccumulate,
+    Kind::KeywordToPositional,
 ];
 
 impl Kind {
+    /// Whether the mutation leaves the forward pass's logits at the `tiny` preset as they were
+    /// (exactly, or within rounding for `sqrt` as `** 0.5`): the parameter tree, its
+    /// initialisation and the computed function are the same.
+    pub fn preserves_logits(self) -> bool {
+        !matches!(
+            self,
+            Kind::SwapActivation
+                | Kind::ToggleBias
+                | Kind::UntieHead
+                | Kind::TieHead
+                | Kind::AddLayer
+                | Kind::GrowPreset
+        )
+    }
+
     /// The kind's name in mutant descriptions.
     pub fn name(self) -> &'static str {
         match self {
@@ -156,6 +198,7 @@ impl Kind {
             Kind::SqrtAsPow => "sqrt-as-pow",
             Kind::SwapOptimizer => "swap-optimizer",
             Kind::AddAccumulate => "add-accumulate",
+            Kind::KeywordToPositional => "keyword-to-positional",
         }
     }
 }
@@ -483,6 +526,7 @@ impl<'a> Collector<'a> {
             self.static_expr(&arg.value);
         }
         self.reorder_keywords(&module.args);
+        self.keyword_to_positional(&module.name.name, &module.args);
     }
 
     fn toggle_bias(&mut self, module: &ModuleRef) {
@@ -611,6 +655,9 @@ impl<'a> Collector<'a> {
                 continue;
             };
             self.reorder_keywords(args);
+            if let ExprKind::Name(f) = &callee.kind {
+                self.keyword_to_positional(f, args);
+            }
             if step {
                 continue;
             }
@@ -675,6 +722,39 @@ impl<'a> Collector<'a> {
                 },
             ];
             self.push(Kind::ReorderKeywords, a.start, detail, edits);
+        }
+    }
+
+    /// `f(a, name = b, ...)` as `f(a, b, ...)` where `name` is `f`'s parameter after `a` (a
+    /// layer's signature from `lmx_grammar::ir::LayerKind`, a builtin's from [`POSITIONAL`]).
+    fn keyword_to_positional(&mut self, f: &str, args: &[Arg]) {
+        let params: Vec<&str> = match lmx_grammar::ir::LayerKind::from_name(f) {
+            Some(layer) => layer.signature().iter().map(|(name, _, _)| *name).collect(),
+            None => match POSITIONAL.iter().find(|(name, _)| *name == f) {
+                Some((_, params)) => params.to_vec(),
+                None => return,
+            },
+        };
+        let positional = args.iter().take_while(|a| a.name.is_none()).count();
+        let Some(Arg {
+            name: Some(name),
+            value,
+        }) = args.get(positional)
+        else {
+            return;
+        };
+        if params.get(positional) == Some(&name.name.as_str()) {
+            let span = Span::new(name.span.start, value.span.start);
+            let detail = format!(
+                "`{}` -> `{}`",
+                short(self.text(Span::new(span.start, value.span.end))),
+                short(self.text(value.span))
+            );
+            let edits = vec![Edit {
+                span,
+                text: String::new(),
+            }];
+            self.push(Kind::KeywordToPositional, span.start, detail, edits);
         }
     }
 
@@ -1125,6 +1205,7 @@ mod tests {
         }
         forward(x: [B, T, d]) -> [B, T, d] {
             let h = gelu(up(x))
+            let h = h + softmax(h, axis = -1)
             down(dropout(h, pdrop)) + x
         }
     }
@@ -1207,6 +1288,15 @@ mod tests {
             "{swapped}"
         );
         assert!(one(Kind::AddAccumulate).contains("accumulate 2\n        let loss"));
+        let (model, sites) = site_list();
+        let positional: Vec<String> = sites
+            .iter()
+            .filter(|s| s.kind == Kind::KeywordToPositional)
+            .map(|s| apply(&model, MODEL, &[s], "Small"))
+            .collect();
+        assert_eq!(positional.len(), 2);
+        assert!(positional[0].contains("down: linear(d_ff, d, false)"));
+        assert!(positional[1].contains("let h = h + softmax(h, -1)"));
     }
 
     #[test]
