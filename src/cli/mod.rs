@@ -46,7 +46,7 @@ pub enum Command {
     Generate(GenerateArgs),
     /// Check a `.lmx` file: diagnostics, or parameter shapes, FLOPs and memory for a preset.
     Check {
-        /// The `.lmx` file (or a bundled model's name).
+        /// The `.lmx` file (or a registered model's name).
         file: String,
         /// The preset to report on.
         #[arg(long)]
@@ -60,7 +60,7 @@ pub enum Command {
     },
     /// Describe a model: presets, parameters, FLOPs, memory.
     Info {
-        /// A bundled model's name or a `.lmx` file.
+        /// A registered model's name or a `.lmx` file.
         model: String,
         /// The preset.
         #[arg(long)]
@@ -68,13 +68,13 @@ pub enum Command {
     },
     /// Count a model's parameters, for one preset or all.
     Count {
-        /// A bundled model's name or a `.lmx` file.
+        /// A registered model's name or a `.lmx` file.
         model: String,
         /// The preset.
         #[arg(long)]
         preset: Option<String>,
     },
-    /// List the registered models.
+    /// List the registered models' sources and their presets.
     Models,
     /// Write a crate of one's own: its binary is this command line over its own models.
     New {
@@ -520,10 +520,9 @@ impl GenerateArgs {
 /// Runs the command over `registry`'s models.
 pub fn run(cli: Cli, registry: &Registry) -> anyhow::Result<()> {
     // Writing a crate needs no device: `lmx new` works where MLX has none to offer.
-    if let Command::New { path, lmx_path } = &cli.command {
-        return new::new(path, lmx_path.as_deref());
+    if !matches!(cli.command, Command::New { .. }) {
+        device::select(cli.device)?;
     }
-    device::select(cli.device)?;
     match cli.command {
         Command::Train(args) => {
             let default_model = registry.names().first().copied().unwrap_or_default();
@@ -576,7 +575,7 @@ pub fn run(cli: Cli, registry: &Registry) -> anyhow::Result<()> {
         Command::Info { model, preset } => check::info(registry, &model, preset.as_deref()),
         Command::Count { model, preset } => check::count(registry, &model, preset.as_deref()),
         Command::Models => check::models(registry),
-        Command::New { .. } => unreachable!("`lmx new` ran above"),
+        Command::New { path, lmx_path } => new::new(&path, lmx_path.as_deref()),
         Command::Plot { run, out } => {
             let path = plot::plot(&run, out)?;
             println!("{}", path.display());
