@@ -67,6 +67,8 @@ fn build(file: &ModelFile) -> anyhow::Result<PathBuf> {
                 lmx,
                 models: vec![(format!("{}.lmx", file.name), file.source.clone())],
                 modules: vec![file.name.clone()],
+                // The command runs in the caller's folder: its data paths are the caller's.
+                corpus: false,
             },
         );
         // Another lmx may have written the same crate meanwhile: then it is there to build.

@@ -82,6 +82,8 @@ pub struct CrateFiles {
     pub models: Vec<(String, String)>,
     /// The module names of the models `main.rs` registers, the first being `train`'s default.
     pub modules: Vec<String>,
+    /// Whether to copy lmx's corpus into `data/`, which `lmx train` reads by default.
+    pub corpus: bool,
 }
 
 /// Writes a new crate into `path` (which must not exist, or be an empty folder), with the
@@ -96,6 +98,7 @@ pub fn new(path: &Path, lmx_path: Option<&Path>) -> anyhow::Result<()> {
         lmx,
         models: vec![(format!("{module}.lmx"), model)],
         modules: vec![module.clone()],
+        corpus: true,
     };
     write_crate(path, &files)?;
     println!(
@@ -217,7 +220,12 @@ fn write_into(dir: &Path, files: &CrateFiles) -> anyhow::Result<()> {
     // The lock file lmx is tested with, so that the crate builds with the same dependency
     // versions (and, sharing a target folder, reuses their builds); and the corpus `lmx train`
     // reads by default.
-    for copied in ["Cargo.lock", "data/shakespeare.txt", "data/README.md"] {
+    let corpus: &[&str] = if files.corpus {
+        &["data/shakespeare.txt", "data/README.md"]
+    } else {
+        &[]
+    };
+    for copied in ["Cargo.lock"].iter().chain(corpus) {
         let from = files.lmx.join(copied);
         if from.is_file() {
             let contents = std::fs::read(&from)
