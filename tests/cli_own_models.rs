@@ -60,13 +60,18 @@ fn a_model_file_with_errors_fails_as_lmx_check_shows_it_before_any_run_is_made()
     ]);
     let check = fails(&["check", file]);
     assert_eq!(train, check);
-    assert!(train.contains(file), "the diagnostics name the file: {train}");
-    assert!(!out.exists(), "nothing is written for a file that does not check");
+    assert!(
+        train.contains(file),
+        "the diagnostics name the file: {train}"
+    );
+    assert!(
+        !out.exists(),
+        "nothing is written for a file that does not check"
+    );
     let missing = dir.path().join("missing.lmx");
     let missing = missing.to_str().unwrap();
-    assert!(
-        fails(&["train", "--model", missing]).starts_with(&format!("error: cannot read {missing}: ")),
-    );
+    assert!(fails(&["train", "--model", missing])
+        .starts_with(&format!("error: cannot read {missing}: ")),);
     assert_eq!(
         fails(&["train", "--model", "gpt3"]),
         "error: no trainable model `gpt3`; the registered ones are gpt2, llama, gemma, mistral, \
@@ -113,8 +118,11 @@ fn a_model_file_with_a_bundled_model_s_source_trains_and_generates_as_that_model
 fn a_model_file_the_binary_does_not_hold_is_built_from_lmx_s_source_which_must_be_at_hand() {
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("wider.lmx");
-    std::fs::write(&file, bundled_gpt2().replace("d_ff = 4 * d_model", "d_ff = 3 * d_model"))
-        .unwrap();
+    std::fs::write(
+        &file,
+        bundled_gpt2().replace("d_ff = 4 * d_model", "d_ff = 3 * d_model"),
+    )
+    .unwrap();
     let output = Command::new(env!("CARGO_BIN_EXE_lmx"))
         .args(["train", "--model", file.to_str().unwrap(), "--quiet"])
         .env("LMX_SOURCE", dir.path())
@@ -164,10 +172,17 @@ fn lmx_new_refuses_a_folder_that_is_not_empty_and_an_invalid_name() {
     let keyword = dir.path().join("struct");
     assert!(fails(&["new", keyword.to_str().unwrap()]).contains("keeps for itself"));
     let not_lmx = dir.path().join("fresh");
-    assert!(
-        fails(&["new", not_lmx.to_str().unwrap(), "--lmx-path", dir.path().to_str().unwrap()])
-            .contains("is no lmx checkout")
-    );
+    assert!(fails(&[
+        "new",
+        not_lmx.to_str().unwrap(),
+        "--lmx-path",
+        dir.path().to_str().unwrap()
+    ])
+    .contains("is no lmx checkout"));
     assert!(!not_lmx.exists());
-    assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 1, "no staging folder is left");
+    assert_eq!(
+        std::fs::read_dir(dir.path()).unwrap().count(),
+        1,
+        "no staging folder is left"
+    );
 }

@@ -134,7 +134,9 @@ fn a_new_crate_builds_and_each_of_its_models_trains_resumes_and_generates() {
         for (path, contents) in addition.files {
             std::fs::write(krate.join(path), contents).unwrap();
         }
-        let at = main.find("        .main()").expect("main.rs ends its chain with .main()");
+        let at = main
+            .find("        .main()")
+            .expect("main.rs ends its chain with .main()");
         main.insert_str(at, &format!("        {}\n", addition.register));
     }
     std::fs::write(&main_rs, main).unwrap();
@@ -163,7 +165,14 @@ fn a_new_crate_builds_and_each_of_its_models_trains_resumes_and_generates() {
             run(Command::new(&binary)
                 .current_dir(&krate)
                 .args(["train", "--model", model, "--preset", "tiny"])
-                .args(["--tokenizer", "byte", "--batch-size", "2", "--seq-len", "16"])
+                .args([
+                    "--tokenizer",
+                    "byte",
+                    "--batch-size",
+                    "2",
+                    "--seq-len",
+                    "16",
+                ])
                 .args(["--checkpoint-every", "2", "--quiet", "--sample", "0"])
                 .args(["--steps", steps, "--out"])
                 .arg(&out)
@@ -174,7 +183,9 @@ fn a_new_crate_builds_and_each_of_its_models_trains_resumes_and_generates() {
             trained.contains(&format!("trained {model} to step 2")),
             "{trained}"
         );
-        assert!(out.join("checkpoints/step-000002/model.safetensors").is_file());
+        assert!(out
+            .join("checkpoints/step-000002/model.safetensors")
+            .is_file());
         let resumed = train("4", &["--resume", "--allow-changes"]);
         assert!(
             resumed.contains(&format!("trained {model} to step 4")),
@@ -183,7 +194,14 @@ fn a_new_crate_builds_and_each_of_its_models_trains_resumes_and_generates() {
         assert_eq!(steps_logged(&out), [1, 2, 3, 4], "{model}");
         let generated = run(Command::new(&binary)
             .current_dir(&krate)
-            .args(["generate", "--prompt", "ROMEO:", "--max-tokens", "8", "--run"])
+            .args([
+                "generate",
+                "--prompt",
+                "ROMEO:",
+                "--max-tokens",
+                "8",
+                "--run",
+            ])
             .arg(&out));
         assert!(generated.starts_with("ROMEO:"), "{model}: {generated}");
     }
