@@ -1,5 +1,5 @@
 include!("../mlx-sys/link_args.rs");
 
 fn main() {
-    mlx_link_args();
+    mlx_link_args("MLX");
 }

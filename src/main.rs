@@ -1,59 +1,6 @@
-//! The `lmx` command: see `lmx --help`.
-
-mod cli;
+//! The `lmx` command over the bundled models: see `lmx --help`. A crate of one's own runs the
+//! same command line over its own models (`lmx new`).
 
 fn main() -> std::process::ExitCode {
-    #[cfg(unix)]
-    end_quietly_on_a_closed_pipe();
-    one_blas_thread_on_few_cores();
-    match cli::run(cli::Cli::parse_noting_given()) {
-        Ok(()) => std::process::ExitCode::SUCCESS,
-        // A run stopped by a signal is no error: it says where it stopped, and exits as the
-        // signal would have.
-        Err(err) => match err.downcast_ref::<cli::Interrupted>() {
-            Some(interrupted) => {
-                eprintln!("{interrupted}");
-                interrupted.exit_code()
-            }
-            None => {
-                eprintln!("error: {err:#}");
-                std::process::ExitCode::FAILURE
-            }
-        },
-    }
-}
-
-/// Makes a closed pipe end the program quietly, as it ends any Unix command (`lmx bench report
-/// runs.jsonl | head`): Rust starts programs with SIGPIPE ignored, so printing to a closed pipe
-/// would panic instead.
-#[cfg(unix)]
-fn end_quietly_on_a_closed_pipe() {
-    // SAFETY: called first in `main`, before any other thread exists, and it only restores the
-    // signal's default action.
-    unsafe {
-        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
-    }
-}
-
-/// Keeps OpenBLAS to one thread on a machine of at most two cores, unless `OPENBLAS_NUM_THREADS`
-/// (or `OMP_NUM_THREADS`) says otherwise. OpenBLAS starts a worker per core, whose spinning
-/// competes with MLX's own threads: on two cores `gpt2.lmx`'s `bytes` model trained at 2,288
-/// tokens a second with one thread and 405 with two (docs/benchmarks.md).
-fn one_blas_thread_on_few_cores() {
-    let set = ["OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS"]
-        .iter()
-        .any(|var| std::env::var_os(var).is_some());
-    let cores = std::thread::available_parallelism().map_or(1, usize::from);
-    if set || cores > 2 {
-        return;
-    }
-    // SAFETY: dlsym only looks the symbol up; where it is found it is OpenBLAS's
-    // `void openblas_set_num_threads(int)` (or the build's forwarder to it).
-    unsafe {
-        let symbol = libc::dlsym(libc::RTLD_DEFAULT, c"openblas_set_num_threads".as_ptr());
-        if !symbol.is_null() {
-            let set_threads: extern "C" fn(libc::c_int) = std::mem::transmute(symbol);
-            set_threads(1);
-        }
-    }
+    lmx::cli::Registry::bundled().main()
 }

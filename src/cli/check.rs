@@ -1,18 +1,19 @@
 //! `lmx check`, `lmx count`, `lmx info`, `lmx models`: what the checker says about a model.
 
-use super::bundled;
+use super::registry::Registry;
 use lmx_grammar::ir::PresetValues;
 use lmx_grammar::report::{report, report_values, Report, ReportError};
 use lmx_grammar::CheckedModel;
 
 /// Checks `model`; on success prints its report for `preset` at `batch` x `seq`.
 pub fn check(
+    registry: &Registry,
     model: &str,
     preset: Option<&str>,
     batch: u64,
     seq: Option<u64>,
 ) -> anyhow::Result<()> {
-    let checked = checked(model)?;
+    let checked = checked(registry, model)?;
     let preset = preset.unwrap_or("default");
     let report = report(&checked, preset, batch, seq).map_err(|err| anyhow::anyhow!("{err}"))?;
     println!("{}: ok\n", checked.name);
@@ -21,8 +22,8 @@ pub fn check(
 }
 
 /// Prints the parameter count of `model` for `preset`, or for every preset.
-pub fn count(model: &str, preset: Option<&str>) -> anyhow::Result<()> {
-    let checked = checked(model)?;
+pub fn count(registry: &Registry, model: &str, preset: Option<&str>) -> anyhow::Result<()> {
+    let checked = checked(registry, model)?;
     let presets: Vec<&PresetValues> = match preset {
         Some(name) => vec![checked
             .preset(name)
@@ -44,8 +45,8 @@ pub fn count(model: &str, preset: Option<&str>) -> anyhow::Result<()> {
 }
 
 /// Prints what `model` is: presets, and the report of `preset`.
-pub fn info(model: &str, preset: Option<&str>) -> anyhow::Result<()> {
-    let checked = checked(model)?;
+pub fn info(registry: &Registry, model: &str, preset: Option<&str>) -> anyhow::Result<()> {
+    let checked = checked(registry, model)?;
     let names: Vec<&str> = checked
         .presets
         .iter()
@@ -58,10 +59,10 @@ pub fn info(model: &str, preset: Option<&str>) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Lists the bundled models with their presets.
-pub fn models() -> anyhow::Result<()> {
-    for (name, file, _) in bundled::MODELS {
-        let checked = checked(name)?;
+/// Lists the registered models' sources with their presets.
+pub fn models(registry: &Registry) -> anyhow::Result<()> {
+    for (name, file, _) in registry.all_sources() {
+        let checked = checked(registry, name)?;
         let presets: Vec<&str> = checked
             .presets
             .iter()
@@ -72,9 +73,27 @@ pub fn models() -> anyhow::Result<()> {
     Ok(())
 }
 
-fn checked(model: &str) -> anyhow::Result<CheckedModel> {
-    let (file, source) = bundled::source(model)?;
+fn checked(registry: &Registry, model: &str) -> anyhow::Result<CheckedModel> {
+    let (file, source) = source(registry, model)?;
     lmx_grammar::check_source(&file, &source).map_err(|rendered| anyhow::anyhow!("{rendered}"))
+}
+
+/// The file name and source of `model`: a registered source's name, or a path to a `.lmx` file.
+fn source(registry: &Registry, model: &str) -> anyhow::Result<(String, String)> {
+    let sources = registry.all_sources();
+    if let Some((_, file, source)) = sources.iter().find(|(name, _, _)| *name == model) {
+        return Ok((file.to_string(), source.to_string()));
+    }
+    if model.ends_with(".lmx") {
+        let source = std::fs::read_to_string(model)
+            .map_err(|err| anyhow::anyhow!("cannot read {model}: {err}"))?;
+        return Ok((model.to_owned(), source));
+    }
+    let names: Vec<&str> = sources.iter().map(|(name, _, _)| *name).collect();
+    anyhow::bail!(
+        "no model `{model}`: the registered models are {}, or give a path to a .lmx file",
+        names.join(", ")
+    )
 }
 
 fn print_report(report: &Report, shapes: bool) {

@@ -1,12 +1,15 @@
 //! The `lmx` command line.
 
 pub mod bench;
-pub mod bundled;
 pub mod check;
 pub mod decay;
 pub mod interrupt;
+pub mod model_file;
+pub mod new;
 pub mod plot;
+pub mod process;
 pub mod registry;
+pub mod resolve;
 pub mod run_dir;
 pub mod run_file;
 pub mod settings;
@@ -14,6 +17,7 @@ pub mod tokenizer;
 pub mod train;
 
 pub use interrupt::Interrupted;
+pub use registry::Registry;
 
 use clap::{Args, Parser, Subcommand};
 use lmx::runtime::device::{self, DeviceKind};
@@ -36,13 +40,13 @@ pub struct Cli {
 /// The subcommands.
 #[derive(Subcommand)]
 pub enum Command {
-    /// Train a bundled model on text, JSONL or token files.
+    /// Train a model on text, JSONL or token files: a registered one by name, or a `.lmx` file.
     Train(TrainArgs),
     /// Sample text from a run's latest checkpoint.
     Generate(GenerateArgs),
     /// Check a `.lmx` file: diagnostics, or parameter shapes, FLOPs and memory for a preset.
     Check {
-        /// The `.lmx` file (or a bundled model's name).
+        /// The `.lmx` file (or a registered model's name).
         file: String,
         /// The preset to report on.
         #[arg(long)]
@@ -56,7 +60,7 @@ pub enum Command {
     },
     /// Describe a model: presets, parameters, FLOPs, memory.
     Info {
-        /// A bundled model's name or a `.lmx` file.
+        /// A registered model's name or a `.lmx` file.
         model: String,
         /// The preset.
         #[arg(long)]
@@ -64,14 +68,23 @@ pub enum Command {
     },
     /// Count a model's parameters, for one preset or all.
     Count {
-        /// A bundled model's name or a `.lmx` file.
+        /// A registered model's name or a `.lmx` file.
         model: String,
         /// The preset.
         #[arg(long)]
         preset: Option<String>,
     },
-    /// List the bundled models.
+    /// List the registered models' sources and their presets.
     Models,
+    /// Write a crate of one's own: its binary is this command line over its own models.
+    New {
+        /// The crate's folder (new or empty); its name is the package's and the model's.
+        path: PathBuf,
+        /// The lmx checkout the crate depends on by path (default: the one this binary was
+        /// built from).
+        #[arg(long)]
+        lmx_path: Option<PathBuf>,
+    },
     /// Draw a run's loss and learning-rate curves to SVG.
     Plot {
         /// The run directory.
@@ -90,9 +103,10 @@ pub enum Command {
 /// `lmx train`'s options; a TOML file (`--config`) gives the defaults that flags override.
 #[derive(Args)]
 pub struct TrainArgs {
-    /// The bundled model.
-    #[arg(long, default_value = "gpt2")]
-    pub model: String,
+    /// The model: a registered one's name (default: the first registered, `gpt2` for the stock
+    /// binary) or a `.lmx` file, which is built into a program of its own the first time.
+    #[arg(long)]
+    pub model: Option<String>,
     /// Its preset.
     #[arg(long, default_value = "bpe")]
     pub preset: String,
@@ -299,8 +313,9 @@ impl Cli {
 }
 
 impl TrainArgs {
-    /// What to train: on `--resume`, the run's recorded settings with those given changed.
-    pub fn request(&self) -> anyhow::Result<train::TrainRequest> {
+    /// What to train (`default_model` unless `--model` says): on `--resume`, the run's recorded
+    /// settings with those given changed.
+    pub fn request(&self, default_model: &str) -> anyhow::Result<train::TrainRequest> {
         let resume = match (&self.resume_from, self.resume) {
             (Some(checkpoint), _) => Some(train::Resume::From(checkpoint.clone())),
             (None, true) => Some(train::Resume::Latest),
@@ -318,7 +333,10 @@ impl TrainArgs {
         let mut train = self.train_config(base.unwrap_or_default())?;
         train.out_dir = out_dir;
         let mut request = train::TrainRequest {
-            model: self.model.clone(),
+            model: self
+                .model
+                .clone()
+                .unwrap_or_else(|| default_model.to_owned()),
             preset: self.preset.clone(),
             model_config: None,
             settings: self.settings.clone(),
@@ -499,14 +517,22 @@ impl GenerateArgs {
     }
 }
 
-/// Runs the command.
-pub fn run(cli: Cli) -> anyhow::Result<()> {
-    device::select(cli.device)?;
+/// Runs the command over `registry`'s models.
+pub fn run(cli: Cli, registry: &Registry) -> anyhow::Result<()> {
+    // Writing a crate needs no device: `lmx new` works where MLX has none to offer.
+    if !matches!(cli.command, Command::New { .. }) {
+        device::select(cli.device)?;
+    }
     match cli.command {
         Command::Train(args) => {
-            let request = args.request()?;
+            let default_model = registry.names().first().copied().unwrap_or_default();
+            let request = args.request(default_model)?;
+            let model = match resolve::resolve(registry, &request.model)? {
+                resolve::Resolved::Registered(model) => model,
+                resolve::Resolved::File(file) => return model_file::run_in_built_program(&file),
+            };
             let out_dir = request.train.out_dir.clone();
-            if !registry::train(request)? {
+            if !model.train(request)? {
                 return Ok(());
             }
             if args.sample == 0 {
@@ -523,28 +549,33 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
                     ..Default::default()
                 },
             };
-            registry::generate(&run, request)
+            model.generate(&run, request)
         }
         Command::Generate(args) => {
             let sampling = args.sampling()?;
             let run = run_file::RunFile::read(&args.run)?;
+            let model = match resolve::resolve(registry, &run.model)? {
+                resolve::Resolved::Registered(model) => model,
+                resolve::Resolved::File(file) => return model_file::run_in_built_program(&file),
+            };
             let request = train::GenerateRequest {
                 run: args.run.clone(),
                 checkpoint: args.checkpoint.clone(),
                 prompt: args.prompt.clone(),
                 sampling,
             };
-            registry::generate(&run, request)
+            model.generate(&run, request)
         }
         Command::Check {
             file,
             preset,
             batch,
             seq,
-        } => check::check(&file, preset.as_deref(), batch, seq),
-        Command::Info { model, preset } => check::info(&model, preset.as_deref()),
-        Command::Count { model, preset } => check::count(&model, preset.as_deref()),
-        Command::Models => check::models(),
+        } => check::check(registry, &file, preset.as_deref(), batch, seq),
+        Command::Info { model, preset } => check::info(registry, &model, preset.as_deref()),
+        Command::Count { model, preset } => check::count(registry, &model, preset.as_deref()),
+        Command::Models => check::models(registry),
+        Command::New { path, lmx_path } => new::new(&path, lmx_path.as_deref()),
         Command::Plot { run, out } => {
             let path = plot::plot(&run, out)?;
             println!("{}", path.display());

@@ -1,58 +1,159 @@
-//! The bundled models the `lmx` command can train and sample, each by its declared training step.
+//! The models a program's `lmx` command line can train and sample, which the program registers:
+//! the stock `lmx` binary its bundled models, a user's crate its own (see `lmx new`).
+//!
+//! ```ignore
+//! mod models {
+//!     include!(concat!(env!("OUT_DIR"), "/models.rs"));
+//! }
+//!
+//! fn main() -> std::process::ExitCode {
+//!     lmx::cli::Registry::new()
+//!         .sources(models::SOURCES)
+//!         .model::<models::tiny::Train>()
+//!         .main()
+//! }
+//! ```
 
 use super::run_file::RunFile;
 use super::train::{self, GenerateRequest, TrainRequest};
+use lmx::runtime::model::{LanguageModel, TrainingStep};
+use lmx::runtime::optim::Optimizer;
+use lmx::runtime::tree::Tree;
+use lmx::runtime::Array;
 
-/// Declares `train` and `generate`, dispatching on a bundled model's name to its step type.
-macro_rules! registry {
-    ($($name:literal => $step:ty),* $(,)?) => {
-        /// The names of the models `lmx train` knows.
-        pub const TRAINABLE: &[&str] = &[$($name),*];
+/// `(module name, file name, source)` of `.lmx` models, as `build.rs` compiled them
+/// (`models::SOURCES` of the generated code).
+pub type Sources = &'static [(&'static str, &'static str, &'static str)];
 
-        /// Trains the model `request.model`; `false` when there was nothing to train.
-        pub fn train(request: TrainRequest) -> anyhow::Result<bool> {
-            match request.model.as_str() {
-                $($name => train::train::<$step>(request),)*
-                other => unknown(other),
-            }
-        }
-
-        /// Samples from a run of the model it names.
-        pub fn generate(run: &RunFile, request: GenerateRequest) -> anyhow::Result<()> {
-            match run.model.as_str() {
-                $($name => train::sample::<$step>(run, request),)*
-                other => unknown(other),
-            }
-        }
-    };
+/// The models a command line knows, by name: their training steps, and the `.lmx` sources that
+/// `lmx check`, `info`, `count` and `models` report on.
+#[derive(Default)]
+pub struct Registry {
+    steps: Vec<Registered>,
+    sources: Vec<(&'static str, &'static str, &'static str)>,
 }
 
-registry! {
-    "gpt2" => lmx::models::gpt2::Train,
-    "llama" => lmx::models::llama::Train,
-    "gemma" => lmx::models::gemma::Train,
-    "mistral" => lmx::models::mistral::Train,
-    "mixtral" => lmx::models::mixtral::Train,
-    "mpt" => lmx::models::mpt::Train,
+/// A registered model: its name and its training step's `train` and `sample`.
+#[derive(Clone, Copy)]
+pub struct Registered {
+    /// The model's name (`LanguageModel::NAME`), which `--model` gives and `run.json` records.
+    pub name: &'static str,
+    train: fn(TrainRequest) -> anyhow::Result<bool>,
+    generate: fn(&RunFile, GenerateRequest) -> anyhow::Result<()>,
 }
 
-fn unknown<T>(model: &str) -> anyhow::Result<T> {
-    anyhow::bail!(
-        "no trainable model `{model}`; the bundled ones are {}",
-        TRAINABLE.join(", ")
-    )
+impl Registered {
+    /// Trains this model; `false` when there was nothing to train.
+    pub fn train(&self, request: TrainRequest) -> anyhow::Result<bool> {
+        (self.train)(request)
+    }
+
+    /// Samples from a run of this model.
+    pub fn generate(&self, run: &RunFile, request: GenerateRequest) -> anyhow::Result<()> {
+        (self.generate)(run, request)
+    }
+}
+
+impl Registry {
+    /// No models.
+    pub fn new() -> Registry {
+        Registry::default()
+    }
+
+    /// The bundled models of `models/`: what the stock `lmx` binary knows.
+    pub fn bundled() -> Registry {
+        use lmx::models::{gemma, gpt2, llama, mistral, mixtral, mpt};
+        Registry::new()
+            .sources(lmx::models::SOURCES)
+            .model::<gpt2::Train>()
+            .model::<llama::Train>()
+            .model::<gemma::Train>()
+            .model::<mistral::Train>()
+            .model::<mixtral::Train>()
+            .model::<mpt::Train>()
+    }
+
+    /// Adds the model that training step `S` trains, under its name: a `.lmx` model's generated
+    /// `Train`, or any other type implementing `TrainingStep`. A later registration of the same
+    /// name replaces the earlier one.
+    pub fn model<S: TrainingStep>(mut self) -> Registry
+    where
+        <<S::Model as LanguageModel>::Params as Tree<Array>>::Of<
+            Option<<S::Optimizer as Optimizer>::Leaf>,
+        >: Clone + 'static,
+    {
+        let registered = Registered {
+            name: S::Model::NAME,
+            train: train::train::<S>,
+            generate: train::sample::<S>,
+        };
+        self.steps.retain(|step| step.name != registered.name);
+        self.steps.push(registered);
+        self
+    }
+
+    /// Adds `.lmx` sources (a crate's `models::SOURCES`) for `lmx check`, `info`, `count` and
+    /// `models` to name, and for `--model FILE.lmx` to match against.
+    pub fn sources(mut self, sources: Sources) -> Registry {
+        for &row in sources {
+            self.sources.retain(|(name, _, _)| *name != row.0);
+            self.sources.push(row);
+        }
+        self
+    }
+
+    /// Runs the command line over these models, as the `lmx` binary does: parses the arguments,
+    /// runs the command, prints an error and exits with its status.
+    pub fn main(self) -> std::process::ExitCode {
+        super::process::main(&self)
+    }
+
+    /// The registered model named `name`.
+    pub fn step(&self, name: &str) -> Option<&Registered> {
+        self.steps.iter().find(|step| step.name == name)
+    }
+
+    /// The names of the registered models.
+    pub fn names(&self) -> Vec<&'static str> {
+        self.steps.iter().map(|step| step.name).collect()
+    }
+
+    /// `(name, file name, source)` of every registered `.lmx` source.
+    pub fn all_sources(&self) -> &[(&'static str, &'static str, &'static str)] {
+        &self.sources
+    }
+
+    /// The registered source of the model named `name`.
+    pub fn source_of(&self, name: &str) -> Option<&'static str> {
+        self.sources
+            .iter()
+            .find(|(model, _, _)| *model == name)
+            .map(|(_, _, source)| *source)
+    }
+
+    /// The error for a model that is neither registered nor a `.lmx` file.
+    pub fn unknown(&self, model: &str) -> anyhow::Error {
+        anyhow::anyhow!(
+            "no trainable model `{model}`; the registered ones are {}, or give a path to a .lmx \
+             file",
+            self.names().join(", ")
+        )
+    }
 }
 
 #[cfg(test)]
 mod tests {
-    /// A model added to `models/` fails here until the registry above names its step type.
+    use super::Registry;
+
+    /// A model added to `models/` fails here until `Registry::bundled` names its step type.
     #[test]
     fn every_bundled_model_is_trainable() {
-        let mut bundled: Vec<&str> = super::super::bundled::MODELS
+        let registry = Registry::bundled();
+        let mut bundled: Vec<&str> = lmx::models::SOURCES
             .iter()
             .map(|(name, _, _)| *name)
             .collect();
-        let mut trainable = super::TRAINABLE.to_vec();
+        let mut trainable = registry.names();
         bundled.sort_unstable();
         trainable.sort_unstable();
         assert_eq!(bundled, trainable);

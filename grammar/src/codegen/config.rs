@@ -23,7 +23,8 @@ pub(crate) fn config(g: &Gen<'_>) -> R<TokenStream> {
         });
         enums.extend(quote! {
             #[doc = #doc]
-            #[derive(Clone, Copy, Debug, PartialEq, Eq, ::serde::Serialize, ::serde::Deserialize)]
+            #[derive(Clone, Copy, Debug, PartialEq, Eq, ::lmx::serde::Serialize, ::lmx::serde::Deserialize)]
+            #[serde(crate = "::lmx::serde")]
             pub enum #id { #(#vs)* }
         });
     }
@@ -105,8 +106,8 @@ pub(crate) fn config(g: &Gen<'_>) -> R<TokenStream> {
         #enums
 
         #[doc = #doc]
-        #[derive(Clone, Debug, PartialEq, ::serde::Serialize, ::serde::Deserialize)]
-        #[serde(default)]
+        #[derive(Clone, Debug, PartialEq, ::lmx::serde::Serialize, ::lmx::serde::Deserialize)]
+        #[serde(default, crate = "::lmx::serde")]
         pub struct Config { #(#fields)* }
 
         impl Default for Config {

@@ -89,9 +89,11 @@ pub struct JsonlLog {
 }
 
 impl JsonlLog {
-    /// Logs to `path`, appending (a resumed run continues its log).
+    /// Logs to `path`, appending (a resumed run continues its log); the folder is created if
+    /// missing.
     pub fn append(path: impl AsRef<Path>) -> Result<JsonlLog> {
         let path = path.as_ref().to_path_buf();
+        create_folder_of(&path)?;
         let file = File::options()
             .create(true)
             .append(true)
@@ -109,13 +111,14 @@ impl JsonlLog {
     /// Logs to `path` after cutting it back to the lines of steps up to `step`, the step a run
     /// continues from: the lines a stopped or killed run wrote after its checkpoint, and a
     /// partial last line, are dropped, so that each step is logged once and the log agrees with
-    /// the checkpoints. `step` 0 starts the log afresh.
+    /// the checkpoints. `step` 0 starts the log afresh. The folder is created if missing.
     pub fn continue_at(path: impl AsRef<Path>, step: u64) -> Result<JsonlLog> {
         let path = path.as_ref();
         let io = |cause| Error::Io {
             path: path.to_owned(),
             cause,
         };
+        create_folder_of(path)?;
         let kept = match std::fs::read(path) {
             Ok(bytes) => kept_lines(&bytes, step),
             Err(err) if err.kind() == std::io::ErrorKind::NotFound => Vec::new(),
@@ -146,6 +149,19 @@ impl Callback for JsonlLog {
     fn on_eval(&mut self, report: &EvalReport) -> Result<Control> {
         self.write("eval", report)?;
         Ok(Control::Continue)
+    }
+}
+
+/// Creates the folder `path` goes in: a log is often the first file of a new run directory.
+fn create_folder_of(path: &Path) -> Result<()> {
+    match path.parent() {
+        Some(folder) if !folder.as_os_str().is_empty() => {
+            std::fs::create_dir_all(folder).map_err(|cause| Error::Io {
+                path: folder.to_owned(),
+                cause,
+            })
+        }
+        _ => Ok(()),
     }
 }
 
@@ -255,5 +271,30 @@ mod tests {
         assert_eq!(appended, serde_json::json!({"kind": "step", "step": 5}));
         JsonlLog::continue_at(&path, 0).unwrap();
         assert_eq!(std::fs::read_to_string(&path).unwrap(), "");
+    }
+
+    #[test]
+    fn a_log_creates_its_folder() {
+        let dir = tempfile::tempdir().unwrap();
+        let appended = dir.path().join("new/run/metrics.jsonl");
+        let mut log = JsonlLog::append(&appended).unwrap();
+        log.write("step", serde_json::json!({"step": 1})).unwrap();
+        assert_eq!(
+            std::fs::read_to_string(&appended).unwrap(),
+            "{\"kind\":\"step\",\"step\":1}\n"
+        );
+        let continued = dir.path().join("other/metrics.jsonl");
+        JsonlLog::continue_at(&continued, 0).unwrap();
+        assert!(continued.exists());
+        // A folder that cannot be made is an error naming it.
+        std::fs::write(dir.path().join("file"), "").unwrap();
+        let blocked = dir.path().join("file/metrics.jsonl");
+        match JsonlLog::append(&blocked) {
+            Err(Error::Io { path, .. }) => assert_eq!(path, dir.path().join("file")),
+            other => panic!(
+                "expected an I/O error naming the folder, got {:?}",
+                other.err()
+            ),
+        }
     }
 }

@@ -1,0 +1,188 @@
+//! Models beside the bundled ones, through the stock binary: `lmx train --model FILE.lmx` (a file
+//! with errors is shown as `lmx check` shows it; a file with a bundled model's source trains as
+//! that model; another is built into a program of its own, which needs lmx's source), and `lmx
+//! new`'s refusals. Building a crate is tests/new_crate.rs's part.
+
+use std::path::Path;
+use std::process::{Command, Output};
+
+fn lmx(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_lmx"))
+        .args(args)
+        .output()
+        .expect("lmx runs")
+}
+
+fn succeeds(args: &[&str]) -> String {
+    let output = lmx(args);
+    let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
+    assert!(
+        output.status.success(),
+        "lmx {args:?} failed:\n{stdout}\n{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    stdout
+}
+
+fn stderr_of_failing(output: Output) -> String {
+    let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
+    assert!(
+        !output.status.success(),
+        "succeeded:\n{}\n{stderr}",
+        String::from_utf8_lossy(&output.stdout)
+    );
+    stderr
+}
+
+fn fails(args: &[&str]) -> String {
+    stderr_of_failing(lmx(args))
+}
+
+fn bundled_gpt2() -> String {
+    std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("models/gpt2.lmx")).unwrap()
+}
+
+#[test]
+fn a_model_file_with_errors_fails_as_lmx_check_shows_it_before_any_run_is_made() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("broken.lmx");
+    let broken = bundled_gpt2().replace("c_proj(gelu(c_fc(x)))", "c_proj(gelu(c_fc(y)))");
+    std::fs::write(&file, broken).unwrap();
+    let file = file.to_str().unwrap();
+    let out = dir.path().join("run");
+    let train = fails(&[
+        "train",
+        "--model",
+        file,
+        "--out",
+        out.to_str().unwrap(),
+        "--quiet",
+    ]);
+    let check = fails(&["check", file]);
+    assert_eq!(train, check);
+    assert!(
+        train.contains(file),
+        "the diagnostics name the file: {train}"
+    );
+    assert!(
+        !out.exists(),
+        "nothing is written for a file that does not check"
+    );
+    let missing = dir.path().join("missing.lmx");
+    let missing = missing.to_str().unwrap();
+    assert!(fails(&["train", "--model", missing])
+        .starts_with(&format!("error: cannot read {missing}: ")),);
+    assert_eq!(
+        fails(&["train", "--model", "gpt3"]),
+        "error: no trainable model `gpt3`; the registered ones are gpt2, llama, gemma, mistral, \
+         mixtral, mpt, or give a path to a .lmx file\n"
+    );
+}
+
+#[test]
+fn a_model_file_with_a_bundled_model_s_source_trains_and_generates_as_that_model() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("my-gpt.lmx");
+    std::fs::write(&file, bundled_gpt2()).unwrap();
+    let file = file.to_str().unwrap();
+    let out = dir.path().join("run");
+    let out = out.to_str().unwrap();
+    let trained = succeeds(&[
+        "train",
+        "--model",
+        file,
+        "--preset",
+        "tiny-bytes",
+        "--steps",
+        "2",
+        "--batch-size",
+        "2",
+        "--seq-len",
+        "16",
+        "--quiet",
+        "--sample",
+        "0",
+        "--out",
+        out,
+    ]);
+    assert!(trained.contains("trained gpt2 to step 2"), "{trained}");
+    let run: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(Path::new(out).join("run.json")).unwrap())
+            .unwrap();
+    assert_eq!(run["model"], file, "the run records the file, as given");
+    let generated = succeeds(&["generate", "--run", out, "--max-tokens", "4"]);
+    assert!(generated.starts_with("ROMEO:"), "{generated}");
+}
+
+#[test]
+fn a_model_file_the_binary_does_not_hold_is_built_from_lmx_s_source_which_must_be_at_hand() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("wider.lmx");
+    std::fs::write(
+        &file,
+        bundled_gpt2().replace("d_ff = 4 * d_model", "d_ff = 3 * d_model"),
+    )
+    .unwrap();
+    let output = Command::new(env!("CARGO_BIN_EXE_lmx"))
+        .args(["train", "--model", file.to_str().unwrap(), "--quiet"])
+        .env("LMX_SOURCE", dir.path())
+        .env("LMX_CACHE_DIR", dir.path().join("cache"))
+        .output()
+        .unwrap();
+    let stderr = stderr_of_failing(output);
+    assert!(
+        stderr.contains(&format!(
+            "{}: training a .lmx file that this program does not hold builds a program for it \
+             against lmx's source, which must be at hand (set LMX_SOURCE to an lmx checkout): {} \
+             is no lmx checkout",
+            file.display(),
+            dir.path().display()
+        )),
+        "{stderr}"
+    );
+    assert!(!dir.path().join("cache").exists());
+}
+
+#[test]
+fn lmx_new_refuses_a_folder_that_is_not_empty_and_an_invalid_name() {
+    let dir = tempfile::tempdir().unwrap();
+    let taken = dir.path().join("taken");
+    std::fs::create_dir(&taken).unwrap();
+    std::fs::write(taken.join("notes.txt"), "mine").unwrap();
+    assert_eq!(
+        fails(&["new", taken.to_str().unwrap()]),
+        format!(
+            "error: {} exists and is not empty: lmx new writes a crate into a new or empty \
+             folder\n",
+            taken.display()
+        )
+    );
+    assert_eq!(
+        std::fs::read_dir(&taken).unwrap().count(),
+        1,
+        "the folder is left as it was"
+    );
+    let invalid = dir.path().join("my model");
+    assert_eq!(
+        fails(&["new", invalid.to_str().unwrap()]),
+        "error: `my model` is no valid crate name: it must start with a letter and hold only \
+         ASCII letters, digits, `-` and `_`\n"
+    );
+    assert!(!invalid.exists());
+    let keyword = dir.path().join("struct");
+    assert!(fails(&["new", keyword.to_str().unwrap()]).contains("keeps for itself"));
+    let not_lmx = dir.path().join("fresh");
+    assert!(fails(&[
+        "new",
+        not_lmx.to_str().unwrap(),
+        "--lmx-path",
+        dir.path().to_str().unwrap()
+    ])
+    .contains("is no lmx checkout"));
+    assert!(!not_lmx.exists());
+    assert_eq!(
+        std::fs::read_dir(dir.path()).unwrap().count(),
+        1,
+        "no staging folder is left"
+    );
+}

@@ -1,0 +1,208 @@
+//! A crate of one's own, as a user makes it: `lmx new` into a folder outside the workspace (with a
+//! path dependency on this checkout), a model of its own added beside the template's, `cargo
+//! build` (sharing this workspace's target folder, so that only lmx's own packages build anew,
+//! once), and through the crate's binary each model trains a few steps, saves, resumes and
+//! generates.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+/// What the test adds to the new crate for one more model: its files and how `main.rs`
+/// registers it. Another kind of model (one under `#[lmx::model]`) is one more entry.
+struct Addition {
+    /// The model's name, as `--model` gives it.
+    name: &'static str,
+    /// `(path in the crate, contents)`.
+    files: &'static [(&'static str, &'static str)],
+    /// The registration added to `main.rs`'s `Registry` chain.
+    register: &'static str,
+}
+
+const ADDITIONS: &[Addition] = &[Addition {
+    name: "gated_mixer",
+    files: &[("models/gated_mixer.lmx", GATED_MIXER)],
+    register: ".model::<models::gated_mixer::Train>()",
+}];
+
+/// A model of the crate's own, unlike the template and the bundled models: no attention, each
+/// position mixed with the previous one's embedding through a sigmoid-gated feed-forward.
+const GATED_MIXER: &str = r#"// A gated feed-forward over each token and its predecessor: a bigram model with depth.
+model GatedMixer {
+    config {
+        vocab: int = 257
+        d_model: int = 64
+        n_layers: int = 2
+        eps: float = 1e-5
+        d_ff = 2 * d_model
+    }
+
+    preset tiny { d_model = 16, n_layers = 1 }
+
+    block Gated {
+        params {
+            norm: rms_norm(d_model, eps = eps)
+            gate: linear(d_model, d_ff, bias = false)
+            up: linear(d_model, d_ff, bias = false)
+            down: linear(d_ff, d_model, bias = false)
+        }
+        forward(x: [B, T, d_model]) -> [B, T, d_model] {
+            let h = norm(x)
+            x + down(sigmoid(gate(h)) * up(h))
+        }
+    }
+
+    params {
+        embed: embedding(vocab, d_model)
+        previous: embedding(vocab, d_model)
+        layers: [Gated; n_layers]
+        norm: rms_norm(d_model, eps = eps)
+        head: linear(d_model, vocab, bias = false)
+    }
+
+    forward(tokens: [B, T] int) -> [B, T, vocab] {
+        let shifted = concat([tokens[:, 0:1], tokens[:, 0:T - 1]], axis = 1)
+        let x = embed(tokens) + previous(shifted)
+        for layer in layers {
+            x = layer(x)
+        }
+        head(norm(x))
+    }
+
+    step train(tokens: [B, T] int, targets: [B, T] int) {
+        optimizer adamw(beta1 = 0.9, beta2 = 0.99, eps = 1e-8, weight_decay = 0.0)
+        let loss = cross_entropy(forward(tokens), targets)
+        let grads = grad(loss)
+        update grads
+        metrics loss
+    }
+}
+"#;
+
+/// Runs `command`, failing the test with its output unless it succeeds; its standard output.
+fn run(command: &mut Command) -> String {
+    let output = command.output().expect("the command runs");
+    let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
+    assert!(
+        output.status.success(),
+        "{command:?} failed:\n{stdout}\n{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    stdout
+}
+
+/// This workspace's target folder (the `lmx` binary's grandparent: `TARGET/debug/lmx`).
+fn target_dir() -> PathBuf {
+    let lmx = Path::new(env!("CARGO_BIN_EXE_lmx"));
+    lmx.parent().and_then(Path::parent).unwrap().to_owned()
+}
+
+fn steps_logged(run: &Path) -> Vec<u64> {
+    std::fs::read_to_string(run.join("metrics.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|line| serde_json::from_str::<serde_json::Value>(line).unwrap())
+        .filter(|value| value["kind"] == "step")
+        .map(|value| value["step"].as_u64().unwrap())
+        .collect()
+}
+
+#[test]
+fn a_new_crate_builds_and_each_of_its_models_trains_resumes_and_generates() {
+    let outside = tempfile::tempdir().unwrap();
+    let krate = outside.path().join("my-models");
+    let created = run(Command::new(env!("CARGO_BIN_EXE_lmx"))
+        .arg("new")
+        .arg(&krate)
+        .arg("--lmx-path")
+        .arg(env!("CARGO_MANIFEST_DIR")));
+    assert!(created.contains("models/my_models.lmx"), "{created}");
+    let manifest = std::fs::read_to_string(krate.join("Cargo.toml")).unwrap();
+    let dependencies: Vec<&str> = manifest
+        .lines()
+        .filter(|line| line.contains("{ path ="))
+        .map(|line| line.split(' ').next().unwrap())
+        .collect();
+    assert_eq!(
+        dependencies,
+        ["lmx", "lmx", "mlx-sys"],
+        "lmx, as a dependency and a build-dependency, and the mlx-sys patch: {manifest}"
+    );
+
+    let main_rs = krate.join("src/main.rs");
+    let mut main = std::fs::read_to_string(&main_rs).unwrap();
+    for addition in ADDITIONS {
+        for (path, contents) in addition.files {
+            std::fs::write(krate.join(path), contents).unwrap();
+        }
+        let at = main
+            .find("        .main()")
+            .expect("main.rs ends its chain with .main()");
+        main.insert_str(at, &format!("        {}\n", addition.register));
+    }
+    std::fs::write(&main_rs, main).unwrap();
+
+    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+    let target = target_dir();
+    run(Command::new(cargo)
+        .arg("build")
+        .arg("--manifest-path")
+        .arg(krate.join("Cargo.toml"))
+        .env("CARGO_TARGET_DIR", &target));
+    let binary = target.join("debug").join("my-models");
+
+    let listed = run(Command::new(&binary).arg("models"));
+    let models: Vec<&str> = ["my_models"]
+        .into_iter()
+        .chain(ADDITIONS.iter().map(|addition| addition.name))
+        .collect();
+    for model in &models {
+        assert!(listed.contains(model), "{listed}");
+    }
+
+    for model in models {
+        let out = krate.join("runs").join(model);
+        let train = |steps: &str, more: &[&str]| {
+            run(Command::new(&binary)
+                .current_dir(&krate)
+                .args(["train", "--model", model, "--preset", "tiny"])
+                .args([
+                    "--tokenizer",
+                    "byte",
+                    "--batch-size",
+                    "2",
+                    "--seq-len",
+                    "16",
+                ])
+                .args(["--checkpoint-every", "2", "--quiet", "--sample", "0"])
+                .args(["--steps", steps, "--out"])
+                .arg(&out)
+                .args(more))
+        };
+        let trained = train("2", &[]);
+        assert!(
+            trained.contains(&format!("trained {model} to step 2")),
+            "{trained}"
+        );
+        assert!(out
+            .join("checkpoints/step-000002/model.safetensors")
+            .is_file());
+        let resumed = train("4", &["--resume", "--allow-changes"]);
+        assert!(
+            resumed.contains(&format!("trained {model} to step 4")),
+            "{resumed}"
+        );
+        assert_eq!(steps_logged(&out), [1, 2, 3, 4], "{model}");
+        let generated = run(Command::new(&binary)
+            .current_dir(&krate)
+            .args([
+                "generate",
+                "--prompt",
+                "ROMEO:",
+                "--max-tokens",
+                "8",
+                "--run",
+            ])
+            .arg(&out));
+        assert!(generated.starts_with("ROMEO:"), "{model}: {generated}");
+    }
+}
