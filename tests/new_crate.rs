@@ -16,13 +16,116 @@ struct Addition {
     files: &'static [(&'static str, &'static str)],
     /// The registration added to `main.rs`'s `Registry` chain.
     register: &'static str,
+    /// A module of Rust source the crate declares in `main.rs`, if the model is written in Rust.
+    module: Option<&'static str>,
 }
 
-const ADDITIONS: &[Addition] = &[Addition {
-    name: "gated_mixer",
-    files: &[("models/gated_mixer.lmx", GATED_MIXER)],
-    register: ".model::<models::gated_mixer::Train>()",
-}];
+const ADDITIONS: &[Addition] = &[
+    Addition {
+        name: "gated_mixer",
+        files: &[("models/gated_mixer.lmx", GATED_MIXER)],
+        register: ".model::<models::gated_mixer::Train>()",
+        module: None,
+    },
+    Addition {
+        name: "causal_mixer",
+        files: &[("src/causal_mixer.rs", CAUSAL_MIXER)],
+        register: ".model::<causal_mixer::Train>()",
+        module: Some("causal_mixer"),
+    },
+];
+
+/// A model of the crate's own written in Rust under `#[lmx::model]` and `#[lmx::step]`: one
+/// causal attention layer over learned positions with a feed-forward, an untied head. Its
+/// configuration derives serde through lmx (the crate names no other dependency).
+const CAUSAL_MIXER: &str = r#"//! One attention layer and a feed-forward, written in Rust.
+
+use lmx::runtime::nn::init::{self, Keys};
+use lmx::runtime::nn::{EmbeddingParams, LayerNormParams, LinearParams};
+use lmx::runtime::optim::AdamW;
+use lmx::runtime::tensor::nn::{
+    cross_entropy, embedding, gelu_tanh, layer_norm, linear, merge_heads, split_heads,
+};
+use lmx::runtime::tensor::{Context, Tensor};
+use lmx::runtime::{Error, Result};
+
+/// The mixer's sizes.
+#[derive(Clone, Debug, lmx::serde::Serialize, lmx::serde::Deserialize)]
+#[serde(crate = "lmx::serde")]
+pub struct MixerConfig {
+    vocab: i32,
+    dim: i32,
+    heads: i32,
+    context: i32,
+}
+
+impl MixerConfig {
+    fn tiny() -> MixerConfig {
+        MixerConfig { vocab: 257, dim: 16, heads: 2, context: 64 }
+    }
+
+    fn check(&self) -> Result<()> {
+        if self.heads < 1 || self.dim % self.heads != 0 {
+            return Err(Error::Config(format!("`heads` ({}) must divide `dim` ({})", self.heads, self.dim)));
+        }
+        Ok(())
+    }
+}
+
+/// Token and position embeddings, one attention layer, a feed-forward and a head.
+#[lmx::model(
+    config = MixerConfig,
+    init = CausalMixer::build,
+    forward = mix,
+    vocab_size = vocab,
+    context_len = context,
+    presets(tiny = MixerConfig::tiny()),
+    validate = MixerConfig::check,
+)]
+pub struct CausalMixer {
+    tokens: EmbeddingParams,
+    positions: EmbeddingParams,
+    norm: LayerNormParams,
+    qkv: LinearParams,
+    out: LinearParams,
+    up: LinearParams,
+    down: LinearParams,
+    head: LinearParams,
+}
+
+impl CausalMixer {
+    fn build(config: &MixerConfig, keys: &mut Keys) -> Result<CausalMixer> {
+        let d = config.dim;
+        Ok(CausalMixer {
+            tokens: init::embedding(config.vocab, d, keys)?,
+            positions: init::embedding(config.context, d, keys)?,
+            norm: init::layer_norm(d, true)?,
+            qkv: init::linear(d, 3 * d, false, keys)?,
+            out: init::linear(d, d, false, keys)?,
+            up: init::linear(d, 2 * d, true, keys)?,
+            down: init::linear(2 * d, d, true, keys)?,
+            head: init::linear(d, config.vocab, false, keys)?,
+        })
+    }
+}
+
+fn mix(params: &CausalMixer<Tensor>, tokens: &Tensor, config: &MixerConfig, ctx: &mut Context) -> Result<Tensor> {
+    let at = Tensor::arange(ctx.offset(), tokens.dim(-1))?;
+    let h = embedding(&params.tokens, tokens)?.add(&embedding(&params.positions, &at)?)?;
+    let x = layer_norm(&params.norm, &h, 1e-5)?;
+    let [q, k, v] = linear(&params.qkv, &x)?.split(-1)?;
+    let (q, k, v) = (split_heads(&q, config.heads)?, split_heads(&k, config.heads)?, split_heads(&v, config.heads)?);
+    let h = h.add(&linear(&params.out, &merge_heads(&ctx.attend(&q, &k, &v)?)?)?)?;
+    let h = h.add(&linear(&params.down, &gelu_tanh(&linear(&params.up, &h)?)?)?)?;
+    linear(&params.head, &h)
+}
+
+/// The next-token loss.
+#[lmx::step(optimizer = AdamW { weight_decay: 0.0, ..AdamW::default() }, clip_norm = 1.0)]
+pub fn train(params: &CausalMixer<Tensor>, tokens: &Tensor, targets: &Tensor, config: &MixerConfig, ctx: &mut Context) -> Result<Tensor> {
+    cross_entropy(&mix(params, tokens, config, ctx)?, targets)
+}
+"#;
 
 /// A model of the crate's own, unlike the template and the bundled models: no attention, each
 /// position mixed with the previous one's embedding through a sigmoid-gated feed-forward.
@@ -133,6 +236,10 @@ fn a_new_crate_builds_and_each_of_its_models_trains_resumes_and_generates() {
     for addition in ADDITIONS {
         for (path, contents) in addition.files {
             std::fs::write(krate.join(path), contents).unwrap();
+        }
+        if let Some(module) = addition.module {
+            let at = main.find("fn main()").expect("main.rs has a main function");
+            main.insert_str(at, &format!("mod {module};\n\n"));
         }
         let at = main
             .find("        .main()")

@@ -59,9 +59,25 @@ pub fn info(registry: &Registry, model: &str, preset: Option<&str>) -> anyhow::R
     Ok(())
 }
 
-/// Lists the registered models' sources with their presets.
+/// Lists the registered models (each with its `.lmx` file, or `(Rust)` for one written under
+/// `#[lmx::model]`) and their presets, then any registered source without a training step.
 pub fn models(registry: &Registry) -> anyhow::Result<()> {
+    let file_of = |name: &str| {
+        registry
+            .all_sources()
+            .iter()
+            .find(|(model, _, _)| *model == name)
+            .map(|(_, file, _)| *file)
+    };
+    for model in registry.registered() {
+        let file = file_of(model.name).unwrap_or("(Rust)");
+        let presets = (model.presets)().join(", ");
+        println!("{:<10} {file:<22} presets: {presets}", model.name);
+    }
     for (name, file, _) in registry.all_sources() {
+        if registry.step(name).is_some() {
+            continue;
+        }
         let checked = checked(registry, name)?;
         let presets: Vec<&str> = checked
             .presets

@@ -38,6 +38,8 @@ pub struct Registry {
 pub struct Registered {
     /// The model's name (`LanguageModel::NAME`), which `--model` gives and `run.json` records.
     pub name: &'static str,
+    /// Its presets' names (`LanguageModel::presets`).
+    pub presets: fn() -> &'static [&'static str],
     train: fn(TrainRequest) -> anyhow::Result<bool>,
     generate: fn(&RunFile, GenerateRequest) -> anyhow::Result<()>,
 }
@@ -84,6 +86,7 @@ impl Registry {
     {
         let registered = Registered {
             name: S::Model::NAME,
+            presets: S::Model::presets,
             train: train::train::<S>,
             generate: train::sample::<S>,
         };
@@ -111,6 +114,11 @@ impl Registry {
     /// The registered model named `name`.
     pub fn step(&self, name: &str) -> Option<&Registered> {
         self.steps.iter().find(|step| step.name == name)
+    }
+
+    /// The registered models, in registration order.
+    pub fn registered(&self) -> &[Registered] {
+        &self.steps
     }
 
     /// The names of the registered models.
