@@ -52,17 +52,28 @@ impl RuleCx<'_, '_> {
         self.args[i].as_ref().map(|(_, t)| t)
     }
 
+    /// The items of a list argument (`[a, b]`) with their types; none for another argument.
+    fn list(&self, i: usize) -> impl Iterator<Item = (&Expr, &Ty)> {
+        let items: &[Expr] = match &self.args[i] {
+            Some((
+                Expr {
+                    kind: ExprKind::List(items),
+                    ..
+                },
+                Ty::Tuple(_),
+            )) => items,
+            _ => &[],
+        };
+        let tys: &[Ty] = match &self.args[i] {
+            Some((_, Ty::Tuple(tys))) => tys,
+            _ => &[],
+        };
+        items.iter().zip(tys)
+    }
+
     /// The tensors of a `Tensors` parameter, with their spans.
     pub fn tensors(&self, i: usize) -> Vec<(Span, TensorTy)> {
-        let Some((e, Ty::Tuple(tys))) = &self.args[i] else {
-            return Vec::new();
-        };
-        let ExprKind::List(items) = &e.kind else {
-            return Vec::new();
-        };
-        items
-            .iter()
-            .zip(tys)
+        self.list(i)
             .filter_map(|(item, t)| match t {
                 Ty::Tensor(t) => Some((item.span, t.clone())),
                 _ => None,
@@ -146,15 +157,7 @@ impl RuleCx<'_, '_> {
 
     /// The dims of a `Shape` parameter (`[B, T, d_model]`).
     pub fn shape(&self, i: usize) -> Vec<Dim> {
-        let Some((e, Ty::Tuple(tys))) = &self.args[i] else {
-            return Vec::new();
-        };
-        let ExprKind::List(items) = &e.kind else {
-            return Vec::new();
-        };
-        items
-            .iter()
-            .zip(tys)
+        self.list(i)
             .map(|(item, t)| match t {
                 Ty::Static(StaticTy::Int(Some(d))) => d.clone(),
                 _ => Dim::opaque(&crate::text::expr_text(item)),
@@ -224,7 +227,7 @@ impl Checker<'_> {
             );
             return Ty::Unknown;
         }
-        if tys.iter().any(|t| *t == Ty::Unknown) {
+        if tys.contains(&Ty::Unknown) {
             return Ty::Unknown;
         }
         let all_static = !args.is_empty() && tys.iter().all(|t| matches!(t, Ty::Static(_)));
@@ -491,7 +494,7 @@ impl Checker<'_> {
             )
             .with_help("sizes, axes, flags and settings are static: config values, shape sizes or literals")
         };
-        let ok = match (slot, ty) {
+        match (slot, ty) {
             (Slot::Tensor, Ty::Tensor(_)) => true,
             (
                 Slot::Operand,
@@ -500,24 +503,22 @@ impl Checker<'_> {
             (Slot::Int | Slot::Axis | Slot::Count, Ty::Static(StaticTy::Int(_))) => true,
             (Slot::Float, Ty::Static(StaticTy::Int(_) | StaticTy::Float)) => true,
             (Slot::Bool, Ty::Static(StaticTy::Bool)) => true,
-            (Slot::Shape | Slot::Axes, Ty::Tuple(items)) if matches!(e.kind, ExprKind::List(_)) => {
-                return self.list_fits(func, param, slot, e, items);
-            }
-            (Slot::Tensors, Ty::Tuple(items)) if matches!(e.kind, ExprKind::List(_)) => {
-                return self.list_fits(func, param, slot, e, items);
+            (Slot::Shape | Slot::Axes | Slot::Tensors, Ty::Tuple(items))
+                if matches!(e.kind, ExprKind::List(_)) =>
+            {
+                self.list_fits(func, param, slot, e, items)
             }
             (s, Ty::Tensor(t)) if s.is_static() => {
                 let d = tensor_in_static(t);
                 self.error(d);
-                return false;
+                false
             }
             (_, found) => {
                 let d = mismatch(found);
                 self.error(d);
-                return false;
+                false
             }
-        };
-        ok
+        }
     }
 
     /// Whether each item of a list argument fits.
