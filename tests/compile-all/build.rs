@@ -43,7 +43,7 @@ struct Candidate {
 }
 
 fn main() {
-    mlx_link_args();
+    mlx_link_args("MLX");
     let manifest = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
     let root = manifest.join("../..");
     let out = PathBuf::from(std::env::var_os("OUT_DIR").expect("cargo sets OUT_DIR"));

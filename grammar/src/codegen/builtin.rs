@@ -137,7 +137,12 @@ impl LowerCx<'_, '_, '_> {
         match self.arg(i).cloned() {
             Some(e) => {
                 let (s, ty) = self.fx.static_expr(&e)?;
-                Ok(cast(&s, &ty, to))
+                // A bool is a bool: only numbers are converted.
+                Ok(if ty == SType::Bool {
+                    s.ts
+                } else {
+                    cast(&s, &ty, to)
+                })
             }
             None => match self.default(i) {
                 Default::Int(n) => Ok(match to {
