@@ -34,6 +34,18 @@ fn tensor(t: TensorTy, span: crate::span::Span) -> Ty {
     Ty::Tensor(TensorTy { origin: span, ..t })
 }
 
+/// The tensor `x` (parameter 0) and its shape; without a known shape, the result to give: `x`
+/// itself (a rule over its axes can say no more).
+fn shaped(c: &RuleCx<'_, '_>) -> Result<(TensorTy, Vec<Dim>), Ty> {
+    let Some(x) = c.tensor(0) else {
+        return Err(Ty::Unknown);
+    };
+    match x.shape.clone() {
+        Some(shape) => Ok((x, shape)),
+        None => Err(tensor(x, c.span)),
+    }
+}
+
 /// Elementwise over `x`.
 pub fn same_shape(c: &mut RuleCx<'_, '_>, out: Out) -> Ty {
     let Some(x) = c.tensor(0) else {
@@ -380,11 +392,9 @@ pub fn reshape(c: &mut RuleCx<'_, '_>) -> Ty {
 
 /// `transpose(x, axes)`: a permutation of every axis (reversed when left out).
 pub fn transpose(c: &mut RuleCx<'_, '_>) -> Ty {
-    let Some(x) = c.tensor(0) else {
-        return Ty::Unknown;
-    };
-    let Some(shape) = x.shape.clone() else {
-        return tensor(x, c.span);
+    let (x, shape) = match shaped(c) {
+        Ok(shaped) => shaped,
+        Err(ty) => return ty,
     };
     if !c.given(1) {
         let reversed = shape.iter().rev().cloned().collect();
@@ -431,11 +441,9 @@ pub fn transpose(c: &mut RuleCx<'_, '_>) -> Ty {
 
 /// `swapaxes(x, a, b)`.
 pub fn swapaxes(c: &mut RuleCx<'_, '_>) -> Ty {
-    let Some(x) = c.tensor(0) else {
-        return Ty::Unknown;
-    };
-    let Some(mut shape) = x.shape.clone() else {
-        return tensor(x, c.span);
+    let (x, mut shape) = match shaped(c) {
+        Ok(shaped) => shaped,
+        Err(ty) => return ty,
     };
     let (Some(i), Some(j)) = (c.axis(1, shape.len()), c.axis(2, shape.len())) else {
         return Ty::Unknown;
@@ -446,11 +454,9 @@ pub fn swapaxes(c: &mut RuleCx<'_, '_>) -> Ty {
 
 /// `expand_dims(x, axis)`: the axis counts in the result's rank.
 pub fn expand_dims(c: &mut RuleCx<'_, '_>) -> Ty {
-    let Some(x) = c.tensor(0) else {
-        return Ty::Unknown;
-    };
-    let Some(mut shape) = x.shape.clone() else {
-        return tensor(x, c.span);
+    let (x, mut shape) = match shaped(c) {
+        Ok(shaped) => shaped,
+        Err(ty) => return ty,
     };
     let Some(axis) = c.axis(1, shape.len() + 1) else {
         return Ty::Unknown;
@@ -461,11 +467,9 @@ pub fn expand_dims(c: &mut RuleCx<'_, '_>) -> Ty {
 
 /// `squeeze(x, axis)`: the axis must have size 1.
 pub fn squeeze(c: &mut RuleCx<'_, '_>) -> Ty {
-    let Some(x) = c.tensor(0) else {
-        return Ty::Unknown;
-    };
-    let Some(mut shape) = x.shape.clone() else {
-        return tensor(x, c.span);
+    let (x, mut shape) = match shaped(c) {
+        Ok(shaped) => shaped,
+        Err(ty) => return ty,
     };
     let Some(axis) = c.axis(1, shape.len()) else {
         return Ty::Unknown;
