@@ -109,6 +109,15 @@ pub struct Param {
     pub default: Default,
 }
 
+/// A parameter (a `const fn`, for the tables).
+pub const fn param(name: &'static str, slot: Slot, default: Default) -> Param {
+    Param {
+        name,
+        slot,
+        default,
+    }
+}
+
 /// Where a built-in may be called.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Site {
@@ -204,31 +213,15 @@ pub fn signature(name: &str, params: &[Param]) -> String {
 
 /// The parameters of the step-only functions `grad` and `clip_grad_norm` (their rules are the
 /// step's: `check/stmts.rs`).
-pub const GRAD_PARAMS: &[Param] = &[Param {
-    name: "loss",
-    slot: Slot::Tensor,
-    default: Default::Required,
-}];
+pub const GRAD_PARAMS: &[Param] = &[param("loss", Slot::Tensor, Default::Required)];
 
 /// The parameters of a layer's call (`proj(x)`): one tensor.
-pub const LAYER_PARAMS: &[Param] = &[Param {
-    name: "x",
-    slot: Slot::Tensor,
-    default: Default::Required,
-}];
+pub const LAYER_PARAMS: &[Param] = &[param("x", Slot::Tensor, Default::Required)];
 
 /// The parameters of `clip_grad_norm`.
 pub const CLIP_PARAMS: &[Param] = &[
-    Param {
-        name: "grads",
-        slot: Slot::Tensor,
-        default: Default::Required,
-    },
-    Param {
-        name: "max",
-        slot: Slot::Float,
-        default: Default::Required,
-    },
+    param("grads", Slot::Tensor, Default::Required),
+    param("max", Slot::Float, Default::Required),
 ];
 
 /// The built-in called `name`.

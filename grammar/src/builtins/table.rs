@@ -5,18 +5,10 @@ use quote::quote;
 use super::statics as s;
 use super::Default::{Absent, Bool, Float, Int, Required};
 use super::Slot::{Axes, Axis, Count, Operand, Shape, Tensor, Tensors};
-use super::{Builtin, Param, Site, Slot, StaticForm, TensorForm};
+use super::{param as p, Builtin, Param, Site, Slot, StaticForm, TensorForm};
 use crate::check::shape_rules as r;
 use crate::eval::Value;
 use crate::types::StaticTy;
-
-const fn p(name: &'static str, slot: Slot, default: super::Default) -> Param {
-    Param {
-        name,
-        slot,
-        default,
-    }
-}
 
 const X: &[Param] = &[p("x", Tensor, Required)];
 const X_AXIS: &[Param] = &[p("x", Tensor, Required), p("axis", Axis, Int(-1))];

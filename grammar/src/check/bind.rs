@@ -4,7 +4,7 @@
 use super::calls::HOST_READ_HELP;
 use super::{Checker, Context};
 use crate::ast::{Arg, Expr, ExprKind};
-use crate::builtins::{Builtin, Default, Param, Site, Slot, StaticForm, TensorForm};
+use crate::builtins::{signature, Builtin, Default, Param, Site, Slot, StaticForm, TensorForm};
 use crate::diag::Diagnostic;
 use crate::dim::Dim;
 use crate::ir::{CallIr, Form};
@@ -544,9 +544,4 @@ impl Checker<'_> {
             .zip(items)
             .all(|(item, ty)| self.fits(func, param, item_slot, item, ty))
     }
-}
-
-/// `name(params)` as the documentation writes it.
-fn signature(name: &str, params: &'static [Param]) -> String {
-    crate::builtins::signature(name, params)
 }

@@ -4,7 +4,9 @@
 use proc_macro2::TokenStream;
 use quote::quote;
 
-use super::forward::{cast, unsupported, Fx, SType, TupleForm, Val, R, S, T, X};
+use super::forward::{
+    cast, float_lit, int_lit, unsupported, Fx, SType, TupleForm, Val, R, S, T, X,
+};
 use crate::ast::{Arg, Expr, ExprKind};
 use crate::builtins::{Default, StaticArg};
 use crate::diag::Diagnostic;
@@ -59,7 +61,7 @@ impl LowerCx<'_, '_, '_> {
     fn lower_tensor(&mut self, i: usize) -> R<T> {
         let e = self.required(i)?;
         let x = self.fx.expr(&e)?;
-        self.fx.tensor_of(x, e.span)
+        self.fx.tensor(x, e.span)
     }
 
     /// Parameter `i` as a `&Array` expression.
@@ -75,7 +77,7 @@ impl LowerCx<'_, '_, '_> {
     /// Parameter `i` bound to a local first (its expression may borrow what the call borrows).
     pub fn hoisted(&mut self, i: usize, base: &str) -> R<TokenStream> {
         let t = self.lower_tensor(i)?;
-        Ok(self.fx.hoist_tensor(t, base).r())
+        Ok(self.fx.hoist(t, base).r())
     }
 
     /// The tensors of a list parameter, as `&Array` expressions.
@@ -88,7 +90,7 @@ impl LowerCx<'_, '_, '_> {
             .iter()
             .map(|item| {
                 let x = self.fx.expr(item)?;
-                Ok(self.fx.tensor_of(x, item.span)?.r())
+                Ok(self.fx.tensor(x, item.span)?.r())
             })
             .collect()
     }
@@ -107,7 +109,7 @@ impl LowerCx<'_, '_, '_> {
                 let X::Tensor(t) = xs[at].clone() else {
                     unreachable!("position found a tensor")
                 };
-                let t = self.fx.hoist_tensor(t, "value");
+                let t = self.fx.hoist(t, "value");
                 xs[at] = X::Tensor(t.clone());
                 Some(t)
             }
@@ -145,24 +147,9 @@ impl LowerCx<'_, '_, '_> {
                 })
             }
             None => match self.default(i) {
-                Default::Int(n) => Ok(match to {
-                    "f32" => {
-                        let v = n as f32;
-                        quote!(#v)
-                    }
-                    _ => {
-                        let lit = proc_macro2::Literal::i64_unsuffixed(n.unsigned_abs() as i64);
-                        if n < 0 {
-                            quote!(-#lit)
-                        } else {
-                            quote!(#lit)
-                        }
-                    }
-                }),
-                Default::Float(x) => {
-                    let v = x as f32;
-                    Ok(quote!(#v))
-                }
+                Default::Int(n) if to == "f32" => Ok(float_lit(n as f64).ts),
+                Default::Int(n) => Ok(int_lit(n).ts),
+                Default::Float(x) => Ok(float_lit(x).ts),
                 Default::Bool(b) => Ok(quote!(#b)),
                 Default::Required | Default::Absent => {
                     Err(self.unsupported("a call without a required argument"))
@@ -215,7 +202,7 @@ impl LowerCx<'_, '_, '_> {
             Some(ExprKind::Name(n)) if n.chars().next().is_some_and(char::is_uppercase)
         );
         if size_symbol {
-            self.fx.pass_offset()
+            self.fx.offset()
         } else {
             quote!(0)
         }
@@ -223,7 +210,7 @@ impl LowerCx<'_, '_, '_> {
 
     /// The KV cache's length: where this forward pass's positions start.
     pub fn offset(&mut self) -> TokenStream {
-        self.fx.pass_offset()
+        self.fx.offset()
     }
 
     /// The forward pass's state, through which dropout draws its masks.
@@ -301,13 +288,7 @@ impl Fx<'_, '_> {
         }
         let ty = (form.ty)(&types).map_err(|why| unsupported(span, why))?;
         let ts = (form.lower)(&lowered);
-        let ty = match ty {
-            StaticTy::Int(_) => SType::Int,
-            StaticTy::Float => SType::Float,
-            StaticTy::Bool => SType::Bool,
-            StaticTy::Str => SType::Str,
-            StaticTy::Enum(_) => return Err(unsupported(span, "an enum result")),
-        };
+        let ty = self.g.stype(&ty);
         Ok(X::Static(
             S {
                 ts,

@@ -178,7 +178,7 @@ impl S {
     }
 }
 
-fn int_lit(i: i64) -> S {
+pub(crate) fn int_lit(i: i64) -> S {
     let lit = Literal::i64_unsuffixed(i.unsigned_abs() as i64);
     if i < 0 {
         S {
@@ -195,7 +195,7 @@ fn int_lit(i: i64) -> S {
     }
 }
 
-fn float_lit(x: f64) -> S {
+pub(crate) fn float_lit(x: f64) -> S {
     let lit = Literal::f64_unsuffixed(x.abs());
     if x < 0.0 {
         S {
@@ -392,7 +392,8 @@ impl<'g, 'm> Fx<'g, 'm> {
         quote!(config)
     }
 
-    fn offset(&mut self) -> TokenStream {
+    /// The KV cache's length, where positions start.
+    pub(crate) fn offset(&mut self) -> TokenStream {
         self.uses_pass = true;
         self.uses_offset = true;
         quote!(pass.offset)
@@ -812,21 +813,7 @@ impl<'g, 'm> Fx<'g, 'm> {
     }
 
     /// A tensor from a translated expression (statics become scalars of float32).
-    pub(crate) fn tensor_of(&mut self, x: X, span: Span) -> R<T> {
-        self.tensor(x, span)
-    }
-
-    /// [`Fx::hoist`] for the built-ins' lowerings.
-    pub(crate) fn hoist_tensor(&mut self, t: T, base: &str) -> T {
-        self.hoist(t, base)
-    }
-
-    /// The KV cache's length, where positions start.
-    pub(crate) fn pass_offset(&mut self) -> TokenStream {
-        self.offset()
-    }
-
-    fn tensor(&mut self, x: X, span: Span) -> R<T> {
+    pub(crate) fn tensor(&mut self, x: X, span: Span) -> R<T> {
         match x {
             X::Tensor(t) => Ok(t),
             X::Static(s, ty) => {
@@ -843,7 +830,7 @@ impl<'g, 'm> Fx<'g, 'm> {
     }
 
     /// `t` as a simple name, hoisting it into a `let` when it is a larger expression.
-    fn hoist(&mut self, t: T, base: &str) -> T {
+    pub(crate) fn hoist(&mut self, t: T, base: &str) -> T {
         if t.simple {
             return t;
         }
@@ -1275,7 +1262,7 @@ impl<'g, 'm> Fx<'g, 'm> {
         let mut inputs = Vec::new();
         for a in args {
             let x = self.expr(&a.value)?;
-            inputs.push(self.tensor_of(x, a.value.span)?.r());
+            inputs.push(self.tensor(x, a.value.span)?.r());
         }
         let config = self.config_place();
         let ctx = match &self.step_ctx {
