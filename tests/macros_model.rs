@@ -37,27 +37,12 @@ pub struct Tied {
 
 fn block(gate: bool, adapter: bool) -> Block<f32> {
     Block {
-        proj: LinearParams {
-            weight: 1.0,
-            bias: Some(2.0),
-        },
+        proj: LinearParams::new(1.0, Some(2.0)),
         norm: RmsNormParams { weight: 3.0 },
         scale: 4.0,
         gate: gate.then_some(5.0),
-        experts: vec![
-            LinearParams {
-                weight: 6.0,
-                bias: None,
-            },
-            LinearParams {
-                weight: 7.0,
-                bias: None,
-            },
-        ],
-        adapter: adapter.then_some(LinearParams {
-            weight: 8.0,
-            bias: None,
-        }),
+        experts: vec![LinearParams::new(6.0, None), LinearParams::new(7.0, None)],
+        adapter: adapter.then_some(LinearParams::new(8.0, None)),
     }
 }
 
@@ -310,10 +295,7 @@ fn the_tree_derive_reads_roles_masks_and_names() {
     let adapter = Adapter {
         down: 1.0f32,
         bias: Some(2.0),
-        inner: LinearParams {
-            weight: 3.0,
-            bias: None,
-        },
+        inner: LinearParams::new(3.0, None),
     };
     assert_eq!(tree::flatten(&adapter), [1.0, 2.0, 3.0]);
     let specs = tree::specs(&adapter);

@@ -10,7 +10,7 @@
 //! use lmx_runtime::tree::{flatten, names, Tree};
 //! use lmx_runtime::nn::LinearParams;
 //!
-//! let linear = LinearParams { weight: 1.0_f32, bias: Some(2.0) };
+//! let linear = LinearParams::new(1.0_f32, Some(2.0));
 //! assert_eq!(flatten(&linear), vec![1.0, 2.0]);
 //! assert_eq!(names(&linear), vec!["weight", "bias"]);
 //! let doubled: LinearParams<f32> = linear.map(&mut |x| x * 2.0);
@@ -18,6 +18,7 @@
 //! ```
 
 use crate::error::{Error, Result};
+use crate::nn::{EmbeddingParams, LinearParams};
 
 /// What a leaf is, which decides how training treats it by default.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
@@ -31,6 +32,11 @@ pub enum LeafRole {
     Norm,
     /// An embedding table.
     Embedding,
+    /// A low-rank adapter's matrix (`lora_a`, `lora_b`): where an adapter exists, only adapters
+    /// train (see [`specs`]).
+    Adapter,
+    /// A quantized weight's per-group scales and offsets: never trained.
+    Quantization,
     /// Any other raw tensor.
     Other,
 }
@@ -74,6 +80,16 @@ pub struct FieldAttrs {
 }
 
 impl Scope {
+    /// The dotted name of this scope (`model.layers.3.self_attn.q_proj`).
+    pub fn name(&self) -> &str {
+        &self.prefix
+    }
+
+    /// Whether an enclosing field froze everything below.
+    pub fn frozen(&self) -> bool {
+        self.frozen
+    }
+
     /// The scope of a tree's root.
     pub fn root() -> Scope {
         Scope::default()
@@ -127,6 +143,29 @@ pub trait Tree<T> {
 
     /// Appends a [`LeafSpec`] for every leaf, in traversal order, named within `scope`.
     fn describe(&self, scope: &Scope, out: &mut Vec<LeafSpec>);
+
+    /// Calls `f` on every layer (linear layer, embedding) with its scope, in traversal order.
+    fn for_each_layer<'a>(&'a self, scope: &Scope, f: &mut dyn FnMut(&Scope, Layer<'a, T>));
+
+    /// Calls `f` on every layer mutably, in traversal order: how adapters are attached and
+    /// layers quantized, wherever a model keeps them.
+    fn for_each_layer_mut(&mut self, scope: &Scope, f: &mut dyn FnMut(&Scope, LayerMut<'_, T>));
+}
+
+/// A layer that [`Tree::for_each_layer`] visits.
+pub enum Layer<'a, T> {
+    /// A linear layer.
+    Linear(&'a LinearParams<T>),
+    /// An embedding table.
+    Embedding(&'a EmbeddingParams<T>),
+}
+
+/// A layer that [`Tree::for_each_layer_mut`] visits.
+pub enum LayerMut<'a, T> {
+    /// A linear layer.
+    Linear(&'a mut LinearParams<T>),
+    /// An embedding table.
+    Embedding(&'a mut EmbeddingParams<T>),
 }
 
 /// The leaves of `tree`, cloned, in traversal order.
@@ -159,9 +198,19 @@ pub fn parameter_count<R: Tree<mlx_rs::Array> + ?Sized>(
 }
 
 /// The specs of every leaf of `tree`, in traversal order.
+///
+/// Besides the masks of field attributes, two rules decide what trains, here and nowhere else:
+/// where the tree holds an adapter, only adapters train (the base model is frozen, as LoRA
+/// requires); quantization scales and offsets never train.
 pub fn specs<T, R: Tree<T> + ?Sized>(tree: &R) -> Vec<LeafSpec> {
     let mut out = Vec::new();
     tree.describe(&Scope::root(), &mut out);
+    let adapted = out.iter().any(|spec| spec.role == LeafRole::Adapter);
+    for spec in &mut out {
+        if spec.role == LeafRole::Quantization || (adapted && spec.role != LeafRole::Adapter) {
+            spec.trainable = false;
+        }
+    }
     out
 }
 
@@ -217,6 +266,18 @@ impl<T, R: Tree<T>> Tree<T> for Vec<R> {
             item.describe(&scope.child(&index.to_string(), FieldAttrs::default()), out);
         }
     }
+
+    fn for_each_layer<'a>(&'a self, scope: &Scope, f: &mut dyn FnMut(&Scope, Layer<'a, T>)) {
+        for (index, item) in self.iter().enumerate() {
+            item.for_each_layer(&scope.child(&index.to_string(), FieldAttrs::default()), f);
+        }
+    }
+
+    fn for_each_layer_mut(&mut self, scope: &Scope, f: &mut dyn FnMut(&Scope, LayerMut<'_, T>)) {
+        for (index, item) in self.iter_mut().enumerate() {
+            item.for_each_layer_mut(&scope.child(&index.to_string(), FieldAttrs::default()), f);
+        }
+    }
 }
 
 impl<T, R: Tree<T>> Tree<T> for Option<R> {
@@ -245,6 +306,18 @@ impl<T, R: Tree<T>> Tree<T> for Option<R> {
     fn describe(&self, scope: &Scope, out: &mut Vec<LeafSpec>) {
         if let Some(item) = self {
             item.describe(scope, out);
+        }
+    }
+
+    fn for_each_layer<'a>(&'a self, scope: &Scope, f: &mut dyn FnMut(&Scope, Layer<'a, T>)) {
+        if let Some(item) = self {
+            item.for_each_layer(scope, f);
+        }
+    }
+
+    fn for_each_layer_mut(&mut self, scope: &Scope, f: &mut dyn FnMut(&Scope, LayerMut<'_, T>)) {
+        if let Some(item) = self {
+            item.for_each_layer_mut(scope, f);
         }
     }
 }

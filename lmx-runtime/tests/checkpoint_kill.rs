@@ -26,14 +26,8 @@ const TEST: &str = "a_writer_killed_at_any_moment_leaves_the_latest_checkpoint_w
 fn state(value: f32) -> TrainState<Vec<LinearParams>, AdamW> {
     let filled = |shape: &[i32]| Array::full::<f32>(shape, Array::from_f32(value)).unwrap();
     let params = vec![
-        LinearParams {
-            weight: filled(&[1024, 1024]),
-            bias: Some(filled(&[1024])),
-        },
-        LinearParams {
-            weight: filled(&[1024, 1024]),
-            bias: None,
-        },
+        LinearParams::new(filled(&[1024, 1024]), Some(filled(&[1024]))),
+        LinearParams::new(filled(&[1024, 1024]), None),
     ];
     let mut state = TrainState::new(params, &AdamW::default(), 0).unwrap();
     state.step = Array::from_f32(value);

@@ -45,10 +45,10 @@ fn half_precision_values_round_trip_exactly() -> Result<()> {
     for (value, back) in bf16s.iter().zip(brains) {
         assert_eq!(value.to_f32(), back, "the test's bfloat16 values are exact");
     }
-    let tree = vec![LinearParams {
-        weight: Array::from_slice(&f16s, &[2, 4]),
-        bias: Some(Array::from_slice(&bf16s, &[8])),
-    }];
+    let tree = vec![LinearParams::new(
+        Array::from_slice(&f16s, &[2, 4]),
+        Some(Array::from_slice(&bf16s, &[8])),
+    )];
     let back = round_trip(&tree)?;
     assert_eq!(back[0].weight.dtype(), Dtype::Float16);
     assert_eq!(back[0].weight.shape(), &[2, 4]);
@@ -67,14 +67,11 @@ fn float32_and_integer_values_round_trip_exactly() -> Result<()> {
     let ints = [i32::MIN, -1, 0, 1, i32::MAX, 12345];
     let uints = [0, 1, u32::MAX, 0x8000_0000, 42, 7];
     let tree = vec![
-        LinearParams {
-            weight: Array::from_slice(&floats, &[3, 2]),
-            bias: Some(Array::from_slice(&ints, &[6])),
-        },
-        LinearParams {
-            weight: Array::from_slice(&uints, &[1, 2, 3]),
-            bias: None,
-        },
+        LinearParams::new(
+            Array::from_slice(&floats, &[3, 2]),
+            Some(Array::from_slice(&ints, &[6])),
+        ),
+        LinearParams::new(Array::from_slice(&uints, &[1, 2, 3]), None),
     ];
     let back = round_trip(&tree)?;
     let bits: Vec<u32> = back[0]
@@ -95,10 +92,7 @@ fn float32_and_integer_values_round_trip_exactly() -> Result<()> {
 fn scalars_and_transposed_views_round_trip() -> Result<()> {
     let matrix = Array::from_slice(&[1.0_f32, 2.0, 3.0, 4.0, 5.0, 6.0], &[2, 3]);
     let transposed = matrix.transpose()?;
-    let tree = vec![LinearParams {
-        weight: transposed,
-        bias: Some(Array::from_f32(2.5)),
-    }];
+    let tree = vec![LinearParams::new(transposed, Some(Array::from_f32(2.5)))];
     let back = round_trip(&tree)?;
     assert_eq!(back[0].weight.shape(), &[3, 2]);
     assert_eq!(
@@ -116,17 +110,8 @@ fn a_dtype_mismatch_names_the_tensor_and_both_dtypes() -> Result<()> {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("tree.safetensors");
     let weight = Array::from_slice(&[1.0_f32, 2.0], &[1, 2]);
-    save_tree(
-        &path,
-        &vec![LinearParams {
-            weight: weight.clone(),
-            bias: None,
-        }],
-    )?;
-    let template = vec![LinearParams {
-        weight: weight.as_dtype(Dtype::Bfloat16)?,
-        bias: None,
-    }];
+    save_tree(&path, &vec![LinearParams::new(weight.clone(), None)])?;
+    let template = vec![LinearParams::new(weight.as_dtype(Dtype::Bfloat16)?, None)];
     match load_tree(&path, &template) {
         Err(Error::Checkpoint { path: at, message }) => {
             assert_eq!(at, path);
@@ -144,10 +129,10 @@ fn a_dtype_mismatch_names_the_tensor_and_both_dtypes() -> Result<()> {
 fn unsupported_dtypes_are_refused_by_name() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("tree.safetensors");
-    let tree = vec![LinearParams {
-        weight: Array::from_slice(&[1_i64, 2], &[2]),
-        bias: None,
-    }];
+    let tree = vec![LinearParams::new(
+        Array::from_slice(&[1_i64, 2], &[2]),
+        None,
+    )];
     let err = save_tree(&path, &tree).unwrap_err().to_string();
     assert!(err.contains("0.weight") && err.contains("Int64"), "{err}");
     assert!(!path.exists());

@@ -13,10 +13,10 @@ use mlx_rs::{transforms::eval, Array};
 const LRS: [f32; 4] = [0.1, 0.05, 0.02, 0.01];
 
 fn params() -> LinearParams {
-    LinearParams {
-        weight: Array::from_slice(&[1.0_f32, -2.0, 0.5, 1.5, -1.0, 3.0], &[3, 2]),
-        bias: Some(Array::from_slice(&[0.75_f32, -0.5], &[2])),
-    }
+    LinearParams::new(
+        Array::from_slice(&[1.0_f32, -2.0, 0.5, 1.5, -1.0, 3.0], &[3, 2]),
+        Some(Array::from_slice(&[0.75_f32, -0.5], &[2])),
+    )
 }
 
 /// The gradients of step `t`, as the batch: the loss `sum(w gw) + sum(b gb)` has exactly these.

@@ -17,10 +17,10 @@ const LR: f32 = 0.1;
 const WEIGHT_DECAY: f32 = 0.5;
 
 fn params() -> LinearParams {
-    LinearParams {
-        weight: Array::from_slice(&[1.0_f32, -2.0, 0.5, 1.5], &[2, 2]),
-        bias: Some(Array::from_slice(&[0.75_f32, -0.5], &[2])),
-    }
+    LinearParams::new(
+        Array::from_slice(&[1.0_f32, -2.0, 0.5, 1.5], &[2, 2]),
+        Some(Array::from_slice(&[0.75_f32, -0.5], &[2])),
+    )
 }
 
 fn optimizer() -> AdamW {

@@ -301,6 +301,7 @@ impl Model {
             leaf: format_ident!("T"),
             runtime: rt.clone(),
             fields: self.fields,
+            layer: None,
         });
         let language = language.map(|language| language_model(&name, &rt, language));
         let tied = self.tied.iter().map(|tied| {

@@ -5,8 +5,12 @@
 //! leaf, `Option<T>` an optional leaf, any other field a sub-tree (`LinearParams<T>`, `Vec<..>`,
 //! `Option<..>`). The impl lists the fields in declaration order; `#[lmx(...)]` on a field sets
 //! its leaf role (`role = weight`), its masks (`frozen`, `no_decay`) and its name segment
-//! (`rename = "h"`); `#[lmx(crate = "path")]` or `#[lmx(runtime = "path")]` on the struct says
-//! where the runtime is (`::lmx::runtime` by default; `crate` inside the runtime itself).
+//! (`rename = "h"`), and `#[lmx(skip)]` marks a field that is no part of the tree (a layer's
+//! settings, such as a quantization's bits: copied by `map`, never a leaf). On the struct,
+//! `#[lmx(crate = "path")]` or `#[lmx(runtime = "path")]` says where the runtime is
+//! (`::lmx::runtime` by default; `crate` inside the runtime itself), and `#[lmx(layer = linear)]`
+//! (or `embedding`) makes it a layer that `Tree::for_each_layer` visits, so that LoRA and
+//! quantization can rewrite a model's linear layers and embeddings wherever they sit.
 
 use proc_macro2::TokenStream;
 use quote::quote;
@@ -24,8 +28,10 @@ pub struct TreeDef {
     pub leaf: Ident,
     /// The runtime's path (`::lmx::runtime`).
     pub runtime: TokenStream,
-    /// The fields that are part of the tree, in traversal order.
+    /// The fields, in traversal order.
     pub fields: Vec<TreeField>,
+    /// The `Layer` variant this struct is (`Linear`, `Embedding`), if it is a layer.
+    pub layer: Option<Ident>,
 }
 
 /// One field of a tree struct.
@@ -50,10 +56,23 @@ pub enum FieldKind {
     OptionalLeaf(Ident),
     /// A tree: a layer, a nested model, a `Vec` or `Option` of those.
     Tree,
+    /// Not part of the tree: cloned by `map`, ignored otherwise.
+    Skip,
 }
 
 /// The leaf roles, as `LeafRole` spells them.
-pub const ROLES: [&str; 5] = ["Weight", "Bias", "Norm", "Embedding", "Other"];
+pub const ROLES: [&str; 7] = [
+    "Weight",
+    "Bias",
+    "Norm",
+    "Embedding",
+    "Adapter",
+    "Quantization",
+    "Other",
+];
+
+/// The layer kinds, as `tree::Layer` spells them.
+pub const LAYERS: [&str; 2] = ["Linear", "Embedding"];
 
 /// `role` (any case) as its `LeafRole` variant, or an error at its tokens.
 pub fn role(role: &Ident) -> syn::Result<Ident> {
@@ -65,7 +84,7 @@ pub fn role(role: &Ident) -> syn::Result<Ident> {
         .ok_or_else(|| {
             syn::Error::new(
                 role.span(),
-                "unknown role: expected `weight`, `bias`, `norm`, `embedding` or `other`",
+                "unknown role: expected `weight`, `bias`, `norm`, `embedding`, `adapter`, `quantization` or `other`",
             )
         })
 }
@@ -77,6 +96,7 @@ pub fn tree_impl(def: &TreeDef) -> TokenStream {
         leaf: t,
         runtime: rt,
         fields,
+        layer,
     } = def;
     let tree = quote!(#rt::tree::Tree::<#t>);
     let mut for_each = Vec::new();
@@ -84,6 +104,8 @@ pub fn tree_impl(def: &TreeDef) -> TokenStream {
     let mut map = Vec::new();
     let mut map_same = Vec::new();
     let mut describe = Vec::new();
+    let mut layers = Vec::new();
+    let mut layers_mut = Vec::new();
     for field in fields {
         let f = &field.member;
         let segment = &field.segment;
@@ -121,8 +143,23 @@ pub fn tree_impl(def: &TreeDef) -> TokenStream {
                 describe.push(quote! {
                     #tree::describe(&self.#f, &scope.child(#segment, #attrs), out);
                 });
+                layers.push(quote! {
+                    #tree::for_each_layer(&self.#f, &scope.child(#segment, #attrs), f);
+                });
+                layers_mut.push(quote! {
+                    #tree::for_each_layer_mut(&mut self.#f, &scope.child(#segment, #attrs), f);
+                });
+            }
+            FieldKind::Skip => {
+                map.push(quote!(#f: ::core::clone::Clone::clone(&self.#f)));
+                map_same.push(quote!(#f: ::core::clone::Clone::clone(&self.#f)));
             }
         }
+    }
+    // A layer is visited whole; its fields are leaves and settings, never further layers.
+    if let Some(kind) = layer {
+        layers = vec![quote!(f(scope, #rt::tree::Layer::#kind(self));)];
+        layers_mut = vec![quote!(f(scope, #rt::tree::LayerMut::#kind(self));)];
     }
     quote! {
         impl<#t> #rt::tree::Tree<#t> for #name<#t> {
@@ -147,6 +184,22 @@ pub fn tree_impl(def: &TreeDef) -> TokenStream {
             fn describe(&self, scope: &#rt::tree::Scope, out: &mut Vec<#rt::tree::LeafSpec>) {
                 #(#describe)*
             }
+
+            fn for_each_layer<'a>(
+                &'a self,
+                scope: &#rt::tree::Scope,
+                f: &mut dyn FnMut(&#rt::tree::Scope, #rt::tree::Layer<'a, #t>),
+            ) {
+                #(#layers)*
+            }
+
+            fn for_each_layer_mut(
+                &mut self,
+                scope: &#rt::tree::Scope,
+                f: &mut dyn FnMut(&#rt::tree::Scope, #rt::tree::LayerMut<'_, #t>),
+            ) {
+                #(#layers_mut)*
+            }
         }
     }
 }
@@ -162,6 +215,7 @@ pub fn derive(input: TokenStream) -> TokenStream {
 /// The fields of a deriving struct, with their attributes read.
 fn analyze(input: &DeriveInput) -> syn::Result<TreeDef> {
     let mut runtime = quote!(::lmx::runtime);
+    let mut layer = None;
     for attr in input.attrs.iter().filter(|a| a.path().is_ident("lmx")) {
         attr.parse_nested_meta(|meta| {
             if meta.path.is_ident("crate") {
@@ -170,8 +224,20 @@ fn analyze(input: &DeriveInput) -> syn::Result<TreeDef> {
             } else if meta.path.is_ident("runtime") {
                 let path: syn::Path = meta.value()?.parse::<LitStr>()?.parse()?;
                 runtime = quote!(#path);
+            } else if meta.path.is_ident("layer") {
+                let kind: Ident = meta.value()?.parse()?;
+                let name = kind.to_string();
+                let canonical = LAYERS
+                    .iter()
+                    .find(|l| l.eq_ignore_ascii_case(&name))
+                    .ok_or_else(|| {
+                        syn::Error::new(kind.span(), "expected `linear` or `embedding`")
+                    })?;
+                layer = Some(Ident::new(canonical, kind.span()));
             } else {
-                return Err(meta.error("expected `crate = \"path\"` or `runtime = \"path\"`"));
+                return Err(meta.error(
+                    "expected `crate = \"path\"`, `runtime = \"path\"` or `layer = linear`",
+                ));
             }
             Ok(())
         })?;
@@ -215,6 +281,7 @@ fn analyze(input: &DeriveInput) -> syn::Result<TreeDef> {
             leaf,
             runtime,
             fields,
+            layer,
         }),
     }
 }
@@ -222,7 +289,7 @@ fn analyze(input: &DeriveInput) -> syn::Result<TreeDef> {
 fn tree_field(field: &syn::Field, leaf: &Ident) -> syn::Result<TreeField> {
     let member = field.ident.clone().expect("named fields");
     let mut segment = member.unraw().to_string();
-    let (mut frozen, mut no_decay, mut role_given) = (false, false, None);
+    let (mut frozen, mut no_decay, mut role_given, mut skip) = (false, false, None, false);
     for attr in field.attrs.iter().filter(|a| a.path().is_ident("lmx")) {
         attr.parse_nested_meta(|meta| {
             if meta.path.is_ident("frozen") {
@@ -233,9 +300,11 @@ fn tree_field(field: &syn::Field, leaf: &Ident) -> syn::Result<TreeField> {
                 role_given = Some(role(&meta.value()?.parse()?)?);
             } else if meta.path.is_ident("rename") {
                 segment = meta.value()?.parse::<LitStr>()?.value();
+            } else if meta.path.is_ident("skip") {
+                skip = true;
             } else {
                 return Err(meta.error(
-                    "expected `frozen`, `no_decay`, `role = ...` or `rename = \"segment\"`",
+                    "expected `frozen`, `no_decay`, `role = ...`, `rename = \"segment\"` or `skip`",
                 ));
             }
             Ok(())
@@ -244,7 +313,9 @@ fn tree_field(field: &syn::Field, leaf: &Ident) -> syn::Result<TreeField> {
     let is_leaf =
         |ty: &Type| matches!(ty, Type::Path(TypePath { qself: None, path }) if path.is_ident(leaf));
     let default_role = || Ident::new("Other", member.span());
-    let kind = if is_leaf(&field.ty) {
+    let kind = if skip {
+        FieldKind::Skip
+    } else if is_leaf(&field.ty) {
         FieldKind::Leaf(role_given.unwrap_or_else(default_role))
     } else if option_of(&field.ty).is_some_and(is_leaf) {
         FieldKind::OptionalLeaf(role_given.unwrap_or_else(default_role))

@@ -8,21 +8,91 @@ use mlx_rs::fast::{self, ScaledDotProductAttentionMask};
 use mlx_rs::{ops, random, Array, Dtype};
 
 /// A linear map `y = x W^T + b` with `weight: [out, in]` and an optional `bias: [out]`.
+///
+/// Quantized (mlx-lm's `QuantizedLinear` layout), `weight` holds the packed `uint32` values of
+/// `[out, in]` and `scales`, `biases` the per-group affine parameters; with a low-rank adapter
+/// (mlx-lm's `LoRALinear` names), `lora_a: [in, rank]` and `lora_b: [rank, out]` add
+/// `scale * (x A) B` to the output.
 #[derive(Clone, Debug, PartialEq, lmx_macros::Tree)]
-#[lmx(runtime = "crate")]
+#[lmx(runtime = "crate", layer = linear)]
 pub struct LinearParams<T = Array> {
     #[lmx(role = weight)]
     pub weight: T,
     #[lmx(role = bias)]
     pub bias: Option<T>,
+    #[lmx(role = quantization)]
+    pub scales: Option<T>,
+    #[lmx(role = quantization)]
+    pub biases: Option<T>,
+    #[lmx(role = adapter)]
+    pub lora_a: Option<T>,
+    #[lmx(role = adapter)]
+    pub lora_b: Option<T>,
+    /// How `weight` is quantized, when it is.
+    #[lmx(skip)]
+    pub quantization: Option<Quantization>,
+    /// The adapter's settings, when there is one.
+    #[lmx(skip)]
+    pub lora: Option<LoraSettings>,
 }
 
-/// An embedding table `weight: [vocab, dim]`.
+impl<T> LinearParams<T> {
+    /// A plain linear layer: neither quantized nor adapted.
+    pub fn new(weight: T, bias: Option<T>) -> Self {
+        LinearParams {
+            weight,
+            bias,
+            scales: None,
+            biases: None,
+            lora_a: None,
+            lora_b: None,
+            quantization: None,
+            lora: None,
+        }
+    }
+}
+
+/// An embedding table `weight: [vocab, dim]`; quantized as a linear layer's weight is.
 #[derive(Clone, Debug, PartialEq, lmx_macros::Tree)]
-#[lmx(runtime = "crate")]
+#[lmx(runtime = "crate", layer = embedding)]
 pub struct EmbeddingParams<T = Array> {
     #[lmx(role = embedding)]
     pub weight: T,
+    #[lmx(role = quantization)]
+    pub scales: Option<T>,
+    #[lmx(role = quantization)]
+    pub biases: Option<T>,
+    /// How `weight` is quantized, when it is.
+    #[lmx(skip)]
+    pub quantization: Option<Quantization>,
+}
+
+impl<T> EmbeddingParams<T> {
+    /// A plain embedding table.
+    pub fn new(weight: T) -> Self {
+        EmbeddingParams {
+            weight,
+            scales: None,
+            biases: None,
+            quantization: None,
+        }
+    }
+}
+
+/// MLX's affine quantization of a weight: `bits` per value, one scale and offset per
+/// `group_size` values of a row (mlx-lm's `quantization` entry in config.json).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Quantization {
+    pub group_size: i32,
+    pub bits: i32,
+}
+
+/// A low-rank adapter's settings (mlx-lm's `lora_parameters`): the output added is
+/// `scale * (dropout(x) A) B`.
+#[derive(Clone, Copy, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct LoraSettings {
+    pub scale: f32,
+    pub dropout: f32,
 }
 
 /// Layer normalisation with a scale `weight: [dim]` and an optional shift `bias: [dim]`.
@@ -46,18 +116,89 @@ pub struct RmsNormParams<T = Array> {
 /// `x W^T + b`, with a bias in one fused `addmm` as `mlx.nn.Linear` computes it (on the CPU, BLAS
 /// then adds the bias in the product's own pass, and picks its faster small-matrix kernels for a
 /// single token), and `W`'s gradient made in `W`'s own layout (see `linear_grad`).
+///
+/// A quantized weight multiplies with MLX's `quantized_matmul`; an adapter adds its low-rank
+/// term to whichever product the base gives.
 pub fn linear(params: &LinearParams, x: &Array) -> Result<Array> {
-    linear_with_row_major_grad(x, &params.weight, params.bias.as_ref())
+    let y = match quantized(
+        &params.weight,
+        &params.scales,
+        &params.biases,
+        params.quantization,
+    ) {
+        Some((w, scales, biases, q)) => {
+            let y = ops::quantized_matmul(x, w, scales, biases, true, q.group_size, q.bits)?;
+            match &params.bias {
+                Some(bias) => ops::add(&y, bias)?,
+                None => y,
+            }
+        }
+        None => linear_with_row_major_grad(x, &params.weight, params.bias.as_ref())?,
+    };
+    match (&params.lora_a, &params.lora_b, params.lora) {
+        (Some(a), Some(b), Some(lora)) => {
+            let low = ops::matmul(&ops::matmul(x, a)?, b)?;
+            let scale = literal(f64::from(lora.scale), &low)?;
+            Ok(ops::add(&y, &ops::multiply(&low, &scale)?)?)
+        }
+        _ => Ok(y),
+    }
+}
+
+/// The packed weight, its scales and offsets and the settings, when the layer is quantized.
+fn quantized<'a>(
+    weight: &'a Array,
+    scales: &'a Option<Array>,
+    biases: &'a Option<Array>,
+    quantization: Option<Quantization>,
+) -> Option<(&'a Array, &'a Array, &'a Array, Quantization)> {
+    match (scales, biases, quantization) {
+        (Some(scales), Some(biases), Some(q)) => Some((weight, scales, biases, q)),
+        _ => None,
+    }
 }
 
 /// The rows of the table for integer `ids`: `[...] -> [..., dim]`.
 pub fn embedding(params: &EmbeddingParams, ids: &Array) -> Result<Array> {
-    Ok(params.weight.take_axis(ids, 0)?)
+    match quantized(
+        &params.weight,
+        &params.scales,
+        &params.biases,
+        params.quantization,
+    ) {
+        Some((w, scales, biases, q)) => {
+            let rows = |a: &Array| a.take_axis(ids, 0);
+            Ok(ops::dequantize(
+                rows(w)?,
+                rows(scales)?,
+                &rows(biases)?,
+                q.group_size,
+                q.bits,
+            )?)
+        }
+        None => Ok(params.weight.take_axis(ids, 0)?),
+    }
 }
 
 /// `x` projected on the embedding table, as a tied output head: `[..., dim] -> [..., vocab]`.
 pub fn embedding_as_linear(params: &EmbeddingParams, x: &Array) -> Result<Array> {
-    linear_with_row_major_grad(x, &params.weight, None)
+    match quantized(
+        &params.weight,
+        &params.scales,
+        &params.biases,
+        params.quantization,
+    ) {
+        Some((w, scales, biases, q)) => Ok(ops::quantized_matmul(
+            x,
+            w,
+            scales,
+            biases,
+            true,
+            q.group_size,
+            q.bits,
+        )?),
+        None => linear_with_row_major_grad(x, &params.weight, None),
+    }
 }
 
 /// Layer normalisation over the last axis: MLX's fused kernel, whose gradient on MLX's CUDA
@@ -198,14 +339,13 @@ pub mod init {
     /// A linear layer as MLX initialises it: uniform in `±1/sqrt(in)`, bias too.
     pub fn linear(input: i32, output: i32, bias: bool, keys: &mut Keys) -> Result<LinearParams> {
         let bound = (input as f32).powf(-0.5);
-        Ok(LinearParams {
-            weight: uniform(&[output, input], bound, &keys.next()?)?,
-            bias: if bias {
-                Some(uniform(&[output], bound, &keys.next()?)?)
-            } else {
-                None
-            },
-        })
+        let weight = uniform(&[output, input], bound, &keys.next()?)?;
+        let bias = if bias {
+            Some(uniform(&[output], bound, &keys.next()?)?)
+        } else {
+            None
+        };
+        Ok(LinearParams::new(weight, bias))
     }
 
     /// A linear layer with weights normal with standard deviation `std` and a zero bias, as
@@ -220,10 +360,9 @@ pub mod init {
         if std == 0.0 {
             return linear(input, output, bias, keys);
         }
-        Ok(LinearParams {
-            weight: normal(&[output, input], std, &keys.next()?)?,
-            bias: if bias { Some(zeros(&[output])?) } else { None },
-        })
+        let weight = normal(&[output, input], std, &keys.next()?)?;
+        let bias = if bias { Some(zeros(&[output])?) } else { None };
+        Ok(LinearParams::new(weight, bias))
     }
 
     /// An embedding normal with standard deviation `std`, as GPT-2 initialises them; a `std` of 0
@@ -237,16 +376,20 @@ pub mod init {
         if std == 0.0 {
             return embedding(vocab, dim, keys);
         }
-        Ok(EmbeddingParams {
-            weight: normal(&[vocab, dim], std, &keys.next()?)?,
-        })
+        Ok(EmbeddingParams::new(normal(
+            &[vocab, dim],
+            std,
+            &keys.next()?,
+        )?))
     }
 
     /// An embedding as MLX initialises it: normal with standard deviation `1/sqrt(dim)`.
     pub fn embedding(vocab: i32, dim: i32, keys: &mut Keys) -> Result<EmbeddingParams> {
-        Ok(EmbeddingParams {
-            weight: normal(&[vocab, dim], (dim as f32).powf(-0.5), &keys.next()?)?,
-        })
+        Ok(EmbeddingParams::new(normal(
+            &[vocab, dim],
+            (dim as f32).powf(-0.5),
+            &keys.next()?,
+        )?))
     }
 
     /// A layer norm: ones and, with a bias, zeros.
