@@ -13,6 +13,7 @@ pub mod resolve;
 pub mod run_dir;
 pub mod run_file;
 pub mod settings;
+pub mod sft;
 pub mod tokenizer;
 pub mod train;
 
@@ -114,9 +115,24 @@ pub struct TrainArgs {
     /// `--set pdrop=0.1`.
     #[arg(long = "set", value_name = "NAME=VALUE")]
     pub settings: Vec<settings::Setting>,
-    /// Training data: text, `.jsonl` (field "text") or `.tokens` files.
+    /// Training data: text, `.jsonl` (field "text") or `.tokens` files; or one folder of
+    /// supervised examples as mlx-lm reads them: `train.jsonl` and `valid.jsonl` (and
+    /// `test.jsonl`, for `lmx eval`), each in the text, completions (prompt, completion) or chat
+    /// (messages) format.
     #[arg(long, num_args = 1.., default_value = "data/shakespeare.txt")]
     pub data: Vec<PathBuf>,
+    /// With a folder of supervised examples: the loss counts the completion (a chat's last
+    /// message) only, not the prompt.
+    #[arg(long)]
+    pub mask_prompt: bool,
+    /// With a folder of supervised examples: one example a row, padded (`pad`), or examples
+    /// packed into rows of --seq-len tokens (`pack`).
+    #[arg(long, value_enum)]
+    pub batching: Option<BatchingArg>,
+    /// With a folder of supervised examples: the chat template (a Jinja file), instead of the
+    /// `chat_template` of the `tokenizer_config.json` beside --tokenizer.
+    #[arg(long, value_name = "FILE")]
+    pub chat_template: Option<PathBuf>,
     /// `auto` (a BPE tokenizer of the model's vocabulary trained on the data and kept in the run
     /// directory; bytes for a 257-id vocabulary or `.tokens` data), `byte`, `bpe`, or the path of
     /// a Hugging Face `tokenizer.json`.
@@ -217,6 +233,24 @@ pub enum PrecisionArg {
     Bfloat16,
     /// float32 parameters and optimizer state, bfloat16 activations.
     Mixed,
+}
+
+/// [`Batching`](lmx::runtime::data::sft::Batching), as a flag.
+#[derive(Clone, Copy, clap::ValueEnum)]
+pub enum BatchingArg {
+    /// One example a row, padded to --seq-len.
+    Pad,
+    /// Examples packed one after another into rows of --seq-len.
+    Pack,
+}
+
+impl From<BatchingArg> for lmx::runtime::data::sft::Batching {
+    fn from(batching: BatchingArg) -> Self {
+        match batching {
+            BatchingArg::Pad => Self::Pad,
+            BatchingArg::Pack => Self::Pack,
+        }
+    }
 }
 
 /// [`Overlap`], as a flag.
@@ -341,6 +375,7 @@ impl TrainArgs {
             model_config: None,
             settings: self.settings.clone(),
             data: self.data.clone(),
+            sft: self.sft_settings(),
             tokenizer: tokenizer::TokenizerArg::parse(&self.tokenizer, self.eos.clone()),
             train,
             resume,
@@ -363,9 +398,37 @@ impl TrainArgs {
             if !given("data") && !run.data.is_empty() {
                 request.data = run.data.clone();
             }
+            if let Some(recorded) = &run.sft {
+                if request.sft.is_some() || !given("data") {
+                    let mut sft = recorded.clone();
+                    if given("mask_prompt") {
+                        sft.mask_prompt = self.mask_prompt;
+                    }
+                    if let Some(batching) = self.batching {
+                        sft.batching = batching.into();
+                    }
+                    if let Some(template) = &self.chat_template {
+                        sft.chat_template = Some(template.clone());
+                    }
+                    request.sft = Some(sft);
+                }
+            }
             request.recorded = Some(run);
         }
         Ok(request)
+    }
+
+    /// How supervised examples are read, when the data is one folder of them.
+    fn sft_settings(&self) -> Option<sft::SftSettings> {
+        let [dir] = &self.data[..] else {
+            return None;
+        };
+        dir.is_dir().then(|| sft::SftSettings {
+            mask_prompt: self.mask_prompt,
+            batching: self.batching.map(Into::into).unwrap_or_default(),
+            chat_template: self.chat_template.clone(),
+            keys: Default::default(),
+        })
     }
 
     /// The training settings: `base` (the defaults, or a resumed run's recorded settings), then

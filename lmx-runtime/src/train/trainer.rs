@@ -94,6 +94,9 @@ where
     /// before the step is traced, the windows split into training and validation.
     pub fn new(model: ModelConfig<S>, config: TrainConfig, windows: Windows) -> Result<Self> {
         config.validate()?;
+        S::Model::validate(&model)?;
+        // Before the split, so that the error names the id's place in the whole stream.
+        windows.check_vocab(S::Model::vocab_size(&model))?;
         let data = if config.validation_fraction > 0.0 {
             let split = windows.split(config.validation_fraction)?;
             TrainData {
