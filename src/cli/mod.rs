@@ -3,6 +3,7 @@
 pub mod bench;
 pub mod check;
 pub mod decay;
+pub mod eval;
 pub mod interrupt;
 pub mod model_file;
 pub mod new;
@@ -45,6 +46,9 @@ pub enum Command {
     Train(TrainArgs),
     /// Sample text from a run's latest checkpoint.
     Generate(GenerateArgs),
+    /// Loss and perplexity of a run's checkpoint on supervised examples: the `test.jsonl` of
+    /// the folder it was trained on, or a JSONL file.
+    Eval(EvalArgs),
     /// Check a `.lmx` file: diagnostics, or parameter shapes, FLOPs and memory for a preset.
     Check {
         /// The `.lmx` file (or a registered model's name).
@@ -325,6 +329,24 @@ pub struct GenerateArgs {
     /// Sampler seed.
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
+}
+
+/// `lmx eval`'s options.
+#[derive(Args)]
+pub struct EvalArgs {
+    /// The run directory.
+    #[arg(long, default_value = "runs/latest")]
+    pub run: PathBuf,
+    /// A checkpoint directory (default: the run's latest).
+    #[arg(long)]
+    pub checkpoint: Option<PathBuf>,
+    /// A JSONL file of examples (default: `test.jsonl` of the run's data folder), read as the
+    /// run read its examples (prompt masking, rows).
+    #[arg(long)]
+    pub data: Option<PathBuf>,
+    /// Rows per forward pass (default: the run's batch size).
+    #[arg(long)]
+    pub batch_size: Option<usize>,
 }
 
 impl Cli {
@@ -628,6 +650,20 @@ pub fn run(cli: Cli, registry: &Registry) -> anyhow::Result<()> {
                 sampling,
             };
             model.generate(&run, request)
+        }
+        Command::Eval(args) => {
+            let run = run_file::RunFile::read(&args.run)?;
+            let model = match resolve::resolve(registry, &run.model)? {
+                resolve::Resolved::Registered(model) => model,
+                resolve::Resolved::File(file) => return model_file::run_in_built_program(&file),
+            };
+            let request = eval::EvalRequest {
+                run: args.run,
+                checkpoint: args.checkpoint,
+                data: args.data,
+                batch_size: args.batch_size,
+            };
+            model.evaluate(&run, request)
         }
         Command::Check {
             file,
