@@ -171,7 +171,10 @@ fn accumulation_weighs_micro_batches_by_their_kept_targets() -> Result<()> {
         assert!(gap <= 1e-5, "k={accumulation}: parameters differ by {gap}");
         let unweighed = run(accumulation, false)?;
         let gap = largest_gap(&whole, &unweighed)?;
-        assert!(gap > 1e-4, "k={accumulation}: the plain mean came within {gap}");
+        assert!(
+            gap > 1e-4,
+            "k={accumulation}: the plain mean came within {gap}"
+        );
     }
     Ok(())
 }

@@ -22,12 +22,19 @@ fn write(dir: &Path, name: &str, text: &str) -> PathBuf {
 fn each_format_is_told_by_its_first_example() {
     let dir = tempfile::tempdir().unwrap();
     let keys = SftKeys::default();
-    let text = write(dir.path(), "a.jsonl", "{\"text\": \"hello\"}\n\n{\"text\": \"again\"}\n");
+    let text = write(
+        dir.path(),
+        "a.jsonl",
+        "{\"text\": \"hello\"}\n\n{\"text\": \"again\"}\n",
+    );
     let file = read_examples(&text, &keys).unwrap();
     assert_eq!(file.format, SftFormat::Text);
     assert_eq!(
         file.examples,
-        vec![(1, Example::Text("hello".into())), (3, Example::Text("again".into()))]
+        vec![
+            (1, Example::Text("hello".into())),
+            (3, Example::Text("again".into()))
+        ]
     );
     // Both a prompt and a completion make completions, even beside a text (mlx-lm's order).
     let completions = write(
@@ -57,7 +64,11 @@ fn each_format_is_told_by_its_first_example() {
     assert_eq!(messages.len(), 2);
     assert!(tools.is_none());
     // Keys of one's own, as mlx-lm's prompt_feature and completion_feature.
-    let own = write(dir.path(), "d.jsonl", "{\"question\": \"q\", \"answer\": \"a\"}\n");
+    let own = write(
+        dir.path(),
+        "d.jsonl",
+        "{\"question\": \"q\", \"answer\": \"a\"}\n",
+    );
     let keys = SftKeys {
         prompt: "question".into(),
         completion: "answer".into(),
@@ -93,7 +104,11 @@ fn every_bad_line_is_named_with_its_cause() {
     for (index, (text, expected)) in cases.iter().enumerate() {
         let path = write(dir.path(), &format!("bad{index}.jsonl"), text);
         let error = read_examples(&path, &keys).unwrap_err().to_string();
-        assert_eq!(error, format!("{}{expected}", path.display()), "case {index}");
+        assert_eq!(
+            error,
+            format!("{}{expected}", path.display()),
+            "case {index}"
+        );
     }
     let empty = write(dir.path(), "empty.jsonl", "\n\n");
     assert_eq!(
@@ -141,7 +156,10 @@ fn published_templates_render_as_transformers_renders_them() {
             let messages: Vec<minijinja::Value> = case.messages.try_iter().unwrap().collect();
             let tools = case.tools.as_ref().filter(|tools| !tools.is_none());
             let rendered = template.render(&messages, tools, case.add_generation_prompt);
-            let label = format!("{} {} {}", fixture.name, case.case, case.add_generation_prompt);
+            let label = format!(
+                "{} {} {}",
+                fixture.name, case.case, case.add_generation_prompt
+            );
             match (&case.expected, &case.error) {
                 (Some(expected), _) => assert_eq!(&rendered.unwrap(), expected, "{label}"),
                 (None, Some(error)) => assert_eq!(
@@ -222,8 +240,12 @@ fn prompt_masking_leaves_the_prompt_out_of_the_loss() {
     assert!((loss - expected).abs() < 1e-5, "{loss} vs {expected}");
 
     // Without masking every target of the example counts, and the loss is another.
-    let unmasked = load_sft_file(&path, &SftKeys::default(), &SftEncoder::new(&tokenizer, None, false))
-        .unwrap();
+    let unmasked = load_sft_file(
+        &path,
+        &SftKeys::default(),
+        &SftEncoder::new(&tokenizer, None, false),
+    )
+    .unwrap();
     assert_eq!(unmasked.examples[0].prompt_len, 0);
     let (rows, stats) = SftRows::new(&unmasked.examples, seq_len, Batching::Pad).unwrap();
     assert_eq!(stats.kept_targets, 5);
@@ -247,16 +269,25 @@ fn a_chat_is_masked_up_to_its_last_message_through_the_template() {
     )
     .unwrap();
     let tokenizer = ByteTokenizer::with_eos();
-    let set = load_sft_file(&path, &SftKeys::default(), &SftEncoder::new(&tokenizer, Some(&template), true)).unwrap();
+    let set = load_sft_file(
+        &path,
+        &SftKeys::default(),
+        &SftEncoder::new(&tokenizer, Some(&template), true),
+    )
+    .unwrap();
     let text = "<user>hi\n<assistant>yo\n";
     let mut ids: Vec<u32> = text.bytes().map(u32::from).collect();
     ids.push(ByteTokenizer::EOS_ID);
     assert_eq!(set.examples[0].ids, ids);
     assert_eq!(set.examples[0].prompt_len, "<user>hi\n<assistant>".len());
     // A chat without a template, and a template that fails, name the line.
-    let error = load_sft_file(&path, &SftKeys::default(), &SftEncoder::new(&tokenizer, None, true))
-        .unwrap_err()
-        .to_string();
+    let error = load_sft_file(
+        &path,
+        &SftKeys::default(),
+        &SftEncoder::new(&tokenizer, None, true),
+    )
+    .unwrap_err()
+    .to_string();
     assert_eq!(
         error,
         format!(
@@ -271,12 +302,19 @@ fn a_chat_is_masked_up_to_its_last_message_through_the_template() {
         None,
     )
     .unwrap();
-    let error = load_sft_file(&path, &SftKeys::default(), &SftEncoder::new(&tokenizer, Some(&strict), false))
-        .unwrap_err()
-        .to_string();
+    let error = load_sft_file(
+        &path,
+        &SftKeys::default(),
+        &SftEncoder::new(&tokenizer, Some(&strict), false),
+    )
+    .unwrap_err()
+    .to_string();
     assert_eq!(
         error,
-        format!("{}:1: chat template strict: a system message first (line 1)", path.display())
+        format!(
+            "{}:1: chat template strict: a system message first (line 1)",
+            path.display()
+        )
     );
 }
 
@@ -285,9 +323,13 @@ fn text_examples_cannot_be_prompt_masked() {
     let dir = tempfile::tempdir().unwrap();
     let path = write(dir.path(), "train.jsonl", "{\"text\": \"abc\"}\n");
     let tokenizer = ByteTokenizer::with_eos();
-    let error = load_sft_file(&path, &SftKeys::default(), &SftEncoder::new(&tokenizer, None, true))
-        .unwrap_err()
-        .to_string();
+    let error = load_sft_file(
+        &path,
+        &SftKeys::default(),
+        &SftEncoder::new(&tokenizer, None, true),
+    )
+    .unwrap_err()
+    .to_string();
     assert!(error.contains("prompt masking needs prompts"), "{error}");
 }
 
@@ -297,7 +339,12 @@ fn a_folder_holds_train_valid_and_test() {
     write(dir.path(), "train.jsonl", "{\"text\": \"abc\"}\n");
     write(dir.path(), "test.jsonl", "{\"text\": \"de\"}\n");
     let tokenizer = ByteTokenizer::with_eos();
-    let data = load_sft_dir(dir.path(), &SftKeys::default(), &SftEncoder::new(&tokenizer, None, false)).unwrap();
+    let data = load_sft_dir(
+        dir.path(),
+        &SftKeys::default(),
+        &SftEncoder::new(&tokenizer, None, false),
+    )
+    .unwrap();
     assert_eq!(data.train.unwrap().examples[0].ids, vec![97, 98, 99, 256]);
     assert!(data.valid.is_none());
     assert_eq!(data.test.unwrap().examples[0].ids, vec![100, 101, 256]);
@@ -306,17 +353,32 @@ fn a_folder_holds_train_valid_and_test() {
 #[test]
 fn padded_rows_cut_long_examples_and_drop_those_left_without_a_target() {
     let examples = vec![
-        Tokenized { ids: vec![1, 2, 3, 4, 5, 6, 7, 8], prompt_len: 2 },
-        Tokenized { ids: vec![1, 2, 3, 4, 5, 6, 7], prompt_len: 6 },
-        Tokenized { ids: vec![9, 10], prompt_len: 0 },
+        Tokenized {
+            ids: vec![1, 2, 3, 4, 5, 6, 7, 8],
+            prompt_len: 2,
+        },
+        Tokenized {
+            ids: vec![1, 2, 3, 4, 5, 6, 7],
+            prompt_len: 6,
+        },
+        Tokenized {
+            ids: vec![9, 10],
+            prompt_len: 0,
+        },
     ];
     let (rows, stats) = SftRows::new(&examples, 4, Batching::Pad).unwrap();
-    assert_eq!((stats.truncated, stats.dropped, stats.kept_targets), (2, 1, 4));
+    assert_eq!(
+        (stats.truncated, stats.dropped, stats.kept_targets),
+        (2, 1, 4)
+    );
     assert_eq!(rows.count(), 2);
     let (mut inputs, mut targets) = (vec![0; 4], vec![0; 4]);
     rows.read(0, &mut inputs, &mut targets).unwrap();
     let x = IGNORE_TARGET;
-    assert_eq!((inputs.clone(), targets.clone()), (vec![1, 2, 3, 4], vec![x, 3, 4, 5]));
+    assert_eq!(
+        (inputs.clone(), targets.clone()),
+        (vec![1, 2, 3, 4], vec![x, 3, 4, 5])
+    );
     rows.read(1, &mut inputs, &mut targets).unwrap();
     assert_eq!((inputs, targets), (vec![9, 10, 0, 0], vec![10, x, x, x]));
 }
@@ -324,9 +386,18 @@ fn padded_rows_cut_long_examples_and_drop_those_left_without_a_target() {
 #[test]
 fn packed_rows_run_examples_together_and_keep_their_masks() {
     let examples = vec![
-        Tokenized { ids: vec![1, 2, 3], prompt_len: 2 },
-        Tokenized { ids: vec![4, 5, 6], prompt_len: 1 },
-        Tokenized { ids: vec![7, 8], prompt_len: 0 },
+        Tokenized {
+            ids: vec![1, 2, 3],
+            prompt_len: 2,
+        },
+        Tokenized {
+            ids: vec![4, 5, 6],
+            prompt_len: 1,
+        },
+        Tokenized {
+            ids: vec![7, 8],
+            prompt_len: 0,
+        },
     ];
     let (rows, stats) = SftRows::new(&examples, 3, Batching::Pack).unwrap();
     // The stream 1 2 3 4 5 6 7 8 in two windows (8 is in none); their kept targets are 3, 5,
@@ -335,7 +406,10 @@ fn packed_rows_run_examples_together_and_keep_their_masks() {
     let (mut inputs, mut targets) = (vec![0; 3], vec![0; 3]);
     let x = IGNORE_TARGET;
     rows.read(0, &mut inputs, &mut targets).unwrap();
-    assert_eq!((inputs.clone(), targets.clone()), (vec![1, 2, 3], vec![x, 3, x]));
+    assert_eq!(
+        (inputs.clone(), targets.clone()),
+        (vec![1, 2, 3], vec![x, 3, x])
+    );
     rows.read(1, &mut inputs, &mut targets).unwrap();
     assert_eq!((inputs, targets), (vec![4, 5, 6], vec![5, 6, 7]));
 }

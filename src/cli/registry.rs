@@ -14,8 +14,8 @@
 //! }
 //! ```
 
-use super::run_file::RunFile;
 use super::eval::{self, EvalRequest};
+use super::run_file::RunFile;
 use super::train::{self, GenerateRequest, TrainRequest};
 use lmx::runtime::model::{LanguageModel, TrainingStep};
 use lmx::runtime::optim::Optimizer;

@@ -65,7 +65,10 @@ pub fn template(
             .and_then(|entry| entry.get("template")?.as_str())
             .map(str::to_owned)
             .ok_or_else(|| {
-                anyhow::anyhow!("{}: chat_template has no template named `default`", path.display())
+                anyhow::anyhow!(
+                    "{}: chat_template has no template named `default`",
+                    path.display()
+                )
             })?,
         Some(_) => anyhow::bail!(
             "{}: chat_template is neither a string nor a list of named templates",
@@ -81,8 +84,8 @@ pub fn template(
 }
 
 fn read_json(path: &Path) -> anyhow::Result<serde_json::Value> {
-    let text =
-        std::fs::read_to_string(path).map_err(|err| anyhow::anyhow!("{}: {err}", path.display()))?;
+    let text = std::fs::read_to_string(path)
+        .map_err(|err| anyhow::anyhow!("{}: {err}", path.display()))?;
     serde_json::from_str(&text).map_err(|err| anyhow::anyhow!("{}: {err}", path.display()))
 }
 

@@ -11,9 +11,7 @@ use lmx::runtime::data::{
 };
 use lmx::runtime::generate::{check_prompt, generate, Sampling};
 use lmx::runtime::model::{LanguageModel, TrainingStep};
-use lmx::runtime::train::{
-    EarlyStopping, JsonlLog, ProgressBar, TrainConfig, TrainData, Trainer,
-};
+use lmx::runtime::train::{EarlyStopping, JsonlLog, ProgressBar, TrainConfig, TrainData, Trainer};
 use lmx::runtime::tree::Tree;
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -118,7 +116,10 @@ where
         None => {
             let source = tokens(&request.data, tokenizer.as_ref(), vocab)?;
             let data_tokens = source.len() as u64;
-            (Data::Windows(Windows::new(source, request.train.seq_len)?), data_tokens)
+            (
+                Data::Windows(Windows::new(source, request.train.seq_len)?),
+                data_tokens,
+            )
         }
     };
     let run_file = RunFile {

@@ -21,8 +21,7 @@ pub trait Rows: Send + Sync + fmt::Debug {
     ///
     /// # Panics
     /// If `index` is not below [`count`](Self::count) or a buffer is not `seq_len` long.
-    fn read(&self, index: usize, inputs: &mut [i32], targets: &mut [i32])
-        -> Result<(), DataError>;
+    fn read(&self, index: usize, inputs: &mut [i32], targets: &mut [i32]) -> Result<(), DataError>;
 
     /// Fails with [`DataError::OutOfVocab`] if an input or kept target id is not below
     /// `vocab_size`: a model of that vocabulary would read its embedding out of bounds.

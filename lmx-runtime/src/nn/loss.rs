@@ -148,14 +148,20 @@ mod tests {
     fn ignored_positions_get_no_gradient() {
         let (rows, _) = case();
         let masked = Array::from_slice(&[IGNORE_TARGET, 3, 10, IGNORE_TARGET, 5, 7], &[6]);
-        let loss = move |args: &[Array]| -> std::result::Result<Vec<Array>, mlx_rs::error::Exception> {
-            Ok(vec![cross_entropy(&args[0], &masked).map_err(Error::into_exception)?])
-        };
+        let loss =
+            move |args: &[Array]| -> std::result::Result<Vec<Array>, mlx_rs::error::Exception> {
+                Ok(vec![
+                    cross_entropy(&args[0], &masked).map_err(Error::into_exception)?
+                ])
+            };
         let logits = Array::from_slice(&rows.concat(), &[6, 11]);
         let (_, grads) = mlx_rs::transforms::value_and_grad(loss)(&[logits]).unwrap();
         let grad: &[f32] = grads[0].as_slice();
         for row in [0, 3] {
-            assert!(grad[row * 11..row * 11 + 11].iter().all(|&g| g == 0.0), "row {row}");
+            assert!(
+                grad[row * 11..row * 11 + 11].iter().all(|&g| g == 0.0),
+                "row {row}"
+            );
         }
         let kept_row: f32 = grad[11..22].iter().map(|g| g.abs()).sum();
         assert!(kept_row > 0.0);
@@ -166,7 +172,12 @@ mod tests {
         let (rows, _) = case();
         let logits = Array::from_slice(&rows.concat(), &[6, 11]);
         let targets = Array::from_slice(&[IGNORE_TARGET; 6], &[6]);
-        assert_eq!(cross_entropy(&logits, &targets).unwrap().item_exact::<f32>(), 0.0);
+        assert_eq!(
+            cross_entropy(&logits, &targets)
+                .unwrap()
+                .item_exact::<f32>(),
+            0.0
+        );
     }
 
     /// Nothing ignored: the same bits as the plain mean of the per-token losses, so every run
@@ -186,7 +197,9 @@ mod tests {
                 .mean(false)
                 .unwrap()
                 .item_exact::<f32>();
-            let masked = cross_entropy(&logits, &targets).unwrap().item_exact::<f32>();
+            let masked = cross_entropy(&logits, &targets)
+                .unwrap()
+                .item_exact::<f32>();
             assert_eq!(plain.to_bits(), masked.to_bits(), "{batch}x{len}x{vocab}");
         }
     }

@@ -120,5 +120,8 @@ impl<'a> SftEncoder<'a> {
 }
 
 fn message(role: &str, content: &str) -> Value {
-    Value::from_iter([("role", Value::from(role)), ("content", Value::from(content))])
+    Value::from_iter([
+        ("role", Value::from(role)),
+        ("content", Value::from(content)),
+    ])
 }

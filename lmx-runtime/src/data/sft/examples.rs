@@ -142,9 +142,8 @@ pub fn read_examples(path: &Path, keys: &SftKeys) -> Result<ExampleFile, DataErr
         }
         examples.push((line_number, example));
     }
-    let format = format.ok_or_else(|| {
-        DataError::InvalidSetting(format!("{} holds no example", path.display()))
-    })?;
+    let format = format
+        .ok_or_else(|| DataError::InvalidSetting(format!("{} holds no example", path.display())))?;
     Ok(ExampleFile { format, examples })
 }
 
@@ -173,7 +172,10 @@ fn parse(
         })
     };
     Ok(match format {
-        SftFormat::Text => Example::Text(non_empty(string(field(&keys.text)?, &keys.text)?, &keys.text)?),
+        SftFormat::Text => Example::Text(non_empty(
+            string(field(&keys.text)?, &keys.text)?,
+            &keys.text,
+        )?),
         SftFormat::Completions => Example::Completion {
             prompt: string(field(&keys.prompt)?, &keys.prompt)?,
             completion: non_empty(
@@ -200,7 +202,9 @@ fn string(value: &Value, key: &str) -> Result<String, ExampleFault> {
 
 fn non_empty(text: String, key: &str) -> Result<String, ExampleFault> {
     if text.is_empty() {
-        return Err(ExampleFault::Empty { key: key.to_owned() });
+        return Err(ExampleFault::Empty {
+            key: key.to_owned(),
+        });
     }
     Ok(text)
 }
@@ -212,19 +216,25 @@ fn check_messages(value: &Value, key: &str) -> Result<(), ExampleFault> {
         return Err(wrong_type(key, "a list of messages", value));
     };
     if list.is_empty() {
-        return Err(ExampleFault::Empty { key: key.to_owned() });
+        return Err(ExampleFault::Empty {
+            key: key.to_owned(),
+        });
     }
     for (index, message) in list.iter().enumerate() {
         let at = format!("{key}[{index}]");
         let Value::Object(message) = message else {
             return Err(wrong_type(&at, "an object", message));
         };
-        let role = message.get("role").ok_or_else(|| ExampleFault::MissingKey {
-            key: format!("{at}.role"),
-            format: "chat",
-        })?;
+        let role = message
+            .get("role")
+            .ok_or_else(|| ExampleFault::MissingKey {
+                key: format!("{at}.role"),
+                format: "chat",
+            })?;
         string(role, &format!("{at}.role"))?;
-        let calls_tools = message.get("tool_calls").is_some_and(|calls| !calls.is_null());
+        let calls_tools = message
+            .get("tool_calls")
+            .is_some_and(|calls| !calls.is_null());
         match message.get("content") {
             Some(Value::String(_) | Value::Array(_)) => {}
             None | Some(Value::Null) if calls_tools => {}
@@ -235,7 +245,11 @@ fn check_messages(value: &Value, key: &str) -> Result<(), ExampleFault> {
                 })
             }
             Some(other) => {
-                return Err(wrong_type(&format!("{at}.content"), "a string or a list", other))
+                return Err(wrong_type(
+                    &format!("{at}.content"),
+                    "a string or a list",
+                    other,
+                ))
             }
         }
     }

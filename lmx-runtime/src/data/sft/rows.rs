@@ -58,7 +58,9 @@ impl SftRows {
         batching: Batching,
     ) -> Result<(Self, RowStats), DataError> {
         if seq_len == 0 {
-            return Err(DataError::InvalidSetting("seq_len must be at least 1".into()));
+            return Err(DataError::InvalidSetting(
+                "seq_len must be at least 1".into(),
+            ));
         }
         let mut stats = RowStats::default();
         let mut rows = SftRows {
@@ -117,7 +119,10 @@ impl SftRows {
     fn span(&self, index: usize) -> (usize, usize) {
         match self.batching {
             Batching::Pad => (self.starts[index], self.starts[index + 1]),
-            Batching::Pack => (index * self.seq_len, index * self.seq_len + self.seq_len + 1),
+            Batching::Pack => (
+                index * self.seq_len,
+                index * self.seq_len + self.seq_len + 1,
+            ),
         }
     }
 }
@@ -167,7 +172,11 @@ impl Rows for SftRows {
     fn describe(&self) -> String {
         match self.batching {
             Batching::Pad => format!("{} examples", self.count()),
-            Batching::Pack => format!("{} packed windows of {} tokens", self.count(), self.seq_len + 1),
+            Batching::Pack => format!(
+                "{} packed windows of {} tokens",
+                self.count(),
+                self.seq_len + 1
+            ),
         }
     }
 }

@@ -130,7 +130,12 @@ fn python_json(value: &Value, kwargs: Kwargs) -> Result<String, Error> {
     Ok(out)
 }
 
-fn write_json(out: &mut String, value: &Value, indent: Option<usize>, depth: usize) -> Result<(), Error> {
+fn write_json(
+    out: &mut String,
+    value: &Value,
+    indent: Option<usize>,
+    depth: usize,
+) -> Result<(), Error> {
     match value.kind() {
         ValueKind::Undefined | ValueKind::None => out.push_str("null"),
         ValueKind::Bool => out.push_str(if value.is_true() { "true" } else { "false" }),
