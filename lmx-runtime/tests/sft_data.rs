@@ -413,3 +413,31 @@ fn packed_rows_run_examples_together_and_keep_their_masks() {
     rows.read(1, &mut inputs, &mut targets).unwrap();
     assert_eq!((inputs, targets), (vec![4, 5, 6], vec![5, 6, 7]));
 }
+
+/// A chat example's tools reach the template with their keys in the file's order, and `tojson`
+/// writes them as Python's `json.dumps` does (`", "` and `": "`, non-ASCII as it is, an
+/// `indent` when given).
+#[test]
+fn tools_keep_their_order_through_tojson() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = write(
+        dir.path(),
+        "train.jsonl",
+        r#"{"messages": [{"role": "user", "content": "é"}], "tools": [{"zeta": 1, "alpha": [1.0, 2.5, "<x>"], "mid": {"b": null, "a": true}}]}"#,
+    );
+    let file = read_examples(&path, &SftKeys::default()).unwrap();
+    let Example::Chat { messages, tools } = &file.examples[0].1 else {
+        panic!("not a chat");
+    };
+    let template = ChatTemplate::new(
+        "tools",
+        "{{ tools | tojson }}|{{ messages[0] | tojson(indent=2) }}",
+        None,
+        None,
+    )
+    .unwrap();
+    assert_eq!(
+        template.render(messages, tools.as_ref(), false).unwrap(),
+        "[{\"zeta\": 1, \"alpha\": [1.0, 2.5, \"<x>\"], \"mid\": {\"b\": null, \"a\": true}}]|{\n  \"role\": \"user\",\n  \"content\": \"é\"\n}"
+    );
+}

@@ -106,8 +106,8 @@ pub enum DataError {
         path: PathBuf,
         /// The line, counted from 1.
         line: usize,
-        /// What is wrong with it.
-        fault: ExampleFault,
+        /// What is wrong with it (boxed: the other errors stay small).
+        fault: Box<ExampleFault>,
     },
     /// A chat template does not compile.
     #[error("chat template {name}: {cause}")]

@@ -184,7 +184,12 @@ mod tests {
     /// without masks computes what it computed before masks existed.
     #[test]
     fn with_nothing_ignored_the_loss_is_the_plain_mean_to_the_bit() {
-        for (batch, len, vocab) in [(2, 3, 11), (4, 37, 50), (3, 128, 257), (16, 33, 7)] {
+        for (batch, len, vocab) in [
+            (2usize, 3usize, 11usize),
+            (4, 37, 50),
+            (3, 128, 257),
+            (16, 33, 7),
+        ] {
             let n = batch * len;
             let values: Vec<f32> = (0..n * vocab)
                 .map(|i| ((i * 7919 % 1013) as f32 * 0.013).sin() * 3.0)

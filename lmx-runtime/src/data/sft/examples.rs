@@ -105,7 +105,7 @@ pub fn read_examples(path: &Path, keys: &SftKeys) -> Result<ExampleFile, DataErr
         let fault = |fault| DataError::Example {
             path: path.to_path_buf(),
             line: line_number,
-            fault,
+            fault: Box::new(fault),
         };
         let text = line.map_err(io)?;
         if text.trim().is_empty() {
@@ -127,19 +127,7 @@ pub fn read_examples(path: &Path, keys: &SftKeys) -> Result<ExampleFile, DataErr
                 })
             })?),
         };
-        let mut example = parse(&object, format, keys).map_err(fault)?;
-        if let Example::Chat { messages, tools } = &mut example {
-            // Again, as the template's values: a JSON object read by serde_json has lost its
-            // keys' order, which `tojson` shows.
-            let ordered: minijinja::Value = serde_json::from_str(&text)
-                .map_err(|error| fault(ExampleFault::BadJson(error.to_string())))?;
-            let field = |key: &str| ordered.get_attr(key).ok().filter(|v| !v.is_undefined());
-            *messages = field(&keys.messages)
-                .and_then(|list| list.try_iter().ok())
-                .map(|items| items.collect())
-                .unwrap_or_default();
-            *tools = field("tools").filter(|tools| !tools.is_none());
-        }
+        let example = parse(&object, &text, format, keys).map_err(fault)?;
         examples.push((line_number, example));
     }
     let format = format
@@ -160,8 +148,10 @@ fn detect(object: &Map<String, Value>, keys: &SftKeys) -> Option<SftFormat> {
     }
 }
 
+/// The example of `object`, the JSON of `line`.
 fn parse(
     object: &Map<String, Value>,
+    line: &str,
     format: SftFormat,
     keys: &SftKeys,
 ) -> Result<Example, ExampleFault> {
@@ -185,9 +175,18 @@ fn parse(
         },
         SftFormat::Chat => {
             check_messages(field(&keys.messages)?, &keys.messages)?;
+            // Read again as the template's values: serde_json's objects have lost their keys'
+            // order, which a template's `tojson` shows.
+            let ordered: minijinja::Value = serde_json::from_str(line)
+                .map_err(|error| ExampleFault::BadJson(error.to_string()))?;
+            let field = |key: &str| ordered.get_attr(key).ok().filter(|v| !v.is_undefined());
+            let messages = field(&keys.messages)
+                .and_then(|list| list.try_iter().ok())
+                .map(|items| items.collect())
+                .unwrap_or_default();
             Example::Chat {
-                messages: Vec::new(),
-                tools: None,
+                messages,
+                tools: field("tools").filter(|tools| !tools.is_none()),
             }
         }
     })

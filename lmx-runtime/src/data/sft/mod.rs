@@ -67,7 +67,7 @@ pub fn load_sft_file(
             encoder.encode(example).map_err(|fault| DataError::Example {
                 path: path.to_path_buf(),
                 line: *line,
-                fault,
+                fault: Box::new(fault),
             })
         })
         .collect::<Result<_, _>>()?;
