@@ -441,3 +441,41 @@ fn tools_keep_their_order_through_tojson() {
         "[{\"zeta\": 1, \"alpha\": [1.0, 2.5, \"<x>\"], \"mid\": {\"b\": null, \"a\": true}}]|{\n  \"role\": \"user\",\n  \"content\": \"é\"\n}"
     );
 }
+
+/// A Hugging Face tokenizer reads the whole text, and the prompt's length is counted by the
+/// tokens' offsets: a token that straddles the prompt's end is the completion's. Tokenizing the
+/// two parts apart would make another token there (`ca`, unknown, then `t`).
+#[test]
+fn the_prompt_length_comes_from_the_offsets_of_the_whole_text() {
+    use lmx_runtime::data::{HfTokenizer, Tokenizer};
+    use tokenizers::models::wordlevel::WordLevel;
+    use tokenizers::pre_tokenizers::whitespace::Whitespace;
+    let vocab = [
+        ("[UNK]", 0),
+        ("the", 1),
+        ("cat", 2),
+        ("sat", 3),
+        ("</s>", 4),
+    ];
+    let model = WordLevel::builder()
+        .vocab(vocab.iter().map(|&(w, id)| (w.to_owned(), id)).collect())
+        .unk_token("[UNK]".to_owned())
+        .build()
+        .unwrap();
+    let mut inner = tokenizers::Tokenizer::new(model);
+    inner.with_pre_tokenizer(Some(Whitespace {}));
+    let tokenizer = HfTokenizer::from_tokenizer(inner);
+    assert_eq!(
+        tokenizer.encode_split("the cat sat", 4).unwrap(),
+        (vec![1, 2, 3], 1)
+    );
+    assert_eq!(
+        tokenizer.encode_split("the cat sat", 6).unwrap(),
+        (vec![1, 2, 3], 1),
+        "`cat` straddles the split"
+    );
+    assert_eq!(
+        tokenizer.encode_split("the cat sat", 7).unwrap(),
+        (vec![1, 2, 3], 2)
+    );
+}

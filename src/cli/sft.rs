@@ -132,3 +132,64 @@ fn warn(path: &Path, seq_len: usize, stats: RowStats) {
         );
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use lmx::runtime::data::sft::minijinja;
+
+    fn settings(chat_template: Option<PathBuf>) -> SftSettings {
+        SftSettings {
+            mask_prompt: true,
+            batching: Batching::Pad,
+            chat_template,
+            keys: SftKeys::default(),
+        }
+    }
+
+    fn hi() -> Vec<minijinja::Value> {
+        vec![minijinja::Value::from_iter([
+            ("role", "user"),
+            ("content", "hi"),
+        ])]
+    }
+
+    /// The template and special tokens of the `tokenizer_config.json` beside the tokenizer: a
+    /// token as a string or as an added token's object; `--chat-template` takes precedence.
+    #[test]
+    fn the_template_comes_from_tokenizer_config_json_or_the_flag() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(
+            dir.path().join("tokenizer_config.json"),
+            r#"{"bos_token": {"content": "<s>", "lstrip": false}, "eos_token": "</s>",
+                "chat_template": "{{ bos_token }}{% for m in messages %}[{{ m.content }}]{% endfor %}{{ eos_token }}"}"#,
+        )
+        .unwrap();
+        let tokenizer = dir.path().join("tokenizer.json");
+        let template = template(&settings(None), Some(&tokenizer))
+            .unwrap()
+            .unwrap();
+        assert_eq!(template.render(&hi(), None, false).unwrap(), "<s>[hi]</s>");
+        let file = dir.path().join("mine.jinja");
+        std::fs::write(&file, "{{ eos_token }}{{ messages[0].content }}").unwrap();
+        let template = template_of(Some(file), &tokenizer);
+        assert_eq!(template.render(&hi(), None, false).unwrap(), "</s>hi");
+        assert!(super::template(&settings(None), None).unwrap().is_none());
+    }
+
+    fn template_of(file: Option<PathBuf>, tokenizer: &Path) -> ChatTemplate {
+        template(&settings(file), Some(tokenizer)).unwrap().unwrap()
+    }
+
+    #[test]
+    fn a_list_of_named_templates_gives_the_default() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(
+            dir.path().join("tokenizer_config.json"),
+            r#"{"chat_template": [{"name": "tool_use", "template": "tools"}, {"name": "default", "template": "chat"}]}"#,
+        )
+        .unwrap();
+        let template = template_of(None, &dir.path().join("tokenizer.json"));
+        assert_eq!(template.render(&hi(), None, false).unwrap(), "chat");
+    }
+}

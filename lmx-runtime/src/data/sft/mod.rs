@@ -18,6 +18,8 @@ use std::path::{Path, PathBuf};
 
 pub use encode::{SftEncoder, Tokenized};
 pub use examples::{read_examples, Example, ExampleFile, SftFormat, SftKeys};
+/// The template engine: a chat's messages and tools are its values.
+pub use minijinja;
 pub use rows::{Batching, RowStats, SftRows};
 pub use template::ChatTemplate;
 
