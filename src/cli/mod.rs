@@ -437,6 +437,16 @@ impl TrainArgs {
             }
             request.recorded = Some(run);
         }
+        let sft_flags = ["mask_prompt", "batching", "chat_template"];
+        if request.sft.is_none() {
+            if let Some(flag) = sft_flags.iter().find(|flag| given(flag)) {
+                anyhow::bail!(
+                    "--{} applies to a folder of supervised examples (--data DIR with \
+                     train.jsonl), not to text or token files",
+                    flag.replace('_', "-")
+                );
+            }
+        }
         Ok(request)
     }
 

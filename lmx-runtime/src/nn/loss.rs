@@ -29,11 +29,7 @@ pub fn cross_entropy(logits: &Array, targets: &Array) -> Result<Array> {
     let kept = targets.ge(Array::from_int(0))?;
     // An ignored position still needs a valid class to gather; its loss is multiplied by 0.
     let classes = mlx_rs::ops::maximum(targets, Array::from_int(0))?;
-    let per_token = if cuda::available() {
-        fused_cross_entropy(logits, &classes)?
-    } else {
-        composed_cross_entropy(logits, &classes)?
-    };
+    let per_token = per_token_cross_entropy(logits, &classes)?;
     let weights = kept.as_dtype(Dtype::Float32)?;
     let total = per_token
         .as_dtype(Dtype::Float32)?
@@ -41,6 +37,15 @@ pub fn cross_entropy(logits: &Array, targets: &Array) -> Result<Array> {
         .sum(false)?;
     let count = mlx_rs::ops::maximum(weights.sum(false)?, Array::from_f32(1.0))?;
     Ok(total.multiply(count.reciprocal()?)?)
+}
+
+/// Per-token losses by the fused kernel on CUDA, composed elsewhere.
+fn per_token_cross_entropy(logits: &Array, targets: &Array) -> Result<Array> {
+    if cuda::available() {
+        fused_cross_entropy(logits, targets)
+    } else {
+        composed_cross_entropy(logits, targets)
+    }
 }
 
 /// Per-token losses, `logsumexp(logits) - logits[target]`, in float32.
@@ -197,7 +202,9 @@ mod tests {
             let targets: Vec<i32> = (0..n).map(|i| ((i * 31) % vocab) as i32).collect();
             let logits = Array::from_slice(&values, &[batch as i32, len as i32, vocab as i32]);
             let targets = Array::from_slice(&targets, &[batch as i32, len as i32]);
-            let plain = composed_cross_entropy(&logits, &targets)
+            let plain = per_token_cross_entropy(&logits, &targets)
+                .unwrap()
+                .as_dtype(Dtype::Float32)
                 .unwrap()
                 .mean(false)
                 .unwrap()
