@@ -110,6 +110,15 @@ fn every_bad_line_is_named_with_its_cause() {
             "case {index}"
         );
     }
+    let latin1 = dir.path().join("latin1.jsonl");
+    std::fs::write(&latin1, b"{\"text\": \"a\"}\n{\"text\": \"caf\xe9\"}\n").unwrap();
+    assert_eq!(
+        read_examples(&latin1, &keys).unwrap_err().to_string(),
+        format!(
+            "{}:2: invalid JSON: stream did not contain valid UTF-8",
+            latin1.display()
+        )
+    );
     let empty = write(dir.path(), "empty.jsonl", "\n\n");
     assert_eq!(
         read_examples(&empty, &keys).unwrap_err().to_string(),

@@ -107,7 +107,14 @@ pub fn read_examples(path: &Path, keys: &SftKeys) -> Result<ExampleFile, DataErr
             line: line_number,
             fault: Box::new(fault),
         };
-        let text = line.map_err(io)?;
+        let text = match line {
+            Ok(text) => text,
+            // The line's bytes are not UTF-8: JSON text must be.
+            Err(error) if error.kind() == std::io::ErrorKind::InvalidData => {
+                return Err(fault(ExampleFault::BadJson(error.to_string())))
+            }
+            Err(error) => return Err(io(error)),
+        };
         if text.trim().is_empty() {
             continue;
         }
