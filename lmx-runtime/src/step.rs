@@ -40,6 +40,12 @@ pub struct StepOptions {
     pub accumulation: usize,
     /// Which parameters weight decay applies to.
     pub decay: DecayScope,
+    /// The batch input that holds the target ids, if one does. An accumulated step then weighs
+    /// each micro-batch's mean loss and gradients by its count of kept targets (those that are
+    /// not negative, see [`IGNORE_TARGET`](crate::nn::IGNORE_TARGET)), so that the update is the
+    /// one of the whole batch's mean over its kept targets, however unevenly prompt masking and
+    /// padding spread them. With equal counts every weight is exactly 1: the plain mean.
+    pub targets: Option<usize>,
 }
 
 impl Default for StepOptions {
@@ -49,6 +55,7 @@ impl Default for StepOptions {
             compile: true,
             accumulation: 1,
             decay: DecayScope::Weights,
+            targets: None,
         }
     }
 }
@@ -86,6 +93,7 @@ pub struct TrainStep<P: Tree<Array>, O: Optimizer> {
     template: StateTemplate<P, O>,
     traces: Rc<Cell<usize>>,
     trainable: usize,
+    targets: Option<usize>,
 }
 
 enum Mode {
@@ -152,6 +160,7 @@ where
             template,
             traces,
             trainable,
+            targets: options.targets,
         })
     }
 
@@ -185,6 +194,7 @@ where
                     batch,
                     parts,
                     self.trainable,
+                    self.targets,
                 )?;
                 inputs.extend(grads);
                 let mut outputs = apply(&inputs)?;
@@ -214,7 +224,9 @@ where
     }
 }
 
-/// Runs the micro-step over `parts` slices of `batch` and returns the mean gradients and loss.
+/// Runs the micro-step over `parts` slices of `batch` and returns the mean gradients and loss:
+/// the plain mean, or with `targets` (the batch input of target ids) each micro-batch weighed by
+/// its share of the kept targets.
 fn accumulate<P: Tree<Array>, O: Optimizer>(
     micro: &mut PureFn,
     params: &[Array],
@@ -222,13 +234,18 @@ fn accumulate<P: Tree<Array>, O: Optimizer>(
     batch: &[Array],
     parts: usize,
     trainable: usize,
+    targets: Option<usize>,
 ) -> Result<(Vec<Array>, Array)> {
     let micro_batches = split_batch(batch, parts)?;
+    let weights = match targets {
+        Some(index) => Some(kept_shares(&micro_batches, index)?),
+        None => None,
+    };
     // Micro-batch keys come from the half of the key that the update does not carry on.
     let mut keys = random::split(&state.key, 2)?.1;
     let mut sums: Option<Vec<Array>> = None;
     let mut loss_sum = Array::from_f32(0.0);
-    for micro_batch in micro_batches {
+    for (part, micro_batch) in micro_batches.into_iter().enumerate() {
         let (carry, key) = random::split(&keys, 2)?;
         keys = carry;
         let mut inputs = params.to_vec();
@@ -236,13 +253,19 @@ fn accumulate<P: Tree<Array>, O: Optimizer>(
         inputs.push(key);
         let outputs = micro(&inputs)?;
         let (grads, loss) = outputs.split_at(trainable);
-        loss_sum = loss_sum.add(&loss[0])?;
+        let weigh = |value: &Array| -> Result<Array> {
+            Ok(match &weights {
+                Some(weights) => value.multiply(weights[part].as_dtype(value.dtype())?)?,
+                None => value.clone(),
+            })
+        };
+        loss_sum = loss_sum.add(weigh(&loss[0])?)?;
         sums = Some(match sums {
-            None => grads.to_vec(),
+            None => grads.iter().map(weigh).collect::<Result<_>>()?,
             Some(sums) => sums
                 .iter()
                 .zip(grads)
-                .map(|(sum, grad)| Ok(sum.add(grad)?))
+                .map(|(sum, grad)| Ok(sum.add(weigh(grad)?)?))
                 .collect::<Result<_>>()?,
         });
     }
@@ -253,6 +276,38 @@ fn accumulate<P: Tree<Array>, O: Optimizer>(
         .map(|sum| Ok(sum.multiply(scale.as_dtype(sum.dtype())?)?))
         .collect::<Result<Vec<_>>>()?;
     Ok((grads, loss_sum.multiply(&scale)?))
+}
+
+/// Each micro-batch's weight `parts * kept / total kept` (lazy float32 scalars), where `kept`
+/// counts its non-negative targets in input `index`: the weighted mean of the micro-batches'
+/// means is the whole batch's mean over its kept targets. Equal counts give exactly 1 (an
+/// integer over itself); no kept target at all gives 0, not 0/0.
+fn kept_shares(micro_batches: &[Vec<Array>], index: usize) -> Result<Vec<Array>> {
+    let counts = micro_batches
+        .iter()
+        .map(|micro_batch| {
+            let targets = micro_batch.get(index).ok_or_else(|| {
+                Error::Layout(format!(
+                    "the targets are batch input {index}, but the batch has {}",
+                    micro_batch.len()
+                ))
+            })?;
+            Ok(targets
+                .ge(Array::from_int(0))?
+                .as_dtype(mlx_rs::Dtype::Float32)?
+                .sum(false)?)
+        })
+        .collect::<Result<Vec<_>>>()?;
+    let mut total = Array::from_f32(0.0);
+    for count in &counts {
+        total = total.add(count)?;
+    }
+    let total = mlx_rs::ops::maximum(&total, Array::from_f32(1.0))?;
+    let parts = Array::from_f32(micro_batches.len() as f32);
+    counts
+        .iter()
+        .map(|count| Ok(count.multiply(&parts)?.divide(&total)?))
+        .collect()
 }
 
 /// Splits every array of `batch` along axis 0 into `parts` equal slices.

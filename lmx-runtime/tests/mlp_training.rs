@@ -127,3 +127,54 @@ fn accumulation_equals_one_large_batch() -> Result<()> {
     }
     Ok(())
 }
+
+/// With ignored targets spread unevenly over the micro-batches (most of the first one's, none
+/// of the last one's), an update over `k` weighed micro-batches still equals the update over the
+/// whole batch's mean over its kept targets; the plain mean of the micro-batches' means does not.
+#[test]
+fn accumulation_weighs_micro_batches_by_their_kept_targets() -> Result<()> {
+    let [x, y] = data()?;
+    let mut targets: Vec<i32> = y.as_slice::<i32>().to_vec();
+    for (i, target) in targets.iter_mut().enumerate().take(16) {
+        if i % 8 != 0 {
+            *target = nn::IGNORE_TARGET;
+        }
+    }
+    let batch = [x, Array::from_slice(&targets, &[32])];
+    let run = |accumulation: usize, weighed: bool| -> Result<Vec<Array>> {
+        let optimizer = AdamW::default();
+        let mut state = TrainState::new(mlp(3)?, &optimizer, 0)?;
+        let options = StepOptions {
+            accumulation,
+            targets: weighed.then_some(1),
+            ..StepOptions::default()
+        };
+        let mut step = TrainStep::new(&state, optimizer, loss, options)?;
+        for _ in 0..3 {
+            step.step(&mut state, 0.01, &batch)?;
+        }
+        let params = tree::flatten(&state.params);
+        eval(&params)?;
+        Ok(params)
+    };
+    let largest_gap = |a: &[Array], b: &[Array]| -> Result<f32> {
+        let mut gap = 0.0f32;
+        for (a, b) in a.iter().zip(b) {
+            gap = gap.max(a.subtract(b)?.abs()?.max(false)?.item_exact::<f32>());
+        }
+        Ok(gap)
+    };
+    let whole = run(1, true)?;
+    for accumulation in [2, 4] {
+        let weighed = run(accumulation, true)?;
+        let gap = largest_gap(&whole, &weighed)?;
+        assert!(gap <= 1e-5, "k={accumulation}: parameters differ by {gap}");
+        let unweighed = run(accumulation, false)?;
+        let gap = largest_gap(&whole, &unweighed)?;
+        assert!(
+            gap > 1e-4,
+            "k={accumulation}: the plain mean came within {gap}"
+        );
+    }
+    Ok(())
+}

@@ -3,6 +3,7 @@
 pub mod bench;
 pub mod check;
 pub mod decay;
+pub mod eval;
 pub mod interrupt;
 pub mod model_file;
 pub mod new;
@@ -13,6 +14,7 @@ pub mod resolve;
 pub mod run_dir;
 pub mod run_file;
 pub mod settings;
+pub mod sft;
 pub mod tokenizer;
 pub mod train;
 
@@ -44,6 +46,9 @@ pub enum Command {
     Train(TrainArgs),
     /// Sample text from a run's latest checkpoint.
     Generate(GenerateArgs),
+    /// Loss and perplexity of a run's checkpoint on supervised examples: the `test.jsonl` of
+    /// the folder it was trained on, or a JSONL file.
+    Eval(EvalArgs),
     /// Check a `.lmx` file: diagnostics, or parameter shapes, FLOPs and memory for a preset.
     Check {
         /// The `.lmx` file (or a registered model's name).
@@ -114,9 +119,24 @@ pub struct TrainArgs {
     /// `--set pdrop=0.1`.
     #[arg(long = "set", value_name = "NAME=VALUE")]
     pub settings: Vec<settings::Setting>,
-    /// Training data: text, `.jsonl` (field "text") or `.tokens` files.
+    /// Training data: text, `.jsonl` (field "text") or `.tokens` files; or one folder of
+    /// supervised examples as mlx-lm reads them: `train.jsonl` and `valid.jsonl` (and
+    /// `test.jsonl`, for `lmx eval`), each in the text, completions (prompt, completion) or chat
+    /// (messages) format.
     #[arg(long, num_args = 1.., default_value = "data/shakespeare.txt")]
     pub data: Vec<PathBuf>,
+    /// With a folder of supervised examples: the loss counts the completion (a chat's last
+    /// message) only, not the prompt.
+    #[arg(long)]
+    pub mask_prompt: bool,
+    /// With a folder of supervised examples: one example a row, padded (`pad`), or examples
+    /// packed into rows of --seq-len tokens (`pack`).
+    #[arg(long, value_enum)]
+    pub batching: Option<BatchingArg>,
+    /// With a folder of supervised examples: the chat template (a Jinja file), instead of the
+    /// `chat_template` of the `tokenizer_config.json` beside --tokenizer.
+    #[arg(long, value_name = "FILE")]
+    pub chat_template: Option<PathBuf>,
     /// `auto` (a BPE tokenizer of the model's vocabulary trained on the data and kept in the run
     /// directory; bytes for a 257-id vocabulary or `.tokens` data), `byte`, `bpe`, or the path of
     /// a Hugging Face `tokenizer.json`.
@@ -219,6 +239,24 @@ pub enum PrecisionArg {
     Mixed,
 }
 
+/// [`Batching`](lmx::runtime::data::sft::Batching), as a flag.
+#[derive(Clone, Copy, clap::ValueEnum)]
+pub enum BatchingArg {
+    /// One example a row, padded to --seq-len.
+    Pad,
+    /// Examples packed one after another into rows of --seq-len.
+    Pack,
+}
+
+impl From<BatchingArg> for lmx::runtime::data::sft::Batching {
+    fn from(batching: BatchingArg) -> Self {
+        match batching {
+            BatchingArg::Pad => Self::Pad,
+            BatchingArg::Pack => Self::Pack,
+        }
+    }
+}
+
 /// [`Overlap`], as a flag.
 #[derive(Clone, Copy, clap::ValueEnum)]
 pub enum OverlapArg {
@@ -293,6 +331,24 @@ pub struct GenerateArgs {
     pub seed: u64,
 }
 
+/// `lmx eval`'s options.
+#[derive(Args)]
+pub struct EvalArgs {
+    /// The run directory.
+    #[arg(long, default_value = "runs/latest")]
+    pub run: PathBuf,
+    /// A checkpoint directory (default: the run's latest).
+    #[arg(long)]
+    pub checkpoint: Option<PathBuf>,
+    /// A JSONL file of examples (default: `test.jsonl` of the run's data folder), read as the
+    /// run read its examples (prompt masking, rows).
+    #[arg(long)]
+    pub data: Option<PathBuf>,
+    /// Rows per forward pass (default: the run's batch size).
+    #[arg(long)]
+    pub batch_size: Option<usize>,
+}
+
 impl Cli {
     /// Parses the command line, noting which of `train`'s options it gives.
     pub fn parse_noting_given() -> Cli {
@@ -341,6 +397,7 @@ impl TrainArgs {
             model_config: None,
             settings: self.settings.clone(),
             data: self.data.clone(),
+            sft: self.sft_settings(),
             tokenizer: tokenizer::TokenizerArg::parse(&self.tokenizer, self.eos.clone()),
             train,
             resume,
@@ -363,9 +420,47 @@ impl TrainArgs {
             if !given("data") && !run.data.is_empty() {
                 request.data = run.data.clone();
             }
+            if let Some(recorded) = &run.sft {
+                if request.sft.is_some() || !given("data") {
+                    let mut sft = recorded.clone();
+                    if given("mask_prompt") {
+                        sft.mask_prompt = self.mask_prompt;
+                    }
+                    if let Some(batching) = self.batching {
+                        sft.batching = batching.into();
+                    }
+                    if let Some(template) = &self.chat_template {
+                        sft.chat_template = Some(template.clone());
+                    }
+                    request.sft = Some(sft);
+                }
+            }
             request.recorded = Some(run);
         }
+        let sft_flags = ["mask_prompt", "batching", "chat_template"];
+        if request.sft.is_none() {
+            if let Some(flag) = sft_flags.iter().find(|flag| given(flag)) {
+                anyhow::bail!(
+                    "--{} applies to a folder of supervised examples (--data DIR with \
+                     train.jsonl), not to text or token files",
+                    flag.replace('_', "-")
+                );
+            }
+        }
         Ok(request)
+    }
+
+    /// How supervised examples are read, when the data is one folder of them.
+    fn sft_settings(&self) -> Option<sft::SftSettings> {
+        let [dir] = &self.data[..] else {
+            return None;
+        };
+        dir.is_dir().then(|| sft::SftSettings {
+            mask_prompt: self.mask_prompt,
+            batching: self.batching.map(Into::into).unwrap_or_default(),
+            chat_template: self.chat_template.clone(),
+            keys: Default::default(),
+        })
     }
 
     /// The training settings: `base` (the defaults, or a resumed run's recorded settings), then
@@ -565,6 +660,20 @@ pub fn run(cli: Cli, registry: &Registry) -> anyhow::Result<()> {
                 sampling,
             };
             model.generate(&run, request)
+        }
+        Command::Eval(args) => {
+            let run = run_file::RunFile::read(&args.run)?;
+            let model = match resolve::resolve(registry, &run.model)? {
+                resolve::Resolved::Registered(model) => model,
+                resolve::Resolved::File(file) => return model_file::run_in_built_program(&file),
+            };
+            let request = eval::EvalRequest {
+                run: args.run,
+                checkpoint: args.checkpoint,
+                data: args.data,
+                batch_size: args.batch_size,
+            };
+            model.evaluate(&run, request)
         }
         Command::Check {
             file,

@@ -14,6 +14,7 @@
 //! }
 //! ```
 
+use super::eval::{self, EvalRequest};
 use super::run_file::RunFile;
 use super::train::{self, GenerateRequest, TrainRequest};
 use lmx::runtime::model::{LanguageModel, TrainingStep};
@@ -33,7 +34,7 @@ pub struct Registry {
     sources: Vec<(&'static str, &'static str, &'static str)>,
 }
 
-/// A registered model: its name and its training step's `train` and `sample`.
+/// A registered model: its name and its training step's `train`, `sample` and `evaluate`.
 #[derive(Clone, Copy)]
 pub struct Registered {
     /// The model's name (`LanguageModel::NAME`), which `--model` gives and `run.json` records.
@@ -42,6 +43,7 @@ pub struct Registered {
     pub presets: fn() -> &'static [&'static str],
     train: fn(TrainRequest) -> anyhow::Result<bool>,
     generate: fn(&RunFile, GenerateRequest) -> anyhow::Result<()>,
+    evaluate: fn(&RunFile, EvalRequest) -> anyhow::Result<()>,
 }
 
 impl Registered {
@@ -53,6 +55,11 @@ impl Registered {
     /// Samples from a run of this model.
     pub fn generate(&self, run: &RunFile, request: GenerateRequest) -> anyhow::Result<()> {
         (self.generate)(run, request)
+    }
+
+    /// Evaluates a run of this model on supervised examples.
+    pub fn evaluate(&self, run: &RunFile, request: EvalRequest) -> anyhow::Result<()> {
+        (self.evaluate)(run, request)
     }
 }
 
@@ -89,6 +96,7 @@ impl Registry {
             presets: S::Model::presets,
             train: train::train::<S>,
             generate: train::sample::<S>,
+            evaluate: eval::evaluate::<S>,
         };
         self.steps.retain(|step| step.name != registered.name);
         self.steps.push(registered);

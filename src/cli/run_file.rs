@@ -27,6 +27,9 @@ pub struct RunFile {
     /// How many tokens the data held: a file changed under the same name changes it.
     #[serde(default)]
     pub data_tokens: Option<u64>,
+    /// How supervised examples were read, for data that is a folder of them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sft: Option<super::sft::SftSettings>,
     /// The training settings.
     pub train: TrainConfig,
 }
@@ -96,6 +99,9 @@ impl RunFile {
         }
         if let (Some(tokens), Some(_)) = (self.data_tokens, other.data_tokens) {
             out.insert("data_tokens".into(), tokens.to_string());
+        }
+        if let Some(sft) = &self.sft {
+            flatten("sft", &json(sft), &mut out);
         }
         let train = json(&self.train);
         for name in RUN_DEFINING {
@@ -180,6 +186,7 @@ mod tests {
             tokenizer: TokenizerSpec::Byte,
             data: vec!["data/shakespeare.txt".into()],
             data_tokens: Some(1000),
+            sft: None,
             train: TrainConfig::default(),
         }
     }

@@ -3,14 +3,15 @@
 use super::interrupt::{Interrupted, StopSignals};
 use super::run_dir::RunDir;
 use super::run_file::RunFile;
-use super::tokenizer::TokenizerArg;
+use super::sft::SftSettings;
+use super::tokenizer::{TokenizerArg, TokenizerSpec};
 use lmx::runtime::checkpoint::{self, Checkpoints, MODEL_FILE};
 use lmx::runtime::data::{
     DocumentEncoder, InputFormat, Separator, TextStream, TokenFile, TokenSource, Windows,
 };
 use lmx::runtime::generate::{check_prompt, generate, Sampling};
 use lmx::runtime::model::{LanguageModel, TrainingStep};
-use lmx::runtime::train::{EarlyStopping, JsonlLog, ProgressBar, TrainConfig, Trainer};
+use lmx::runtime::train::{EarlyStopping, JsonlLog, ProgressBar, TrainConfig, TrainData, Trainer};
 use lmx::runtime::tree::Tree;
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -27,8 +28,11 @@ pub struct TrainRequest {
     pub model_config: Option<serde_json::Value>,
     /// Settings changed on top of the preset (or the recorded configuration).
     pub settings: Vec<super::settings::Setting>,
-    /// Text (`.txt`), JSONL (`.jsonl`) or token (`.tokens`) files.
+    /// Text (`.txt`), JSONL (`.jsonl`) or token (`.tokens`) files, or one folder of supervised
+    /// examples (`train.jsonl`, `valid.jsonl`).
     pub data: Vec<PathBuf>,
+    /// How supervised examples are read: set when `data` is a folder.
+    pub sft: Option<SftSettings>,
     /// The tokenizer.
     pub tokenizer: TokenizerArg,
     /// The training settings.
@@ -83,6 +87,12 @@ where
     let vocab = S::Model::vocab_size(&model_config);
     let out_dir = request.train.out_dir.clone();
     let tokenizer_spec = request.tokenizer.resolve(vocab, &request.data);
+    if request.sft.is_some() && tokenizer_spec == TokenizerSpec::Bpe {
+        anyhow::bail!(
+            "supervised examples are read with the model's own tokenizer: give --tokenizer \
+             tokenizer.json (or byte for a model of 257 ids)"
+        );
+    }
     let prepared =
         tokenizer_spec.for_training(&out_dir, &request.data, vocab, request.resume.is_some())?;
     let tokenizer = &prepared.tokenizer;
@@ -101,9 +111,17 @@ where
             request.train.seq_len
         );
     }
-    let source = tokens(&request.data, tokenizer.as_ref(), vocab)?;
-    let data_tokens = source.len() as u64;
-    let windows = Windows::new(source, request.train.seq_len)?;
+    let (data, data_tokens) = match &request.sft {
+        Some(settings) => supervised(&request, settings, &tokenizer_spec, tokenizer.as_ref())?,
+        None => {
+            let source = tokens(&request.data, tokenizer.as_ref(), vocab)?;
+            let data_tokens = source.len() as u64;
+            (
+                Data::Windows(Windows::new(source, request.train.seq_len)?),
+                data_tokens,
+            )
+        }
+    };
     let run_file = RunFile {
         model: request.model.clone(),
         preset: request.preset.clone(),
@@ -111,6 +129,7 @@ where
         tokenizer: tokenizer_spec,
         data: request.data.clone(),
         data_tokens: Some(data_tokens),
+        sft: request.sft.clone(),
         train: request.train.clone(),
     };
 
@@ -125,7 +144,10 @@ where
     let patience = request.train.early_stopping_patience;
     let total_steps = request.train.steps;
     let log_every = request.train.log_every;
-    let mut trainer = Trainer::<S>::new(model_config, request.train, windows)?;
+    let mut trainer = match data {
+        Data::Windows(windows) => Trainer::<S>::new(model_config, request.train, windows)?,
+        Data::Rows(data) => Trainer::<S>::with_data(model_config, request.train, data)?,
+    };
     let checkpoint = match &request.resume {
         Some(Resume::From(dir)) => Some(run_dir.own_checkpoint(dir)?),
         Some(Resume::Latest) => trainer.latest_checkpoint()?,
@@ -257,6 +279,57 @@ fn with_hint(err: lmx::runtime::Error, run: &Path) -> anyhow::Error {
         ),
         _ => err.into(),
     }
+}
+
+/// What a run trains on.
+enum Data {
+    /// Windows of a token stream, split for validation by the run's validation fraction.
+    Windows(Windows),
+    /// Supervised examples: `train.jsonl`'s rows, validated on `valid.jsonl`'s.
+    Rows(TrainData),
+}
+
+/// The rows of the folder of supervised examples `request.data` names, and how many tokens its
+/// training examples hold.
+fn supervised(
+    request: &TrainRequest,
+    settings: &SftSettings,
+    tokenizer_spec: &TokenizerSpec,
+    tokenizer: &dyn lmx::runtime::data::Tokenizer,
+) -> anyhow::Result<(Data, u64)> {
+    let [dir] = &request.data[..] else {
+        anyhow::bail!("give one folder of supervised examples (train.jsonl, valid.jsonl)");
+    };
+    let tokenizer_file = match tokenizer_spec {
+        TokenizerSpec::HuggingFace { path, .. } => Some(path.as_path()),
+        _ => None,
+    };
+    let template = super::sft::template(settings, tokenizer_file)?;
+    let train_file = dir.join("train.jsonl");
+    if !train_file.is_file() {
+        anyhow::bail!("{}: no train.jsonl in the folder", dir.display());
+    }
+    let seq_len = request.train.seq_len;
+    let train = super::sft::load(&train_file, settings, tokenizer, template.as_ref())?;
+    let data_tokens = train.examples.iter().map(|e| e.ids.len() as u64).sum();
+    let rows = super::sft::rows(&train, seq_len, settings.batching)?;
+    let valid_file = dir.join("valid.jsonl");
+    let validation = if valid_file.is_file() {
+        let valid = super::sft::load(&valid_file, settings, tokenizer, template.as_ref())?;
+        let rows = super::sft::rows(&valid, seq_len, settings.batching)?;
+        Some(Arc::new(rows) as Arc<dyn lmx::runtime::data::Rows>)
+    } else {
+        eprintln!(
+            "warning: {}: no valid.jsonl: training without validation",
+            dir.display()
+        );
+        None
+    };
+    let data = TrainData {
+        train: Arc::new(rows),
+        validation,
+    };
+    Ok((Data::Rows(data), data_tokens))
 }
 
 /// The token stream of `paths`: token files are mapped, text and JSONL files encoded; every id

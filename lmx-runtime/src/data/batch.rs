@@ -21,6 +21,12 @@ impl Batch {
         [self.batch_size, self.seq_len]
     }
 
+    /// How many targets the loss counts: those that are not negative
+    /// ([`IGNORE_TARGET`](crate::nn::IGNORE_TARGET)).
+    pub fn kept_targets(&self) -> usize {
+        self.targets.iter().filter(|&&target| target >= 0).count()
+    }
+
     /// The inputs and targets as `int32` arrays of shape `[batch_size, seq_len]`.
     pub fn to_arrays(&self) -> (Array, Array) {
         let shape = [self.batch_size as i32, self.seq_len as i32];

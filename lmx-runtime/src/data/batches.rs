@@ -1,12 +1,14 @@
 //! The batch iterator: epochs of seeded window orders, with a position that can be saved and
 //! restored.
 
+use std::sync::Arc;
+
 use serde::{Deserialize, Serialize};
 
 use super::batch::Batch;
 use super::error::DataError;
 use super::rng::epoch_permutation;
-use super::windows::Windows;
+use super::rows::Rows;
 
 /// In which order an epoch visits the windows.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -29,14 +31,15 @@ pub struct BatchPosition {
     pub seed: u64,
 }
 
-/// Endless batches of `batch_size` windows, epoch after epoch.
+/// Endless batches of `batch_size` rows ([`Windows`](super::Windows), [`SftRows`](super::SftRows)),
+/// epoch after epoch.
 ///
-/// Every batch is full: the `count % batch_size` windows left at the end of an epoch's order are
+/// Every batch is full: the `count % batch_size` rows left at the end of an epoch's order are
 /// skipped in that epoch (with [`Order::Shuffled`], different ones each epoch), so the shape never
 /// changes and a compiled step is traced once.
 #[derive(Debug, Clone)]
 pub struct BatchIterator {
-    windows: Windows,
+    rows: Arc<dyn Rows>,
     batch_size: usize,
     order: Order,
     position: BatchPosition,
@@ -45,9 +48,19 @@ pub struct BatchIterator {
 }
 
 impl BatchIterator {
-    /// Batches of `batch_size` windows in `order`, starting at epoch 0 with `seed`.
+    /// Batches of `batch_size` rows in `order`, starting at epoch 0 with `seed`.
     pub fn new(
-        windows: Windows,
+        rows: impl Rows + 'static,
+        batch_size: usize,
+        order: Order,
+        seed: u64,
+    ) -> Result<Self, DataError> {
+        Self::over(Arc::new(rows), batch_size, order, seed)
+    }
+
+    /// [`new`](Self::new) over shared rows.
+    pub fn over(
+        rows: Arc<dyn Rows>,
         batch_size: usize,
         order: Order,
         seed: u64,
@@ -57,21 +70,20 @@ impl BatchIterator {
                 "batch size must be at least 1".into(),
             ));
         }
-        if windows.count() < batch_size {
+        if rows.count() < batch_size {
             return Err(DataError::InvalidSetting(format!(
-                "{} windows of {} tokens cannot fill one batch of {batch_size}",
-                windows.count(),
-                windows.seq_len() + 1
+                "{} cannot fill one batch of {batch_size}",
+                rows.describe()
             )));
         }
-        if u32::try_from(windows.count()).is_err() {
+        if u32::try_from(rows.count()).is_err() {
             return Err(DataError::InvalidSetting(format!(
-                "{} windows are more than the 2^32 that are shuffled; use a longer seq_len",
-                windows.count()
+                "{} rows are more than the 2^32 that are shuffled",
+                rows.count()
             )));
         }
         let mut iterator = Self {
-            windows,
+            rows,
             batch_size,
             order,
             position: BatchPosition {
@@ -85,14 +97,14 @@ impl BatchIterator {
         Ok(iterator)
     }
 
-    /// The windows batched.
-    pub fn windows(&self) -> &Windows {
-        &self.windows
+    /// The rows batched.
+    pub fn rows(&self) -> &Arc<dyn Rows> {
+        &self.rows
     }
 
     /// Full batches per epoch: `count / batch_size`.
     pub fn batches_per_epoch(&self) -> usize {
-        self.windows.count() / self.batch_size
+        self.rows.count() / self.batch_size
     }
 
     /// Where the iterator stands now (save it with serde).
@@ -102,11 +114,11 @@ impl BatchIterator {
 
     /// Moves to a saved position, its seed included.
     pub fn seek(&mut self, position: BatchPosition) -> Result<(), DataError> {
-        if position.index > self.windows.count() as u64 {
+        if position.index > self.rows.count() as u64 {
             return Err(DataError::BadPosition(format!(
                 "window {} of an epoch of {} windows",
                 position.index,
-                self.windows.count()
+                self.rows.count()
             )));
         }
         let same_order =
@@ -120,13 +132,13 @@ impl BatchIterator {
 
     /// The next batch, starting the next epoch when this one cannot fill it.
     pub fn next_batch(&mut self) -> Result<Batch, DataError> {
-        let count = self.windows.count() as u64;
+        let count = self.rows.count() as u64;
         if self.position.index + self.batch_size as u64 > count {
             self.position.epoch += 1;
             self.position.index = 0;
             self.reorder();
         }
-        let seq_len = self.windows.seq_len();
+        let seq_len = self.rows.seq_len();
         let mut inputs = vec![0; self.batch_size * seq_len];
         let mut targets = vec![0; self.batch_size * seq_len];
         let first = self.position.index as usize;
@@ -139,7 +151,7 @@ impl BatchIterator {
                 Order::Shuffled => self.permutation[first + row] as usize,
                 Order::Sequential => first + row,
             };
-            self.windows.read(window, inputs, targets)?;
+            self.rows.read(window, inputs, targets)?;
         }
         self.position.index += self.batch_size as u64;
         Ok(Batch {
@@ -155,7 +167,7 @@ impl BatchIterator {
             Order::Shuffled => epoch_permutation(
                 self.position.seed,
                 self.position.epoch,
-                self.windows.count() as u32,
+                self.rows.count() as u32,
             ),
             Order::Sequential => Vec::new(),
         };

@@ -99,6 +99,102 @@ pub enum DataError {
     /// A saved position does not fit the iterator it is restored into.
     #[error("cannot resume at {0}")]
     BadPosition(String),
+    /// A line of a supervised fine-tuning JSONL file is not an example of the file's format.
+    #[error("{}:{line}: {fault}", path.display())]
+    Example {
+        /// The file.
+        path: PathBuf,
+        /// The line, counted from 1.
+        line: usize,
+        /// What is wrong with it (boxed: the other errors stay small).
+        fault: Box<ExampleFault>,
+    },
+    /// A chat template does not compile.
+    #[error("chat template {name}: {cause}")]
+    Template {
+        /// Where the template came from (a file, or `tokenizer_config.json`).
+        name: String,
+        /// The template engine's message, with the template's line.
+        cause: String,
+    },
+}
+
+/// What is wrong with one line of a supervised fine-tuning file (see [`DataError::Example`]).
+#[derive(Debug, Error, Clone, PartialEq, Eq)]
+pub enum ExampleFault {
+    /// The line is not JSON.
+    #[error("invalid JSON: {0}")]
+    BadJson(String),
+    /// The line is JSON, but not an object.
+    #[error("not a JSON object but {0}")]
+    NotObject(&'static str),
+    /// The first example has none of the keys that tell the format.
+    #[error(
+        "no key {text:?}, {messages:?} or {prompt:?} with {completion:?}: not an example of the \
+         text, chat or completions format"
+    )]
+    UnknownFormat {
+        /// The text format's key.
+        text: String,
+        /// The chat format's key.
+        messages: String,
+        /// The completions format's prompt key.
+        prompt: String,
+        /// The completions format's completion key.
+        completion: String,
+    },
+    /// A key of the file's format is missing (`messages[1].role` names one inside a list).
+    #[error("no key {key:?} ({format} format, as the file's first example)")]
+    MissingKey {
+        /// The key.
+        key: String,
+        /// The file's format.
+        format: &'static str,
+    },
+    /// A value has the wrong JSON type.
+    #[error("{key:?} is {found}, not {expected}")]
+    WrongType {
+        /// The key.
+        key: String,
+        /// What it must be.
+        expected: &'static str,
+        /// What it is.
+        found: &'static str,
+    },
+    /// A value that must hold something is empty.
+    #[error("{key:?} is empty")]
+    Empty {
+        /// The key.
+        key: String,
+    },
+    /// The chat template failed on this example (a `raise_exception` of the template's, an
+    /// undefined value, a type error).
+    #[error("chat template {name}: {cause}")]
+    Template {
+        /// The template's name.
+        name: String,
+        /// The engine's message.
+        cause: String,
+    },
+    /// A chat example, and no chat template to render it with.
+    #[error(
+        "a chat example needs a chat template: the model folder's tokenizer_config.json, or \
+         --chat-template FILE"
+    )]
+    NoTemplate,
+    /// The tokenizer failed on the example's text.
+    #[error("{0}")]
+    Tokenizer(String),
+    /// The template renders the conversation without its last message as text that does not
+    /// begin the rendering of the whole: where the completion starts is unknown.
+    #[error(
+        "chat template {name} renders the messages before the last as text that does not begin \
+         the whole conversation's, so the completion cannot be told from the prompt"
+    )]
+    PromptNotPrefix {
+        /// The template's name.
+        name: String,
+    },
 }
 
 /// Where token ids came from, for [`DataError::OutOfVocab`].

@@ -105,6 +105,23 @@ impl Tokenizer for HfTokenizer {
         Ok(encoding.get_ids().to_vec())
     }
 
+    /// By the tokens' byte offsets in the whole text's encoding.
+    fn encode_split(&self, text: &str, split: usize) -> Result<(Vec<u32>, usize), DataError> {
+        let encoding = self
+            .inner
+            .encode(text, false)
+            .map_err(|cause| DataError::Tokenizer {
+                context: "encoding".to_owned(),
+                cause,
+            })?;
+        let prompt = encoding
+            .get_offsets()
+            .iter()
+            .take_while(|(_, end)| *end <= split)
+            .count();
+        Ok((encoding.get_ids().to_vec(), prompt))
+    }
+
     fn decode(&self, ids: &[u32]) -> Result<String, DataError> {
         let vocab_size = self.vocab_size();
         if let Some(&id) = ids.iter().find(|&&id| id as usize >= vocab_size) {

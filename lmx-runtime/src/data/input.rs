@@ -125,7 +125,7 @@ fn document_of(line: &str, field: &str) -> Result<String, String> {
     }
 }
 
-fn json_kind(value: &serde_json::Value) -> &'static str {
+pub(crate) fn json_kind(value: &serde_json::Value) -> &'static str {
     match value {
         serde_json::Value::Null => "null",
         serde_json::Value::Bool(_) => "a boolean",

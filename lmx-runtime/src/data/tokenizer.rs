@@ -7,6 +7,23 @@ pub trait Tokenizer: Send + Sync {
     /// The ids of `text`, without special tokens.
     fn encode(&self, text: &str) -> Result<Vec<u32>, DataError>;
 
+    /// The ids of `text`, and how many of the first ones lie wholly within its first `split`
+    /// bytes: with the prompt there, the prompt's ids, where a token that straddles the split
+    /// counts as the completion's.
+    ///
+    /// The text is tokenized whole, as the model reads it in training. This default tokenizes
+    /// the two parts apart, which is the same where no token can span the split (bytes); a
+    /// tokenizer whose tokens can cross it (BPE) overrides it with offsets.
+    ///
+    /// # Panics
+    /// If `split` is not a character boundary of `text`.
+    fn encode_split(&self, text: &str, split: usize) -> Result<(Vec<u32>, usize), DataError> {
+        let mut ids = self.encode(&text[..split])?;
+        let prompt = ids.len();
+        ids.extend(self.encode(&text[split..])?);
+        Ok((ids, prompt))
+    }
+
     /// The text of `ids`, with special tokens left out; fails on an id outside the vocabulary.
     fn decode(&self, ids: &[u32]) -> Result<String, DataError>;
 

@@ -4,6 +4,7 @@ use std::fmt;
 use std::sync::Arc;
 
 use super::error::DataError;
+use super::rows::Rows;
 use super::source::TokenSource;
 
 /// The windows of a contiguous range of tokens: window `i` is the `seq_len + 1` tokens starting at
@@ -135,6 +136,28 @@ impl Windows {
             })
             .transpose()?;
         Ok(Split { train, validation })
+    }
+}
+
+impl Rows for Windows {
+    fn count(&self) -> usize {
+        Windows::count(self)
+    }
+
+    fn seq_len(&self) -> usize {
+        Windows::seq_len(self)
+    }
+
+    fn read(&self, index: usize, inputs: &mut [i32], targets: &mut [i32]) -> Result<(), DataError> {
+        Windows::read(self, index, inputs, targets)
+    }
+
+    fn check_vocab(&self, vocab_size: usize) -> Result<(), DataError> {
+        Windows::check_vocab(self, vocab_size)
+    }
+
+    fn describe(&self) -> String {
+        format!("{} windows of {} tokens", self.count(), self.seq_len + 1)
     }
 }
 

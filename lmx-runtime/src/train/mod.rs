@@ -23,4 +23,4 @@ pub use overlap::Overlap;
 pub use packing::StatePacking;
 pub use precision::Precision;
 pub use progress::{ProgressBar, ProgressLines};
-pub use trainer::{TrainSummary, Trainer};
+pub use trainer::{TrainData, TrainSummary, Trainer};

@@ -6,7 +6,7 @@ use super::staged::StagedBatches;
 use super::stepper::Stepper;
 use super::{Overlap, TrainConfig};
 use crate::checkpoint::{self, Checkpoints};
-use crate::data::{BatchIterator, BatchPosition, Order, Windows};
+use crate::data::{BatchIterator, BatchPosition, Order, Rows, Windows};
 use crate::error::{Error, Result};
 use crate::model::{LanguageModel, TrainingStep};
 use crate::state::{StateTemplate, TrainState};
@@ -38,6 +38,15 @@ pub struct TrainSummary {
     pub checkpoint: Option<PathBuf>,
 }
 
+/// What a run trains and validates on.
+#[derive(Clone, Debug)]
+pub struct TrainData {
+    /// The training rows.
+    pub train: Arc<dyn Rows>,
+    /// The validation rows, if the run validates.
+    pub validation: Option<Arc<dyn Rows>>,
+}
+
 /// A step dispatched to the device whose loss the host has not read yet.
 struct InFlight {
     step: u64,
@@ -67,7 +76,7 @@ pub struct Trainer<S: TrainingStep> {
     stepper: Stepper<Params<S>, S::Optimizer>,
     evaluate: EvalFn,
     train_batches: BatchIterator,
-    validation: Option<Windows>,
+    validation: Option<Arc<dyn Rows>>,
     checkpoints: Checkpoints,
     callbacks: Vec<Box<dyn Callback>>,
     stop: Option<Arc<AtomicBool>>,
@@ -86,8 +95,34 @@ where
     pub fn new(model: ModelConfig<S>, config: TrainConfig, windows: Windows) -> Result<Self> {
         config.validate()?;
         S::Model::validate(&model)?;
-        // An id past the vocabulary would read the embedding out of bounds on the device.
+        // Before the split, so that the error names the id's place in the whole stream.
         windows.check_vocab(S::Model::vocab_size(&model))?;
+        let data = if config.validation_fraction > 0.0 {
+            let split = windows.split(config.validation_fraction)?;
+            TrainData {
+                train: Arc::new(split.train),
+                validation: split.validation.map(|rows| Arc::new(rows) as Arc<dyn Rows>),
+            }
+        } else {
+            TrainData {
+                train: Arc::new(windows),
+                validation: None,
+            }
+        };
+        Self::with_data(model, config, data)
+    }
+
+    /// A fresh run over rows of one's own (supervised examples, [`SftRows`](crate::data::SftRows)):
+    /// `config.validation_fraction` is not used, `data.validation` is the validation set.
+    pub fn with_data(model: ModelConfig<S>, config: TrainConfig, data: TrainData) -> Result<Self> {
+        config.validate()?;
+        S::Model::validate(&model)?;
+        // An id past the vocabulary would read the embedding out of bounds on the device.
+        let vocab = S::Model::vocab_size(&model);
+        data.train.check_vocab(vocab)?;
+        if let Some(validation) = &data.validation {
+            validation.check_vocab(vocab)?;
+        }
         let params = S::Model::init(&model, config.seed)?;
         let params = config.precision.cast(&params)?;
         let optimizer = S::optimizer();
@@ -95,6 +130,8 @@ where
         let options = StepOptions {
             compile: config.compile,
             decay: config.decay,
+            // The trainer's batch is `[inputs, targets]`.
+            targets: Some(1),
             ..S::options()
         };
         let loss_model = model.clone();
@@ -115,14 +152,9 @@ where
             options,
             config.state_packing,
         )?;
-        let (train, validation) = if config.validation_fraction > 0.0 {
-            let split = windows.split(config.validation_fraction)?;
-            (split.train, split.validation)
-        } else {
-            (windows, None)
-        };
+        let validation = data.validation;
         let train_batches =
-            BatchIterator::new(train, config.batch_size, Order::Shuffled, config.seed)?;
+            BatchIterator::over(data.train, config.batch_size, Order::Shuffled, config.seed)?;
         let checkpoints =
             Checkpoints::new(config.out_dir.join("checkpoints")).keep_last(config.keep_checkpoints);
         Ok(Trainer {
@@ -398,31 +430,38 @@ where
         Ok(())
     }
 
-    /// The mean loss over up to `eval_batches` validation batches, in order.
+    /// The mean loss over the kept targets of up to `eval_batches` validation batches, in
+    /// order: each batch's mean weighed by its share of them (mlx-lm's `evaluate`). Every
+    /// weight is exactly 1 where the batches keep as many targets as each other (windows of a
+    /// corpus), which makes it the plain mean of the batches' losses.
     pub fn validation_loss(&mut self) -> Result<Option<f32>> {
-        let Some(windows) = &self.validation else {
+        let Some(rows) = &self.validation else {
             return Ok(None);
         };
-        let batch_size = self.config.batch_size.min(windows.count());
+        let batch_size = self.config.batch_size.min(rows.count());
         if batch_size == 0 {
             return Ok(None);
         }
-        let mut batches = BatchIterator::new(windows.clone(), batch_size, Order::Sequential, 0)?;
+        let mut batches = BatchIterator::over(rows.clone(), batch_size, Order::Sequential, 0)?;
         let count = self
             .config
             .eval_batches
             .clamp(1, batches.batches_per_epoch().max(1));
         let params = crate::tree::flatten(&self.state().params);
-        let mut total = 0.0;
+        let full = (batch_size * rows.seq_len()) as f32;
+        let (mut total, mut weights) = (0.0f32, 0.0f32);
         for _ in 0..count {
-            let (inputs, targets) = batches.next_batch()?.to_arrays();
+            let batch = batches.next_batch()?;
+            let weight = batch.kept_targets() as f32 / full;
+            let (inputs, targets) = batch.to_arrays();
             let mut args = params.clone();
             args.extend([inputs, targets]);
             let loss = (self.evaluate)(&args)?.remove(0);
             eval([&loss])?;
-            total += loss.item_exact::<f32>();
+            total += loss.item_exact::<f32>() * weight;
+            weights += weight;
         }
-        Ok(Some(total / count as f32))
+        Ok((weights > 0.0).then(|| total / weights))
     }
 
     /// The loss of the current parameters on `batch`, computed as validation computes it.
