@@ -94,7 +94,11 @@ fn round_trip<M: LanguageModel>(name: &str, max_shard_bytes: u64) -> Result<()> 
         "the tokenizer files are carried along"
     );
     let sharded = exported.join(hf::INDEX_FILE).exists();
-    assert_eq!(sharded, max_shard_bytes < 1_000_000, "sharded above the limit only");
+    assert_eq!(
+        sharded,
+        max_shard_bytes < 1_000_000,
+        "sharded above the limit only"
+    );
     Ok(())
 }
 
@@ -136,4 +140,211 @@ fn gemma_matches_transformers_and_round_trips() -> Result<()> {
 #[test]
 fn mpt_matches_transformers_and_round_trips() -> Result<()> {
     round_trip::<mpt::Mpt>("mpt", hf::DEFAULT_MAX_SHARD_BYTES)
+}
+
+/// A copy of fixture `name` in a temporary folder, with `edit` applied to its `config.json`.
+fn edited(name: &str, edit: impl FnOnce(&mut serde_json::Value)) -> tempfile::TempDir {
+    let copy = tempfile::tempdir().unwrap();
+    for entry in std::fs::read_dir(fixture(name)).unwrap() {
+        let path = entry.unwrap().path();
+        std::fs::copy(&path, copy.path().join(path.file_name().unwrap())).unwrap();
+    }
+    let config = copy.path().join("config.json");
+    let mut json: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&config).unwrap()).unwrap();
+    edit(&mut json);
+    std::fs::write(&config, json.to_string()).unwrap();
+    copy
+}
+
+/// The error of loading the folder `dir` as `M`, with the folder's path written `DIR`.
+fn load_error<M: LanguageModel>(dir: &Path) -> String {
+    let error = match HfFolder::open(dir) {
+        Err(err) => err,
+        Ok(folder) => match hf::load_model::<M>(&folder, None) {
+            Err(err) => err,
+            Ok(_) => panic!("{} loaded", dir.display()),
+        },
+    };
+    error.to_string().replace(dir.to_str().unwrap(), "DIR")
+}
+
+#[test]
+fn an_unknown_model_type_names_the_supported_ones() {
+    let dir = edited("gpt2", |config| config["model_type"] = "bert".into());
+    assert_eq!(
+        load_error::<gpt2::Gpt2>(dir.path()),
+        "DIR/config.json: model_type `bert` is not supported; the supported ones are gpt2, \
+         llama, mistral, mixtral, gemma, mpt"
+    );
+}
+
+#[test]
+fn settings_the_model_cannot_express_name_the_key_and_value() {
+    type Edit = fn(&mut serde_json::Value);
+    let llama: [(Edit, &str); 4] = [
+        (
+            |config| config["rope_parameters"]["rope_type"] = "linear".into(),
+            "`rope_parameters.rope_type` = \"linear\": the bundled models apply RoPE unscaled",
+        ),
+        (
+            |config| config["rope_scaling"] = serde_json::json!({"type": "dynamic", "factor": 2.0}),
+            "`rope_scaling` = {\"factor\":2.0,\"type\":\"dynamic\"}: the bundled models apply RoPE \
+             unscaled",
+        ),
+        (
+            |config| config["attention_bias"] = true.into(),
+            "`attention_bias` = true: the bundled llama model's projections have no bias",
+        ),
+        (
+            |config| config["head_dim"] = 16.into(),
+            "`head_dim` = 16: the bundled llama model's heads are hidden_size / \
+             num_attention_heads wide",
+        ),
+    ];
+    for (edit, message) in llama {
+        let dir = edited("llama", edit);
+        assert_eq!(
+            load_error::<llama::Llama>(dir.path()),
+            format!("DIR/config.json: {message}")
+        );
+    }
+    let dir = edited("gpt2", |config| {
+        config["activation_function"] = "relu".into()
+    });
+    assert_eq!(
+        load_error::<gpt2::Gpt2>(dir.path()),
+        "DIR/config.json: `activation_function` = \"relu\": the bundled gpt2 model uses GELU's \
+         tanh form (gelu_new)"
+    );
+    let dir = edited("mpt", |config| {
+        config["attn_config"]["clip_qkv"] = 6.0.into()
+    });
+    assert_eq!(
+        load_error::<mpt::Mpt>(dir.path()),
+        "DIR/config.json: `attn_config.clip_qkv` = 6.0: the bundled mpt model does not clip \
+         queries, keys and values"
+    );
+    let dir = edited("mixtral", |config| config["sliding_window"] = 16.into());
+    assert_eq!(
+        load_error::<mixtral::Mixtral>(dir.path()),
+        "DIR/config.json: `sliding_window` = 16: the bundled mixtral model attends over the \
+         whole context (a window of at least max_position_embeddings)"
+    );
+}
+
+#[test]
+fn a_missing_shard_is_named_with_the_index() {
+    let dir = edited("llama-sharded", |_| {});
+    std::fs::remove_file(dir.path().join("model-00002-of-00003.safetensors")).unwrap();
+    assert_eq!(
+        load_error::<llama::Llama>(dir.path()),
+        "DIR/model.safetensors.index.json: shard `model-00002-of-00003.safetensors` (holding \
+         `model.layers.0.input_layernorm.weight`) is missing"
+    );
+}
+
+#[test]
+fn a_tensor_of_the_wrong_shape_names_file_tensor_and_shapes() {
+    let dir = edited("llama", |config| config["intermediate_size"] = 48.into());
+    assert_eq!(
+        load_error::<llama::Llama>(dir.path()),
+        "DIR/model.safetensors: tensor `model.layers.0.mlp.gate_proj.weight` has shape \
+         [64, 32], the model expects [48, 32]"
+    );
+    // GPT-2's Conv1D weights are stored transposed: the expected shape is the stored layout.
+    let dir = edited("gpt2", |config| config["n_embd"] = 16.into());
+    let error = load_error::<gpt2::Gpt2>(dir.path());
+    assert_eq!(
+        error,
+        "DIR/model.safetensors: tensor `transformer.wte.weight` has shape [288, 32], the model \
+         expects [288, 16]"
+    );
+}
+
+/// Writes fixture `name`'s tensors, changed by `change`, as a folder in `dir`.
+fn rewritten<M: LanguageModel>(
+    name: &str,
+    dir: &Path,
+    change: impl FnOnce(&mut Vec<(String, Array)>),
+) -> Result<PathBuf> {
+    let folder = HfFolder::open(&fixture(name))?;
+    let (_, params) = hf::load_model::<M>(&folder, None)?;
+    let mut tensors = hf::hf_tensors(folder.family(), &params, Dtype::Float32)?;
+    change(&mut tensors);
+    let out = dir.join("changed");
+    hf::write_folder(&out, folder.config(), &tensors, &[], u64::MAX)?;
+    Ok(out)
+}
+
+#[test]
+fn a_missing_or_unexpected_tensor_is_named() -> Result<()> {
+    let temp = tempfile::tempdir().unwrap();
+    let missing = rewritten::<gpt2::Gpt2>("gpt2", &temp.path().join("missing"), |tensors| {
+        tensors.retain(|(name, _)| name != "transformer.h.1.mlp.c_fc.bias")
+    })?;
+    assert_eq!(
+        load_error::<gpt2::Gpt2>(&missing),
+        "DIR/model.safetensors: tensor `transformer.h.1.mlp.c_fc.bias` is missing"
+    );
+    let extra = rewritten::<gpt2::Gpt2>("gpt2", &temp.path().join("extra"), |tensors| {
+        let bias = tensors[0].1.clone();
+        tensors.push(("transformer.h.0.attn.q_attn.bias".into(), bias.clone()));
+        tensors.push(("transformer.h.1.attn.q_attn.bias".into(), bias));
+    })?;
+    assert_eq!(
+        load_error::<gpt2::Gpt2>(&extra),
+        "DIR/model.safetensors: unexpected tensor `transformer.h.0.attn.q_attn.bias` (2 \
+         tensor(s) the model does not have)"
+    );
+    Ok(())
+}
+
+#[test]
+fn an_export_never_overwrites_and_leaves_nothing_half_written() -> Result<()> {
+    let temp = tempfile::tempdir().unwrap();
+    let taken = temp.path().join("taken");
+    std::fs::create_dir(&taken).unwrap();
+    std::fs::write(taken.join("notes.txt"), "mine").unwrap();
+    let folder = HfFolder::open(&fixture("gpt2"))?;
+    let error = hf::write_folder(&taken, folder.config(), &[], &[], u64::MAX).unwrap_err();
+    assert_eq!(
+        error
+            .to_string()
+            .replace(temp.path().to_str().unwrap(), "TMP"),
+        "TMP/taken: exists and is not an empty folder; give a new one"
+    );
+    assert_eq!(
+        std::fs::read_to_string(taken.join("notes.txt")).unwrap(),
+        "mine"
+    );
+    // A file to carry along that is missing fails the export after the weights are written:
+    // neither the folder nor its temporary copy remains.
+    let out = temp.path().join("out");
+    let missing = temp.path().join("tokenizer.json");
+    let error = hf::write_folder(&out, folder.config(), &[], &[missing], u64::MAX).unwrap_err();
+    assert!(error.to_string().contains("tokenizer.json"), "{error}");
+    let left: Vec<_> = std::fs::read_dir(temp.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert_eq!(left, vec![std::ffi::OsString::from("taken")]);
+    Ok(())
+}
+
+#[test]
+fn the_tokenizer_files_and_chat_template_are_read() -> Result<()> {
+    let folder = HfFolder::open(&fixture("llama"))?;
+    assert_eq!(
+        folder.tokenizer_file(),
+        Some(fixture("llama").join("tokenizer.json"))
+    );
+    assert_eq!(folder.bos_token().as_deref(), Some("<s>"));
+    assert_eq!(folder.eos_token().as_deref(), Some("</s>"));
+    let template = folder.chat_template()?.expect("a chat template");
+    assert!(
+        template.starts_with("{% for message in messages %}"),
+        "{template}"
+    );
+    Ok(())
 }

@@ -67,7 +67,11 @@ struct ArrayView<'a> {
 fn bytes_of<T: ArrayElement>(array: &Array) -> std::result::Result<&[u8], String> {
     let values = array.try_as_slice::<T>().map_err(|err| err.to_string())?;
     // SAFETY: a slice of plain numbers viewed as its bytes, for as long as the array lives.
-    Ok(unsafe { std::slice::from_raw_parts(values.as_ptr().cast(), std::mem::size_of_val(values)) })
+    Ok(
+        unsafe {
+            std::slice::from_raw_parts(values.as_ptr().cast(), std::mem::size_of_val(values))
+        },
+    )
 }
 
 impl<'a> ArrayView<'a> {
@@ -79,7 +83,10 @@ impl<'a> ArrayView<'a> {
             Dtype::Int32 => (FileDtype::I32, bytes_of::<i32>(array)),
             Dtype::Uint32 => (FileDtype::U32, bytes_of::<u32>(array)),
             Dtype::Uint8 => (FileDtype::U8, bytes_of::<u8>(array)),
-            other => (FileDtype::F32, Err(format!("{other:?} tensors cannot be stored"))),
+            other => (
+                FileDtype::F32,
+                Err(format!("{other:?} tensors cannot be stored")),
+            ),
         };
         let data = data.map_err(|message| HfError::File {
             path: path.to_owned(),
@@ -136,11 +143,15 @@ fn write_safetensors(path: &Path, tensors: &[(String, Array)]) -> Result<()> {
         .collect::<std::result::Result<Vec<_>, HfError>>()?;
     // transformers refuses a file without the format it was saved from.
     let metadata = HashMap::from([("format".to_owned(), "pt".to_owned())]);
-    safetensors::serialize_to_file(views.iter().map(|(name, view)| (*name, view)), Some(metadata), path)
-        .map_err(|err| HfError::File {
-            path: path.to_owned(),
-            message: format!("cannot write: {err}"),
-        })?;
+    safetensors::serialize_to_file(
+        views.iter().map(|(name, view)| (*name, view)),
+        Some(metadata),
+        path,
+    )
+    .map_err(|err| HfError::File {
+        path: path.to_owned(),
+        message: format!("cannot write: {err}"),
+    })?;
     sync(path)
 }
 

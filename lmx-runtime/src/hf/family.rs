@@ -231,12 +231,21 @@ impl Family {
                 set("d_ff", hf.size_or("intermediate_size", 24576)?.into());
                 set("eps", hf.float_or("rms_norm_eps", 1e-6)?.into());
                 set("rope_base", rope_base(&hf, 10000.0)?.into());
-                let tanh = "the bundled gemma model's MLP uses GELU's tanh form (gelu_pytorch_tanh)";
+                let tanh =
+                    "the bundled gemma model's MLP uses GELU's tanh form (gelu_pytorch_tanh)";
                 // transformers 4 reads `hidden_activation` first; `hidden_act = "gelu"` is the
                 // first releases' name for the tanh form, which transformers replaces by it.
                 match hf.get("hidden_activation") {
-                    Some(_) => hf.one_of("hidden_activation", &["gelu_pytorch_tanh", "gelu_new"], tanh)?,
-                    None => hf.one_of("hidden_act", &["gelu_pytorch_tanh", "gelu_new", "gelu"], tanh)?,
+                    Some(_) => hf.one_of(
+                        "hidden_activation",
+                        &["gelu_pytorch_tanh", "gelu_new"],
+                        tanh,
+                    )?,
+                    None => hf.one_of(
+                        "hidden_act",
+                        &["gelu_pytorch_tanh", "gelu_new", "gelu"],
+                        tanh,
+                    )?,
                 }
                 hf.require(
                     "attention_bias",

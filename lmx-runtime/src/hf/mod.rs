@@ -183,15 +183,13 @@ impl HfFolder {
         if !file.exists() {
             return Ok(None);
         }
-        std::fs::read_to_string(&file)
-            .map(Some)
-            .map_err(|err| {
-                HfError::File {
-                    path: file,
-                    message: err.to_string(),
-                }
-                .into()
-            })
+        std::fs::read_to_string(&file).map(Some).map_err(|err| {
+            HfError::File {
+                path: file,
+                message: err.to_string(),
+            }
+            .into()
+        })
     }
 
     /// The folder's tokenizer files and generation defaults, which an export carries along.

@@ -146,7 +146,8 @@ impl Weights {
     /// Sharded weights: every shard the index names must exist and hold the tensors the index
     /// places in it.
     fn sharded(dir: &Path, index: &Path) -> Result<Weights, HfError> {
-        let text = std::fs::read_to_string(index).map_err(|err| file_error(index, err.to_string()))?;
+        let text =
+            std::fs::read_to_string(index).map_err(|err| file_error(index, err.to_string()))?;
         let json: serde_json::Value = serde_json::from_str(&text)
             .map_err(|err| file_error(index, format!("not valid JSON: {err}")))?;
         let weight_map = json
