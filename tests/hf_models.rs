@@ -70,15 +70,14 @@ fn round_trip<M: LanguageModel>(name: &str, max_shard_bytes: u64) -> Result<()> 
     std::fs::write(exported.with_extension("from"), dir.to_str().unwrap()).unwrap();
     let folder = HfFolder::open(&dir)?;
     let config = serde_json::to_value(hf::model_config::<M>(&folder)?).unwrap();
-    hf::export(
-        &exported,
-        folder.family(),
-        &config,
-        &params,
-        Dtype::Float32,
-        &folder.carried_files(),
+    let spec = hf::ExportSpec {
+        lmx_config: &config,
+        source_config: Some(folder.config()),
+        dtype: Dtype::Float32,
+        copy: &folder.carried_files(),
         max_shard_bytes,
-    )?;
+    };
+    hf::export(&exported, folder.family(), &params, &spec)?;
     let (again, reloaded) = logits_of::<M>(&exported)?;
     for ((leaf, a), b) in tree::names(&params)
         .iter()
