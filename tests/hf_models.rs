@@ -380,3 +380,28 @@ fn the_tokenizer_files_and_chat_template_are_read() -> Result<()> {
     );
     Ok(())
 }
+
+#[test]
+fn a_setting_transformers_cannot_express_fails_the_export_before_anything_is_written() -> Result<()>
+{
+    // The tiny Mistral preset attends globally every 4th layer; transformers' Mistral cannot.
+    let config = mistral::Mistral::preset("tiny").expect("a tiny preset");
+    let params = mistral::Mistral::init(&config, 0)?;
+    let temp = tempfile::tempdir().unwrap();
+    let out = temp.path().join("out");
+    let spec = hf::ExportSpec {
+        lmx_config: &serde_json::to_value(&config).unwrap(),
+        source_config: None,
+        dtype: Dtype::Float32,
+        copy: &[],
+        max_shard_bytes: hf::DEFAULT_MAX_SHARD_BYTES,
+    };
+    let error = hf::export(&out, hf::Family::Mistral, &params, &spec).unwrap_err();
+    assert_eq!(
+        error.to_string(),
+        "mistral's `global_every` = 4 cannot be written as a Hugging Face model: every layer of \
+         transformers' Mistral attends through the sliding window"
+    );
+    assert!(!out.exists());
+    Ok(())
+}
