@@ -47,6 +47,23 @@ pub struct TrainData {
     pub validation: Option<Arc<dyn Rows>>,
 }
 
+impl TrainData {
+    /// A corpus's windows, the last `fraction` of them kept for validation (none for 0).
+    pub fn split(windows: Windows, fraction: f64) -> Result<TrainData> {
+        if fraction <= 0.0 {
+            return Ok(TrainData {
+                train: Arc::new(windows),
+                validation: None,
+            });
+        }
+        let split = windows.split(fraction)?;
+        Ok(TrainData {
+            train: Arc::new(split.train),
+            validation: split.validation.map(|rows| Arc::new(rows) as Arc<dyn Rows>),
+        })
+    }
+}
+
 /// A step dispatched to the device whose loss the host has not read yet.
 struct InFlight {
     step: u64,
@@ -94,27 +111,33 @@ where
     /// before the step is traced, the windows split into training and validation.
     pub fn new(model: ModelConfig<S>, config: TrainConfig, windows: Windows) -> Result<Self> {
         config.validate()?;
-        S::Model::validate(&model)?;
-        // Before the split, so that the error names the id's place in the whole stream.
-        windows.check_vocab(S::Model::vocab_size(&model))?;
-        let data = if config.validation_fraction > 0.0 {
-            let split = windows.split(config.validation_fraction)?;
-            TrainData {
-                train: Arc::new(split.train),
-                validation: split.validation.map(|rows| Arc::new(rows) as Arc<dyn Rows>),
-            }
-        } else {
-            TrainData {
-                train: Arc::new(windows),
-                validation: None,
-            }
-        };
+        let data = TrainData::split(windows, config.validation_fraction)?;
         Self::with_data(model, config, data)
     }
 
     /// A fresh run over rows of one's own (supervised examples, [`SftRows`](crate::data::SftRows)):
     /// `config.validation_fraction` is not used, `data.validation` is the validation set.
     pub fn with_data(model: ModelConfig<S>, config: TrainConfig, data: TrainData) -> Result<Self> {
+        Self::starting_from(model, config, data, None)
+    }
+
+    /// A fresh run from `params` (a published model's weights) instead of initialised ones,
+    /// cast to the run's precision; the optimizer's state is fresh.
+    pub fn with_params(
+        model: ModelConfig<S>,
+        config: TrainConfig,
+        data: TrainData,
+        params: Params<S>,
+    ) -> Result<Self> {
+        Self::starting_from(model, config, data, Some(params))
+    }
+
+    fn starting_from(
+        model: ModelConfig<S>,
+        config: TrainConfig,
+        data: TrainData,
+        params: Option<Params<S>>,
+    ) -> Result<Self> {
         config.validate()?;
         S::Model::validate(&model)?;
         // An id past the vocabulary would read the embedding out of bounds on the device.
@@ -123,7 +146,10 @@ where
         if let Some(validation) = &data.validation {
             validation.check_vocab(vocab)?;
         }
-        let params = S::Model::init(&model, config.seed)?;
+        let params = match params {
+            Some(params) => params,
+            None => S::Model::init(&model, config.seed)?,
+        };
         let params = config.precision.cast(&params)?;
         let optimizer = S::optimizer();
         let state = TrainState::new(params, &optimizer, config.seed)?;
