@@ -223,7 +223,10 @@ pub fn export<R: Tree<Array>>(
     copy: &[PathBuf],
     max_shard_bytes: u64,
 ) -> Result<()> {
-    let config = family.hf_config(lmx_config, dtype_name(dtype))?;
+    let mut config = family.hf_config(lmx_config, dtype_name(dtype))?;
+    if let Some(config) = config.as_object_mut() {
+        crate::quant::layout::write_config(config, params);
+    }
     let tensors = hf_tensors(family, params, dtype)?;
     write_folder(dir, &config, &tensors, copy, max_shard_bytes)
 }
