@@ -1,0 +1,186 @@
+//! `lmx quantize`: a model (a Hugging Face or mlx-lm folder, a run, or a run's checkpoint)
+//! quantized as mlx-lm's `convert -q` does it and written in mlx-lm's layout, which both lmx
+//! (`lmx generate --model DIR`) and mlx-lm load.
+
+use super::run_file::RunFile;
+use super::tokenizer::TRAINED_FILE;
+use clap::Args;
+use lmx::models::{gemma, gpt2, llama, mistral, mixtral, mpt};
+use lmx::runtime::checkpoint::{self, Checkpoints, MODEL_FILE};
+use lmx::runtime::hf::{self, Family, HfFolder, CONFIG_FILE};
+use lmx::runtime::mlx_rs::Dtype;
+use lmx::runtime::model::LanguageModel;
+use lmx::runtime::quant::{self, Quantization};
+use lmx::runtime::tree::{self, Tree};
+use lmx::runtime::Array;
+use std::path::{Path, PathBuf};
+
+/// `lmx quantize`'s options.
+#[derive(Args)]
+pub struct QuantizeArgs {
+    /// The model: a Hugging Face or mlx-lm folder (with config.json), a run directory (its
+    /// latest checkpoint) or a run's checkpoint directory.
+    #[arg(long)]
+    pub model: PathBuf,
+    /// Bits per weight: 2, 3, 4, 5, 6 or 8.
+    #[arg(long, default_value_t = 4)]
+    pub bits: i32,
+    /// Weights per scale and offset: 32, 64 or 128.
+    #[arg(long, default_value_t = 64)]
+    pub group_size: i32,
+    /// The folder to write: new, or empty.
+    #[arg(long)]
+    pub out: PathBuf,
+    /// The dtype of the scales, offsets and the weights left unquantized: `float16` (as mlx-lm's
+    /// models), `bfloat16` or `float32`.
+    #[arg(long, default_value = "float16", value_parser = parse_dtype)]
+    pub dtype: Dtype,
+}
+
+fn parse_dtype(text: &str) -> Result<Dtype, String> {
+    match text {
+        "float16" => Ok(Dtype::Float16),
+        "bfloat16" => Ok(Dtype::Bfloat16),
+        "float32" => Ok(Dtype::Float32),
+        _ => Err(format!("`{text}`: give float16, bfloat16 or float32")),
+    }
+}
+
+/// Where the model comes from.
+enum Source {
+    /// A model folder.
+    Folder(HfFolder),
+    /// A run's checkpoint: the run's record and directory, and the checkpoint directory.
+    Checkpoint(Box<RunFile>, PathBuf, PathBuf),
+}
+
+impl Source {
+    fn open(path: &Path) -> anyhow::Result<Source> {
+        if path.join(CONFIG_FILE).exists() {
+            return Ok(Source::Folder(HfFolder::open(path)?));
+        }
+        if path.join(super::run_file::RUN_FILE).exists() {
+            let run = RunFile::read(path)?;
+            let checkpoint = Checkpoints::new(path.join("checkpoints"))
+                .latest()?
+                .ok_or_else(|| anyhow::anyhow!("{} has no checkpoint yet", path.display()))?;
+            return Ok(Source::Checkpoint(
+                Box::new(run),
+                path.to_owned(),
+                checkpoint,
+            ));
+        }
+        // A checkpoint directory lies in RUN/checkpoints/.
+        if let Some(run_dir) = path.parent().and_then(Path::parent) {
+            if path.join(MODEL_FILE).exists() && run_dir.join(super::run_file::RUN_FILE).exists() {
+                let run = RunFile::read(run_dir)?;
+                return Ok(Source::Checkpoint(
+                    Box::new(run),
+                    run_dir.to_owned(),
+                    path.to_owned(),
+                ));
+            }
+        }
+        anyhow::bail!(
+            "--model {}: not a model folder (config.json), a run (run.json) or a run's checkpoint",
+            path.display()
+        )
+    }
+
+    fn model_name(&self) -> &str {
+        match self {
+            Source::Folder(folder) => folder.family().model_name(),
+            Source::Checkpoint(run, _, _) => &run.model,
+        }
+    }
+}
+
+/// Runs `lmx quantize`.
+pub fn run(args: QuantizeArgs) -> anyhow::Result<()> {
+    let q = Quantization::new(args.group_size, args.bits)?;
+    let source = Source::open(&args.model)?;
+    let name = source.model_name().to_owned();
+    // GPT-2's checkpoints store its Conv1D weights transposed ([in, out]), which a packed
+    // weight cannot be: refused before any work rather than written wrong.
+    if Family::of_model(&name) == Some(Family::Gpt2) {
+        anyhow::bail!("{name}: quantized GPT-2 models cannot be written in the Hugging Face layout yet");
+    }
+    let request = (source, q, args.out.as_path(), args.dtype);
+    match name.as_str() {
+        gpt2::Gpt2::NAME => quantize::<gpt2::Gpt2>(request),
+        llama::Llama::NAME => quantize::<llama::Llama>(request),
+        gemma::Gemma::NAME => quantize::<gemma::Gemma>(request),
+        mistral::Mistral::NAME => quantize::<mistral::Mistral>(request),
+        mixtral::Mixtral::NAME => quantize::<mixtral::Mixtral>(request),
+        mpt::Mpt::NAME => quantize::<mpt::Mpt>(request),
+        other => anyhow::bail!("{other} models have no Hugging Face layout to write"),
+    }
+}
+
+fn quantize<M: LanguageModel>(
+    (source, q, out, dtype): (Source, Quantization, &Path, Dtype),
+) -> anyhow::Result<()> {
+    let (config, params, family, carried) = match source {
+        Source::Folder(folder) => {
+            let (config, params) = hf::load_model::<M>(&folder, Some(dtype))?;
+            (config, params, folder.family(), folder.carried_files())
+        }
+        Source::Checkpoint(run, run_dir, checkpoint) => {
+            let config: M::Config = serde_json::from_value(run.model_config.clone())?;
+            M::validate(&config)?;
+            let family = Family::of_model(M::NAME)
+                .ok_or_else(|| anyhow::anyhow!("{} has no Hugging Face layout", M::NAME))?;
+            let template = run.train.precision.cast(&M::init(&config, 0)?)?;
+            let params = checkpoint::load_tree(&checkpoint.join(MODEL_FILE), &template)?;
+            let tokenizer = run_dir.join(TRAINED_FILE);
+            let carried = if tokenizer.exists() {
+                vec![tokenizer]
+            } else {
+                vec![]
+            };
+            (config, params, family, carried)
+        }
+    };
+    // Cast first, as mlx-lm quantizes a model loaded in its dtype: the scales take that dtype.
+    let cast = tree::flatten(&params)
+        .iter()
+        .map(|leaf| match leaf.dtype() {
+            Dtype::Float32 | Dtype::Float16 | Dtype::Bfloat16 => leaf.as_dtype(dtype),
+            _ => Ok(leaf.clone()),
+        })
+        .collect::<Result<Vec<Array>, _>>()?;
+    let mut cast = cast.into_iter();
+    let mut params = params.map_same(&mut |_| cast.next().expect("one array per leaf"));
+    let before = quant::tree_bytes(&params);
+    let report = quant::quantize_tree(&mut params, q)?;
+    let after = quant::tree_bytes(&params);
+    let lmx_config = serde_json::to_value(&config)?;
+    hf::export(
+        out,
+        family,
+        &lmx_config,
+        &params,
+        dtype,
+        &carried,
+        hf::DEFAULT_MAX_SHARD_BYTES,
+    )?;
+    println!(
+        "{}: {} layers quantized to {} bits in groups of {}; {} parameters, {} -> {} bytes ({:.3} bits per weight)",
+        out.display(),
+        report.quantized.len(),
+        q.bits,
+        q.group_size,
+        quant::logical_parameter_count(&params),
+        before,
+        after,
+        after as f64 * 8.0 / quant::logical_parameter_count(&params) as f64,
+    );
+    if !report.skipped.is_empty() {
+        println!(
+            "left as they were (already quantized, or rows not divisible into groups of {}): {}",
+            q.group_size,
+            report.skipped.join(", ")
+        );
+    }
+    Ok(())
+}

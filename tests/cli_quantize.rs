@@ -1,0 +1,102 @@
+//! `lmx quantize`: a model folder quantized into mlx-lm's layout, which lmx loads back quantized,
+//! with the bytes before and after reported; unsupported settings fail naming the flag's value
+//! before any work, and nothing is written.
+
+use lmx::models::llama::Llama;
+use lmx::runtime::hf::{self, HfFolder};
+use lmx::runtime::mlx_rs::Dtype;
+use lmx::runtime::nn::Quantization;
+use std::path::PathBuf;
+use std::process::{Command, Output};
+
+fn lmx(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_lmx"))
+        .args(args)
+        .output()
+        .expect("lmx runs")
+}
+
+fn llama() -> String {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures/hf/llama")
+        .display()
+        .to_string()
+}
+
+#[test]
+fn a_folder_quantizes_into_mlx_lm_layout_and_loads_back_quantized() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("llama-4bit");
+    let output = lmx(&[
+        "quantize",
+        "--model",
+        &llama(),
+        "--bits",
+        "4",
+        "--group-size",
+        "32",
+        "--out",
+        out.to_str().unwrap(),
+    ]);
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    // 2 layers of 7 linear layers, the embedding and the head: every row is 32 or 64 wide.
+    assert!(
+        stdout.contains("16 layers quantized to 4 bits in groups of 32"),
+        "{stdout}"
+    );
+    // 37,024 parameters in float16; after: 36,864 packed at 4 bits, a float16 scale and offset
+    // per 32 of them, and 160 norm weights in float16.
+    let after = 36_864 / 2 + 36_864 / 32 * 2 * 2 + 160 * 2;
+    assert!(
+        stdout.contains(&format!("37024 parameters, 74048 -> {after} bytes")),
+        "{stdout}"
+    );
+    let folder = HfFolder::open(&out).unwrap();
+    assert_eq!(
+        folder.config()["quantization"],
+        serde_json::json!({"group_size": 32, "bits": 4, "mode": "affine"})
+    );
+    let (_, params) = hf::load_model::<Llama>(&folder, Some(Dtype::Float32)).unwrap();
+    let q = Some(Quantization::new(32, 4).unwrap());
+    assert_eq!(params.lm_head.quantization, q);
+    assert_eq!(params.model.layers[1].mlp.down_proj.quantization, q);
+    assert_eq!(params.model.embed_tokens.weight.dtype(), Dtype::Uint32);
+    assert!(out.join("tokenizer.json").exists(), "the tokenizer is carried");
+}
+
+#[test]
+fn unsupported_settings_fail_before_anything_is_written() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("out");
+    for (flag, value, message) in [
+        (
+            "--bits",
+            "7",
+            "7-bit quantization is not supported: MLX's affine quantization takes 2, 3, 4, 5, 6 or 8 bits",
+        ),
+        (
+            "--group-size",
+            "48",
+            "a group size of 48 is not supported: it must be 32, 64 or 128",
+        ),
+    ] {
+        let output = lmx(&[
+            "quantize",
+            "--model",
+            &llama(),
+            flag,
+            value,
+            "--out",
+            out.to_str().unwrap(),
+        ]);
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(!output.status.success(), "{flag} {value} succeeded");
+        assert!(stderr.contains(message), "{stderr}");
+        assert!(!out.exists(), "nothing written");
+    }
+}
