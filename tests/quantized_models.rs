@@ -182,6 +182,49 @@ fn a_model_quantized_by_lmx_round_trips_in_mlx_lm_layout() -> Result<()> {
     Ok(())
 }
 
+/// mlx-lm saves a tied model without `lm_head` (its head is `embed_tokens.as_linear`): lmx's
+/// untied head is then read from the quantized embedding, packed weight, scales and biases.
+#[test]
+fn a_tied_quantized_model_reads_its_head_from_the_quantized_embedding() -> Result<()> {
+    let dir = edited(|config| {
+        config["tie_word_embeddings"] = true.into();
+        for key in ["quantization", "quantization_config"] {
+            config[key].as_object_mut().unwrap().remove("lm_head");
+        }
+    });
+    let weights = dir.path().join("model.safetensors");
+    let mut tensors = Array::load_safetensors(&weights).unwrap();
+    tensors.retain(|name, _| !name.starts_with("lm_head."));
+    std::fs::remove_file(dir.path().join("model.safetensors.index.json")).unwrap();
+    let edited_file = dir.path().join("edited.safetensors");
+    Array::save_safetensors(
+        tensors.iter().map(|(k, v)| (k.as_str(), v)),
+        None,
+        &edited_file,
+    )
+    .unwrap();
+    std::fs::rename(&edited_file, &weights).unwrap();
+
+    let (config, params) = load(dir.path())?;
+    let (head, embed) = (&params.lm_head, &params.model.embed_tokens);
+    assert_eq!(head.quantization, Some(Quantization::new(32, 4)?));
+    assert!(head.weight.eq_values(&embed.weight)?);
+    assert!(head
+        .scales
+        .as_ref()
+        .unwrap()
+        .eq_values(embed.scales.as_ref().unwrap())?);
+    assert!(head
+        .biases
+        .as_ref()
+        .unwrap()
+        .eq_values(embed.biases.as_ref().unwrap())?);
+    let (tokens, _, _) = io();
+    let logits = Llama::forward(&params, &config, &tokens, &mut Context::evaluation())?;
+    assert_eq!(logits.shape(), &[2, 8, 256]);
+    Ok(())
+}
+
 /// A copy of the mlx-lm fixture with `edit` applied to its config.json.
 fn edited(edit: impl FnOnce(&mut serde_json::Value)) -> tempfile::TempDir {
     let dir = tempfile::tempdir().unwrap();

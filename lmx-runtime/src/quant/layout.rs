@@ -132,9 +132,22 @@ impl QuantizedLayout {
 /// before reading the weights into the template.
 pub fn prepare_folder<R: Tree<Array> + ?Sized>(template: &mut R, folder: &HfFolder) -> Result<()> {
     let place = folder.dir().join(CONFIG_FILE).display().to_string();
-    if let Some(layout) = QuantizedLayout::from_config(folder.config(), &place)? {
+    if let Some(mut layout) = QuantizedLayout::from_config(folder.config(), &place)? {
         let family = folder.family();
-        let has_tensor = |name: &str| folder.weights().contains(&family.hf_name(name));
+        let tied = family.tied(folder.config());
+        // The head of a tied model is read from the embedding, so it is quantized as that is.
+        let head = family.stored_names("lm_head.weight", tied);
+        if let Some(embedding) = head.get(1).and_then(|name| name.strip_suffix(".weight")) {
+            if let Some(entry) = layout.layers.get(embedding).copied() {
+                layout.layers.entry("lm_head".into()).or_insert(entry);
+            }
+        }
+        let has_tensor = |name: &str| {
+            family
+                .stored_names(name, tied)
+                .iter()
+                .any(|stored| folder.weights().contains(stored))
+        };
         layout.prepare(template, &has_tensor, &place)?;
     }
     Ok(())
