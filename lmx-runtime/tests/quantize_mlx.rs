@@ -91,7 +91,7 @@ fn dequantized_values_lie_within_mlx_bound_and_half_a_step_inside_the_grid() -> 
             let inside = w.ge(&lo)?.logical_and(&w.le(&hi)?)?;
             let half = ops::add(&step.multiply(Array::from_f32(0.5))?, &eps)?;
             let beyond_half = ops::subtract(&error, &half)?;
-            let worst = ops::select(&inside, &beyond_half, &Array::from_f32(-1.0))?
+            let worst = ops::select(&inside, &beyond_half, Array::from_f32(-1.0))?
                 .max(None)?
                 .item_exact::<f32>();
             assert!(
@@ -115,7 +115,7 @@ fn random(shape: &[i32], seed: u64) -> Result<Array> {
 }
 
 fn max_abs_diff(a: &Array, b: &Array) -> f32 {
-    ops::abs(&ops::subtract(a, b).unwrap())
+    ops::abs(ops::subtract(a, b).unwrap())
         .unwrap()
         .max(None)
         .unwrap()
@@ -238,5 +238,24 @@ fn unsupported_settings_and_wrong_tensors_are_typed_errors_naming_the_layer() ->
         ),
         other => panic!("expected a shape error, got {other:?}"),
     }
+    Ok(())
+}
+
+#[test]
+fn a_refused_layer_leaves_the_whole_tree_as_it_was() -> Result<()> {
+    let mut layers = vec![
+        LinearParams::new(random(&[8, 64], 1)?, None),
+        LinearParams::new(Array::zeros::<i32>(&[8, 64])?, None),
+    ];
+    let before = layers.clone();
+    match quant::quantize_tree(&mut layers, Quantization::new(64, 4)?) {
+        Err(Error::Quantization(err)) => assert_eq!(
+            err.to_string(),
+            "1: its weight is Int32; only floating-point weights quantize"
+        ),
+        other => panic!("expected a dtype error, got {other:?}"),
+    }
+    assert!(layers[0].quantization.is_none());
+    assert!(layers[0].weight.eq_values(&before[0].weight)?);
     Ok(())
 }

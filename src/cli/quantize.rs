@@ -31,6 +31,10 @@ pub struct QuantizeArgs {
     /// The folder to write: new, or empty.
     #[arg(long)]
     pub out: PathBuf,
+    /// Write the model dequantized instead: every quantized layer's weights dense again (mlx-lm's
+    /// `convert --dequantize`), `--bits` and `--group-size` unused.
+    #[arg(long)]
+    pub dequantize: bool,
     /// The dtype of the scales, offsets and the weights left unquantized: `float16` (as mlx-lm's
     /// models), `bfloat16` or `float32`.
     #[arg(long, default_value = "float16", value_parser = parse_dtype)]
@@ -103,9 +107,16 @@ pub fn run(args: QuantizeArgs) -> anyhow::Result<()> {
     // GPT-2's checkpoints store its Conv1D weights transposed ([in, out]), which a packed
     // weight cannot be: refused before any work rather than written wrong.
     if Family::of_model(&name) == Some(Family::Gpt2) {
-        anyhow::bail!("{name}: quantized GPT-2 models cannot be written in the Hugging Face layout yet");
+        anyhow::bail!(
+            "{name}: quantized GPT-2 models cannot be written in the Hugging Face layout yet"
+        );
     }
-    let request = (source, q, args.out.as_path(), args.dtype);
+    let request = Request {
+        source,
+        quantization: (!args.dequantize).then_some(q),
+        out: &args.out,
+        dtype: args.dtype,
+    };
     match name.as_str() {
         gpt2::Gpt2::NAME => quantize::<gpt2::Gpt2>(request),
         llama::Llama::NAME => quantize::<llama::Llama>(request),
@@ -117,9 +128,21 @@ pub fn run(args: QuantizeArgs) -> anyhow::Result<()> {
     }
 }
 
-fn quantize<M: LanguageModel>(
-    (source, q, out, dtype): (Source, Quantization, &Path, Dtype),
-) -> anyhow::Result<()> {
+/// What to read, how to quantize it (`None`: dequantize) and where to write it.
+struct Request<'a> {
+    source: Source,
+    quantization: Option<Quantization>,
+    out: &'a Path,
+    dtype: Dtype,
+}
+
+fn quantize<M: LanguageModel>(request: Request) -> anyhow::Result<()> {
+    let Request {
+        source,
+        quantization,
+        out,
+        dtype,
+    } = request;
     let (config, params, family, carried) = match source {
         Source::Folder(folder) => {
             let (config, params) = hf::load_model::<M>(&folder, Some(dtype))?;
@@ -152,28 +175,30 @@ fn quantize<M: LanguageModel>(
     let mut cast = cast.into_iter();
     let mut params = params.map_same(&mut |_| cast.next().expect("one array per leaf"));
     let before = quant::tree_bytes(&params);
+    let Some(q) = quantization else {
+        let layers = quant::dequantize_tree(&mut params)?;
+        export(out, family, &config, &params, dtype, &carried)?;
+        println!(
+            "{}: {} layers dequantized; {} -> {} bytes",
+            out.display(),
+            layers.len(),
+            before,
+            quant::tree_bytes(&params)
+        );
+        return Ok(());
+    };
     let report = quant::quantize_tree(&mut params, q)?;
     let after = quant::tree_bytes(&params);
-    let lmx_config = serde_json::to_value(&config)?;
-    hf::export(
-        out,
-        family,
-        &lmx_config,
-        &params,
-        dtype,
-        &carried,
-        hf::DEFAULT_MAX_SHARD_BYTES,
-    )?;
+    export(out, family, &config, &params, dtype, &carried)?;
+    let count = quant::logical_parameter_count(&params);
     println!(
-        "{}: {} layers quantized to {} bits in groups of {}; {} parameters, {} -> {} bytes ({:.3} bits per weight)",
+        "{}: {} layers quantized to {} bits in groups of {}; {count} parameters, {before} -> \
+         {after} bytes ({:.3} bits per weight)",
         out.display(),
         report.quantized.len(),
         q.bits,
         q.group_size,
-        quant::logical_parameter_count(&params),
-        before,
-        after,
-        after as f64 * 8.0 / quant::logical_parameter_count(&params) as f64,
+        after as f64 * 8.0 / count as f64,
     );
     if !report.skipped.is_empty() {
         println!(
@@ -182,5 +207,27 @@ fn quantize<M: LanguageModel>(
             report.skipped.join(", ")
         );
     }
+    Ok(())
+}
+
+/// Writes `params` (with `config`) as a Hugging Face folder in mlx-lm's layout, atomically.
+fn export<C: serde::Serialize, R: Tree<Array>>(
+    out: &Path,
+    family: Family,
+    config: &C,
+    params: &R,
+    dtype: Dtype,
+    carried: &[PathBuf],
+) -> anyhow::Result<()> {
+    let config = serde_json::to_value(config)?;
+    hf::export(
+        out,
+        family,
+        &config,
+        params,
+        dtype,
+        carried,
+        hf::DEFAULT_MAX_SHARD_BYTES,
+    )?;
     Ok(())
 }

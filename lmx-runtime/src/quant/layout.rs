@@ -114,7 +114,7 @@ impl QuantizedLayout {
             }
         });
         if let Some(err) = failure {
-            return Err(err.into());
+            return Err(err);
         }
         match self.layers.keys().find(|name| !seen.contains(name)) {
             Some(name) => Err(QuantError::UnknownLayer {

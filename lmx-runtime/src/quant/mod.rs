@@ -16,7 +16,7 @@ pub use shapes::{check_layer, packed_shapes};
 
 use crate::error::Result;
 use crate::nn::{EmbeddingParams, LinearParams};
-use crate::tree::{LayerMut, Scope, Tree};
+use crate::tree::{Layer, LayerMut, Scope, Tree};
 use mlx_rs::{ops, transforms::eval, Array, Dtype};
 
 /// The bit widths MLX's affine quantization packs.
@@ -154,6 +154,28 @@ pub fn quantize_tree<R: Tree<Array> + ?Sized>(
     q: Quantization,
 ) -> Result<QuantizeReport> {
     q.check()?;
+    // Every layer to quantize is checked first, so that a refusal leaves the tree as it was.
+    let mut refusal = None;
+    tree.for_each_layer(&Scope::root(), &mut |scope, layer| {
+        let (weight, quantization) = match layer {
+            Layer::Linear(l) => (&l.weight, l.quantization),
+            Layer::Embedding(e) => (&e.weight, e.quantization),
+        };
+        let dim = weight.shape().last().copied().unwrap_or(0);
+        let float = matches!(
+            weight.dtype(),
+            Dtype::Float32 | Dtype::Float16 | Dtype::Bfloat16
+        );
+        if refusal.is_none() && quantization.is_none() && dim % q.group_size == 0 && !float {
+            refusal = Some(QuantError::Dtype {
+                layer: scope.name().to_owned(),
+                dtype: weight.dtype(),
+            });
+        }
+    });
+    if let Some(err) = refusal {
+        return Err(err.into());
+    }
     let mut report = QuantizeReport::default();
     let mut failure = None;
     tree.for_each_layer_mut(&Scope::root(), &mut |scope, layer| {
@@ -255,8 +277,8 @@ pub fn check_tree<R: Tree<Array> + ?Sized>(tree: &R) -> Result<()> {
             return;
         }
         let (weight, scales, biases, quantization) = match layer {
-            crate::tree::Layer::Linear(l) => (&l.weight, &l.scales, &l.biases, l.quantization),
-            crate::tree::Layer::Embedding(e) => (&e.weight, &e.scales, &e.biases, e.quantization),
+            Layer::Linear(l) => (&l.weight, &l.scales, &l.biases, l.quantization),
+            Layer::Embedding(e) => (&e.weight, &e.scales, &e.biases, e.quantization),
         };
         if let (Some(s), Some(b), Some(q)) = (scales, biases, quantization) {
             if let Err(err) = check_layer(scope.name(), weight, s, b, q) {
@@ -277,8 +299,8 @@ pub fn logical_parameter_count<R: Tree<Array> + ?Sized>(tree: &R) -> u64 {
     let mut packed_extra = 0_u64;
     tree.for_each_layer(&Scope::root(), &mut |_, layer| {
         let (weight, scales, biases, quantization) = match layer {
-            crate::tree::Layer::Linear(l) => (&l.weight, &l.scales, &l.biases, l.quantization),
-            crate::tree::Layer::Embedding(e) => (&e.weight, &e.scales, &e.biases, e.quantization),
+            Layer::Linear(l) => (&l.weight, &l.scales, &l.biases, l.quantization),
+            Layer::Embedding(e) => (&e.weight, &e.scales, &e.biases, e.quantization),
         };
         if let Some(q) = quantization {
             let packed = weight.size() as u64;
