@@ -72,6 +72,24 @@ fn a_folder_quantizes_into_mlx_lm_layout_and_loads_back_quantized() {
         out.join("tokenizer.json").exists(),
         "the tokenizer is carried"
     );
+
+    // `lmx generate` decodes from the quantized folder through the folder's own tokenizer.
+    let output = lmx(&[
+        "generate",
+        "--model",
+        out.to_str().unwrap(),
+        "--prompt",
+        "First Citizen:",
+        "--max-tokens",
+        "8",
+        "--temperature",
+        "0",
+    ]);
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "{stdout}{stderr}");
+    assert!(stdout.starts_with("First Citizen:"), "{stdout}");
+    assert!(stderr.contains("8 tokens"), "{stderr}");
 }
 
 #[test]

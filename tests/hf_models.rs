@@ -70,15 +70,14 @@ fn round_trip<M: LanguageModel>(name: &str, max_shard_bytes: u64) -> Result<()> 
     std::fs::write(exported.with_extension("from"), dir.to_str().unwrap()).unwrap();
     let folder = HfFolder::open(&dir)?;
     let config = serde_json::to_value(hf::model_config::<M>(&folder)?).unwrap();
-    hf::export(
-        &exported,
-        folder.family(),
-        &config,
-        &params,
-        Dtype::Float32,
-        &folder.carried_files(),
+    let spec = hf::ExportSpec {
+        lmx_config: &config,
+        source_config: Some(folder.config()),
+        dtype: Dtype::Float32,
+        copy: &folder.carried_files(),
         max_shard_bytes,
-    )?;
+    };
+    hf::export(&exported, folder.family(), &params, &spec)?;
     let (again, reloaded) = logits_of::<M>(&exported)?;
     for ((leaf, a), b) in tree::names(&params)
         .iter()
@@ -287,6 +286,30 @@ fn a_missing_or_unexpected_tensor_is_named() -> Result<()> {
         load_error::<gpt2::Gpt2>(&missing),
         "DIR/model.safetensors: tensor `transformer.h.1.mlp.c_fc.bias` is missing"
     );
+    // A leaf named optional (a new adapter) keeps the template's value where the file has none.
+    let folder = HfFolder::open(&missing)?;
+    let config = hf::model_config::<gpt2::Gpt2>(&folder)?;
+    let template = gpt2::Gpt2::init(&config, 3)?;
+    let optional = |spec: &tree::LeafSpec| spec.name == "h.1.mlp.c_fc.bias";
+    let options = hf::LoadOptions {
+        dtype: None,
+        optional: &optional,
+    };
+    let loaded = folder.load_into(&template, options)?;
+    assert!(loaded.h[1]
+        .mlp
+        .c_fc
+        .bias
+        .as_ref()
+        .unwrap()
+        .eq_values(template.h[1].mlp.c_fc.bias.as_ref().unwrap())?);
+    assert!(!loaded.h[0]
+        .mlp
+        .c_fc
+        .bias
+        .as_ref()
+        .unwrap()
+        .eq_values(template.h[0].mlp.c_fc.bias.as_ref().unwrap())?);
     let extra = rewritten::<gpt2::Gpt2>("gpt2", &temp.path().join("extra"), |tensors| {
         let bias = tensors[0].1.clone();
         tensors.push(("transformer.h.0.attn.q_attn.bias".into(), bias.clone()));

@@ -129,15 +129,14 @@ fn a_model_quantized_by_lmx_round_trips_in_mlx_lm_layout() -> Result<()> {
         None => out.path().join("q4"),
     };
     let lmx_config = serde_json::to_value(&config).unwrap();
-    hf::export(
-        &exported,
-        folder.family(),
-        &lmx_config,
-        &params,
-        Dtype::Float16,
-        &[],
-        hf::DEFAULT_MAX_SHARD_BYTES,
-    )?;
+    let spec = hf::ExportSpec {
+        lmx_config: &lmx_config,
+        source_config: Some(folder.config()),
+        dtype: Dtype::Float16,
+        copy: &[],
+        max_shard_bytes: hf::DEFAULT_MAX_SHARD_BYTES,
+    };
+    hf::export(&exported, folder.family(), &params, &spec)?;
     let written: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(exported.join("config.json")).unwrap())
             .unwrap();

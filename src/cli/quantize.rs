@@ -143,6 +143,10 @@ fn quantize<M: LanguageModel>(request: Request) -> anyhow::Result<()> {
         out,
         dtype,
     } = request;
+    let source_config = match &source {
+        Source::Folder(folder) => Some(folder.config().clone()),
+        Source::Checkpoint(..) => None,
+    };
     let (config, params, family, carried) = match source {
         Source::Folder(folder) => {
             let (config, params) = hf::load_model::<M>(&folder, Some(dtype))?;
@@ -177,7 +181,15 @@ fn quantize<M: LanguageModel>(request: Request) -> anyhow::Result<()> {
     let before = quant::tree_bytes(&params);
     let Some(q) = quantization else {
         let layers = quant::dequantize_tree(&mut params)?;
-        export(out, family, &config, &params, dtype, &carried)?;
+        export(
+            out,
+            family,
+            &config,
+            source_config.as_ref(),
+            &params,
+            dtype,
+            &carried,
+        )?;
         println!(
             "{}: {} layers dequantized; {} -> {} bytes",
             out.display(),
@@ -189,7 +201,15 @@ fn quantize<M: LanguageModel>(request: Request) -> anyhow::Result<()> {
     };
     let report = quant::quantize_tree(&mut params, q)?;
     let after = quant::tree_bytes(&params);
-    export(out, family, &config, &params, dtype, &carried)?;
+    export(
+        out,
+        family,
+        &config,
+        source_config.as_ref(),
+        &params,
+        dtype,
+        &carried,
+    )?;
     let count = quant::logical_parameter_count(&params);
     println!(
         "{}: {} layers quantized to {} bits in groups of {}; {count} parameters, {before} -> \
@@ -210,24 +230,25 @@ fn quantize<M: LanguageModel>(request: Request) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Writes `params` (with `config`) as a Hugging Face folder in mlx-lm's layout, atomically.
+/// Writes `params` (with `config`) as a Hugging Face folder in mlx-lm's layout, atomically,
+/// keeping the source's token ids.
 fn export<C: serde::Serialize, R: Tree<Array>>(
     out: &Path,
     family: Family,
     config: &C,
+    source_config: Option<&serde_json::Value>,
     params: &R,
     dtype: Dtype,
     carried: &[PathBuf],
 ) -> anyhow::Result<()> {
-    let config = serde_json::to_value(config)?;
-    hf::export(
-        out,
-        family,
-        &config,
-        params,
+    let lmx_config = serde_json::to_value(config)?;
+    let spec = hf::ExportSpec {
+        lmx_config: &lmx_config,
+        source_config,
         dtype,
-        carried,
-        hf::DEFAULT_MAX_SHARD_BYTES,
-    )?;
+        copy: carried,
+        max_shard_bytes: hf::DEFAULT_MAX_SHARD_BYTES,
+    };
+    hf::export(out, family, params, &spec)?;
     Ok(())
 }

@@ -14,8 +14,11 @@
 //! }
 //! ```
 
+use super::export::{self, ExportRequest};
+use super::hf_model::{self, FolderGenerateRequest};
 use super::run_file::RunFile;
 use super::train::{self, GenerateRequest, TrainRequest};
+use lmx::runtime::hf::HfFolder;
 use lmx::runtime::model::{LanguageModel, TrainingStep};
 use lmx::runtime::optim::Optimizer;
 use lmx::runtime::tree::Tree;
@@ -42,6 +45,8 @@ pub struct Registered {
     pub presets: fn() -> &'static [&'static str],
     train: fn(TrainRequest) -> anyhow::Result<bool>,
     generate: fn(&RunFile, GenerateRequest) -> anyhow::Result<()>,
+    generate_folder: fn(&HfFolder, FolderGenerateRequest) -> anyhow::Result<()>,
+    export: fn(ExportRequest) -> anyhow::Result<()>,
 }
 
 impl Registered {
@@ -53,6 +58,20 @@ impl Registered {
     /// Samples from a run of this model.
     pub fn generate(&self, run: &RunFile, request: GenerateRequest) -> anyhow::Result<()> {
         (self.generate)(run, request)
+    }
+
+    /// Samples from a Hugging Face model folder of this model's family.
+    pub fn generate_folder(
+        &self,
+        folder: &HfFolder,
+        request: FolderGenerateRequest,
+    ) -> anyhow::Result<()> {
+        (self.generate_folder)(folder, request)
+    }
+
+    /// Exports a run's checkpoint, or a folder, of this model as a Hugging Face folder.
+    pub fn export(&self, request: ExportRequest) -> anyhow::Result<()> {
+        (self.export)(request)
     }
 }
 
@@ -89,6 +108,8 @@ impl Registry {
             presets: S::Model::presets,
             train: train::train::<S>,
             generate: train::sample::<S>,
+            generate_folder: hf_model::sample::<S::Model>,
+            export: export::export::<S::Model>,
         };
         self.steps.retain(|step| step.name != registered.name);
         self.steps.push(registered);
@@ -143,7 +164,7 @@ impl Registry {
     pub fn unknown(&self, model: &str) -> anyhow::Error {
         anyhow::anyhow!(
             "no trainable model `{model}`; the registered ones are {}, or give a path to a .lmx \
-             file",
+             file or a Hugging Face model folder",
             self.names().join(", ")
         )
     }

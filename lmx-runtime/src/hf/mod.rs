@@ -194,12 +194,17 @@ impl HfFolder {
 
     /// The folder's tokenizer files and generation defaults, which an export carries along.
     pub fn carried_files(&self) -> Vec<PathBuf> {
-        CARRIED_FILES
-            .iter()
-            .map(|name| self.dir.join(name))
-            .filter(|path| path.exists())
-            .collect()
+        carried_files(&self.dir)
     }
+}
+
+/// The tokenizer files and generation defaults of the folder `dir` that an export carries along.
+pub fn carried_files(dir: &Path) -> Vec<PathBuf> {
+    CARRIED_FILES
+        .iter()
+        .map(|name| dir.join(name))
+        .filter(|path| path.exists())
+        .collect()
 }
 
 /// The name `config.json` gives `dtype` (`torch_dtype`).
@@ -211,22 +216,43 @@ pub fn dtype_name(dtype: Dtype) -> &'static str {
     }
 }
 
-/// Writes `params` of the bundled model of `family`, whose configuration is `lmx_config`, as a
-/// Hugging Face folder `dir` (see [`write_folder`]): floating-point weights in `dtype`, shards
-/// of at most `max_shard_bytes`, the files `copy` carried along.
+/// The keys of a source `config.json` that an export of the model keeps: the special tokens'
+/// ids, which belong to the tokenizer the export carries along, not to the model's settings.
+const CARRIED_KEYS: &[&str] = &["bos_token_id", "eos_token_id", "pad_token_id"];
+
+/// What [`export`] writes besides the parameters.
+pub struct ExportSpec<'a> {
+    /// The bundled model's configuration, its settings by name.
+    pub lmx_config: &'a Value,
+    /// The `config.json` the model was loaded from, if any: its token ids are kept.
+    pub source_config: Option<&'a Value>,
+    /// The dtype of floating-point weights.
+    pub dtype: Dtype,
+    /// Files carried along (the tokenizer's).
+    pub copy: &'a [PathBuf],
+    /// The largest weights file; a larger model is sharded.
+    pub max_shard_bytes: u64,
+}
+
+/// Writes `params` of the bundled model of `family` as a Hugging Face folder `dir` (see
+/// [`write_folder`]).
 pub fn export<R: Tree<Array>>(
     dir: &Path,
     family: Family,
-    lmx_config: &Value,
     params: &R,
-    dtype: Dtype,
-    copy: &[PathBuf],
-    max_shard_bytes: u64,
+    spec: &ExportSpec,
 ) -> Result<()> {
-    let mut config = family.hf_config(lmx_config, dtype_name(dtype))?;
+    let mut config = family.hf_config(spec.lmx_config, dtype_name(spec.dtype))?;
+    if let (Some(source), Some(object)) = (spec.source_config, config.as_object_mut()) {
+        for key in CARRIED_KEYS {
+            if let Some(value) = source.get(*key) {
+                object.insert((*key).to_owned(), value.clone());
+            }
+        }
+    }
     if let Some(config) = config.as_object_mut() {
         crate::quant::layout::write_config(config, params);
     }
-    let tensors = hf_tensors(family, params, dtype)?;
-    write_folder(dir, &config, &tensors, copy, max_shard_bytes)
+    let tensors = hf_tensors(family, params, spec.dtype)?;
+    write_folder(dir, &config, &tensors, spec.copy, spec.max_shard_bytes)
 }

@@ -3,7 +3,9 @@
 //!
 //! Each tensor is copied once, from the mapped file into the MLX array that holds it (then cast
 //! to the requested dtype and evaluated, so the stored-dtype copy is freed before the next
-//! tensor is read): loading never holds a second copy of the whole model in host memory.
+//! tensor is read), and its pages of the mapping are released from the process at once (the
+//! kernel's page cache keeps them, shared and reclaimable): loading never holds a second copy of
+//! the whole model in the process's memory.
 
 use super::error::HfError;
 use crate::checkpoint::tensor::dtype_name;
@@ -80,11 +82,15 @@ pub struct Stored<'a> {
     pub dtype: FileDtype,
     /// Its stored shape.
     pub shape: Vec<usize>,
-    data: &'a [u8],
+    map: &'a Mmap,
+    /// Where its bytes are in the mapping.
+    start: usize,
+    end: usize,
 }
 
 impl Stored<'_> {
-    /// The tensor as an MLX array of its stored dtype: one copy, out of the mapping.
+    /// The tensor as an MLX array of its stored dtype: one copy, out of the mapping, whose pages
+    /// the process then gives back.
     pub fn to_array(&self) -> Result<Array, HfError> {
         let dtype = match self.dtype {
             FileDtype::F32 => Dtype::Float32,
@@ -112,10 +118,23 @@ impl Stored<'_> {
                 "safetensors files are little-endian; this host is not",
             ));
         }
+        let data = &self.map[self.start..self.end];
         // SAFETY: safetensors checked that `data` holds exactly the bytes of `shape` elements of
         // the stored dtype; MLX copies them into its own buffer (byte by byte, so the mapping's
         // alignment does not matter) before returning.
-        Ok(unsafe { Array::from_raw_data(self.data.as_ptr().cast(), &shape, dtype) })
+        let array = unsafe { Array::from_raw_data(data.as_ptr().cast(), &shape, dtype) };
+        #[cfg(unix)]
+        // SAFETY: the mapping is a read-only view of the file: dropping its pages changes no
+        // byte of it (a later read faults them in again from the page cache or the file). Only
+        // the process's resident memory shrinks; failing to is harmless.
+        let _ = unsafe {
+            self.map.unchecked_advise_range(
+                memmap2::UncheckedAdvice::DontNeed,
+                self.start,
+                self.end - self.start,
+            )
+        };
+        Ok(array)
     }
 }
 
@@ -231,7 +250,9 @@ impl Weights {
             path: &shard.path,
             dtype: info.dtype,
             shape: info.shape.clone(),
-            data: &shard.map[shard.data_start + start..shard.data_start + end],
+            map: &shard.map,
+            start: shard.data_start + start,
+            end: shard.data_start + end,
         })
     }
 }

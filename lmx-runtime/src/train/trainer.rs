@@ -140,6 +140,16 @@ where
         })
     }
 
+    /// Starts from `params` (a published model's weights) instead of the freshly initialised
+    /// ones, cast to the run's precision; the optimizer's state stays fresh.
+    pub fn start_from(&mut self, params: Params<S>) -> Result<()> {
+        let params = self.config.precision.cast(&params)?;
+        self.stepper.change_state(|state| {
+            state.params = params;
+            Ok(())
+        })
+    }
+
     /// Adds a callback; they run in the order added.
     pub fn add_callback(&mut self, callback: impl Callback + 'static) {
         self.callbacks.push(Box::new(callback));
