@@ -156,3 +156,40 @@ fn bits(leaf: &Array) -> Vec<u32> {
             .collect(),
     }
 }
+
+/// Without adapters, training a partly quantized model trains its dense leaves only: a quantized
+/// layer freezes itself (packed weight and bias), as MLX's `QuantizedLinear` does.
+#[test]
+fn a_quantized_layer_freezes_itself_and_the_dense_rest_trains() -> Result<()> {
+    let mut params = base()?;
+    let (w, s, b) = quant::quantize_weight("proj", &params.proj.weight, Quantization::new(64, 8)?)?;
+    params.proj.weight = w;
+    params.proj.scales = Some(s);
+    params.proj.biases = Some(b);
+    params.proj.quantization = Some(Quantization::new(64, 8)?);
+    let trainable: Vec<String> = tree::specs(&params)
+        .into_iter()
+        .filter(|s| s.trainable)
+        .map(|s| s.name)
+        .collect();
+    assert_eq!(trainable, ["embed.weight", "head.weight"]);
+    let frozen_before = bits(&params.proj.weight);
+    let tokens: Vec<i32> = (0..32).map(|i| (i * 7) % VOCAB).collect();
+    let targets: Vec<i32> = tokens.iter().map(|t| (t + 1) % VOCAB).collect();
+    let batch = [
+        Array::from_slice(&tokens, &[4, 8]),
+        Array::from_slice(&targets, &[4, 8]),
+    ];
+    let optimizer = AdamW::default();
+    let mut state = TrainState::new(params, &optimizer, 0)?;
+    let mut step = TrainStep::new(&state, optimizer, loss, StepOptions::default())?;
+    let mut losses = Vec::new();
+    for _ in 0..5 {
+        let metrics = step.step(&mut state, 1e-2, &batch)?;
+        eval(&metrics.outputs)?;
+        losses.push(metrics.loss.item_exact::<f32>());
+    }
+    assert!(losses[4] < losses[0], "the loss must fall: {losses:?}");
+    assert_eq!(bits(&state.params.proj.weight), frozen_before);
+    Ok(())
+}
