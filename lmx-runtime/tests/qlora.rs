@@ -3,6 +3,7 @@
 //! `quantized_matmul` to its input (and so to the adapters below it), the adapters change, every
 //! quantized leaf stays bit-identical, and the loss falls.
 
+use lmx_runtime::flat::FlatStep;
 use lmx_runtime::mlx_rs::{random, transforms::eval, Array, Dtype};
 use lmx_runtime::nn::{self, EmbeddingParams, LinearParams, LoraSettings};
 use lmx_runtime::optim::AdamW;
@@ -99,12 +100,13 @@ fn adapters_over_a_quantized_base_train_and_the_base_stays_bit_identical() -> Re
         weight_decay: 0.0,
         ..AdamW::default()
     };
+    let flat_params = params.clone();
     let mut state = TrainState::new(params, &optimizer, 0)?;
     let options = StepOptions {
         compile: true,
         ..StepOptions::default()
     };
-    let mut step = TrainStep::new(&state, optimizer, loss, options)?;
+    let mut step = TrainStep::new(&state, optimizer.clone(), loss, options)?;
     let mut losses = Vec::new();
     for _ in 0..20 {
         let metrics = step.step(&mut state, 1e-2, &batch)?;
@@ -140,6 +142,33 @@ fn adapters_over_a_quantized_base_train_and_the_base_stays_bit_identical() -> Re
     for (i, (before, after)) in adapters_before.iter().zip(&adapters_after).enumerate() {
         assert_ne!(before, after, "adapter leaf {i} did not move");
     }
+
+    // The trainer's packed state (one buffer per dtype for the adapters, the quantized base as
+    // frozen inputs) takes the same steps.
+    let flat_state = TrainState::new(flat_params, &optimizer, 0)?;
+    let mut flat_step =
+        FlatStep::new(&flat_state, optimizer, loss, options)?.expect("the adapters' state packs");
+    let mut flat = flat_step.pack(&flat_state)?;
+    for (i, want) in losses.iter().enumerate() {
+        let metrics = flat_step.step(&mut flat, 1e-2, &batch)?;
+        eval(&metrics.outputs)?;
+        let got = metrics.loss.item_exact::<f32>();
+        assert!(
+            (got - want).abs() <= 1e-5 * want.abs(),
+            "step {i}: {got} vs {want}"
+        );
+    }
+    let unpacked = flat_step.unpack(&flat)?;
+    let frozen_flat: Vec<(String, Vec<u32>)> = tree::names(&unpacked.params)
+        .into_iter()
+        .zip(tree::flatten(&unpacked.params))
+        .filter(|(name, _)| !name.contains("lora"))
+        .map(|(name, leaf)| (name, bits(&leaf)))
+        .collect();
+    assert!(
+        frozen_before == frozen_flat,
+        "the packed step changed the base"
+    );
     Ok(())
 }
 
