@@ -179,17 +179,20 @@ fn an_unknown_model_type_names_the_supported_ones() {
 }
 
 #[test]
-fn settings_the_model_cannot_express_name_the_key_and_value() {
+fn settings_the_model_cannot_express_name_the_key_and_value() -> Result<()> {
     type Edit = fn(&mut serde_json::Value);
-    let llama: [(Edit, &str); 4] = [
+    let llama: [(Edit, &str); 5] = [
         (
             |config| config["rope_parameters"]["rope_type"] = "linear".into(),
             "`rope_parameters.rope_type` = \"linear\": the bundled models apply RoPE unscaled",
         ),
         (
             |config| config["rope_scaling"] = serde_json::json!({"type": "dynamic", "factor": 2.0}),
-            "`rope_scaling` = {\"factor\":2.0,\"type\":\"dynamic\"}: the bundled models apply RoPE \
-             unscaled",
+            "`rope_scaling.type` = \"dynamic\": the bundled models apply RoPE unscaled",
+        ),
+        (
+            |config| config["rope_scaling"] = serde_json::json!({"factor": 2.0}),
+            "`rope_scaling` = {\"factor\":2.0}: the bundled models apply RoPE unscaled",
         ),
         (
             |config| config["attention_bias"] = true.into(),
@@ -208,6 +211,11 @@ fn settings_the_model_cannot_express_name_the_key_and_value() {
             format!("DIR/config.json: {message}")
         );
     }
+    // transformers 4's spelling of unscaled RoPE loads.
+    let dir = edited("llama", |config| {
+        config["rope_scaling"] = serde_json::json!({"rope_type": "default"})
+    });
+    hf::load_model::<llama::Llama>(&HfFolder::open(dir.path())?, None)?;
     let dir = edited("gpt2", |config| {
         config["activation_function"] = "relu".into()
     });
@@ -230,6 +238,7 @@ fn settings_the_model_cannot_express_name_the_key_and_value() {
         "DIR/config.json: `sliding_window` = 16: the bundled mixtral model attends over the \
          whole context (a window of at least max_position_embeddings)"
     );
+    Ok(())
 }
 
 #[test]
@@ -369,5 +378,30 @@ fn the_tokenizer_files_and_chat_template_are_read() -> Result<()> {
         template.starts_with("{% for message in messages %}"),
         "{template}"
     );
+    Ok(())
+}
+
+#[test]
+fn a_setting_transformers_cannot_express_fails_the_export_before_anything_is_written() -> Result<()>
+{
+    // The tiny Mistral preset attends globally every 4th layer; transformers' Mistral cannot.
+    let config = mistral::Mistral::preset("tiny").expect("a tiny preset");
+    let params = mistral::Mistral::init(&config, 0)?;
+    let temp = tempfile::tempdir().unwrap();
+    let out = temp.path().join("out");
+    let spec = hf::ExportSpec {
+        lmx_config: &serde_json::to_value(&config).unwrap(),
+        source_config: None,
+        dtype: Dtype::Float32,
+        copy: &[],
+        max_shard_bytes: hf::DEFAULT_MAX_SHARD_BYTES,
+    };
+    let error = hf::export(&out, hf::Family::Mistral, &params, &spec).unwrap_err();
+    assert_eq!(
+        error.to_string(),
+        "mistral's `global_every` = 4 cannot be written as a Hugging Face model: every layer of \
+         transformers' Mistral attends through the sliding window"
+    );
+    assert!(!out.exists());
     Ok(())
 }

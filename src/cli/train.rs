@@ -131,7 +131,22 @@ where
     let patience = request.train.early_stopping_patience;
     let total_steps = request.train.steps;
     let log_every = request.train.log_every;
-    let mut trainer = Trainer::<S>::new(model_config, request.train, windows)?;
+    // A run from a folder's weights starts from them unless it continues from a checkpoint.
+    let from_folder = match (&init, &request.resume) {
+        (Some(folder), None) => Some(folder),
+        (Some(folder), Some(Resume::Latest)) => Checkpoints::new(run_dir.checkpoints())
+            .latest()?
+            .is_none()
+            .then_some(folder),
+        _ => None,
+    };
+    let mut trainer = match from_folder {
+        Some(folder) => {
+            let (_, params) = hf::load_model::<S::Model>(folder, None)?;
+            Trainer::<S>::with_params(model_config, request.train, windows, params)?
+        }
+        None => Trainer::<S>::new(model_config, request.train, windows)?,
+    };
     let checkpoint = match &request.resume {
         Some(Resume::From(dir)) => Some(run_dir.own_checkpoint(dir)?),
         Some(Resume::Latest) => trainer.latest_checkpoint()?,
@@ -140,9 +155,7 @@ where
     match (&checkpoint, &init) {
         (Some(dir), _) => trainer.resume(dir)?,
         (None, Some(folder)) => {
-            let (_, params) = hf::load_model::<S::Model>(folder, None)?;
-            trainer.start_from(params)?;
-            eprintln!("starting from the weights of {}", folder.dir().display());
+            eprintln!("starting from the weights of {}", folder.dir().display())
         }
         (None, None) if request.resume.is_some() => {
             eprintln!(

@@ -130,7 +130,18 @@ fn same(a: &Value, b: &Value) -> bool {
 /// `rope_parameters` with a type other than `default`), which the bundled models do not apply.
 pub(crate) fn rope_base(config: &ConfigReader, default: f64) -> Result<f64, HfError> {
     const REASON: &str = "the bundled models apply RoPE unscaled";
-    config.require("rope_scaling", Value::Null, REASON)?;
+    // transformers 4 writes `rope_scaling` (its kind as `rope_type`, or `type` before 4.45).
+    let scaling = config.nested("rope_scaling")?;
+    scaling.one_of("rope_type", &["default"], REASON)?;
+    scaling.one_of("type", &["default"], REASON)?;
+    if let Some(scaling) = config.get("rope_scaling") {
+        let kind = ["rope_type", "type"]
+            .iter()
+            .find_map(|key| scaling.get(*key));
+        if kind.is_none() {
+            return Err(config.error("rope_scaling", scaling, REASON));
+        }
+    }
     let parameters = config.nested("rope_parameters")?;
     parameters.one_of("rope_type", &["default"], REASON)?;
     let base = config.float_or("rope_theta", default)?;
