@@ -66,6 +66,9 @@ pub enum Error {
     /// A model has no Hugging Face equivalent to be exported as.
     #[error(transparent)]
     HfExport(#[from] crate::hf::Inexpressible),
+    /// A quantization that cannot be made, read or written (see `quant::QuantError`).
+    #[error(transparent)]
+    Quantization(#[from] crate::quant::QuantError),
     /// A named setting is out of its range.
     #[error("{name} is {value}; it must be {expected}")]
     Setting {

@@ -15,6 +15,7 @@ pub mod model;
 pub mod nn;
 pub mod optim;
 pub mod platform;
+pub mod quant;
 pub mod run_lock;
 pub mod schedule;
 pub mod state;

@@ -199,15 +199,43 @@ pub fn parameter_count<R: Tree<mlx_rs::Array> + ?Sized>(
 
 /// The specs of every leaf of `tree`, in traversal order.
 ///
-/// Besides the masks of field attributes, two rules decide what trains, here and nowhere else:
+/// Besides the masks of field attributes, three rules decide what trains, here and nowhere else:
 /// where the tree holds an adapter, only adapters train (the base model is frozen, as LoRA
-/// requires); quantization scales and offsets never train.
+/// requires); quantization scales and offsets never train; and a quantized layer's own leaves
+/// (its packed weight, its bias) never train, as MLX's `QuantizedLinear` freezes itself: the
+/// packed weight has no gradient.
 pub fn specs<T, R: Tree<T> + ?Sized>(tree: &R) -> Vec<LeafSpec> {
     let mut out = Vec::new();
     tree.describe(&Scope::root(), &mut out);
+    let mut quantized = Vec::new();
+    tree.for_each_layer(&Scope::root(), &mut |scope, layer| {
+        let q = match layer {
+            Layer::Linear(linear) => linear.quantization,
+            Layer::Embedding(embedding) => embedding.quantization,
+        };
+        if q.is_some() {
+            quantized.push(scope.name().to_owned());
+        }
+    });
+    let in_quantized = |name: &str| {
+        quantized.iter().any(|layer| {
+            let field = match layer.as_str() {
+                "" => Some(name),
+                layer => name
+                    .strip_prefix(layer)
+                    .and_then(|rest| rest.strip_prefix('.')),
+            };
+            field.is_some_and(|field| !field.contains('.'))
+        })
+    };
     let adapted = out.iter().any(|spec| spec.role == LeafRole::Adapter);
     for spec in &mut out {
-        if spec.role == LeafRole::Quantization || (adapted && spec.role != LeafRole::Adapter) {
+        let frozen = match spec.role {
+            LeafRole::Adapter => false,
+            LeafRole::Quantization => true,
+            _ => adapted || in_quantized(&spec.name),
+        };
+        if frozen {
             spec.trainable = false;
         }
     }

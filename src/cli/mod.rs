@@ -11,6 +11,7 @@ pub mod model_file;
 pub mod new;
 pub mod plot;
 pub mod process;
+pub mod quantize;
 pub mod registry;
 pub mod resolve;
 pub mod run_dir;
@@ -103,6 +104,8 @@ pub enum Command {
         #[arg(long)]
         out: Option<PathBuf>,
     },
+    /// Quantize a model (a model folder, a run or a checkpoint) into mlx-lm's quantized layout.
+    Quantize(quantize::QuantizeArgs),
     /// Show the MLX library, BLAS and backends in use.
     Platform,
     /// Measure lmx beside the Python MLX anchors: training steps, generation.
@@ -744,6 +747,7 @@ pub fn run(cli: Cli, registry: &Registry) -> anyhow::Result<()> {
             Ok(())
         }
         Command::Bench(command) => bench::run(&command),
+        Command::Quantize(args) => quantize::run(args),
         Command::Platform => {
             println!("{}", lmx::runtime::platform::describe());
             Ok(())

@@ -436,10 +436,11 @@ impl Family {
         let mut names = vec![self.hf_name(name)];
         match self {
             Family::Gpt2 => names.push(name.to_owned()),
+            // A quantized head of a tied model is the embedding's weight, scales and biases.
             Family::Llama | Family::Mistral | Family::Mixtral
-                if tied && name == "lm_head.weight" =>
+                if tied && name.starts_with("lm_head.") =>
             {
-                names.push("model.embed_tokens.weight".into())
+                names.push(name.replacen("lm_head.", "model.embed_tokens.", 1))
             }
             _ => {}
         }

@@ -250,6 +250,9 @@ pub fn export<R: Tree<Array>>(
             }
         }
     }
+    if let Some(config) = config.as_object_mut() {
+        crate::quant::layout::write_config(config, params);
+    }
     let tensors = hf_tensors(family, params, spec.dtype)?;
     write_folder(dir, &config, &tensors, spec.copy, spec.max_shard_bytes)
 }

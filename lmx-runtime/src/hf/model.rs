@@ -45,7 +45,8 @@ pub fn load_model<M: LanguageModel>(
 ) -> Result<(M::Config, M::Params)> {
     let config = model_config::<M>(folder)?;
     // The template's arrays are never evaluated: only their names and shapes are read.
-    let template = M::init(&config, 0)?;
+    let mut template = M::init(&config, 0)?;
+    crate::quant::layout::prepare_folder(&mut template, folder)?;
     let params = folder.load_into(
         &template,
         LoadOptions {

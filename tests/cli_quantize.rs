@@ -1,0 +1,226 @@
+//! `lmx quantize`: a model folder, a run or a checkpoint quantized into mlx-lm's layout, which lmx
+//! loads back quantized and generates from, with the bytes before and after reported; dequantized
+//! back with `--dequantize`; unsupported settings fail naming the flag's value
+//! before any work, and nothing is written.
+
+use lmx::models::llama::Llama;
+use lmx::runtime::generate::{generate, Sampling};
+use lmx::runtime::hf::{self, HfFolder};
+use lmx::runtime::mlx_rs::Dtype;
+use lmx::runtime::nn::Quantization;
+use std::path::PathBuf;
+use std::process::{Command, Output};
+
+fn lmx(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_lmx"))
+        .args(args)
+        .output()
+        .expect("lmx runs")
+}
+
+fn llama() -> String {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures/hf/llama")
+        .display()
+        .to_string()
+}
+
+#[test]
+fn a_folder_quantizes_into_mlx_lm_layout_and_loads_back_quantized() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("llama-4bit");
+    let output = lmx(&[
+        "quantize",
+        "--model",
+        &llama(),
+        "--bits",
+        "4",
+        "--group-size",
+        "32",
+        "--out",
+        out.to_str().unwrap(),
+    ]);
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    // 2 layers of 7 linear layers, the embedding and the head: every row is 32 or 64 wide.
+    assert!(
+        stdout.contains("16 layers quantized to 4 bits in groups of 32"),
+        "{stdout}"
+    );
+    // 37,024 parameters in float16; after: 36,864 packed at 4 bits, a float16 scale and offset
+    // per 32 of them, and 160 norm weights in float16.
+    let after = 36_864 / 2 + 36_864 / 32 * 2 * 2 + 160 * 2;
+    assert!(
+        stdout.contains(&format!("37024 parameters, 74048 -> {after} bytes")),
+        "{stdout}"
+    );
+    let folder = HfFolder::open(&out).unwrap();
+    assert_eq!(
+        folder.config()["quantization"],
+        serde_json::json!({"group_size": 32, "bits": 4, "mode": "affine"})
+    );
+    let (_, params) = hf::load_model::<Llama>(&folder, Some(Dtype::Float32)).unwrap();
+    let q = Some(Quantization::new(32, 4).unwrap());
+    assert_eq!(params.lm_head.quantization, q);
+    assert_eq!(params.model.layers[1].mlp.down_proj.quantization, q);
+    assert_eq!(params.model.embed_tokens.weight.dtype(), Dtype::Uint32);
+    assert!(
+        out.join("tokenizer.json").exists(),
+        "the tokenizer is carried"
+    );
+
+    // `lmx generate` decodes from the quantized folder through the folder's own tokenizer.
+    let output = lmx(&[
+        "generate",
+        "--model",
+        out.to_str().unwrap(),
+        "--prompt",
+        "First Citizen:",
+        "--max-tokens",
+        "8",
+        "--temperature",
+        "0",
+    ]);
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "{stdout}{stderr}");
+    assert!(stdout.starts_with("First Citizen:"), "{stdout}");
+    assert!(stderr.contains("8 tokens"), "{stderr}");
+}
+
+#[test]
+fn unsupported_settings_fail_before_anything_is_written() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("out");
+    for (flag, value, message) in [
+        (
+            "--bits",
+            "7",
+            "7-bit quantization is not supported: MLX's affine quantization takes 2, 3, 4, 5, 6 or 8 bits",
+        ),
+        (
+            "--group-size",
+            "48",
+            "a group size of 48 is not supported: it must be 32, 64 or 128",
+        ),
+    ] {
+        let output = lmx(&[
+            "quantize",
+            "--model",
+            &llama(),
+            flag,
+            value,
+            "--out",
+            out.to_str().unwrap(),
+        ]);
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(!output.status.success(), "{flag} {value} succeeded");
+        assert!(stderr.contains(message), "{stderr}");
+        assert!(!out.exists(), "nothing written");
+    }
+}
+
+/// A run's checkpoint quantizes too (a run directory or one of its checkpoints), the model
+/// generates, and `--dequantize` writes it dense again.
+#[test]
+fn a_run_quantizes_generates_and_dequantizes() {
+    let dir = tempfile::tempdir().unwrap();
+    let run = dir.path().join("run");
+    let run_arg = run.to_str().unwrap();
+    let output = lmx(&[
+        "train",
+        "--model",
+        "llama",
+        "--preset",
+        "tiny",
+        "--set",
+        "vocab=257",
+        "--tokenizer",
+        "byte",
+        "--steps",
+        "2",
+        "--batch-size",
+        "2",
+        "--seq-len",
+        "16",
+        "--quiet",
+        "--sample",
+        "0",
+        "--out",
+        run_arg,
+    ]);
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let checkpoint = std::fs::read_dir(run.join("checkpoints"))
+        .unwrap()
+        .map(|entry| entry.unwrap().path())
+        .find(|path| path.join("model.safetensors").exists())
+        .expect("a checkpoint");
+    for (i, source) in [run.clone(), checkpoint].iter().enumerate() {
+        let out = dir.path().join(format!("q{i}"));
+        let output = lmx(&[
+            "quantize",
+            "--model",
+            source.to_str().unwrap(),
+            "--out",
+            out.to_str().unwrap(),
+        ]);
+        let stdout = String::from_utf8_lossy(&output.stdout);
+        assert!(
+            output.status.success(),
+            "{stdout}{}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        // 7 linear layers a block but the 172-wide down_proj, the embedding and the head.
+        assert!(
+            stdout.contains("14 layers quantized to 4 bits in groups of 64"),
+            "{stdout}"
+        );
+        assert!(stdout.contains("model.layers.1.mlp.down_proj"), "{stdout}");
+        let folder = HfFolder::open(&out).unwrap();
+        let (config, params) = hf::load_model::<Llama>(&folder, Some(Dtype::Float32)).unwrap();
+        assert_eq!(
+            params.model.embed_tokens.quantization,
+            Some(Quantization::new(64, 4).unwrap())
+        );
+        let sampling = Sampling {
+            temperature: 0.0,
+            max_tokens: 5,
+            ..Sampling::default()
+        };
+        let generation =
+            generate::<Llama>(&params, &config, &[72, 105], &sampling, None, |_| {}).unwrap();
+        assert_eq!(generation.tokens.len(), 5);
+    }
+
+    let dense = dir.path().join("dense");
+    let q0 = dir.path().join("q0");
+    let output = lmx(&[
+        "quantize",
+        "--dequantize",
+        "--dtype",
+        "float32",
+        "--model",
+        q0.to_str().unwrap(),
+        "--out",
+        dense.to_str().unwrap(),
+    ]);
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        stdout.contains("14 layers dequantized"),
+        "{stdout}{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let folder = HfFolder::open(&dense).unwrap();
+    assert!(folder.config().get("quantization").is_none());
+    let (_, params) = hf::load_model::<Llama>(&folder, None).unwrap();
+    assert_eq!(params.lm_head.weight.dtype(), Dtype::Float32);
+    assert_eq!(params.lm_head.weight.shape(), &[257, 64]);
+}

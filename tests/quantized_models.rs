@@ -1,0 +1,303 @@
+//! mlx-lm's quantized layout in and out.
+//!
+//! Fixture (`tests/reference/quantized.py`): `tests/fixtures/llama_q_mlx_lm/`, a tiny LLaMA
+//! built with mlx-lm's own `llama.Model`, quantized by its `quantize_model` (4 bits in groups
+//! of 32; `lm_head` 8 bits in groups of 64 by a per-layer entry; one `v_proj` left dense by the
+//! predicate, so that only its missing scales say so; the `down_proj`s, rows of 172, skipped by
+//! the divisibility rule) and saved by `save_model`/`save_config`; `llama_q_mlx_lm_io.
+//! safetensors` holds tokens, mlx-lm's float32 logits and its greedy continuation.
+//!
+//! Tolerance: both sides run the same MLX kernels (`quantized_matmul`, `dequantize`) on the
+//! same packed weights and float32-widened scales, so the logits differ only by float32
+//! rounding in differently fused element-wise code: 1e-4 absolute (the logits are of order 1),
+//! as for the float models of `hf_models.rs`.
+
+use lmx::models::llama::Llama;
+use lmx::runtime::generate::{generate, Sampling};
+use lmx::runtime::hf::{self, HfFolder};
+use lmx::runtime::mlx_rs::Dtype;
+use lmx::runtime::model::{Context, LanguageModel};
+use lmx::runtime::nn::Quantization;
+use lmx::runtime::quant::{self, layout};
+use lmx::runtime::tree::{self, Tree};
+use lmx::runtime::{Array, Error, Result};
+use std::path::{Path, PathBuf};
+
+const TOLERANCE: f32 = 1e-4;
+
+fn fixture(name: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures")
+        .join(name)
+}
+
+fn io() -> (Array, Array, Vec<u32>) {
+    let path = fixture("llama_q_mlx_lm_io.safetensors");
+    let mut io = Array::load_safetensors(&path).unwrap_or_else(|err| panic!("{path:?}: {err}"));
+    let greedy = io.remove("greedy").unwrap();
+    let greedy = greedy.as_slice::<i32>().iter().map(|&t| t as u32).collect();
+    (
+        io.remove("tokens").unwrap(),
+        io.remove("logits").unwrap(),
+        greedy,
+    )
+}
+
+fn max_error(actual: &Array, expected: &Array) -> f32 {
+    assert_eq!(actual.shape(), expected.shape(), "logit shapes");
+    let error = actual.subtract(expected).unwrap().abs().unwrap();
+    error.max(false).unwrap().item_exact::<f32>()
+}
+
+fn load(
+    dir: &Path,
+) -> Result<(
+    <Llama as LanguageModel>::Config,
+    <Llama as LanguageModel>::Params,
+)> {
+    hf::load_model::<Llama>(&HfFolder::open(dir)?, Some(Dtype::Float32))
+}
+
+#[test]
+fn a_model_quantized_by_mlx_lm_loads_matches_its_logits_and_generates() -> Result<()> {
+    let (config, params) = load(&fixture("llama_q_mlx_lm"))?;
+    let q4 = Some(Quantization::new(32, 4)?);
+    assert_eq!(params.model.embed_tokens.quantization, q4);
+    assert_eq!(params.lm_head.quantization, Some(Quantization::new(64, 8)?));
+    let layer0 = &params.model.layers[0];
+    assert_eq!(layer0.self_attn.v_proj.quantization, q4);
+    assert_eq!(layer0.mlp.down_proj.quantization, None, "rows of 172");
+    let layer1 = &params.model.layers[1];
+    assert_eq!(
+        layer1.self_attn.v_proj.quantization, None,
+        "no scales stored"
+    );
+    assert_eq!(layer1.self_attn.v_proj.weight.dtype(), Dtype::Float32);
+    assert_eq!(layer1.self_attn.q_proj.weight.dtype(), Dtype::Uint32);
+    quant::check_tree(&params)?;
+
+    let (tokens, expected, greedy) = io();
+    let logits = Llama::forward(&params, &config, &tokens, &mut Context::evaluation())?;
+    let error = max_error(&logits, &expected);
+    println!("max |lmx - mlx-lm| = {error:.2e}");
+    assert!(error <= TOLERANCE, "logits differ by {error:e}");
+
+    let prompt: Vec<u32> = tokens.as_slice::<i32>()[..8]
+        .iter()
+        .map(|&t| t as u32)
+        .collect();
+    let sampling = Sampling {
+        temperature: 0.0,
+        max_tokens: greedy.len(),
+        ..Sampling::default()
+    };
+    let generation = generate::<Llama>(&params, &config, &prompt, &sampling, None, |_| {})?;
+    assert_eq!(generation.tokens, greedy, "mlx-lm's greedy continuation");
+    Ok(())
+}
+
+/// Quantizes the float LLaMA of `hf_models.rs` (its `lm_head` in 8 bits first, then every other
+/// layer in 4), exports it, reloads the export: bit-identical tensors, the same logits, and the
+/// quantization written per layer. With `LMX_QUANT_EXPORT=DIR` the export is also left in DIR
+/// with `io.safetensors` (tokens, lmx's logits), for `tests/reference/quantized.py --check DIR`
+/// to load in mlx-lm.
+#[test]
+fn a_model_quantized_by_lmx_round_trips_in_mlx_lm_layout() -> Result<()> {
+    let source = fixture("hf/llama");
+    let folder = HfFolder::open(&source)?;
+    let (config, mut params) = hf::load_model::<Llama>(&folder, Some(Dtype::Float32))?;
+    let eight = Quantization::new(64, 8)?;
+    // 32 columns: not a multiple of 64, so the head takes groups of 32 in 8 bits.
+    let head = Quantization::new(32, 8)?;
+    let (w, s, b) = quant::quantize_weight("lm_head", &params.lm_head.weight, head)?;
+    params.lm_head.weight = w;
+    params.lm_head.scales = Some(s);
+    params.lm_head.biases = Some(b);
+    params.lm_head.quantization = Some(head);
+    let report = quant::quantize_tree(&mut params, Quantization::new(32, 4)?)?;
+    assert_eq!(report.skipped, ["lm_head"]);
+    assert_eq!(report.quantized.len(), 1 + 2 * 7);
+    assert!(quant::quantize_tree(&mut params, eight)?
+        .quantized
+        .is_empty());
+
+    let tokens = Array::from_slice(&[1_i32, 5, 9, 200, 7, 3, 3, 42], &[1, 8]);
+    let logits = Llama::forward(&params, &config, &tokens, &mut Context::evaluation())?;
+    let out = tempfile::tempdir().unwrap();
+    let exported = match std::env::var_os("LMX_QUANT_EXPORT") {
+        Some(dir) => PathBuf::from(dir),
+        None => out.path().join("q4"),
+    };
+    let lmx_config = serde_json::to_value(&config).unwrap();
+    let spec = hf::ExportSpec {
+        lmx_config: &lmx_config,
+        source_config: Some(folder.config()),
+        dtype: Dtype::Float16,
+        copy: &[],
+        max_shard_bytes: hf::DEFAULT_MAX_SHARD_BYTES,
+    };
+    hf::export(&exported, folder.family(), &params, &spec)?;
+    let written: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(exported.join("config.json")).unwrap())
+            .unwrap();
+    let expected = serde_json::json!({
+        "group_size": 32, "bits": 4, "mode": "affine",
+        "lm_head": {"group_size": 32, "bits": 8, "mode": "affine"},
+    });
+    assert_eq!(written["quantization"], expected);
+    assert_eq!(written["quantization_config"], expected);
+
+    let (_, reloaded) = load(&exported)?;
+    // The float16 export widened back to float32 equals the model with float16-rounded scales.
+    let rounded = params.map_same(&mut |leaf| match leaf.dtype() {
+        Dtype::Float32 => leaf
+            .as_dtype(Dtype::Float16)
+            .unwrap()
+            .as_dtype(Dtype::Float32)
+            .unwrap(),
+        _ => leaf.clone(),
+    });
+    for ((name, a), b) in tree::names(&rounded)
+        .iter()
+        .zip(tree::flatten(&rounded))
+        .zip(tree::flatten(&reloaded))
+    {
+        assert_eq!(a.dtype(), b.dtype(), "{name}");
+        assert!(a.eq_values(&b)?, "{name} changed");
+    }
+    assert_eq!(layout::config_entry(&reloaded), Some(expected));
+    let again = Llama::forward(&reloaded, &config, &tokens, &mut Context::evaluation())?;
+    let expected_logits = Llama::forward(&rounded, &config, &tokens, &mut Context::evaluation())?;
+    assert_eq!(max_error(&again, &expected_logits), 0.0);
+    assert!(max_error(&again, &logits) < 0.05, "float16 rounding only");
+    if std::env::var_os("LMX_QUANT_EXPORT").is_some() {
+        let io = [("tokens", &tokens), ("logits", &again)];
+        Array::save_safetensors(io, None, exported.join("io.safetensors")).unwrap();
+    }
+
+    // Dequantized, the model is a plain one again, and its export says so.
+    quant::dequantize_tree(&mut params)?;
+    assert_eq!(layout::config_entry(&params), None);
+    Ok(())
+}
+
+/// mlx-lm saves a tied model without `lm_head` (its head is `embed_tokens.as_linear`): lmx's
+/// untied head is then read from the quantized embedding, packed weight, scales and biases.
+#[test]
+fn a_tied_quantized_model_reads_its_head_from_the_quantized_embedding() -> Result<()> {
+    let dir = edited(|config| {
+        config["tie_word_embeddings"] = true.into();
+        for key in ["quantization", "quantization_config"] {
+            config[key].as_object_mut().unwrap().remove("lm_head");
+        }
+    });
+    let weights = dir.path().join("model.safetensors");
+    let mut tensors = Array::load_safetensors(&weights).unwrap();
+    tensors.retain(|name, _| !name.starts_with("lm_head."));
+    std::fs::remove_file(dir.path().join("model.safetensors.index.json")).unwrap();
+    let edited_file = dir.path().join("edited.safetensors");
+    Array::save_safetensors(
+        tensors.iter().map(|(k, v)| (k.as_str(), v)),
+        None,
+        &edited_file,
+    )
+    .unwrap();
+    std::fs::rename(&edited_file, &weights).unwrap();
+
+    let (config, params) = load(dir.path())?;
+    let (head, embed) = (&params.lm_head, &params.model.embed_tokens);
+    assert_eq!(head.quantization, Some(Quantization::new(32, 4)?));
+    assert!(head.weight.eq_values(&embed.weight)?);
+    assert!(head
+        .scales
+        .as_ref()
+        .unwrap()
+        .eq_values(embed.scales.as_ref().unwrap())?);
+    assert!(head
+        .biases
+        .as_ref()
+        .unwrap()
+        .eq_values(embed.biases.as_ref().unwrap())?);
+    let (tokens, _, _) = io();
+    let logits = Llama::forward(&params, &config, &tokens, &mut Context::evaluation())?;
+    assert_eq!(logits.shape(), &[2, 8, 256]);
+    Ok(())
+}
+
+/// A copy of the mlx-lm fixture with `edit` applied to its config.json.
+fn edited(edit: impl FnOnce(&mut serde_json::Value)) -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    let source = fixture("llama_q_mlx_lm");
+    for file in ["model.safetensors", "model.safetensors.index.json"] {
+        std::fs::copy(source.join(file), dir.path().join(file)).unwrap();
+    }
+    let mut config: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(source.join("config.json")).unwrap())
+            .unwrap();
+    edit(&mut config);
+    std::fs::write(dir.path().join("config.json"), config.to_string()).unwrap();
+    dir
+}
+
+fn message(result: Result<impl Sized>) -> String {
+    match result {
+        Ok(_) => panic!("expected an error"),
+        Err(err) => err.to_string(),
+    }
+}
+
+#[test]
+fn bad_quantized_folders_fail_naming_file_layer_and_setting() {
+    let dir = edited(|config| config["quantization"]["bits"] = 7.into());
+    let config = dir.path().join("config.json");
+    assert_eq!(
+        message(load(dir.path())),
+        format!(
+            "{}: quantization: 7-bit quantization is not supported: MLX's affine quantization \
+             takes 2, 3, 4, 5, 6 or 8 bits",
+            config.display()
+        )
+    );
+
+    let dir = edited(|config| {
+        config["quantization"]["model.layers.0.mlp.down_proj"] =
+            serde_json::json!({"group_size": 32, "bits": 4});
+    });
+    assert_eq!(
+        message(load(dir.path())),
+        "model.layers.0.mlp.down_proj: its rows of 172 values do not divide into groups of 32"
+    );
+
+    let dir = edited(|config| {
+        config["quantization"]["model.layers.9.mlp.up_proj"] = false.into();
+    });
+    let config = dir.path().join("config.json");
+    assert_eq!(
+        message(load(dir.path())),
+        format!(
+            "{}: quantization.model.layers.9.mlp.up_proj: the model has no linear layer or \
+             embedding `model.layers.9.mlp.up_proj`",
+            config.display()
+        )
+    );
+
+    let dir = edited(|config| config["quantization"]["mode"] = "mxfp4".into());
+    assert!(matches!(load(dir.path()), Err(Error::Quantization(_))));
+
+    // A scales tensor of the wrong shape: the loader names the file and the tensor.
+    let dir = edited(|_| {});
+    let weights = dir.path().join("model.safetensors");
+    let mut tensors = Array::load_safetensors(&weights).unwrap();
+    let name = "model.layers.0.self_attn.q_proj.scales";
+    tensors.insert(name.into(), Array::zeros::<f32>(&[64, 1]).unwrap());
+    std::fs::remove_file(dir.path().join("model.safetensors.index.json")).unwrap();
+    // Written beside and renamed over: the loaded tensors still read the old file.
+    let edited = dir.path().join("edited.safetensors");
+    Array::save_safetensors(tensors.iter().map(|(k, v)| (k.as_str(), v)), None, &edited).unwrap();
+    std::fs::rename(&edited, &weights).unwrap();
+    let error = message(load(dir.path()));
+    assert!(
+        error.contains(&weights.display().to_string()) && error.contains(name),
+        "{error}"
+    );
+}

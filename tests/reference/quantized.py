@@ -1,0 +1,127 @@
+"""Quantization fixtures, computed by Python MLX and mlx-lm's own code (tests/quantized_*.rs and
+lmx-runtime/tests/quantize_mlx.rs read them).
+
+    python3 tests/reference/quantized.py                 # writes the fixtures
+    python3 tests/reference/quantized.py --check DIR     # loads lmx's quantized output in mlx-lm
+
+Needs MLX 0.32.2 (the version the Rust side builds) and mlx-lm, no torch:
+    python3 -m venv /work/venv-quant
+    /work/venv-quant/bin/pip install "mlx[cpu]==0.32.2" mlx-lm numpy
+
+Writes:
+- lmx-runtime/tests/fixtures/quantize_mlx.safetensors: float32 weights `w` [4, 384] and `w_bf16`
+  (the same, bfloat16), and for every supported bits and group size `{bits}_{group}.weight`,
+  `.scales`, `.biases`: `mx.quantize` of `w` (and `bf16_{bits}_{group}.*` of `w_bf16`).
+- tests/fixtures/llama_q_mlx_lm/: a tiny LLaMA (lmx's `tiny` preset's settings) built with
+  mlx-lm's own `llama.Model`, float16, quantized by mlx-lm's `quantize_model` (4 bits, groups of
+  32; `lm_head` 8 bits in groups of 64 by a per-layer entry; `model.layers.1.self_attn.v_proj`
+  left in float16 by the predicate, so only its missing scales say so; the `down_proj`s, rows of
+  172, skipped by mlx-lm's divisibility rule) and saved by `save_model`/`save_config`.
+- tests/fixtures/llama_q_mlx_lm_io.safetensors: int32 `tokens` [2, 8], the float32 `logits` of
+  that model (float16 parameters widened to float32, as the Rust test does), and `greedy`: the
+  8 tokens mlx-lm's `generate_step` picks greedily (in float32) after the first row of tokens.
+
+`--check DIR` loads DIR (a model folder lmx wrote: config.json, model.safetensors and
+`io.safetensors` with `tokens` and lmx's `logits`) with mlx-lm's `load_model` and compares the
+logits.
+"""
+
+import json
+import sys
+from pathlib import Path
+
+import mlx.core as mx
+import mlx.nn as nn
+import numpy as np
+from mlx.utils import tree_flatten
+from mlx_lm.generate import generate_step
+from mlx_lm.models import llama
+from mlx_lm.utils import load_model, quantize_model, save_config, save_model
+
+ROOT = Path(__file__).resolve().parents[2]
+BITS = [2, 3, 4, 5, 6, 8]
+GROUPS = [32, 64, 128]
+CONFIG = {
+    "model_type": "llama",
+    "hidden_size": 64,
+    "num_hidden_layers": 2,
+    "intermediate_size": 172,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "rms_norm_eps": 1e-5,
+    "vocab_size": 256,
+    "rope_theta": 10000.0,
+    "tie_word_embeddings": False,
+    "max_position_embeddings": 256,
+}
+
+
+def quantize_fixture():
+    rng = np.random.default_rng(0)
+    w = mx.array(rng.normal(0.0, 0.5, (4, 384)).astype(np.float32))
+    w_bf16 = w.astype(mx.bfloat16)
+    out = {"w": w, "w_bf16": w_bf16}
+    for bits in BITS:
+        for group in GROUPS:
+            for prefix, weight in (("", w), ("bf16_", w_bf16)):
+                q, s, b = mx.quantize(weight, group_size=group, bits=bits)
+                key = f"{prefix}{bits}_{group}"
+                out[f"{key}.weight"], out[f"{key}.scales"], out[f"{key}.biases"] = q, s, b
+    path = ROOT / "lmx-runtime/tests/fixtures/quantize_mlx.safetensors"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    mx.save_safetensors(str(path), out)
+    print("wrote", path)
+
+
+def predicate(path, module):
+    if path == "lm_head":
+        return {"group_size": 64, "bits": 8, "mode": "affine"}
+    return path != "model.layers.1.self_attn.v_proj"
+
+
+def logits_of(model, tokens):
+    """The model's logits in float32 on its float16 parameters widened (the uint32 packed
+    weights stay as they are)."""
+    model.set_dtype(mx.float32)
+    return model(tokens).astype(mx.float32)
+
+
+def llama_fixture():
+    mx.random.seed(0)
+    model = llama.Model(llama.ModelArgs.from_dict(CONFIG))
+    model.set_dtype(mx.float16)
+    model, config = quantize_model(model, dict(CONFIG), 32, 4, quant_predicate=predicate)
+    folder = ROOT / "tests/fixtures/llama_q_mlx_lm"
+    save_model(folder, model)
+    save_config(config, folder / "config.json")
+    # Reloaded as any user would, so the logits are those of the files.
+    model, _ = load_model(folder)
+    tokens = mx.array(np.random.default_rng(1).integers(0, 256, (2, 8)).astype(np.int32))
+    logits = logits_of(model, tokens)
+    greedy = []
+    for token, _ in generate_step(tokens[0], model, max_tokens=8, sampler=lambda l: mx.argmax(l, -1)):
+        greedy.append(int(token))
+    io = {"tokens": tokens, "logits": logits, "greedy": mx.array(greedy, dtype=mx.int32)}
+    mx.save_safetensors(str(ROOT / "tests/fixtures/llama_q_mlx_lm_io.safetensors"), io)
+    print("wrote", folder, "greedy", greedy)
+
+
+def check(folder):
+    folder = Path(folder)
+    model, config = load_model(folder)
+    quantized = [p for p, m in model.named_modules() if isinstance(m, (nn.QuantizedLinear, nn.QuantizedEmbedding))]
+    io = mx.load(str(folder / "io.safetensors"))
+    ours = logits_of(model, io["tokens"])
+    err = (mx.abs(ours - io["logits"]).max() / mx.abs(io["logits"]).max()).item()
+    print(f"{folder}: {len(quantized)} quantized layers; max |mlx-lm - lmx| / max |lmx| = {err:.3g}")
+    print("quantization:", json.dumps(config.get("quantization")))
+    if err > 1e-4:
+        sys.exit(f"logits differ: {err}")
+
+
+if __name__ == "__main__":
+    if len(sys.argv) == 3 and sys.argv[1] == "--check":
+        check(sys.argv[2])
+    else:
+        quantize_fixture()
+        llama_fixture()
