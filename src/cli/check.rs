@@ -153,7 +153,7 @@ pub fn group_digits(value: u64) -> String {
     out
 }
 
-fn bytes(value: u64) -> String {
+pub fn bytes(value: u64) -> String {
     const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
     let mut size = value as f64;
     let mut unit = 0;

@@ -42,6 +42,7 @@ pub struct Registered {
     pub presets: fn() -> &'static [&'static str],
     train: fn(TrainRequest) -> anyhow::Result<bool>,
     generate: fn(&RunFile, GenerateRequest) -> anyhow::Result<()>,
+    fuse: fn(&RunFile, &super::lora::FuseArgs) -> anyhow::Result<()>,
 }
 
 impl Registered {
@@ -53,6 +54,11 @@ impl Registered {
     /// Samples from a run of this model.
     pub fn generate(&self, run: &RunFile, request: GenerateRequest) -> anyhow::Result<()> {
         (self.generate)(run, request)
+    }
+
+    /// Fuses the adapters of a run of this model into its weights.
+    pub fn fuse(&self, run: &RunFile, args: &super::lora::FuseArgs) -> anyhow::Result<()> {
+        (self.fuse)(run, args)
     }
 }
 
@@ -89,6 +95,7 @@ impl Registry {
             presets: S::Model::presets,
             train: train::train::<S>,
             generate: train::sample::<S>,
+            fuse: super::lora::fuse::<S>,
         };
         self.steps.retain(|step| step.name != registered.name);
         self.steps.push(registered);

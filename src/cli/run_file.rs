@@ -29,6 +29,9 @@ pub struct RunFile {
     pub data_tokens: Option<u64>,
     /// The training settings.
     pub train: TrainConfig,
+    /// The adapters a LoRA run (`lmx lora`) trains on top of the frozen model.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lora: Option<super::lora::LoraRun>,
 }
 
 /// The training settings that change what a run computes; the others (overlap, state packing,
@@ -96,6 +99,11 @@ impl RunFile {
         }
         if let (Some(tokens), Some(_)) = (self.data_tokens, other.data_tokens) {
             out.insert("data_tokens".into(), tokens.to_string());
+        }
+        if let Some(lora) = &self.lora {
+            // Where the adapters are written does not change what the run computes.
+            flatten("lora.parameters", &json(&lora.parameters), &mut out);
+            out.insert("lora.num_layers".into(), lora.num_layers.to_string());
         }
         let train = json(&self.train);
         for name in RUN_DEFINING {
@@ -181,6 +189,7 @@ mod tests {
             data: vec!["data/shakespeare.txt".into()],
             data_tokens: Some(1000),
             train: TrainConfig::default(),
+            lora: None,
         }
     }
 
