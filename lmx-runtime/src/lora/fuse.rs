@@ -43,7 +43,7 @@ fn fuse_layer(linear: &mut LinearParams) -> Result<bool> {
         None => linear.weight.clone(),
     };
     let scale = Array::from_f32(lora.scale);
-    let delta = ops::matmul(&ops::multiply(&b.t(), &scale)?, &a.t())?;
+    let delta = ops::matmul(ops::multiply(b.t(), &scale)?, a.t())?;
     let weight = ops::add(&weight, &delta.as_dtype(weight.dtype())?)?;
     match quantized.map(|(_, _, q)| q) {
         Some(q) => {
