@@ -164,7 +164,7 @@ pub fn attach<R: Tree<Array> + ?Sized>(
 }
 
 /// Fails on settings out of their range, naming the setting.
-fn check(parameters: &LoraParameters) -> Result<()> {
+pub(crate) fn check(parameters: &LoraParameters) -> Result<()> {
     if parameters.rank < 1 {
         return Err(Error::Setting {
             name: "rank",
@@ -190,7 +190,11 @@ fn check(parameters: &LoraParameters) -> Result<()> {
 }
 
 /// Gives `linear` a fresh adapter, initialised as mlx-lm's `LoRALinear`.
-fn adapt(linear: &mut LinearParams, parameters: &LoraParameters, keys: &mut Keys) -> Result<()> {
+pub(crate) fn adapt(
+    linear: &mut LinearParams,
+    parameters: &LoraParameters,
+    keys: &mut Keys,
+) -> Result<()> {
     let shape = linear.weight.shape();
     let (output, mut input) = (shape[0], shape[1]);
     let mut dtype = linear.weight.dtype();

@@ -7,6 +7,7 @@ mod attach;
 mod files;
 mod fuse;
 
+pub(crate) use attach::{adapt, check};
 pub use attach::{attach, blocks, LoraParameters};
 pub use files::{
     load_adapters, read_config, save_adapters, AdapterConfig, ADAPTERS_FILE, CONFIG_FILE,
