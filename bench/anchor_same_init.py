@@ -52,7 +52,7 @@ class Block(nn.Module):
         q, k, v = (a.reshape(b, t, self.heads, -1).transpose(0, 2, 1, 3) for a in (q, k, v))
         a = mx.fast.scaled_dot_product_attention(q, k, v, scale=q.shape[-1] ** -0.5, mask="causal")
         x = x + self.proj(a.transpose(0, 2, 1, 3).reshape(b, t, d))
-        return x + self.out(nn.gelu(self.fc(self.ln2(x))))
+        return x + self.out(nn.gelu_approx(self.fc(self.ln2(x))))
 
 
 class GPT(nn.Module):

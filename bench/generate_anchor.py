@@ -81,7 +81,7 @@ class Block(nn.Module):
     def __call__(self, x, cache):
         x = x + self.attn(self.n1(x), cache)
         h = self.n2(x)
-        h = nn.silu(self.gate(h)) * self.up(h) if self.llama else nn.gelu(self.up(h))
+        h = nn.silu(self.gate(h)) * self.up(h) if self.llama else nn.gelu_approx(self.up(h))
         return x + self.down(h)
 
 

@@ -163,3 +163,63 @@ fn lora_generate_with_adapter_and_fuse() {
         "{dropout:?}"
     );
 }
+
+/// From a Hugging Face folder (`--init`) to adapters, a fused run, an exported folder and back:
+/// the exported folder decodes what the LoRA run does.
+#[test]
+fn lora_on_a_folder_fuses_and_exports() {
+    let dir = tempfile::tempdir().unwrap();
+    let folder = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/hf/llama");
+    let data = concat!(env!("CARGO_MANIFEST_DIR"), "/data/shakespeare.txt");
+    let s = |name: &str| dir.path().join(name).to_str().unwrap().to_owned();
+    let output = lmx(&[
+        "lora",
+        "--init",
+        folder,
+        "--num-layers",
+        "1",
+        "--keys",
+        "self_attn.q_proj,mlp.down_proj",
+        "--rank",
+        "4",
+        "--steps",
+        "4",
+        "--batch-size",
+        "2",
+        "--seq-len",
+        "16",
+        "--quiet",
+        "--sample",
+        "0",
+        "--data",
+        data,
+        "--out",
+        &s("lora"),
+    ]);
+    assert!(output.status.success(), "{output:?}");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    // The fixture's LLaMA: hidden size 32, intermediate size 64; rank 4 on q_proj (32 -> 32)
+    // and down_proj (64 -> 32) of the last block.
+    let trainable = 4 * (32 + 32) + 4 * (64 + 32);
+    assert!(
+        stderr.contains(&format!("trainable parameters {trainable} (")),
+        "{stderr}"
+    );
+    ok(&["fuse", "--run", &s("lora"), "--out", &s("fused")]);
+    ok(&["export", "--run", &s("fused"), "--out", &s("exported")]);
+    let greedy_of = |flag: &str, target: &str| {
+        ok(&[
+            "generate",
+            flag,
+            target,
+            "--max-tokens",
+            "12",
+            "--temperature",
+            "0",
+        ])
+    };
+    assert_eq!(
+        greedy_of("--model", &s("exported")),
+        greedy_of("--run", &s("lora"))
+    );
+}

@@ -46,7 +46,10 @@ fn bundled_gpt2() -> String {
 fn a_model_file_with_errors_fails_as_lmx_check_shows_it_before_any_run_is_made() {
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("broken.lmx");
-    let broken = bundled_gpt2().replace("c_proj(gelu(c_fc(x)))", "c_proj(gelu(c_fc(y)))");
+    let broken = bundled_gpt2().replace(
+        "c_proj(gelu_approx(c_fc(x)))",
+        "c_proj(gelu_approx(c_fc(y)))",
+    );
     std::fs::write(&file, broken).unwrap();
     let file = file.to_str().unwrap();
     let out = dir.path().join("run");
@@ -75,7 +78,7 @@ fn a_model_file_with_errors_fails_as_lmx_check_shows_it_before_any_run_is_made()
     assert_eq!(
         fails(&["train", "--model", "gpt3"]),
         "error: no trainable model `gpt3`; the registered ones are gpt2, llama, gemma, mistral, \
-         mixtral, mpt, or give a path to a .lmx file\n"
+         mixtral, mpt, or give a path to a .lmx file or a Hugging Face model folder\n"
     );
 }
 

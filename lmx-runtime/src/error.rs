@@ -60,6 +60,12 @@ pub enum Error {
     /// A configuration value is out of range or inconsistent.
     #[error("configuration: {0}")]
     Config(String),
+    /// A Hugging Face model folder could not be read as published.
+    #[error(transparent)]
+    Hf(#[from] crate::hf::HfError),
+    /// A model has no Hugging Face equivalent to be exported as.
+    #[error(transparent)]
+    HfExport(#[from] crate::hf::Inexpressible),
     /// A named setting is out of its range.
     #[error("{name} is {value}; it must be {expected}")]
     Setting {

@@ -10,6 +10,7 @@ pub mod device;
 pub mod error;
 pub mod flat;
 pub mod generate;
+pub mod hf;
 pub mod lora;
 pub mod model;
 pub mod nn;

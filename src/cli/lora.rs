@@ -38,8 +38,9 @@ pub struct LoraArgs {
     pub adapter_path: Option<PathBuf>,
     /// The frozen model: a run directory (its latest checkpoint) or a checkpoint directory of
     /// one, whose model, configuration and tokenizer the adapters train on. Without it, the
-    /// model is `--model` at `--preset`, initialised from `--seed`.
-    #[arg(long, conflicts_with_all = ["model", "preset", "settings", "tokenizer"])]
+    /// model is a Hugging Face folder's (`--init DIR`), or `--model` at `--preset`, initialised
+    /// from `--seed`.
+    #[arg(long, conflicts_with_all = ["model", "preset", "settings", "tokenizer", "init"])]
     pub base: Option<PathBuf>,
 }
 

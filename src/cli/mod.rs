@@ -3,6 +3,8 @@
 pub mod bench;
 pub mod check;
 pub mod decay;
+pub mod export;
+pub mod hf_model;
 pub mod interrupt;
 pub mod lora;
 pub mod model_file;
@@ -48,8 +50,11 @@ pub enum Command {
     Lora(lora::LoraArgs),
     /// Fuse a run's adapters into its model's weights (as `mlx_lm.fuse`), as a new run directory.
     Fuse(lora::FuseArgs),
-    /// Sample text from a run's latest checkpoint.
+    /// Sample text from a run's latest checkpoint, or from a Hugging Face model folder.
     Generate(GenerateArgs),
+    /// Write a run's checkpoint, or a loaded Hugging Face model folder, as a Hugging Face model
+    /// folder.
+    Export(export::ExportArgs),
     /// Check a `.lmx` file: diagnostics, or parameter shapes, FLOPs and memory for a preset.
     Check {
         /// The `.lmx` file (or a registered model's name).
@@ -116,6 +121,10 @@ pub struct TrainArgs {
     /// Its preset.
     #[arg(long, default_value = "bpe")]
     pub preset: String,
+    /// Start from a Hugging Face model folder's weights and settings (its `config.json`
+    /// chooses the model; its `tokenizer.json` is the tokenizer unless --tokenizer says).
+    #[arg(long, value_name = "DIR", conflicts_with_all = ["model", "preset"])]
+    pub init: Option<PathBuf>,
     /// Changes a setting of the model's configuration on top of the preset (repeatable), e.g.
     /// `--set pdrop=0.1`.
     #[arg(long = "set", value_name = "NAME=VALUE")]
@@ -276,6 +285,9 @@ pub struct GenerateArgs {
     /// The run directory.
     #[arg(long, default_value = "runs/latest")]
     pub run: PathBuf,
+    /// A Hugging Face model folder (with `config.json`) to sample from instead of a run.
+    #[arg(long, value_name = "DIR", conflicts_with = "checkpoint")]
+    pub model: Option<String>,
     /// A checkpoint directory (default: the run's latest).
     #[arg(long)]
     pub checkpoint: Option<PathBuf>,
@@ -352,6 +364,7 @@ impl TrainArgs {
                 .unwrap_or_else(|| default_model.to_owned()),
             preset: self.preset.clone(),
             model_config: None,
+            init: None,
             settings: self.settings.clone(),
             data: self.data.clone(),
             tokenizer: tokenizer::TokenizerArg::parse(&self.tokenizer, self.eos.clone()),
@@ -377,7 +390,20 @@ impl TrainArgs {
             if !given("data") && !run.data.is_empty() {
                 request.data = run.data.clone();
             }
+            if !given("init") && !given("model") {
+                request.init = run.init.clone();
+            }
             request.recorded = Some(run);
+        }
+        if let Some(dir) = &self.init {
+            let folder = lmx::runtime::hf::HfFolder::open(dir)?;
+            request.model = folder.family().model_name().to_owned();
+            request.preset = dir.display().to_string();
+            request.init = Some(dir.clone());
+            if !given("tokenizer") && !given("eos") {
+                request.tokenizer =
+                    tokenizer::TokenizerArg::recorded(hf_model::tokenizer(&folder)?);
+            }
         }
         Ok(request)
     }
@@ -545,14 +571,36 @@ pub fn run(cli: Cli, registry: &Registry) -> anyhow::Result<()> {
             match resolve::resolve(registry, &run.model)? {
                 resolve::Resolved::Registered(model) => model.fuse(&run, &args),
                 resolve::Resolved::File(file) => model_file::run_in_built_program(&file),
+                resolve::Resolved::Folder(..) => anyhow::bail!(
+                    "{}: the run's model is a folder; fuse adapters into a run",
+                    args.run.display()
+                ),
             }
         }
         Command::Generate(args) => {
             let sampling = args.sampling()?;
+            if let Some(name) = &args.model {
+                return match resolve::resolve(registry, name)? {
+                    resolve::Resolved::Folder(model, folder) => model.generate_folder(
+                        &folder,
+                        hf_model::FolderGenerateRequest {
+                            prompt: args.prompt.clone(),
+                            sampling,
+                        },
+                    ),
+                    _ => anyhow::bail!(
+                        "--model {name}: lmx generate samples a Hugging Face model folder (with \
+                         config.json); a run is sampled with --run"
+                    ),
+                };
+            }
             let run = run_file::RunFile::read(&args.run)?;
             let model = match resolve::resolve(registry, &run.model)? {
                 resolve::Resolved::Registered(model) => model,
                 resolve::Resolved::File(file) => return model_file::run_in_built_program(&file),
+                resolve::Resolved::Folder(..) => {
+                    anyhow::bail!("{}'s model is a folder, not a model", args.run.display())
+                }
             };
             let request = train::GenerateRequest {
                 run: args.run.clone(),
@@ -572,6 +620,7 @@ pub fn run(cli: Cli, registry: &Registry) -> anyhow::Result<()> {
         Command::Info { model, preset } => check::info(registry, &model, preset.as_deref()),
         Command::Count { model, preset } => check::count(registry, &model, preset.as_deref()),
         Command::Models => check::models(registry),
+        Command::Export(args) => export::run(args, registry),
         Command::New { path, lmx_path } => new::new(&path, lmx_path.as_deref()),
         Command::Plot { run, out } => {
             let path = plot::plot(&run, out)?;
@@ -602,6 +651,10 @@ fn train_and_sample(
     let model = match resolve::resolve(registry, &request.model)? {
         resolve::Resolved::Registered(model) => model,
         resolve::Resolved::File(file) => return model_file::run_in_built_program(&file),
+        resolve::Resolved::Folder(..) => anyhow::bail!(
+            "--model {0} is a Hugging Face model folder: train from its weights with --init {0}",
+            request.model
+        ),
     };
     let out_dir = request.train.out_dir.clone();
     if !model.train(request)? {

@@ -14,8 +14,11 @@
 //! }
 //! ```
 
+use super::export::{self, ExportRequest};
+use super::hf_model::{self, FolderGenerateRequest};
 use super::run_file::RunFile;
 use super::train::{self, GenerateRequest, TrainRequest};
+use lmx::runtime::hf::HfFolder;
 use lmx::runtime::model::{LanguageModel, TrainingStep};
 use lmx::runtime::optim::Optimizer;
 use lmx::runtime::tree::Tree;
@@ -43,6 +46,8 @@ pub struct Registered {
     train: fn(TrainRequest) -> anyhow::Result<bool>,
     generate: fn(&RunFile, GenerateRequest) -> anyhow::Result<()>,
     fuse: fn(&RunFile, &super::lora::FuseArgs) -> anyhow::Result<()>,
+    generate_folder: fn(&HfFolder, FolderGenerateRequest) -> anyhow::Result<()>,
+    export: fn(ExportRequest) -> anyhow::Result<()>,
 }
 
 impl Registered {
@@ -59,6 +64,20 @@ impl Registered {
     /// Fuses the adapters of a run of this model into its weights.
     pub fn fuse(&self, run: &RunFile, args: &super::lora::FuseArgs) -> anyhow::Result<()> {
         (self.fuse)(run, args)
+    }
+
+    /// Samples from a Hugging Face model folder of this model's family.
+    pub fn generate_folder(
+        &self,
+        folder: &HfFolder,
+        request: FolderGenerateRequest,
+    ) -> anyhow::Result<()> {
+        (self.generate_folder)(folder, request)
+    }
+
+    /// Exports a run's checkpoint, or a folder, of this model as a Hugging Face folder.
+    pub fn export(&self, request: ExportRequest) -> anyhow::Result<()> {
+        (self.export)(request)
     }
 }
 
@@ -96,6 +115,8 @@ impl Registry {
             train: train::train::<S>,
             generate: train::sample::<S>,
             fuse: super::lora::fuse::<S>,
+            generate_folder: hf_model::sample::<S::Model>,
+            export: export::export::<S::Model>,
         };
         self.steps.retain(|step| step.name != registered.name);
         self.steps.push(registered);
@@ -150,7 +171,7 @@ impl Registry {
     pub fn unknown(&self, model: &str) -> anyhow::Error {
         anyhow::anyhow!(
             "no trainable model `{model}`; the registered ones are {}, or give a path to a .lmx \
-             file",
+             file or a Hugging Face model folder",
             self.names().join(", ")
         )
     }

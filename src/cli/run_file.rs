@@ -32,6 +32,10 @@ pub struct RunFile {
     /// The adapters a LoRA run (`lmx lora`) trains on top of the frozen model.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub lora: Option<super::lora::LoraRun>,
+    /// The Hugging Face model folder whose weights the run started from (`--init`); none for
+    /// freshly initialised weights.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub init: Option<PathBuf>,
 }
 
 /// The training settings that change what a run computes; the others (overlap, state packing,
@@ -92,6 +96,9 @@ impl RunFile {
     fn defining(&self, other: &RunFile) -> BTreeMap<String, String> {
         let mut out = BTreeMap::new();
         out.insert("model".into(), self.model.clone());
+        if let Some(init) = &self.init {
+            out.insert("init".into(), init.display().to_string());
+        }
         flatten("model_config", &self.model_config, &mut out);
         flatten("tokenizer", &json(&self.tokenizer), &mut out);
         if !self.data.is_empty() && !other.data.is_empty() {
@@ -190,6 +197,7 @@ mod tests {
             data_tokens: Some(1000),
             train: TrainConfig::default(),
             lora: None,
+            init: None,
         }
     }
 

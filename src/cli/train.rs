@@ -9,6 +9,7 @@ use lmx::runtime::data::{
     DocumentEncoder, InputFormat, Separator, TextStream, TokenFile, TokenSource, Windows,
 };
 use lmx::runtime::generate::{check_prompt, generate, Sampling};
+use lmx::runtime::hf::{self, HfFolder};
 use lmx::runtime::model::{LanguageModel, TrainingStep};
 use lmx::runtime::train::{EarlyStopping, JsonlLog, ProgressBar, TrainConfig, Trainer};
 use lmx::runtime::tree::Tree;
@@ -25,6 +26,8 @@ pub struct TrainRequest {
     pub preset: String,
     /// The configuration to start from instead of the preset's: a resumed run's recorded one.
     pub model_config: Option<serde_json::Value>,
+    /// A Hugging Face model folder whose settings and weights the run starts from.
+    pub init: Option<PathBuf>,
     /// Settings changed on top of the preset (or the recorded configuration).
     pub settings: Vec<super::settings::Setting>,
     /// Text (`.txt`), JSONL (`.jsonl`) or token (`.tokens`) files.
@@ -68,10 +71,12 @@ where
     >: Clone + 'static,
 {
     request.train.validate()?;
-    let model_config = match &request.model_config {
-        Some(recorded) => serde_json::from_value(recorded.clone())
+    let init = request.init.as_deref().map(HfFolder::open).transpose()?;
+    let model_config = match (&request.model_config, &init) {
+        (Some(recorded), _) => serde_json::from_value(recorded.clone())
             .map_err(|err| anyhow::anyhow!("the recorded model configuration: {err}"))?,
-        None => S::Model::preset(&request.preset).ok_or_else(|| {
+        (None, Some(folder)) => hf::model_config::<S::Model>(folder)?,
+        (None, None) => S::Model::preset(&request.preset).ok_or_else(|| {
             anyhow::anyhow!(
                 "{} has no preset `{}`; its presets are {}",
                 S::Model::NAME,
@@ -115,6 +120,7 @@ where
         data_tokens: Some(data_tokens),
         train: request.train.clone(),
         lora: request.lora.clone(),
+        init: request.init.clone(),
     };
 
     let run_dir = RunDir::lock(&out_dir)?;
@@ -128,11 +134,23 @@ where
     let patience = request.train.early_stopping_patience;
     let total_steps = request.train.steps;
     let log_every = request.train.log_every;
-    let mut params = super::lora::base_params::<S::Model>(
-        request.lora.as_ref(),
-        &model_config,
-        request.train.seed,
-    )?;
+    // A run from a folder's weights starts from them unless it continues from a checkpoint.
+    let from_folder = match (&init, &request.resume) {
+        (Some(folder), None) => Some(folder),
+        (Some(folder), Some(Resume::Latest)) => Checkpoints::new(run_dir.checkpoints())
+            .latest()?
+            .is_none()
+            .then_some(folder),
+        _ => None,
+    };
+    let mut params = match from_folder {
+        Some(folder) => hf::load_model::<S::Model>(folder, None)?.1,
+        None => super::lora::base_params::<S::Model>(
+            request.lora.as_ref(),
+            &model_config,
+            request.train.seed,
+        )?,
+    };
     if let Some(lora) = &request.lora {
         lmx::runtime::lora::attach(
             &mut params,
@@ -161,15 +179,18 @@ where
         Some(Resume::Latest) => trainer.latest_checkpoint()?,
         None => None,
     };
-    match &checkpoint {
-        Some(dir) => trainer.resume(dir)?,
-        None if request.resume.is_some() => {
+    match (&checkpoint, &init) {
+        (Some(dir), _) => trainer.resume(dir)?,
+        (None, Some(folder)) => {
+            eprintln!("starting from the weights of {}", folder.dir().display())
+        }
+        (None, None) if request.resume.is_some() => {
             eprintln!(
                 "no checkpoint in {} yet: starting afresh",
                 out_dir.display()
             )
         }
-        None => {}
+        (None, None) => {}
     }
     let done = trainer.steps_done();
     if done >= total_steps {
@@ -356,14 +377,34 @@ pub fn sample<S: TrainingStep>(run: &RunFile, request: GenerateRequest) -> anyho
         &checkpoint,
         request.adapter.as_deref(),
     )?;
-    print!("{}", request.prompt);
-    let mut text = TextStream::new(tokenizer.as_ref());
-    let mut failed = None;
-    let generation = generate::<S::Model>(
+    stream::<S::Model>(
         &params,
         &config,
+        tokenizer.as_ref(),
+        &request.prompt,
         &prompt,
         &request.sampling,
+    )
+}
+
+/// Prints `text` (encoded as `prompt`) and its continuation by `params`, token by token, then
+/// the speeds.
+pub fn stream<M: LanguageModel>(
+    params: &M::Params,
+    config: &M::Config,
+    tokenizer: &dyn lmx::runtime::data::Tokenizer,
+    text: &str,
+    prompt: &[u32],
+    sampling: &Sampling,
+) -> anyhow::Result<()> {
+    print!("{text}");
+    let mut text = TextStream::new(tokenizer);
+    let mut failed = None;
+    let generation = generate::<M>(
+        params,
+        config,
+        prompt,
+        sampling,
         tokenizer.eos_id(),
         |token| match text.push(token) {
             Ok(piece) => {

@@ -83,7 +83,7 @@ class Gpt2Mlp(nn.Module):
         self.c_proj = nn.Linear(4 * args.d_model, args.d_model)
 
     def __call__(self, x: mx.array) -> mx.array:
-        return self.c_proj(nn.gelu(self.c_fc(x)))
+        return self.c_proj(nn.gelu_approx(self.c_fc(x)))
 
 
 class Gpt2Block(nn.Module):

@@ -22,7 +22,7 @@ pub mod atomic;
 pub(crate) mod file;
 mod maps;
 mod store;
-mod tensor;
+pub(crate) mod tensor;
 mod train_state;
 mod weights;
 

@@ -84,23 +84,34 @@ where
     /// A fresh run: parameters initialised from `config.seed`, the optimizer's state created
     /// before the step is traced, the windows split into training and validation.
     pub fn new(model: ModelConfig<S>, config: TrainConfig, windows: Windows) -> Result<Self> {
-        S::Model::validate(&model)?;
-        let params = S::Model::init(&model, config.seed)?;
-        Self::with_params(model, config, windows, params)
+        Self::starting_from(model, config, windows, None)
     }
 
-    /// A fresh run from `params` (a loaded base, a model with adapters attached) instead of
-    /// initialised ones; they are cast to `config.precision`.
+    /// A fresh run from `params` (a published model's weights) instead of initialised ones,
+    /// cast to the run's precision; the optimizer's state is fresh.
     pub fn with_params(
         model: ModelConfig<S>,
         config: TrainConfig,
         windows: Windows,
         params: Params<S>,
     ) -> Result<Self> {
+        Self::starting_from(model, config, windows, Some(params))
+    }
+
+    fn starting_from(
+        model: ModelConfig<S>,
+        config: TrainConfig,
+        windows: Windows,
+        params: Option<Params<S>>,
+    ) -> Result<Self> {
         config.validate()?;
         S::Model::validate(&model)?;
         // An id past the vocabulary would read the embedding out of bounds on the device.
         windows.check_vocab(S::Model::vocab_size(&model))?;
+        let params = match params {
+            Some(params) => params,
+            None => S::Model::init(&model, config.seed)?,
+        };
         let params = config.precision.cast(&params)?;
         let optimizer = S::optimizer();
         let state = TrainState::new(params, &optimizer, config.seed)?;

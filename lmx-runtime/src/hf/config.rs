@@ -1,0 +1,149 @@
+//! Reading `config.json`'s keys: typed, with transformers' defaults for the keys a config class
+//! fills in when they are absent, and errors that name the file, the key and its value.
+
+use super::error::HfError;
+use serde_json::Value;
+use std::path::Path;
+
+/// One `config.json` (or a nested object of it, such as MPT's `attn_config`).
+pub(crate) struct ConfigReader<'a> {
+    path: &'a Path,
+    prefix: String,
+    object: &'a serde_json::Map<String, Value>,
+}
+
+/// The empty object that stands for an absent nested one.
+static EMPTY: std::sync::LazyLock<serde_json::Map<String, Value>> =
+    std::sync::LazyLock::new(serde_json::Map::new);
+
+impl<'a> ConfigReader<'a> {
+    /// The top level of `config`, read from `path`.
+    pub(crate) fn new(path: &'a Path, config: &'a Value) -> Result<Self, HfError> {
+        let object = config.as_object().ok_or_else(|| HfError::File {
+            path: path.to_owned(),
+            message: "not a JSON object".into(),
+        })?;
+        Ok(ConfigReader {
+            path,
+            prefix: String::new(),
+            object,
+        })
+    }
+
+    fn dotted(&self, key: &str) -> String {
+        format!("{}{key}", self.prefix)
+    }
+
+    /// The nested object `key` (an absent or null one reads as empty, its keys as defaults).
+    pub(crate) fn nested(&self, key: &str) -> Result<ConfigReader<'a>, HfError> {
+        let object = match self.object.get(key) {
+            None | Some(Value::Null) => &*EMPTY,
+            Some(Value::Object(object)) => object,
+            Some(other) => return Err(self.error(key, other, "must be an object")),
+        };
+        Ok(ConfigReader {
+            path: self.path,
+            prefix: format!("{}.", self.dotted(key)),
+            object,
+        })
+    }
+
+    /// The error for `key` holding `value`.
+    pub(crate) fn error(&self, key: &str, value: &Value, reason: impl Into<String>) -> HfError {
+        HfError::Setting {
+            path: self.path.to_owned(),
+            key: self.dotted(key),
+            value: value.to_string(),
+            reason: reason.into(),
+        }
+    }
+
+    /// The value of `key`, `None` when absent or null.
+    pub(crate) fn get(&self, key: &str) -> Option<&'a Value> {
+        self.object.get(key).filter(|value| !value.is_null())
+    }
+
+    /// A required integer of at least 1.
+    pub(crate) fn size(&self, key: &str) -> Result<i64, HfError> {
+        match self.get(key) {
+            None => Err(HfError::Setting {
+                path: self.path.to_owned(),
+                key: self.dotted(key),
+                value: "-".into(),
+                reason: "is required".into(),
+            }),
+            Some(value) => value
+                .as_i64()
+                .filter(|&n| n >= 1)
+                .ok_or_else(|| self.error(key, value, "must be an integer of at least 1")),
+        }
+    }
+
+    /// An integer of at least 1, `default` when absent.
+    pub(crate) fn size_or(&self, key: &str, default: i64) -> Result<i64, HfError> {
+        match self.get(key) {
+            None => Ok(default),
+            Some(_) => self.size(key),
+        }
+    }
+
+    /// A finite number, `default` when absent.
+    pub(crate) fn float_or(&self, key: &str, default: f64) -> Result<f64, HfError> {
+        match self.get(key) {
+            None => Ok(default),
+            Some(value) => value
+                .as_f64()
+                .filter(|x| x.is_finite())
+                .ok_or_else(|| self.error(key, value, "must be a finite number")),
+        }
+    }
+
+    /// Fails unless `key` is absent, null, or `expected`; `reason` says why another value cannot
+    /// be expressed.
+    pub(crate) fn require(&self, key: &str, expected: Value, reason: &str) -> Result<(), HfError> {
+        match self.get(key) {
+            Some(value) if !same(value, &expected) => Err(self.error(key, value, reason)),
+            _ => Ok(()),
+        }
+    }
+
+    /// Fails unless `key` is absent, null, or one of `allowed`.
+    pub(crate) fn one_of(&self, key: &str, allowed: &[&str], reason: &str) -> Result<(), HfError> {
+        match self.get(key) {
+            Some(value) if !allowed.iter().any(|name| value.as_str() == Some(name)) => {
+                Err(self.error(key, value, reason))
+            }
+            _ => Ok(()),
+        }
+    }
+}
+
+/// JSON equality with numbers compared by value (`8` and `8.0` are the same).
+fn same(a: &Value, b: &Value) -> bool {
+    match (a.as_f64(), b.as_f64()) {
+        (Some(x), Some(y)) => x == y,
+        _ => a == b,
+    }
+}
+
+/// RoPE settings: the base, and a failure for any scaling (`rope_scaling`, or transformers 5's
+/// `rope_parameters` with a type other than `default`), which the bundled models do not apply.
+pub(crate) fn rope_base(config: &ConfigReader, default: f64) -> Result<f64, HfError> {
+    const REASON: &str = "the bundled models apply RoPE unscaled";
+    // transformers 4 writes `rope_scaling` (its kind as `rope_type`, or `type` before 4.45).
+    let scaling = config.nested("rope_scaling")?;
+    scaling.one_of("rope_type", &["default"], REASON)?;
+    scaling.one_of("type", &["default"], REASON)?;
+    if let Some(scaling) = config.get("rope_scaling") {
+        let kind = ["rope_type", "type"]
+            .iter()
+            .find_map(|key| scaling.get(*key));
+        if kind.is_none() {
+            return Err(config.error("rope_scaling", scaling, REASON));
+        }
+    }
+    let parameters = config.nested("rope_parameters")?;
+    parameters.one_of("rope_type", &["default"], REASON)?;
+    let base = config.float_or("rope_theta", default)?;
+    parameters.float_or("rope_theta", base)
+}

@@ -1,0 +1,114 @@
+//! A parameter tree's leaves read from a folder's weights by the tree's dotted names.
+//!
+//! The tree decides what is read: every leaf is looked up under the name transformers gives it
+//! ([`Family::hf_name`]), so a tree that other code restructured (adapters, quantized layers)
+//! loads the same way, as long as its leaves are named as the file's tensors.
+
+use super::error::HfError;
+use super::family::Family;
+use super::weights::Weights;
+use crate::error::Result;
+use crate::tree::{self, LeafSpec, Tree};
+use mlx_rs::transforms::eval;
+use mlx_rs::{Array, Dtype};
+use std::collections::HashSet;
+
+/// Which leaves to read, and as what.
+#[derive(Clone, Copy)]
+pub struct LoadOptions<'a> {
+    /// The dtype floating-point tensors are cast to; `None`: the template leaf's dtype. Integer
+    /// tensors (quantized weights) keep their stored dtype.
+    pub dtype: Option<Dtype>,
+    /// Leaves the weights need not hold: they keep the template's value (new adapters).
+    pub optional: &'a dyn Fn(&LeafSpec) -> bool,
+}
+
+impl Default for LoadOptions<'_> {
+    fn default() -> Self {
+        LoadOptions {
+            dtype: None,
+            optional: &|_| false,
+        }
+    }
+}
+
+fn is_float(dtype: Dtype) -> bool {
+    matches!(dtype, Dtype::Float32 | Dtype::Float16 | Dtype::Bfloat16)
+}
+
+/// `template` with every leaf read from `weights` (of a `family` model whose head is `tied` to
+/// the embedding in its `config.json`).
+///
+/// Each leaf's stored shape must be the template's (transposed where the family stores it so);
+/// every stored tensor must be read, or be one transformers itself skips. The template's values
+/// are not read: a template whose arrays are unevaluated (fresh from `init`) costs no memory.
+pub fn load_into<R: Tree<Array>>(
+    template: &R,
+    weights: &Weights,
+    family: Family,
+    tied: bool,
+    options: LoadOptions,
+) -> Result<R> {
+    let specs = tree::specs(template);
+    let leaves = tree::flatten(template);
+    let mut used = HashSet::new();
+    let mut loaded = Vec::with_capacity(leaves.len());
+    for (spec, leaf) in specs.iter().zip(leaves) {
+        let candidates = family.stored_names(&spec.name, tied);
+        let Some(stored_name) = candidates.iter().find(|name| weights.contains(name)) else {
+            if (options.optional)(spec) {
+                loaded.push(leaf);
+                continue;
+            }
+            return Err(HfError::MissingTensor {
+                path: weights.source().to_owned(),
+                tensor: candidates[0].clone(),
+            }
+            .into());
+        };
+        used.insert(stored_name.clone());
+        let stored = weights.get(stored_name)?;
+        let transposed = family.transposed(&spec.name);
+        let mut expected: Vec<usize> = leaf.shape().iter().map(|&dim| dim as usize).collect();
+        if transposed {
+            expected.reverse();
+        }
+        if stored.shape != expected {
+            return Err(HfError::WrongShape {
+                path: stored.path.to_owned(),
+                tensor: stored_name.clone(),
+                expected,
+                found: stored.shape,
+            }
+            .into());
+        }
+        let mut array = stored.to_array()?;
+        if transposed {
+            array = array.t();
+        }
+        let want = options.dtype.unwrap_or(leaf.dtype());
+        if is_float(array.dtype()) && is_float(want) && array.dtype() != want {
+            array = array.as_dtype(want)?;
+        }
+        if transposed {
+            array = array.contiguous()?;
+        }
+        // Evaluated now, so that the stored-dtype copy is freed before the next tensor.
+        eval([&array])?;
+        loaded.push(array);
+    }
+    let extra: Vec<&str> = weights
+        .names()
+        .filter(|name| !used.contains(*name) && !family.skipped(name, tied))
+        .collect();
+    if let Some(first) = extra.first() {
+        return Err(HfError::UnexpectedTensor {
+            path: weights.source().to_owned(),
+            tensor: (*first).to_owned(),
+            count: extra.len(),
+        }
+        .into());
+    }
+    let mut loaded = loaded.into_iter();
+    Ok(template.map_same(&mut |_| loaded.next().expect("one array per leaf")))
+}

@@ -1,0 +1,151 @@
+//! Hugging Face folders through the `lmx` command, end to end at tiny size: train from a
+//! transformers-saved fixture (`--init`), validation loss falls, export the run, reload the
+//! export and generate from it; a run starts from the folder's weights, not fresh ones.
+
+use lmx::models::llama;
+use lmx::runtime::hf::{self, HfFolder};
+use lmx::runtime::tree;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+fn lmx(args: &[&str]) -> String {
+    let output = Command::new(env!("CARGO_BIN_EXE_lmx"))
+        .args(args)
+        .output()
+        .expect("lmx runs");
+    let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
+    assert!(
+        output.status.success(),
+        "lmx {args:?} failed:\n{stdout}\n{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    stdout
+}
+
+fn fixture(name: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures/hf")
+        .join(name)
+}
+
+/// A small text file for the fixture's tokenizer (trained on this kind of text).
+fn data(dir: &Path) -> PathBuf {
+    let path = dir.join("data.txt");
+    let line = "First Citizen: Before we proceed any further, hear me speak. All: Speak, speak.\n";
+    std::fs::write(&path, line.repeat(60)).unwrap();
+    path
+}
+
+/// Trains `steps` steps from the llama fixture into `run` at learning rate `lr`.
+fn train_from_fixture(dir: &Path, run: &Path, steps: &str, lr: &str) -> String {
+    let data = data(dir);
+    lmx(&[
+        "train",
+        "--init",
+        fixture("llama").to_str().unwrap(),
+        "--data",
+        data.to_str().unwrap(),
+        "--steps",
+        steps,
+        "--lr",
+        lr,
+        "--warmup",
+        "0",
+        "--batch-size",
+        "4",
+        "--seq-len",
+        "16",
+        "--eval-every",
+        "10",
+        "--quiet",
+        "--sample",
+        "0",
+        "--out",
+        run.to_str().unwrap(),
+    ])
+}
+
+fn eval_losses(run: &Path) -> Vec<f64> {
+    std::fs::read_to_string(run.join("metrics.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|line| serde_json::from_str::<serde_json::Value>(line).unwrap())
+        .filter(|value| value["kind"] == "eval")
+        .map(|value| value["val_loss"].as_f64().unwrap())
+        .collect()
+}
+
+#[test]
+fn train_from_a_folder_export_reload_and_generate() {
+    let dir = tempfile::tempdir().unwrap();
+    let run = dir.path().join("run");
+    let trained = train_from_fixture(dir.path(), &run, "30", "1e-2");
+    assert!(trained.contains("trained llama to step 30"), "{trained}");
+    let losses = eval_losses(&run);
+    assert!(
+        losses.len() >= 2 && losses.last() < losses.first(),
+        "validation loss falls: {losses:?}"
+    );
+
+    let exported = dir.path().join("exported");
+    lmx(&[
+        "export",
+        "--run",
+        run.to_str().unwrap(),
+        "--out",
+        exported.to_str().unwrap(),
+    ]);
+    for file in [
+        "config.json",
+        "model.safetensors",
+        "tokenizer.json",
+        "tokenizer_config.json",
+    ] {
+        assert!(exported.join(file).is_file(), "{file} exported");
+    }
+    let generated = lmx(&[
+        "generate",
+        "--model",
+        exported.to_str().unwrap(),
+        "--prompt",
+        "First Citizen:",
+        "--max-tokens",
+        "8",
+        "--temperature",
+        "0",
+    ]);
+    assert!(generated.starts_with("First Citizen:"), "{generated}");
+}
+
+#[test]
+fn a_run_starts_from_the_folder_s_weights() {
+    let dir = tempfile::tempdir().unwrap();
+    let run = dir.path().join("run");
+    // One step at a vanishing learning rate: the checkpoint holds the folder's weights.
+    train_from_fixture(dir.path(), &run, "1", "1e-9");
+    let exported = dir.path().join("exported");
+    lmx(&[
+        "export",
+        "--run",
+        run.to_str().unwrap(),
+        "--out",
+        exported.to_str().unwrap(),
+        "--max-shard-size",
+        "40KB",
+    ]);
+    assert!(exported.join(hf::INDEX_FILE).is_file(), "sharded");
+    let load = |dir: &Path| {
+        let folder = HfFolder::open(dir).unwrap();
+        hf::load_model::<llama::Llama>(&folder, None).unwrap().1
+    };
+    let (original, after) = (load(&fixture("llama")), load(&exported));
+    for ((name, a), b) in tree::names(&original)
+        .iter()
+        .zip(tree::flatten(&original))
+        .zip(tree::flatten(&after))
+    {
+        let error = a.subtract(&b).unwrap().abs().unwrap().max(false).unwrap();
+        let error = error.item_exact::<f32>();
+        assert!(error < 1e-6, "{name} moved by {error}");
+    }
+}
