@@ -223,3 +223,56 @@ fn lora_on_a_folder_fuses_and_exports() {
         greedy_of("--run", &s("lora"))
     );
 }
+
+/// A LoRA run continued from its middle checkpoint ends with the adapters, bit for bit, of the
+/// uninterrupted run: the checkpoints carry the adapters and their optimizer state, and the
+/// resumed run rebuilds the adapted tree from `run.json`.
+#[test]
+fn a_resumed_lora_run_ends_with_the_same_adapters() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = concat!(env!("CARGO_MANIFEST_DIR"), "/data/shakespeare.txt");
+    let run = dir.path().join("run");
+    let run_arg = run.to_str().unwrap();
+    ok(&[
+        "lora",
+        "--preset",
+        "tiny-bytes",
+        "--num-layers",
+        "1",
+        "--rank",
+        "2",
+        "--steps",
+        "6",
+        "--checkpoint-every",
+        "3",
+        "--batch-size",
+        "2",
+        "--seq-len",
+        "16",
+        "--quiet",
+        "--sample",
+        "0",
+        "--data",
+        data,
+        "--out",
+        run_arg,
+    ]);
+    let adapters = run.join("adapters/adapters.safetensors");
+    let uninterrupted = std::fs::read(&adapters).unwrap();
+    std::fs::remove_dir_all(run.join("adapters")).unwrap();
+    let middle = run.join("checkpoints/step-000003");
+    ok(&[
+        "lora",
+        "--preset",
+        "tiny-bytes",
+        // The adapters' settings are the recorded ones.
+        "--resume-from",
+        middle.to_str().unwrap(),
+        "--quiet",
+        "--sample",
+        "0",
+        "--out",
+        run_arg,
+    ]);
+    assert_eq!(std::fs::read(&adapters).unwrap(), uninterrupted);
+}

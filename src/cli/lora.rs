@@ -71,8 +71,8 @@ impl LoraRun {
 }
 
 impl LoraArgs {
-    /// The adapters asked for; the run directory gives the default adapter folder, and a resumed
-    /// run (`recorded`) the base when `--base` is not given.
+    /// The adapters asked for: a resumed run (`recorded`) keeps its recorded adapters' settings
+    /// where no flag gives one; the run directory gives the default adapter folder.
     pub fn lora_run(&self, out_dir: &Path, recorded: Option<&RunFile>) -> anyhow::Result<LoraRun> {
         if self.dropout != 0.0 {
             anyhow::bail!(
@@ -80,23 +80,25 @@ impl LoraArgs {
                 self.dropout
             );
         }
+        let given = |id: &str| self.train.given.iter().any(|given| given == id);
+        let recorded = recorded.and_then(|run| run.lora.as_ref());
+        let kept = |id: &str| if given(id) { None } else { recorded };
         Ok(LoraRun {
             parameters: LoraParameters {
-                rank: self.rank,
-                scale: self.scale,
+                rank: kept("rank").map_or(self.rank, |lora| lora.parameters.rank),
+                scale: kept("scale").map_or(self.scale, |lora| lora.parameters.scale),
                 dropout: self.dropout,
-                keys: self.keys.clone(),
+                keys: kept("keys").map_or(self.keys.clone(), |lora| lora.parameters.keys.clone()),
             },
-            num_layers: self.num_layers,
-            adapter_path: self
-                .adapter_path
-                .clone()
-                .unwrap_or_else(|| out_dir.join("adapters")),
-            base: match &self.base {
-                Some(base) => Some(base_checkpoint(base)?),
-                None => recorded
-                    .and_then(|run| run.lora.as_ref())
-                    .and_then(|lora| lora.base.clone()),
+            num_layers: kept("num_layers").map_or(self.num_layers, |lora| lora.num_layers),
+            adapter_path: match (&self.adapter_path, recorded) {
+                (Some(path), _) => path.clone(),
+                (None, Some(lora)) => lora.adapter_path.clone(),
+                (None, None) => out_dir.join("adapters"),
+            },
+            base: match (&self.base, recorded) {
+                (Some(base), _) => Some(base_checkpoint(base)?),
+                (None, recorded) => recorded.and_then(|lora| lora.base.clone()),
             },
         })
     }
