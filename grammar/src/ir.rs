@@ -112,7 +112,9 @@ pub struct ParamEntry {
 pub enum LayerKind {
     /// `embedding(count, dim)`: `weight [count, dim]`.
     Embedding,
-    /// `linear(input, output, bias = true)`: `weight [output, input]`, `bias [output]`.
+    /// `linear(input, output, bias = true, std = 0.0, lora_rank = 0, lora_scale = 20.0)`:
+    /// `weight [output, input]`, `bias [output]`; a `lora_rank` above 0 adds a low-rank adapter,
+    /// `lora_a [input, lora_rank]`, `lora_b [lora_rank, output]`, and then only adapters train.
     Linear,
     /// `layer_norm(dim, eps = 1e-5, bias = true)`: `weight [dim]`, `bias [dim]`.
     LayerNorm,
@@ -156,6 +158,8 @@ impl LayerKind {
                 ("output", ArgTy::Int, None),
                 ("bias", ArgTy::Bool, Some("true")),
                 ("std", ArgTy::Float, Some("0.0")),
+                ("lora_rank", ArgTy::Int, Some("0")),
+                ("lora_scale", ArgTy::Float, Some("20.0")),
             ],
             LayerKind::LayerNorm => &[
                 ("dim", ArgTy::Int, None),

@@ -56,6 +56,9 @@ pub struct Report {
     pub params: Vec<ParamShape>,
     /// Total number of parameters.
     pub param_count: u64,
+    /// The parameters that train: the adapters where the model has any (the rest is frozen),
+    /// else all of them.
+    pub trainable_count: u64,
     /// Training FLOPs per token: 3 x (2 x weights used in matrix products + attention scores and mixing).
     pub flops_per_token: u64,
     /// The conventional estimate `6 N + 12 L d T` (as the benchmark anchors compute MFU).
@@ -179,12 +182,20 @@ pub fn report_values(
         activations = activations.zip(act).and_then(|(x, y)| x.checked_add(y));
     }
     let param_count = total_elements(&walk.params).ok_or_else(|| overflow("parameter count"))?;
+    let adapter = |p: &&ParamShape| p.name.ends_with(".lora_a") || p.name.ends_with(".lora_b");
+    let trainable: Vec<ParamShape> = if walk.params.iter().any(|p| adapter(&p)) {
+        walk.params.iter().filter(adapter).cloned().collect()
+    } else {
+        walk.params.clone()
+    };
+    let trainable_count =
+        total_elements(&trainable).ok_or_else(|| overflow("trainable parameter count"))?;
     let d_model = values.get("d_model").and_then(Value::as_f64).unwrap_or(0.0) as u64;
     let optimizer = model.steps.first().map(|s| &s.optimizer);
     let optimizer_elements = optimizer_elements(
         optimizer.map_or(OptimizerKind::AdamW, |o| o.kind),
         optimizer.is_some_and(|o| o.args.iter().any(|(name, _)| name == "beta1")),
-        &walk.params,
+        &trainable,
     );
     let bytes = 4u64;
     let flops_per_token = walk
@@ -209,7 +220,7 @@ pub fn report_values(
     };
     let memory = Memory {
         parameters: in_bytes(Some(param_count), "parameter memory")?,
-        gradients: in_bytes(Some(param_count), "gradient memory")?,
+        gradients: in_bytes(Some(trainable_count), "gradient memory")?,
         optimizer: in_bytes(optimizer_elements, "optimizer memory")?,
         activations: in_bytes(activations, "activation memory")?,
     };
@@ -222,6 +233,7 @@ pub fn report_values(
     Ok(Report {
         preset: config.to_string(),
         param_count,
+        trainable_count,
         flops_per_token,
         flops_per_token_6n,
         batch,
@@ -329,6 +341,23 @@ fn described(model: &CheckedModel, expr: &crate::ast::Expr) -> String {
     }
 }
 
+/// The rank of the adapter of the linear layer `layer`: an int of at least 0 (0: no adapter).
+fn adapter_rank(expr: &crate::ast::Expr, env: &Env, layer: &str) -> Result<u64, ReportError> {
+    match eval(expr, env) {
+        Ok(Value::Int(i)) => u64::try_from(i).map_err(|_| {
+            ReportError::Invalid(format!(
+                "`{}` is {i}, the rank of `{layer}`'s adapter; it must be at least 0",
+                crate::text::expr_text(expr)
+            ))
+        }),
+        Ok(v) => Err(ReportError::Eval(format!(
+            "{} is {v}, not an int",
+            crate::text::expr_text(expr)
+        ))),
+        Err(d) => Err(ReportError::Eval(d.message)),
+    }
+}
+
 fn flag(expr: &crate::ast::Expr, env: &Env) -> Result<bool, ReportError> {
     match eval(expr, env) {
         Ok(Value::Bool(b)) => Ok(b),
@@ -416,6 +445,11 @@ impl Walk<'_> {
                 push("weight", vec![o, i]);
                 if bias("bias")? {
                     push("bias", vec![o]);
+                }
+                let rank = arg("lora_rank").map_or(Ok(0), |e| adapter_rank(e, env, name))?;
+                if rank > 0 {
+                    push("lora_a", vec![i, rank]);
+                    push("lora_b", vec![rank, o]);
                 }
                 self.matmul_weights = self
                     .matmul_weights

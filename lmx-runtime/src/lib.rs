@@ -11,6 +11,7 @@ pub mod error;
 pub mod flat;
 pub mod generate;
 pub mod hf;
+pub mod lora;
 pub mod model;
 pub mod nn;
 pub mod optim;

@@ -115,6 +115,13 @@ fn source(registry: &Registry, model: &str) -> anyhow::Result<(String, String)> 
 fn print_report(report: &Report, shapes: bool) {
     println!("preset            {}", report.preset);
     println!("parameters        {}", group_digits(report.param_count));
+    if report.trainable_count < report.param_count {
+        println!(
+            "trainable         {} (adapters; {} frozen)",
+            group_digits(report.trainable_count),
+            group_digits(report.param_count - report.trainable_count)
+        );
+    }
     println!(
         "FLOPs per token   {} (6N + 12LdT: {})",
         group_digits(report.flops_per_token),
@@ -153,7 +160,7 @@ pub fn group_digits(value: u64) -> String {
     out
 }
 
-fn bytes(value: u64) -> String {
+pub fn bytes(value: u64) -> String {
     const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
     let mut size = value as f64;
     let mut unit = 0;

@@ -4,7 +4,6 @@
 use super::run_file::RunFile;
 use super::sft::SftSettings;
 use super::tokenizer::TokenizerSpec;
-use lmx::runtime::checkpoint::{self, MODEL_FILE};
 use lmx::runtime::data::{Batch, Rows};
 use lmx::runtime::model::{LanguageModel, TrainingStep};
 use lmx::runtime::nn::IGNORE_TARGET;
@@ -51,12 +50,7 @@ pub fn evaluate<S: TrainingStep>(run: &RunFile, request: EvalRequest) -> anyhow:
     let config: <S::Model as LanguageModel>::Config =
         serde_json::from_value(run.model_config.clone())?;
     S::Model::validate(&config)?;
-    let checkpoint = match &request.checkpoint {
-        Some(dir) => dir.clone(),
-        None => checkpoint::Checkpoints::new(request.run.join("checkpoints"))
-            .latest()?
-            .ok_or_else(|| anyhow::anyhow!("{} has no checkpoint yet", request.run.display()))?,
-    };
+    let checkpoint = super::lora::checkpoint_of(&request.run, request.checkpoint.clone())?;
     let tokenizer = run.tokenizer.load(&request.run)?;
     let tokenizer_file = match &run.tokenizer {
         TokenizerSpec::HuggingFace { path, .. } => Some(path.as_path()),
@@ -70,8 +64,8 @@ pub fn evaluate<S: TrainingStep>(run: &RunFile, request: EvalRequest) -> anyhow:
     if batch_size == 0 {
         anyhow::bail!("--batch-size must be at least 1");
     }
-    let template_params = run.train.precision.cast(&S::Model::init(&config, 0)?)?;
-    let params = checkpoint::load_tree(&checkpoint.join(MODEL_FILE), &template_params)?;
+    // A LoRA run's checkpoints hold its adapters, which its parameters must have to load.
+    let params = super::lora::load_params::<S::Model>(&run, &config, &checkpoint, None)?;
     let params = run.train.precision.for_compute(&params)?;
     let result = loss_over(&rows, batch_size, set.examples.len(), |batch| {
         let (inputs, targets) = batch.to_arrays();

@@ -211,6 +211,14 @@ pub fn export<M: LanguageModel>(request: ExportRequest) -> anyhow::Result<()> {
             let config: M::Config = serde_json::from_value(run.model_config.clone())
                 .map_err(|err| anyhow::anyhow!("{}'s model configuration: {err}", dir.display()))?;
             M::validate(&config)?;
+            if run.lora.is_some() {
+                anyhow::bail!(
+                    "{} trains low-rank adapters, which a Hugging Face model folder cannot hold: \
+                     fuse them into the weights first (`lmx fuse --run {0} --out FUSED`), then \
+                     export FUSED",
+                    dir.display()
+                );
+            }
             let checkpoint = match checkpoint {
                 Some(checkpoint) => checkpoint.clone(),
                 None => Checkpoints::new(dir.join("checkpoints"))

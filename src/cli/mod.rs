@@ -7,6 +7,7 @@ pub mod eval;
 pub mod export;
 pub mod hf_model;
 pub mod interrupt;
+pub mod lora;
 pub mod model_file;
 pub mod new;
 pub mod plot;
@@ -47,6 +48,11 @@ pub struct Cli {
 pub enum Command {
     /// Train a model on text, JSONL or token files: a registered one by name, or a `.lmx` file.
     Train(TrainArgs),
+    /// Train low-rank adapters on a frozen model (as `mlx_lm.lora`): `lmx train`'s options and
+    /// the adapters'.
+    Lora(lora::LoraArgs),
+    /// Fuse a run's adapters into its model's weights (as `mlx_lm.fuse`), as a new run directory.
+    Fuse(lora::FuseArgs),
     /// Sample text from a run's latest checkpoint, or from a Hugging Face model folder.
     Generate(GenerateArgs),
     /// Loss and perplexity of a run's checkpoint on supervised examples: the `test.jsonl` of
@@ -344,6 +350,10 @@ pub struct GenerateArgs {
     /// Sampler seed.
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
+    /// An adapter folder (`adapters.safetensors`, `adapter_config.json`, as `lmx lora` and
+    /// `mlx_lm.lora` write it) to load on top of the run's model.
+    #[arg(long)]
+    pub adapter: Option<PathBuf>,
 }
 
 /// `lmx eval`'s options.
@@ -370,9 +380,12 @@ impl Cli {
         use clap::{parser::ValueSource, CommandFactory, FromArgMatches};
         let matches = Cli::command().get_matches();
         let mut cli = Cli::from_arg_matches(&matches).unwrap_or_else(|err| err.exit());
-        if let (Command::Train(args), Some(("train", train))) =
-            (&mut cli.command, matches.subcommand())
-        {
+        let args = match (&mut cli.command, matches.subcommand()) {
+            (Command::Train(args), Some(("train", train))) => Some((args, train)),
+            (Command::Lora(args), Some(("lora", train))) => Some((&mut args.train, train)),
+            _ => None,
+        };
+        if let Some((args, train)) = args {
             args.given = train
                 .ids()
                 .filter(|id| train.value_source(id.as_str()) == Some(ValueSource::CommandLine))
@@ -421,6 +434,7 @@ impl TrainArgs {
             allow_changes: self.allow_changes,
             overwrite: self.overwrite,
             progress: !self.quiet,
+            lora: None,
         };
         if let Some(run) = recorded {
             if !given("model") {
@@ -648,37 +662,18 @@ pub fn run(cli: Cli, registry: &Registry) -> anyhow::Result<()> {
         device::select(cli.device)?;
     }
     match cli.command {
-        Command::Train(args) => {
-            let default_model = registry.names().first().copied().unwrap_or_default();
-            let request = args.request(default_model)?;
-            let model = match resolve::resolve(registry, &request.model)? {
-                resolve::Resolved::Registered(model) => model,
-                resolve::Resolved::File(file) => return model_file::run_in_built_program(&file),
+        Command::Train(args) => train_and_sample(registry, &args, None),
+        Command::Lora(args) => train_and_sample(registry, &args.train, Some(&args)),
+        Command::Fuse(args) => {
+            let run = run_file::RunFile::read(&args.run)?;
+            match resolve::resolve(registry, &run.model)? {
+                resolve::Resolved::Registered(model) => model.fuse(&run, &args),
+                resolve::Resolved::File(file) => model_file::run_in_built_program(&file),
                 resolve::Resolved::Folder(..) => anyhow::bail!(
-                    "--model {0} is a Hugging Face model folder: train from its weights with \
-                     --init {0}",
-                    request.model
+                    "{}: the run's model is a folder; fuse adapters into a run",
+                    args.run.display()
                 ),
-            };
-            let out_dir = request.train.out_dir.clone();
-            if !model.train(request)? {
-                return Ok(());
             }
-            if args.sample == 0 {
-                return Ok(());
-            }
-            println!("\nsample:");
-            let run = run_file::RunFile::read(&out_dir)?;
-            let request = train::GenerateRequest {
-                run: out_dir,
-                checkpoint: None,
-                prompt: "ROMEO:".into(),
-                sampling: lmx::runtime::generate::Sampling {
-                    max_tokens: args.sample,
-                    ..Default::default()
-                },
-            };
-            model.generate(&run, request)
         }
         Command::Generate(args) => {
             let sampling = args.sampling()?;
@@ -710,6 +705,7 @@ pub fn run(cli: Cli, registry: &Registry) -> anyhow::Result<()> {
                 checkpoint: args.checkpoint.clone(),
                 prompt: args.prompt.clone(),
                 sampling,
+                adapter: args.adapter.clone(),
             };
             model.generate(&run, request)
         }
@@ -753,6 +749,49 @@ pub fn run(cli: Cli, registry: &Registry) -> anyhow::Result<()> {
             Ok(())
         }
     }
+}
+
+/// `lmx train` (`lora` is `None`) or `lmx lora`: trains, then samples from the run.
+fn train_and_sample(
+    registry: &Registry,
+    args: &TrainArgs,
+    lora: Option<&lora::LoraArgs>,
+) -> anyhow::Result<()> {
+    let default_model = registry.names().first().copied().unwrap_or_default();
+    let mut request = args.request(default_model)?;
+    if let Some(lora) = lora {
+        let run = lora.lora_run(&request.train.out_dir, request.recorded.as_ref())?;
+        lora::on_base(&mut request, &run)?;
+        request.lora = Some(run);
+    }
+    let model = match resolve::resolve(registry, &request.model)? {
+        resolve::Resolved::Registered(model) => model,
+        resolve::Resolved::File(file) => return model_file::run_in_built_program(&file),
+        resolve::Resolved::Folder(..) => anyhow::bail!(
+            "--model {0} is a Hugging Face model folder: train from its weights with --init {0}",
+            request.model
+        ),
+    };
+    let out_dir = request.train.out_dir.clone();
+    if !model.train(request)? {
+        return Ok(());
+    }
+    if args.sample == 0 {
+        return Ok(());
+    }
+    println!("\nsample:");
+    let run = run_file::RunFile::read(&out_dir)?;
+    let request = train::GenerateRequest {
+        run: out_dir,
+        checkpoint: None,
+        prompt: "ROMEO:".into(),
+        sampling: lmx::runtime::generate::Sampling {
+            max_tokens: args.sample,
+            ..Default::default()
+        },
+        adapter: None,
+    };
+    model.generate(&run, request)
 }
 
 #[cfg(test)]

@@ -47,6 +47,7 @@ pub struct Registered {
     train: fn(TrainRequest) -> anyhow::Result<bool>,
     generate: fn(&RunFile, GenerateRequest) -> anyhow::Result<()>,
     evaluate: fn(&RunFile, EvalRequest) -> anyhow::Result<()>,
+    fuse: fn(&RunFile, &super::lora::FuseArgs) -> anyhow::Result<()>,
     generate_folder: fn(&HfFolder, FolderGenerateRequest) -> anyhow::Result<()>,
     export: fn(ExportRequest) -> anyhow::Result<()>,
 }
@@ -65,6 +66,11 @@ impl Registered {
     /// Evaluates a run of this model on supervised examples.
     pub fn evaluate(&self, run: &RunFile, request: EvalRequest) -> anyhow::Result<()> {
         (self.evaluate)(run, request)
+    }
+
+    /// Fuses the adapters of a run of this model into its weights.
+    pub fn fuse(&self, run: &RunFile, args: &super::lora::FuseArgs) -> anyhow::Result<()> {
+        (self.fuse)(run, args)
     }
 
     /// Samples from a Hugging Face model folder of this model's family.
@@ -116,6 +122,7 @@ impl Registry {
             train: train::train::<S>,
             generate: train::sample::<S>,
             evaluate: eval::evaluate::<S>,
+            fuse: super::lora::fuse::<S>,
             generate_folder: hf_model::sample::<S::Model>,
             export: export::export::<S::Model>,
         };

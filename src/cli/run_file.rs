@@ -32,6 +32,9 @@ pub struct RunFile {
     pub sft: Option<super::sft::SftSettings>,
     /// The training settings.
     pub train: TrainConfig,
+    /// The adapters a LoRA run (`lmx lora`) trains on top of the frozen model.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lora: Option<super::lora::LoraRun>,
     /// The Hugging Face model folder whose weights the run started from (`--init`); none for
     /// freshly initialised weights.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -109,6 +112,11 @@ impl RunFile {
         }
         if let Some(sft) = &self.sft {
             flatten("sft", &json(sft), &mut out);
+        }
+        if let Some(lora) = &self.lora {
+            // Where the adapters are written does not change what the run computes.
+            flatten("lora.parameters", &json(&lora.parameters), &mut out);
+            out.insert("lora.num_layers".into(), lora.num_layers.to_string());
         }
         let train = json(&self.train);
         for name in RUN_DEFINING {
@@ -195,6 +203,7 @@ mod tests {
             data_tokens: Some(1000),
             sft: None,
             train: TrainConfig::default(),
+            lora: None,
             init: None,
         }
     }

@@ -5,7 +5,7 @@ use super::run_dir::RunDir;
 use super::run_file::RunFile;
 use super::sft::SftSettings;
 use super::tokenizer::{TokenizerArg, TokenizerSpec};
-use lmx::runtime::checkpoint::{self, Checkpoints, MODEL_FILE};
+use lmx::runtime::checkpoint::Checkpoints;
 use lmx::runtime::data::{
     DocumentEncoder, InputFormat, Separator, TextStream, TokenFile, TokenSource, Windows,
 };
@@ -50,6 +50,8 @@ pub struct TrainRequest {
     pub overwrite: bool,
     /// Show a progress bar.
     pub progress: bool,
+    /// Train adapters on the frozen model instead of the model (`lmx lora`).
+    pub lora: Option<super::lora::LoraRun>,
 }
 
 /// Which checkpoint a resumed run continues from.
@@ -136,6 +138,7 @@ where
         data_tokens: Some(data_tokens),
         sft: request.sft.clone(),
         train: request.train.clone(),
+        lora: request.lora.clone(),
         init: request.init.clone(),
     };
 
@@ -163,13 +166,37 @@ where
         Data::Windows(windows) => TrainData::split(windows, request.train.validation_fraction)?,
         Data::Rows(data) => data,
     };
-    let mut trainer = match from_folder {
-        Some(folder) => {
-            let (_, params) = hf::load_model::<S::Model>(folder, None)?;
-            Trainer::<S>::with_params(model_config, request.train, data, params)?
-        }
-        None => Trainer::<S>::with_data(model_config, request.train, data)?,
+    let mut params = match from_folder {
+        Some(folder) => hf::load_model::<S::Model>(folder, None)?.1,
+        None => super::lora::base_params::<S::Model>(
+            request.lora.as_ref(),
+            &model_config,
+            request.train.seed,
+        )?,
     };
+    if let Some(lora) = &request.lora {
+        lmx::runtime::lora::attach(
+            &mut params,
+            &lora.parameters,
+            lora.num_layers,
+            request.train.seed,
+        )?;
+    }
+    let mut trainer = Trainer::<S>::with_params(model_config, request.train, data, params)?;
+    if request.lora.is_some() {
+        let state = trainer.state();
+        let optimizer_bytes: usize = state
+            .declaration()
+            .iter()
+            .zip(state.flatten())
+            .filter(|(name, _)| name.starts_with("opt."))
+            .map(|(_, array)| array.nbytes())
+            .sum();
+        eprintln!(
+            "{}",
+            super::lora::state_size(&trainer.state().params, optimizer_bytes)
+        );
+    }
     let checkpoint = match &request.resume {
         Some(Resume::From(dir)) => Some(run_dir.own_checkpoint(dir)?),
         Some(Resume::Latest) => trainer.latest_checkpoint()?,
@@ -260,6 +287,14 @@ where
     }
     if let Some(dir) = summary.checkpoint {
         println!("checkpoint: {}", dir.display());
+    }
+    if let Some(lora) = &request.lora {
+        lmx::runtime::lora::save_adapters(
+            &lora.adapter_path,
+            &trainer.state().params,
+            &lora.adapter_config(),
+        )?;
+        println!("adapters: {}", lora.adapter_path.display());
     }
     Ok(true)
 }
@@ -395,26 +430,27 @@ pub struct GenerateRequest {
     pub prompt: String,
     /// Sampling settings.
     pub sampling: Sampling,
+    /// An adapter folder to load on top of the model.
+    pub adapter: Option<PathBuf>,
 }
 
 /// Samples from the latest checkpoint of a run of step `S`'s model.
 pub fn sample<S: TrainingStep>(run: &RunFile, request: GenerateRequest) -> anyhow::Result<()> {
     let config: <S::Model as LanguageModel>::Config =
         serde_json::from_value(run.model_config.clone())?;
-    let checkpoint = match request.checkpoint {
-        Some(dir) => dir,
-        None => checkpoint::Checkpoints::new(request.run.join("checkpoints"))
-            .latest()?
-            .ok_or_else(|| anyhow::anyhow!("{} has no checkpoint yet", request.run.display()))?,
-    };
+    let checkpoint = super::lora::checkpoint_of(&request.run, request.checkpoint)?;
     S::Model::validate(&config)?;
     request.sampling.validate()?;
     let tokenizer = run.tokenizer.load(&request.run)?;
     let prompt = tokenizer.encode(&request.prompt)?;
     // Everything that can be wrong with the request fails before the prompt is shown.
     check_prompt::<S::Model>(&config, &prompt)?;
-    let template = run.train.precision.cast(&S::Model::init(&config, 0)?)?;
-    let params = checkpoint::load_tree(&checkpoint.join(MODEL_FILE), &template)?;
+    let params = super::lora::load_params::<S::Model>(
+        run,
+        &config,
+        &checkpoint,
+        request.adapter.as_deref(),
+    )?;
     stream::<S::Model>(
         &params,
         &config,

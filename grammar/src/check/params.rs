@@ -355,6 +355,7 @@ impl Checker<'_> {
                 let default = d.map(|text| {
                     let kind = match text {
                         "true" => ast::ExprKind::Bool(true),
+                        int if *t == ArgTy::Int => ast::ExprKind::Int(int.parse().unwrap_or(0)),
                         other => ast::ExprKind::Float(other.parse().unwrap_or(0.0)),
                     };
                     ast::Expr {

@@ -245,12 +245,21 @@ fn init_struct(
                         let o = fx.i32_expr(&arg("output")?)?;
                         let b = fx.static_expr(&arg("bias")?)?.0.ts;
                         *keys_used = true;
-                        match arg("std") {
+                        let linear = match arg("std") {
                             Ok(std) if !is_zero(&std) => {
                                 let std = fx.f32_expr(&std)?;
                                 quote!(nn::init::linear_normal(#i, #o, #b, #std, keys)?)
                             }
                             _ => quote!(nn::init::linear(#i, #o, #b, keys)?),
+                        };
+                        // Without an adapter the initialisation draws no more keys than before.
+                        match arg("lora_rank") {
+                            Ok(rank) if !is_zero(&rank) => {
+                                let rank = fx.i32_expr(&rank)?;
+                                let scale = fx.f32_expr(&arg("lora_scale")?)?;
+                                quote!(nn::init::with_adapter(#linear, #rank, #scale, keys)?)
+                            }
+                            _ => linear,
                         }
                     }
                     LayerKind::LayerNorm => {

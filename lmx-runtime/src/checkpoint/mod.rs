@@ -19,7 +19,7 @@
 //! Arrays of float32, float16, bfloat16, int32 and uint32 are stored, bit for bit.
 
 pub mod atomic;
-mod file;
+pub(crate) mod file;
 mod maps;
 mod store;
 pub(crate) mod tensor;

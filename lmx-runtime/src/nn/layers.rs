@@ -348,6 +348,28 @@ pub mod init {
         Ok(LinearParams::new(weight, bias))
     }
 
+    /// `linear` with a low-rank adapter of `rank` (none for 0) whose output is scaled by
+    /// `scale`, initialised as mlx-lm's `LoRALinear` (`lora::attach`): a `.lmx` layer's
+    /// `linear(.., lora_rank = r, lora_scale = s)`.
+    pub fn with_adapter(
+        mut linear: LinearParams,
+        rank: i32,
+        scale: f32,
+        keys: &mut Keys,
+    ) -> Result<LinearParams> {
+        if rank == 0 {
+            return Ok(linear);
+        }
+        let parameters = crate::lora::LoraParameters {
+            rank,
+            scale,
+            ..Default::default()
+        };
+        crate::lora::check(&parameters)?;
+        crate::lora::adapt(&mut linear, &parameters, keys)?;
+        Ok(linear)
+    }
+
     /// A linear layer with weights normal with standard deviation `std` and a zero bias, as
     /// GPT-2 initialises them; a `std` of 0 is MLX's initialisation ([`linear`]).
     pub fn linear_normal(

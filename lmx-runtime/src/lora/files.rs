@@ -1,0 +1,137 @@
+//! Adapters saved apart from the base model in mlx-lm's layout: a folder holding
+//! `adapters.safetensors` (the adapters' arrays by their dotted names,
+//! `model.layers.3.self_attn.q_proj.lora_a`) and `adapter_config.json` (`fine_tune_type`,
+//! `num_layers`, `lora_parameters`, as `mlx_lm.lora` writes and `mlx_lm`'s `load_adapters`
+//! reads it).
+
+use super::attach::{attach, LoraParameters};
+use crate::checkpoint::atomic::{write_file, DurableWriter};
+use crate::checkpoint::file::{encode, read_expected, Named};
+use crate::error::{Error, Result};
+use crate::tree::{self, LeafRole, Tree};
+use mlx_rs::{Array, Dtype};
+use std::path::Path;
+
+/// The adapters' arrays.
+pub const ADAPTERS_FILE: &str = "adapters.safetensors";
+/// How the adapters were attached.
+pub const CONFIG_FILE: &str = "adapter_config.json";
+
+/// `adapter_config.json`: the fields mlx-lm reads back, and whatever else the file holds (mlx-lm
+/// writes all of its training arguments there), kept as it was.
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct AdapterConfig {
+    /// `lora` (mlx-lm also writes `dora` and `full`, which lmx does not load).
+    #[serde(default = "lora")]
+    pub fine_tune_type: String,
+    /// The blocks adapted, counted from the last (-1: all).
+    pub num_layers: i64,
+    /// Rank, scale, dropout and keys.
+    pub lora_parameters: LoraParameters,
+    /// The file's other fields.
+    #[serde(flatten)]
+    pub other: serde_json::Map<String, serde_json::Value>,
+}
+
+fn lora() -> String {
+    "lora".into()
+}
+
+fn error(path: &Path, message: impl Into<String>) -> Error {
+    Error::Checkpoint {
+        path: path.to_owned(),
+        message: message.into(),
+    }
+}
+
+/// The adapters of `tree` by dotted name, in traversal order.
+fn adapters<R: Tree<Array> + ?Sized>(tree: &R) -> Named {
+    tree::specs(tree)
+        .into_iter()
+        .zip(tree::flatten(tree))
+        .filter(|(spec, _)| spec.role == LeafRole::Adapter)
+        .map(|(spec, array)| (spec.name, array))
+        .collect()
+}
+
+/// Writes the adapters of `tree` into the folder `dir`, as float32 (as mlx-lm keeps them), and
+/// `config` beside them; each file is written atomically. Fails when `tree` has no adapter.
+pub fn save_adapters<R: Tree<Array> + ?Sized>(
+    dir: &Path,
+    tree: &R,
+    config: &AdapterConfig,
+) -> Result<()> {
+    let tensors_path = dir.join(ADAPTERS_FILE);
+    let named = adapters(tree)
+        .into_iter()
+        .map(|(name, array)| Ok((name, array.as_dtype(Dtype::Float32)?)))
+        .collect::<Result<Named>>()?;
+    if named.is_empty() {
+        return Err(error(&tensors_path, "the model has no adapters to save"));
+    }
+    let bytes = encode(&tensors_path, &named)?;
+    write_file(&tensors_path, &bytes, &mut DurableWriter)?;
+    let config_path = dir.join(CONFIG_FILE);
+    let json = serde_json::to_vec_pretty(config)
+        .map_err(|err| error(&config_path, format!("cannot encode: {err}")))?;
+    write_file(&config_path, &json, &mut DurableWriter)
+}
+
+/// The `adapter_config.json` of the adapter folder `dir`.
+pub fn read_config(dir: &Path) -> Result<AdapterConfig> {
+    let path = dir.join(CONFIG_FILE);
+    let text = std::fs::read(&path).map_err(|cause| Error::Io {
+        path: path.clone(),
+        cause,
+    })?;
+    let config: AdapterConfig = serde_json::from_slice(&text)
+        .map_err(|err| error(&path, format!("not an adapter configuration: {err}")))?;
+    if config.fine_tune_type != "lora" {
+        return Err(error(
+            &path,
+            format!(
+                "fine_tune_type is `{}`; lmx loads `lora` adapters",
+                config.fine_tune_type
+            ),
+        ));
+    }
+    Ok(config)
+}
+
+/// Attaches the adapters of the folder `dir` to `tree`, as its `adapter_config.json` says, with
+/// the arrays of its `adapters.safetensors` (cast to the dtype of the layers they adapt), and
+/// returns the configuration.
+///
+/// The file must hold exactly the adapters the configuration attaches, float32, with their
+/// shapes; an error names the file and the tensor, and leaves `tree` unchanged.
+pub fn load_adapters<R: Tree<Array> + Clone>(tree: &mut R, dir: &Path) -> Result<AdapterConfig> {
+    let config = read_config(dir)?;
+    let mut adapted = tree.clone();
+    attach(&mut adapted, &config.lora_parameters, config.num_layers, 0)
+        .map_err(|err| error(&dir.join(CONFIG_FILE), err.to_string()))?;
+    let expected = adapters(&adapted)
+        .into_iter()
+        .map(|(name, array)| Ok((name, array.as_dtype(Dtype::Float32)?)))
+        .collect::<Result<Named>>()?;
+    let mut read = read_expected(&dir.join(ADAPTERS_FILE), &expected)?.into_iter();
+    let specs = tree::specs(&adapted);
+    let mut specs = specs.iter();
+    let mut failed = None;
+    adapted.for_each_mut(&mut |leaf| {
+        if specs.next().expect("one spec per leaf").role != LeafRole::Adapter {
+            return;
+        }
+        let array = read.next().expect("one array per adapter");
+        match array.as_dtype(leaf.dtype()) {
+            Ok(array) => *leaf = array,
+            Err(err) => {
+                failed.get_or_insert(err);
+            }
+        }
+    });
+    if let Some(err) = failed {
+        return Err(err.into());
+    }
+    *tree = adapted;
+    Ok(config)
+}

@@ -1,0 +1,278 @@
+//! `lmx lora`, `lmx generate --adapter` and `lmx fuse` end to end: adapters trained on a trained
+//! base run, then the base with the adapters loaded, the LoRA run itself and the fused model
+//! all decode the same greedy text, which the base alone does not; the base's checkpoint is
+//! untouched, and the adapters folder is mlx-lm's.
+
+use std::path::Path;
+use std::process::{Command, Output};
+
+fn lmx(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_lmx"))
+        .args(args)
+        .output()
+        .expect("lmx runs")
+}
+
+fn ok(args: &[&str]) -> String {
+    let output = lmx(args);
+    let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
+    assert!(
+        output.status.success(),
+        "lmx {args:?} failed:\n{stdout}\n{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    stdout
+}
+
+fn greedy(run: &Path, adapter: Option<&Path>) -> String {
+    let mut args = vec![
+        "generate",
+        "--run",
+        run.to_str().unwrap(),
+        "--max-tokens",
+        "24",
+        "--temperature",
+        "0",
+    ];
+    if let Some(adapter) = adapter {
+        args.extend(["--adapter", adapter.to_str().unwrap()]);
+    }
+    ok(&args)
+}
+
+#[test]
+fn lora_generate_with_adapter_and_fuse() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = concat!(env!("CARGO_MANIFEST_DIR"), "/data/shakespeare.txt");
+    let (base, lora, fused) = (
+        dir.path().join("base"),
+        dir.path().join("lora"),
+        dir.path().join("fused"),
+    );
+    let common = [
+        "--batch-size",
+        "4",
+        "--seq-len",
+        "32",
+        "--quiet",
+        "--sample",
+        "0",
+        "--data",
+        data,
+    ];
+    let s = |path: &Path| path.to_str().unwrap().to_owned();
+    ok(&[
+        &[
+            "train",
+            "--preset",
+            "tiny-bytes",
+            "--steps",
+            "10",
+            "--out",
+            &s(&base),
+        ][..],
+        &common,
+    ]
+    .concat());
+    let base_model = base.join("checkpoints/step-000010/model.safetensors");
+    let before = std::fs::read(&base_model).unwrap();
+    let output = lmx(&[
+        &[
+            "lora",
+            "--base",
+            &s(&base),
+            "--num-layers",
+            "-1",
+            "--rank",
+            "4",
+            "--lr",
+            "1e-2",
+        ][..],
+        &["--steps", "10", "--out", &s(&lora)],
+        &common,
+    ]
+    .concat());
+    assert!(output.status.success(), "{output:?}");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    // GPT-2 at tiny-bytes: one block, four linear layers of d_model 32 at rank 4.
+    assert!(
+        stderr.contains("trainable parameters 2,048 (8.163% of 25,088), frozen 23,040, optimizer state 16.0 KiB"),
+        "{stderr}"
+    );
+    assert_eq!(
+        std::fs::read(&base_model).unwrap(),
+        before,
+        "the base run is untouched"
+    );
+    let adapters = lora.join("adapters");
+    let config: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(adapters.join("adapter_config.json")).unwrap())
+            .unwrap();
+    assert_eq!(
+        config,
+        serde_json::json!({
+            "fine_tune_type": "lora",
+            "num_layers": -1,
+            "lora_parameters": {"rank": 4, "scale": 20.0, "dropout": 0.0}
+        })
+    );
+    assert!(adapters.join("adapters.safetensors").is_file());
+
+    let adapted = greedy(&base, Some(&adapters));
+    assert_eq!(greedy(&lora, None), adapted);
+    ok(&["fuse", "--run", &s(&lora), "--out", &s(&fused)]);
+    assert_eq!(greedy(&fused, None), adapted);
+    assert_ne!(
+        greedy(&base, None),
+        adapted,
+        "the adapters changed the model"
+    );
+
+    let refused = lmx(&[
+        "fuse",
+        "--run",
+        &s(&base),
+        "--out",
+        &s(&dir.path().join("none")),
+    ]);
+    assert!(!refused.status.success());
+    assert_eq!(
+        String::from_utf8_lossy(&refused.stderr).trim(),
+        format!(
+            "error: {} has no adapters to fuse: give --adapter DIR, or the run of `lmx lora`",
+            base.join("checkpoints/step-000010").display()
+        )
+    );
+    let dropout = lmx(&[
+        &[
+            "lora",
+            "--base",
+            &s(&base),
+            "--dropout",
+            "0.1",
+            "--out",
+            &s(&dir.path().join("d")),
+        ][..],
+        &common,
+    ]
+    .concat());
+    assert!(!dropout.status.success());
+    assert!(
+        String::from_utf8_lossy(&dropout.stderr)
+            .contains("--dropout 0.1: lmx does not apply dropout to adapters yet; give 0"),
+        "{dropout:?}"
+    );
+}
+
+/// From a Hugging Face folder (`--init`) to adapters, a fused run, an exported folder and back:
+/// the exported folder decodes what the LoRA run does.
+#[test]
+fn lora_on_a_folder_fuses_and_exports() {
+    let dir = tempfile::tempdir().unwrap();
+    let folder = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/hf/llama");
+    let data = concat!(env!("CARGO_MANIFEST_DIR"), "/data/shakespeare.txt");
+    let s = |name: &str| dir.path().join(name).to_str().unwrap().to_owned();
+    let output = lmx(&[
+        "lora",
+        "--init",
+        folder,
+        "--num-layers",
+        "1",
+        "--keys",
+        "self_attn.q_proj,mlp.down_proj",
+        "--rank",
+        "4",
+        "--steps",
+        "4",
+        "--batch-size",
+        "2",
+        "--seq-len",
+        "16",
+        "--quiet",
+        "--sample",
+        "0",
+        "--data",
+        data,
+        "--out",
+        &s("lora"),
+    ]);
+    assert!(output.status.success(), "{output:?}");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    // The fixture's LLaMA: hidden size 32, intermediate size 64; rank 4 on q_proj (32 -> 32)
+    // and down_proj (64 -> 32) of the last block.
+    let trainable = 4 * (32 + 32) + 4 * (64 + 32);
+    assert!(
+        stderr.contains(&format!("trainable parameters {trainable} (")),
+        "{stderr}"
+    );
+    ok(&["fuse", "--run", &s("lora"), "--out", &s("fused")]);
+    ok(&["export", "--run", &s("fused"), "--out", &s("exported")]);
+    let greedy_of = |flag: &str, target: &str| {
+        ok(&[
+            "generate",
+            flag,
+            target,
+            "--max-tokens",
+            "12",
+            "--temperature",
+            "0",
+        ])
+    };
+    assert_eq!(
+        greedy_of("--model", &s("exported")),
+        greedy_of("--run", &s("lora"))
+    );
+}
+
+/// A LoRA run continued from its middle checkpoint ends with the adapters, bit for bit, of the
+/// uninterrupted run: the checkpoints carry the adapters and their optimizer state, and the
+/// resumed run rebuilds the adapted tree from `run.json`.
+#[test]
+fn a_resumed_lora_run_ends_with_the_same_adapters() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = concat!(env!("CARGO_MANIFEST_DIR"), "/data/shakespeare.txt");
+    let run = dir.path().join("run");
+    let run_arg = run.to_str().unwrap();
+    ok(&[
+        "lora",
+        "--preset",
+        "tiny-bytes",
+        "--num-layers",
+        "1",
+        "--rank",
+        "2",
+        "--steps",
+        "6",
+        "--checkpoint-every",
+        "3",
+        "--batch-size",
+        "2",
+        "--seq-len",
+        "16",
+        "--quiet",
+        "--sample",
+        "0",
+        "--data",
+        data,
+        "--out",
+        run_arg,
+    ]);
+    let adapters = run.join("adapters/adapters.safetensors");
+    let uninterrupted = std::fs::read(&adapters).unwrap();
+    std::fs::remove_dir_all(run.join("adapters")).unwrap();
+    let middle = run.join("checkpoints/step-000003");
+    ok(&[
+        "lora",
+        "--preset",
+        "tiny-bytes",
+        // The adapters' settings are the recorded ones.
+        "--resume-from",
+        middle.to_str().unwrap(),
+        "--quiet",
+        "--sample",
+        "0",
+        "--out",
+        run_arg,
+    ]);
+    assert_eq!(std::fs::read(&adapters).unwrap(), uninterrupted);
+}
