@@ -41,6 +41,9 @@ pub struct StepReport {
     pub wait_ms: f64,
     /// Model FLOPs utilisation against the configured peak, when one is configured.
     pub mfu: Option<f64>,
+    /// The most memory MLX's allocator has held in this process so far, in MiB (device memory
+    /// on a GPU), as mlx-lm's trainer reports it.
+    pub peak_memory_mib: f64,
     /// Seconds since the run started.
     pub elapsed_s: f64,
 }

@@ -202,6 +202,7 @@ mod tests {
             submit_ms: 0.0,
             wait_ms: 0.0,
             mfu: None,
+            peak_memory_mib: 0.0,
             elapsed_s: 3.0 + 2.0 * step as f64,
         }
     }

@@ -415,6 +415,7 @@ where
             wait_ms: wait_s * 1e3,
             mfu: (self.config.peak_tflops > 0.0)
                 .then(|| self.flops_per_token * tokens_per_s / (self.config.peak_tflops * 1e12)),
+            peak_memory_mib: mlx_rs::memory::peak_memory()? as f64 / (1024.0 * 1024.0),
             elapsed_s: progress.started.elapsed().as_secs_f64(),
         };
         for callback in &mut self.callbacks {
