@@ -7,7 +7,6 @@ use super::resolve::{self, Resolved};
 use super::run_file::RunFile;
 use super::tokenizer::{TokenizerSpec, TRAINED_FILE};
 use clap::Args;
-use lmx::runtime::checkpoint::{self, Checkpoints, MODEL_FILE};
 use lmx::runtime::hf::{self, Family, HfFolder, FAMILIES};
 use lmx::runtime::mlx_rs::Dtype;
 use lmx::runtime::model::LanguageModel;
@@ -219,14 +218,8 @@ pub fn export<M: LanguageModel>(request: ExportRequest) -> anyhow::Result<()> {
                     dir.display()
                 );
             }
-            let checkpoint = match checkpoint {
-                Some(checkpoint) => checkpoint.clone(),
-                None => Checkpoints::new(dir.join("checkpoints"))
-                    .latest()?
-                    .ok_or_else(|| anyhow::anyhow!("{} has no checkpoint yet", dir.display()))?,
-            };
-            let template = run.train.precision.cast(&M::init(&config, 0)?)?;
-            let params = checkpoint::load_tree(&checkpoint.join(MODEL_FILE), &template)?;
+            let checkpoint = super::lora::checkpoint_of(dir, checkpoint.clone())?;
+            let params = super::lora::load_params::<M>(run, &config, &checkpoint, None)?;
             let dtype = tree::flatten(&params).first().map(|leaf| leaf.dtype());
             let source = match &run.init {
                 Some(init) => Some(serde_json::from_str(

@@ -5,8 +5,10 @@ use super::run_file::RunFile;
 use super::TrainArgs;
 use clap::Args;
 use lmx::runtime::checkpoint::{self, Checkpoints, MODEL_FILE};
+use lmx::runtime::hf::HfFolder;
 use lmx::runtime::lora::{self, AdapterConfig, LoraParameters};
 use lmx::runtime::model::{LanguageModel, TrainingStep};
+use lmx::runtime::quant;
 use lmx::runtime::tree::{self, Tree};
 use lmx::runtime::Array;
 use std::path::{Path, PathBuf};
@@ -218,7 +220,13 @@ pub fn load_params<M: LanguageModel>(
     checkpoint: &Path,
     adapter: Option<&Path>,
 ) -> anyhow::Result<M::Params> {
-    let mut template = run.train.precision.cast(&M::init(config, 0)?)?;
+    let mut template = M::init(config, 0)?;
+    // A run from a quantized folder keeps its packed layers: the template takes their layout
+    // before the run's precision casts its floating-point leaves.
+    if let Some(dir) = &run.init {
+        quant::layout::prepare_folder(&mut template, &HfFolder::open(dir)?)?;
+    }
+    let mut template = run.train.precision.cast(&template)?;
     if let Some(lora) = &run.lora {
         lora::attach(&mut template, &lora.parameters, lora.num_layers, 0)?;
     }
