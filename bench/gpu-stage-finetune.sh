@@ -17,7 +17,11 @@ cargo build --release
 rm -rf .gpu-ft && mkdir -p .gpu-ft/wheels
 cp target/release/lmx .gpu-ft/lmx
 strip .gpu-ft/lmx
-"$patchelf" --remove-needed libopenblas.so.0 .gpu-ft/lmx
+# The CPU's BLAS (OpenBLAS, or the shim over the scipy-openblas32 wheel) is not on the GPU
+# machine and not needed there.
+for blas in libopenblas.so.0 liblmx_blas.so; do
+    "$patchelf" --remove-needed "$blas" .gpu-ft/lmx
+done
 python3 -m pip download -q --no-deps -d .gpu-ft/wheels mlx-lm==0.32.2 rich markdown-it-py \
     mdurl pygments tqdm
 cat > .gpu-ft/unpack.sh <<'UNPACK'
