@@ -5,6 +5,7 @@ use lmx::runtime::data::sft::{
     load_sft_file, Batching, ChatTemplate, RowStats, SftEncoder, SftKeys, SftRows, SftSet,
 };
 use lmx::runtime::data::Tokenizer;
+use lmx::runtime::hf::{TokenizerConfig, TOKENIZER_CONFIG_FILE};
 use std::path::{Path, PathBuf};
 
 /// How a run reads supervised examples, as `run.json` records it.
@@ -28,23 +29,12 @@ pub fn template(
     settings: &SftSettings,
     tokenizer_file: Option<&Path>,
 ) -> anyhow::Result<Option<ChatTemplate>> {
-    let config = tokenizer_file
-        .and_then(Path::parent)
-        .map(|dir| dir.join("tokenizer_config.json"))
-        .filter(|path| path.is_file());
-    let config = match &config {
-        Some(path) => Some((path, read_json(path)?)),
+    let config = match tokenizer_file.and_then(Path::parent) {
+        Some(dir) => Some(TokenizerConfig::read(dir)?),
         None => None,
     };
-    let token = |name: &str| -> Option<String> {
-        let value = config.as_ref()?.1.get(name)?;
-        // A string, or an added token's object with its `content`.
-        value
-            .as_str()
-            .or_else(|| value.get("content")?.as_str())
-            .map(str::to_owned)
-    };
-    let (bos, eos) = (token("bos_token"), token("eos_token"));
+    let bos = config.as_ref().and_then(TokenizerConfig::bos_token);
+    let eos = config.as_ref().and_then(TokenizerConfig::eos_token);
     if let Some(file) = &settings.chat_template {
         return Ok(Some(ChatTemplate::from_file(
             file,
@@ -52,41 +42,24 @@ pub fn template(
             eos.as_deref(),
         )?));
     }
-    let Some((path, config)) = &config else {
+    let Some((source, path)) = config
+        .map(|config| config.chat_template())
+        .transpose()?
+        .flatten()
+    else {
         return Ok(None);
     };
-    // A string, or (newer files) a list of named templates, of which `default` is the chat's.
-    let source = match config.get("chat_template") {
-        None | Some(serde_json::Value::Null) => return Ok(None),
-        Some(serde_json::Value::String(source)) => source.clone(),
-        Some(serde_json::Value::Array(named)) => named
-            .iter()
-            .find(|entry| entry.get("name").and_then(|n| n.as_str()) == Some("default"))
-            .and_then(|entry| entry.get("template")?.as_str())
-            .map(str::to_owned)
-            .ok_or_else(|| {
-                anyhow::anyhow!(
-                    "{}: chat_template has no template named `default`",
-                    path.display()
-                )
-            })?,
-        Some(_) => anyhow::bail!(
-            "{}: chat_template is neither a string nor a list of named templates",
-            path.display()
-        ),
+    let name = if path.ends_with(TOKENIZER_CONFIG_FILE) {
+        format!("{} chat_template", path.display())
+    } else {
+        path.display().to_string()
     };
     Ok(Some(ChatTemplate::new(
-        format!("{} chat_template", path.display()),
+        name,
         source,
         bos.as_deref(),
         eos.as_deref(),
     )?))
-}
-
-fn read_json(path: &Path) -> anyhow::Result<serde_json::Value> {
-    let text = std::fs::read_to_string(path)
-        .map_err(|err| anyhow::anyhow!("{}: {err}", path.display()))?;
-    serde_json::from_str(&text).map_err(|err| anyhow::anyhow!("{}: {err}", path.display()))
 }
 
 /// The examples of one file, encoded as the settings say.

@@ -163,7 +163,11 @@ where
         _ => None,
     };
     let data = match data {
-        Data::Windows(windows) => TrainData::split(windows, request.train.validation_fraction)?,
+        Data::Windows(windows) => TrainData::split(
+            windows,
+            request.train.validation_fraction,
+            S::Model::vocab_size(&model_config),
+        )?,
         Data::Rows(data) => data,
     };
     let mut params = match from_folder {

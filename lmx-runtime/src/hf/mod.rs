@@ -18,6 +18,7 @@ mod export;
 mod family;
 mod load;
 mod model;
+mod tokenizer_config;
 mod weights;
 
 pub use error::{HfError, Inexpressible};
@@ -25,6 +26,7 @@ pub use export::{hf_tensors, write_folder, DEFAULT_MAX_SHARD_BYTES};
 pub use family::{Family, FAMILIES};
 pub use load::{load_into, LoadOptions};
 pub use model::{load_model, model_config};
+pub use tokenizer_config::TokenizerConfig;
 pub use weights::{Stored, Weights, INDEX_FILE, WEIGHTS_FILE};
 
 use crate::error::Result;
@@ -60,7 +62,7 @@ pub struct HfFolder {
     config: Value,
     family: Family,
     weights: Weights,
-    tokenizer_config: Option<Value>,
+    tokenizer_config: TokenizerConfig,
 }
 
 fn read_json(path: &Path) -> Result<Value, HfError> {
@@ -74,15 +76,6 @@ fn read_json(path: &Path) -> Result<Value, HfError> {
     })
 }
 
-/// A special token of `tokenizer_config.json`: a string, or an added token's `content`.
-fn token(value: Option<&Value>) -> Option<String> {
-    let value = value?;
-    value
-        .as_str()
-        .or_else(|| value.get("content").and_then(Value::as_str))
-        .map(str::to_owned)
-}
-
 impl HfFolder {
     /// Opens the folder `dir`: reads `config.json` (its `model_type` must be one of
     /// [`FAMILIES`]) and `tokenizer_config.json` if present, maps the weights.
@@ -91,12 +84,7 @@ impl HfFolder {
         let config = read_json(&path)?;
         let family = Family::of_config(&path, &config)?;
         let weights = Weights::open(dir)?;
-        let tokenizer_config = dir.join(TOKENIZER_CONFIG_FILE);
-        let tokenizer_config = if tokenizer_config.exists() {
-            Some(read_json(&tokenizer_config)?)
-        } else {
-            None
-        };
+        let tokenizer_config = TokenizerConfig::read(dir)?;
         Ok(HfFolder {
             dir: dir.to_owned(),
             config,
@@ -145,51 +133,27 @@ impl HfFolder {
         Some(self.dir.join(TOKENIZER_FILE)).filter(|path| path.exists())
     }
 
-    /// `tokenizer_config.json`, if the folder has one.
-    pub fn tokenizer_config(&self) -> Option<&Value> {
-        self.tokenizer_config.as_ref()
+    /// `tokenizer_config.json` and the chat template beside the tokenizer.
+    pub fn tokenizer_config(&self) -> &TokenizerConfig {
+        &self.tokenizer_config
     }
 
     /// The beginning-of-sequence token `tokenizer_config.json` names.
     pub fn bos_token(&self) -> Option<String> {
-        token(self.tokenizer_config.as_ref()?.get("bos_token"))
+        self.tokenizer_config.bos_token()
     }
 
     /// The end-of-sequence token `tokenizer_config.json` names.
     pub fn eos_token(&self) -> Option<String> {
-        token(self.tokenizer_config.as_ref()?.get("eos_token"))
+        self.tokenizer_config.eos_token()
     }
 
-    /// The chat template, unrendered: `tokenizer_config.json`'s `chat_template` (a string, or
-    /// of a list of named templates the one named `default`), else `chat_template.jinja`.
+    /// The chat template, unrendered (see [`TokenizerConfig::chat_template`]).
     pub fn chat_template(&self) -> Result<Option<String>> {
-        let given = self
+        Ok(self
             .tokenizer_config
-            .as_ref()
-            .and_then(|config| config.get("chat_template"));
-        let named_default = |list: &Vec<Value>| {
-            list.iter()
-                .find(|entry| entry.get("name").and_then(Value::as_str) == Some("default"))
-                .and_then(|entry| entry.get("template"))
-                .and_then(Value::as_str)
-                .map(str::to_owned)
-        };
-        match given {
-            Some(Value::String(template)) => return Ok(Some(template.clone())),
-            Some(Value::Array(list)) => return Ok(named_default(list)),
-            _ => {}
-        }
-        let file = self.dir.join(CHAT_TEMPLATE_FILE);
-        if !file.exists() {
-            return Ok(None);
-        }
-        std::fs::read_to_string(&file).map(Some).map_err(|err| {
-            HfError::File {
-                path: file,
-                message: err.to_string(),
-            }
-            .into()
-        })
+            .chat_template()?
+            .map(|(template, _)| template))
     }
 
     /// The folder's tokenizer files and generation defaults, which an export carries along.

@@ -48,8 +48,11 @@ pub struct TrainData {
 }
 
 impl TrainData {
-    /// A corpus's windows, the last `fraction` of them kept for validation (none for 0).
-    pub fn split(windows: Windows, fraction: f64) -> Result<TrainData> {
+    /// A corpus's windows, the last `fraction` of them kept for validation (none for 0), once
+    /// every id is known to be below `vocab`: checked before the split, so that an error names
+    /// the id's place in the whole stream (and comes before any complaint about the split).
+    pub fn split(windows: Windows, fraction: f64, vocab: usize) -> Result<TrainData> {
+        windows.check_vocab(vocab)?;
         if fraction <= 0.0 {
             return Ok(TrainData {
                 train: Arc::new(windows),
@@ -111,7 +114,9 @@ where
     /// before the step is traced, the windows split into training and validation.
     pub fn new(model: ModelConfig<S>, config: TrainConfig, windows: Windows) -> Result<Self> {
         config.validate()?;
-        let data = TrainData::split(windows, config.validation_fraction)?;
+        S::Model::validate(&model)?;
+        let vocab = S::Model::vocab_size(&model);
+        let data = TrainData::split(windows, config.validation_fraction, vocab)?;
         Self::with_data(model, config, data)
     }
 
