@@ -224,7 +224,7 @@ fn lora_on_a_folder_with_supervised_examples_fuses_and_exports() {
         stderr.contains(&format!("trainable parameters {trainable} (")),
         "{stderr}"
     );
-    let losses = val_losses(&s("lora").as_ref());
+    let losses = val_losses(s("lora").as_ref());
     assert!(losses.len() >= 2, "{losses:?}");
     assert!(
         losses.last().unwrap() < &(losses[0] - 0.1),

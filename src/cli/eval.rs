@@ -65,7 +65,7 @@ pub fn evaluate<S: TrainingStep>(run: &RunFile, request: EvalRequest) -> anyhow:
         anyhow::bail!("--batch-size must be at least 1");
     }
     // A LoRA run's checkpoints hold its adapters, which its parameters must have to load.
-    let params = super::lora::load_params::<S::Model>(&run, &config, &checkpoint, None)?;
+    let params = super::lora::load_params::<S::Model>(run, &config, &checkpoint, None)?;
     let params = run.train.precision.for_compute(&params)?;
     let result = loss_over(&rows, batch_size, set.examples.len(), |batch| {
         let (inputs, targets) = batch.to_arrays();
