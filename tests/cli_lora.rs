@@ -174,7 +174,8 @@ fn val_losses(run: &Path) -> Vec<f64> {
         .collect()
 }
 
-/// The end-to-end path at tiny size: a Hugging Face folder (`--init`), adapters trained
+/// The end-to-end path at tiny size: a Hugging Face folder (`--model DIR`, read as
+/// `--init DIR`), adapters trained
 /// on the bundled supervised examples with the loss on completions only, the validation loss
 /// falling, then a fused run, an exported folder, and that folder loaded again: it decodes what
 /// the LoRA run does.
@@ -186,7 +187,7 @@ fn lora_on_a_folder_with_supervised_examples_fuses_and_exports() {
     let s = |name: &str| dir.path().join(name).to_str().unwrap().to_owned();
     let output = lmx(&[
         "lora",
-        "--init",
+        "--model",
         folder,
         "--num-layers",
         "1",

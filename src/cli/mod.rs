@@ -123,7 +123,8 @@ pub enum Command {
 #[derive(Args)]
 pub struct TrainArgs {
     /// The model: a registered one's name (default: the first registered, `gpt2` for the stock
-    /// binary) or a `.lmx` file, which is built into a program of its own the first time.
+    /// binary), a `.lmx` file, which is built into a program of its own the first time, or a
+    /// Hugging Face model folder, whose weights the run starts from (as --init).
     #[arg(long)]
     pub model: Option<String>,
     /// Its preset.
@@ -480,7 +481,13 @@ impl TrainArgs {
                 );
             }
         }
-        if let Some(dir) = &self.init {
+        // A Hugging Face folder given as the model is a start from its weights, as --init.
+        let folder_model = self
+            .model
+            .as_deref()
+            .map(PathBuf::from)
+            .filter(|dir| dir.join(lmx::runtime::hf::CONFIG_FILE).is_file());
+        if let Some(dir) = self.init.as_ref().or(folder_model.as_ref()) {
             let folder = lmx::runtime::hf::HfFolder::open(dir)?;
             request.model = folder.family().model_name().to_owned();
             request.preset = dir.display().to_string();
@@ -764,13 +771,10 @@ fn train_and_sample(
         lora::on_base(&mut request, &run)?;
         request.lora = Some(run);
     }
+    // A folder given as --model was read as --init: the request names its family's model.
     let model = match resolve::resolve(registry, &request.model)? {
-        resolve::Resolved::Registered(model) => model,
+        resolve::Resolved::Registered(model) | resolve::Resolved::Folder(model, _) => model,
         resolve::Resolved::File(file) => return model_file::run_in_built_program(&file),
-        resolve::Resolved::Folder(..) => anyhow::bail!(
-            "--model {0} is a Hugging Face model folder: train from its weights with --init {0}",
-            request.model
-        ),
     };
     let out_dir = request.train.out_dir.clone();
     if !model.train(request)? {
