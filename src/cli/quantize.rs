@@ -179,28 +179,42 @@ fn quantize<M: LanguageModel>(request: Request) -> anyhow::Result<()> {
     let mut cast = cast.into_iter();
     let mut params = params.map_same(&mut |_| cast.next().expect("one array per leaf"));
     let before = quant::tree_bytes(&params);
-    let Some(q) = quantization else {
-        let layers = quant::dequantize_tree(&mut params)?;
-        export(
-            out,
-            family,
-            &config,
-            source_config.as_ref(),
-            &params,
-            dtype,
-            &carried,
-        )?;
-        println!(
-            "{}: {} layers dequantized; {} -> {} bytes",
-            out.display(),
-            layers.len(),
-            before,
-            quant::tree_bytes(&params)
-        );
-        return Ok(());
+    // What was done, said once the folder is written.
+    let summary = match quantization {
+        None => {
+            let layers = quant::dequantize_tree(&mut params)?;
+            format!(
+                "{}: {} layers dequantized; {} -> {} bytes",
+                out.display(),
+                layers.len(),
+                before,
+                quant::tree_bytes(&params)
+            )
+        }
+        Some(q) => {
+            let report = quant::quantize_tree(&mut params, q)?;
+            let after = quant::tree_bytes(&params);
+            let count = quant::logical_parameter_count(&params);
+            let mut summary = format!(
+                "{}: {} layers quantized to {} bits in groups of {}; {count} parameters, \
+                 {before} -> {after} bytes ({:.3} bits per weight)",
+                out.display(),
+                report.quantized.len(),
+                q.bits,
+                q.group_size,
+                after as f64 * 8.0 / count as f64,
+            );
+            if !report.skipped.is_empty() {
+                summary.push_str(&format!(
+                    "\nleft as they were (already quantized, or rows not divisible into groups \
+                     of {}): {}",
+                    q.group_size,
+                    report.skipped.join(", ")
+                ));
+            }
+            summary
+        }
     };
-    let report = quant::quantize_tree(&mut params, q)?;
-    let after = quant::tree_bytes(&params);
     export(
         out,
         family,
@@ -210,23 +224,7 @@ fn quantize<M: LanguageModel>(request: Request) -> anyhow::Result<()> {
         dtype,
         &carried,
     )?;
-    let count = quant::logical_parameter_count(&params);
-    println!(
-        "{}: {} layers quantized to {} bits in groups of {}; {count} parameters, {before} -> \
-         {after} bytes ({:.3} bits per weight)",
-        out.display(),
-        report.quantized.len(),
-        q.bits,
-        q.group_size,
-        after as f64 * 8.0 / count as f64,
-    );
-    if !report.skipped.is_empty() {
-        println!(
-            "left as they were (already quantized, or rows not divisible into groups of {}): {}",
-            q.group_size,
-            report.skipped.join(", ")
-        );
-    }
+    println!("{summary}");
     Ok(())
 }
 
