@@ -12,9 +12,9 @@ use mlx_rs::{ops, Array};
 pub fn fuse<R: Tree<Array> + ?Sized>(tree: &mut R) -> Result<usize> {
     let mut fused = 0;
     let mut failed = None;
-    tree.for_each_layer_mut(&Scope::root(), &mut |_, layer| {
+    tree.for_each_layer_mut(&Scope::root(), &mut |scope, layer| {
         if let (LayerMut::Linear(linear), None) = (layer, &failed) {
-            match fuse_layer(linear) {
+            match fuse_layer(scope.name(), linear) {
                 Ok(true) => fused += 1,
                 Ok(false) => {}
                 Err(err) => failed = Some(err),
@@ -27,27 +27,28 @@ pub fn fuse<R: Tree<Array> + ?Sized>(tree: &mut R) -> Result<usize> {
     }
 }
 
-/// Fuses `linear`'s adapter, if it has one.
-fn fuse_layer(linear: &mut LinearParams) -> Result<bool> {
+/// Fuses the adapter of `linear` (the layer `name`), if it has one.
+fn fuse_layer(name: &str, linear: &mut LinearParams) -> Result<bool> {
     let (Some(a), Some(b), Some(lora)) = (&linear.lora_a, &linear.lora_b, linear.lora) else {
         return Ok(false);
     };
-    let quantized = match (&linear.scales, &linear.biases, linear.quantization) {
-        (Some(scales), Some(biases), Some(q)) => Some((scales, biases, q)),
-        _ => None,
-    };
-    let weight = match quantized {
-        Some((scales, biases, q)) => {
-            ops::dequantize(&linear.weight, scales, biases, q.group_size, q.bits)?
-        }
+    let packed = linear.packed();
+    let weight = match &packed {
+        Some(p) => ops::dequantize(
+            p.weight,
+            p.scales,
+            p.biases,
+            p.quantization.group_size,
+            p.quantization.bits,
+        )?,
         None => linear.weight.clone(),
     };
     let scale = Array::from_f32(lora.scale);
     let delta = ops::matmul(ops::multiply(b.t(), &scale)?, a.t())?;
     let weight = ops::add(&weight, &delta.as_dtype(weight.dtype())?)?;
-    match quantized.map(|(_, _, q)| q) {
+    match packed.map(|p| p.quantization) {
         Some(q) => {
-            let (packed, scales, biases) = ops::quantize(&weight, q.group_size, q.bits)?;
+            let (packed, scales, biases) = crate::quant::quantize_weight(name, &weight, q)?;
             linear.weight = packed;
             linear.scales = Some(scales);
             linear.biases = Some(biases);

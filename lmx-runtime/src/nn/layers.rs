@@ -79,6 +79,48 @@ impl<T> EmbeddingParams<T> {
     }
 }
 
+/// A quantized layer's parts: the packed weight, its per-group scales and offsets, and how it
+/// is packed. The one reading of "is this layer quantized", for the layers, fusing and checks.
+pub struct Packed<'a, T> {
+    pub weight: &'a T,
+    pub scales: &'a T,
+    pub biases: &'a T,
+    pub quantization: Quantization,
+}
+
+impl<'a, T> Packed<'a, T> {
+    fn of(
+        weight: &'a T,
+        scales: &'a Option<T>,
+        biases: &'a Option<T>,
+        quantization: Option<Quantization>,
+    ) -> Option<Self> {
+        match (scales, biases, quantization) {
+            (Some(scales), Some(biases), Some(quantization)) => Some(Packed {
+                weight,
+                scales,
+                biases,
+                quantization,
+            }),
+            _ => None,
+        }
+    }
+}
+
+impl<T> LinearParams<T> {
+    /// The layer's packed parts, when it is quantized.
+    pub fn packed(&self) -> Option<Packed<'_, T>> {
+        Packed::of(&self.weight, &self.scales, &self.biases, self.quantization)
+    }
+}
+
+impl<T> EmbeddingParams<T> {
+    /// The table's packed parts, when it is quantized.
+    pub fn packed(&self) -> Option<Packed<'_, T>> {
+        Packed::of(&self.weight, &self.scales, &self.biases, self.quantization)
+    }
+}
+
 /// MLX's affine quantization of a weight: `bits` per value, one scale and offset per
 /// `group_size` values of a row (mlx-lm's `quantization` entry in config.json).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -120,13 +162,13 @@ pub struct RmsNormParams<T = Array> {
 /// A quantized weight multiplies with MLX's `quantized_matmul`; an adapter adds its low-rank
 /// term to whichever product the base gives.
 pub fn linear(params: &LinearParams, x: &Array) -> Result<Array> {
-    let y = match quantized(
-        &params.weight,
-        &params.scales,
-        &params.biases,
-        params.quantization,
-    ) {
-        Some((w, scales, biases, q)) => {
+    let y = match params.packed() {
+        Some(Packed {
+            weight: w,
+            scales,
+            biases,
+            quantization: q,
+        }) => {
             let y = ops::quantized_matmul(x, w, scales, biases, true, q.group_size, q.bits)?;
             match &params.bias {
                 Some(bias) => ops::add(&y, bias)?,
@@ -145,28 +187,15 @@ pub fn linear(params: &LinearParams, x: &Array) -> Result<Array> {
     }
 }
 
-/// The packed weight, its scales and offsets and the settings, when the layer is quantized.
-fn quantized<'a>(
-    weight: &'a Array,
-    scales: &'a Option<Array>,
-    biases: &'a Option<Array>,
-    quantization: Option<Quantization>,
-) -> Option<(&'a Array, &'a Array, &'a Array, Quantization)> {
-    match (scales, biases, quantization) {
-        (Some(scales), Some(biases), Some(q)) => Some((weight, scales, biases, q)),
-        _ => None,
-    }
-}
-
 /// The rows of the table for integer `ids`: `[...] -> [..., dim]`.
 pub fn embedding(params: &EmbeddingParams, ids: &Array) -> Result<Array> {
-    match quantized(
-        &params.weight,
-        &params.scales,
-        &params.biases,
-        params.quantization,
-    ) {
-        Some((w, scales, biases, q)) => {
+    match params.packed() {
+        Some(Packed {
+            weight: w,
+            scales,
+            biases,
+            quantization: q,
+        }) => {
             let rows = |a: &Array| a.take_axis(ids, 0);
             Ok(ops::dequantize(
                 rows(w)?,
@@ -182,13 +211,13 @@ pub fn embedding(params: &EmbeddingParams, ids: &Array) -> Result<Array> {
 
 /// `x` projected on the embedding table, as a tied output head: `[..., dim] -> [..., vocab]`.
 pub fn embedding_as_linear(params: &EmbeddingParams, x: &Array) -> Result<Array> {
-    match quantized(
-        &params.weight,
-        &params.scales,
-        &params.biases,
-        params.quantization,
-    ) {
-        Some((w, scales, biases, q)) => Ok(ops::quantized_matmul(
+    match params.packed() {
+        Some(Packed {
+            weight: w,
+            scales,
+            biases,
+            quantization: q,
+        }) => Ok(ops::quantized_matmul(
             x,
             w,
             scales,

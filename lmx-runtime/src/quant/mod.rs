@@ -276,12 +276,14 @@ pub fn check_tree<R: Tree<Array> + ?Sized>(tree: &R) -> Result<()> {
         if failure.is_some() {
             return;
         }
-        let (weight, scales, biases, quantization) = match layer {
-            Layer::Linear(l) => (&l.weight, &l.scales, &l.biases, l.quantization),
-            Layer::Embedding(e) => (&e.weight, &e.scales, &e.biases, e.quantization),
+        let packed = match layer {
+            Layer::Linear(l) => l.packed(),
+            Layer::Embedding(e) => e.packed(),
         };
-        if let (Some(s), Some(b), Some(q)) = (scales, biases, quantization) {
-            if let Err(err) = check_layer(scope.name(), weight, s, b, q) {
+        if let Some(p) = packed {
+            if let Err(err) =
+                check_layer(scope.name(), p.weight, p.scales, p.biases, p.quantization)
+            {
                 failure = Some(err);
             }
         }
