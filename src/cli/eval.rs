@@ -50,7 +50,7 @@ pub fn evaluate<S: TrainingStep>(run: &RunFile, request: EvalRequest) -> anyhow:
     let config: <S::Model as LanguageModel>::Config =
         serde_json::from_value(run.model_config.clone())?;
     S::Model::validate(&config)?;
-    let checkpoint = super::lora::checkpoint_of(&request.run, request.checkpoint.clone())?;
+    let checkpoint = super::run_file::checkpoint_of(&request.run, request.checkpoint.clone())?;
     let tokenizer = run.tokenizer.load(&request.run)?;
     let tokenizer_file = match &run.tokenizer {
         TokenizerSpec::HuggingFace { path, .. } => Some(path.as_path()),
@@ -65,7 +65,7 @@ pub fn evaluate<S: TrainingStep>(run: &RunFile, request: EvalRequest) -> anyhow:
         anyhow::bail!("--batch-size must be at least 1");
     }
     // A LoRA run's checkpoints hold its adapters, which its parameters must have to load.
-    let params = super::lora::load_params::<S::Model>(run, &config, &checkpoint, None)?;
+    let params = super::run_file::load_params::<S::Model>(run, &config, &checkpoint, None)?;
     let params = run.train.precision.for_compute(&params)?;
     let result = loss_over(&rows, batch_size, set.examples.len(), |batch| {
         let (inputs, targets) = batch.to_arrays();

@@ -210,16 +210,9 @@ pub fn export<M: LanguageModel>(request: ExportRequest) -> anyhow::Result<()> {
             let config: M::Config = serde_json::from_value(run.model_config.clone())
                 .map_err(|err| anyhow::anyhow!("{}'s model configuration: {err}", dir.display()))?;
             M::validate(&config)?;
-            if run.lora.is_some() {
-                anyhow::bail!(
-                    "{} trains low-rank adapters, which a Hugging Face model folder cannot hold: \
-                     fuse them into the weights first (`lmx fuse --run {0} --out FUSED`), then \
-                     export FUSED",
-                    dir.display()
-                );
-            }
-            let checkpoint = super::lora::checkpoint_of(dir, checkpoint.clone())?;
-            let params = super::lora::load_params::<M>(run, &config, &checkpoint, None)?;
+            super::run_file::refuse_adapters(run, dir, "export")?;
+            let checkpoint = super::run_file::checkpoint_of(dir, checkpoint.clone())?;
+            let params = super::run_file::load_params::<M>(run, &config, &checkpoint, None)?;
             let dtype = tree::flatten(&params).first().map(|leaf| leaf.dtype());
             let source = match &run.init {
                 Some(init) => Some(serde_json::from_str(

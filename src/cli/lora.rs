@@ -4,11 +4,9 @@
 use super::run_file::RunFile;
 use super::TrainArgs;
 use clap::Args;
-use lmx::runtime::checkpoint::{self, Checkpoints, MODEL_FILE};
-use lmx::runtime::hf::HfFolder;
+use lmx::runtime::checkpoint::{self, MODEL_FILE};
 use lmx::runtime::lora::{self, AdapterConfig, LoraParameters};
 use lmx::runtime::model::{LanguageModel, TrainingStep};
-use lmx::runtime::quant;
 use lmx::runtime::tree::{self, Tree};
 use lmx::runtime::Array;
 use std::path::{Path, PathBuf};
@@ -111,7 +109,7 @@ fn base_checkpoint(base: &Path) -> anyhow::Result<PathBuf> {
     if base.join(MODEL_FILE).is_file() {
         return Ok(base.to_owned());
     }
-    checkpoint_of(base, None)
+    super::run_file::checkpoint_of(base, None)
 }
 
 /// The run directory of a checkpoint directory (`RUN/checkpoints/step-N`).
@@ -202,41 +200,6 @@ pub struct FuseArgs {
     pub out: PathBuf,
 }
 
-/// The checkpoint `checkpoint` names, or the run's latest.
-pub fn checkpoint_of(run: &Path, checkpoint: Option<PathBuf>) -> anyhow::Result<PathBuf> {
-    match checkpoint {
-        Some(dir) => Ok(dir),
-        None => Checkpoints::new(run.join("checkpoints"))
-            .latest()?
-            .ok_or_else(|| anyhow::anyhow!("{} has no checkpoint yet", run.display())),
-    }
-}
-
-/// The parameters of `checkpoint` of `run`, a run of `M`, with the run's own adapters (a LoRA
-/// run's checkpoints hold them) and then those of the folder `adapter`.
-pub fn load_params<M: LanguageModel>(
-    run: &RunFile,
-    config: &M::Config,
-    checkpoint: &Path,
-    adapter: Option<&Path>,
-) -> anyhow::Result<M::Params> {
-    let mut template = M::init(config, 0)?;
-    // A run from a quantized folder keeps its packed layers: the template takes their layout
-    // before the run's precision casts its floating-point leaves.
-    if let Some(dir) = &run.init {
-        quant::layout::prepare_folder(&mut template, &HfFolder::open(dir)?)?;
-    }
-    let mut template = run.train.precision.cast(&template)?;
-    if let Some(lora) = &run.lora {
-        lora::attach(&mut template, &lora.parameters, lora.num_layers, 0)?;
-    }
-    let mut params = checkpoint::load_tree(&checkpoint.join(MODEL_FILE), &template)?;
-    if let Some(dir) = adapter {
-        lora::load_adapters(&mut params, dir)?;
-    }
-    Ok(params)
-}
-
 /// Fuses the adapters of a run of step `S`'s model (its own, or `--adapter`'s) into its weights
 /// and writes the result as a new run directory: `run.json` (without adapters), the tokenizer,
 /// and a checkpoint holding `model.safetensors`.
@@ -244,8 +207,13 @@ pub fn fuse<S: TrainingStep>(run: &RunFile, args: &FuseArgs) -> anyhow::Result<(
     let config: <S::Model as LanguageModel>::Config =
         serde_json::from_value(run.model_config.clone())?;
     S::Model::validate(&config)?;
-    let checkpoint = checkpoint_of(&args.run, args.checkpoint.clone())?;
-    let mut params = load_params::<S::Model>(run, &config, &checkpoint, args.adapter.as_deref())?;
+    let checkpoint = super::run_file::checkpoint_of(&args.run, args.checkpoint.clone())?;
+    let mut params = super::run_file::load_params::<S::Model>(
+        run,
+        &config,
+        &checkpoint,
+        args.adapter.as_deref(),
+    )?;
     let fused = lora::fuse(&mut params)?;
     if fused == 0 {
         anyhow::bail!(

@@ -6,7 +6,7 @@ use super::run_file::RunFile;
 use super::tokenizer::TRAINED_FILE;
 use clap::Args;
 use lmx::models::{gemma, gpt2, llama, mistral, mixtral, mpt};
-use lmx::runtime::checkpoint::{self, Checkpoints, MODEL_FILE};
+use lmx::runtime::checkpoint::MODEL_FILE;
 use lmx::runtime::hf::{self, Family, HfFolder, CONFIG_FILE};
 use lmx::runtime::mlx_rs::Dtype;
 use lmx::runtime::model::LanguageModel;
@@ -65,9 +65,7 @@ impl Source {
         }
         if path.join(super::run_file::RUN_FILE).exists() {
             let run = RunFile::read(path)?;
-            let checkpoint = Checkpoints::new(path.join("checkpoints"))
-                .latest()?
-                .ok_or_else(|| anyhow::anyhow!("{} has no checkpoint yet", path.display()))?;
+            let checkpoint = super::run_file::checkpoint_of(path, None)?;
             return Ok(Source::Checkpoint(
                 Box::new(run),
                 path.to_owned(),
@@ -157,8 +155,8 @@ fn quantize<M: LanguageModel>(request: Request) -> anyhow::Result<()> {
             M::validate(&config)?;
             let family = Family::of_model(M::NAME)
                 .ok_or_else(|| anyhow::anyhow!("{} has no Hugging Face layout", M::NAME))?;
-            let template = run.train.precision.cast(&M::init(&config, 0)?)?;
-            let params = checkpoint::load_tree(&checkpoint.join(MODEL_FILE), &template)?;
+            super::run_file::refuse_adapters(&run, &run_dir, "quantize")?;
+            let params = super::run_file::load_params::<M>(&run, &config, &checkpoint, None)?;
             let tokenizer = run_dir.join(TRAINED_FILE);
             let carried = if tokenizer.exists() {
                 vec![tokenizer]

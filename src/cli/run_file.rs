@@ -2,6 +2,11 @@
 //! nothing but the directory, and so that a resumed run can tell what it would change.
 
 use super::tokenizer::TokenizerSpec;
+use lmx::runtime::checkpoint::{self, Checkpoints, MODEL_FILE};
+use lmx::runtime::hf::HfFolder;
+use lmx::runtime::lora;
+use lmx::runtime::model::LanguageModel;
+use lmx::runtime::quant;
 use lmx::runtime::train::TrainConfig;
 use serde_json::Value;
 use std::collections::BTreeMap;
@@ -185,6 +190,54 @@ fn readable<F: std::fmt::Display + std::fmt::LowerExp + Into<f64> + Copy>(value:
     } else {
         value.to_string()
     }
+}
+
+/// The checkpoint `checkpoint` names, or the run's latest.
+pub fn checkpoint_of(run: &Path, checkpoint: Option<PathBuf>) -> anyhow::Result<PathBuf> {
+    match checkpoint {
+        Some(dir) => Ok(dir),
+        None => Checkpoints::new(run.join("checkpoints"))
+            .latest()?
+            .ok_or_else(|| anyhow::anyhow!("{} has no checkpoint yet", run.display())),
+    }
+}
+
+/// The parameters of `checkpoint` of `run`, a run of `M`, with the run's own adapters (a LoRA
+/// run's checkpoints hold them) and then those of the folder `adapter`.
+pub fn load_params<M: LanguageModel>(
+    run: &RunFile,
+    config: &M::Config,
+    checkpoint: &Path,
+    adapter: Option<&Path>,
+) -> anyhow::Result<M::Params> {
+    let mut template = M::init(config, 0)?;
+    // A run from a quantized folder keeps its packed layers: the template takes their layout
+    // before the run's precision casts its floating-point leaves.
+    if let Some(dir) = &run.init {
+        quant::layout::prepare_folder(&mut template, &HfFolder::open(dir)?)?;
+    }
+    let mut template = run.train.precision.cast(&template)?;
+    if let Some(lora) = &run.lora {
+        lora::attach(&mut template, &lora.parameters, lora.num_layers, 0)?;
+    }
+    let mut params = checkpoint::load_tree(&checkpoint.join(MODEL_FILE), &template)?;
+    if let Some(dir) = adapter {
+        lora::load_adapters(&mut params, dir)?;
+    }
+    Ok(params)
+}
+
+/// Refuses a LoRA run where a Hugging Face folder is to be written from its checkpoint (`what`:
+/// the command): such a folder cannot hold adapters, which must be fused first.
+pub fn refuse_adapters(run: &RunFile, dir: &Path, what: &str) -> anyhow::Result<()> {
+    if run.lora.is_some() {
+        anyhow::bail!(
+            "{} trains low-rank adapters, which a Hugging Face model folder cannot hold: fuse \
+             them into the weights first (`lmx fuse --run {0} --out FUSED`), then {what} FUSED",
+            dir.display()
+        );
+    }
+    Ok(())
 }
 
 #[cfg(test)]

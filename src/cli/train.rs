@@ -442,14 +442,14 @@ pub struct GenerateRequest {
 pub fn sample<S: TrainingStep>(run: &RunFile, request: GenerateRequest) -> anyhow::Result<()> {
     let config: <S::Model as LanguageModel>::Config =
         serde_json::from_value(run.model_config.clone())?;
-    let checkpoint = super::lora::checkpoint_of(&request.run, request.checkpoint)?;
+    let checkpoint = super::run_file::checkpoint_of(&request.run, request.checkpoint)?;
     S::Model::validate(&config)?;
     request.sampling.validate()?;
     let tokenizer = run.tokenizer.load(&request.run)?;
     let prompt = tokenizer.encode(&request.prompt)?;
     // Everything that can be wrong with the request fails before the prompt is shown.
     check_prompt::<S::Model>(&config, &prompt)?;
-    let params = super::lora::load_params::<S::Model>(
+    let params = super::run_file::load_params::<S::Model>(
         run,
         &config,
         &checkpoint,

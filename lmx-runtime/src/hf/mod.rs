@@ -3,13 +3,17 @@
 //! parameter tree by its dotted names, the tokenizer's files; and the same layout written back.
 //!
 //! ```no_run
-//! # fn main() -> lmx_runtime::Result<()> {
-//! use lmx_runtime::hf::{HfFolder, LoadOptions};
-//! let folder = HfFolder::open("models/TinyLlama".as_ref())?;
-//! let settings = folder.lmx_config()?; // {"d_model": 2048, "n_layers": 22, ...}
-//! # let template: lmx_runtime::nn::LinearParams = unimplemented!();
-//! let params = folder.load_into(&template, LoadOptions::default())?;
-//! # Ok(()) }
+//! use lmx_runtime::hf::{load_model, HfFolder};
+//! use lmx_runtime::model::LanguageModel;
+//!
+//! /// A published LLaMA-family folder as the bundled model `M` that its config.json names.
+//! fn open<M: LanguageModel>(dir: &std::path::Path) -> lmx_runtime::Result<M::Params> {
+//!     let folder = HfFolder::open(dir)?;
+//!     let settings = folder.lmx_config()?; // {"d_model": 2048, "n_layers": 22, ...}
+//!     println!("{settings:?}");
+//!     let (_config, params) = load_model::<M>(&folder, None)?;
+//!     Ok(params)
+//! }
 //! ```
 
 mod config;
