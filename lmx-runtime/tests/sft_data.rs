@@ -488,3 +488,27 @@ fn the_prompt_length_comes_from_the_offsets_of_the_whole_text() {
         (vec![1, 2, 3], 2)
     );
 }
+
+/// Llama 3's templates date their system turn with `strftime_now("%d %b %Y")` where it exists
+/// (`transformers` gives it) and with a fixed 2024 date where it does not: the date must be
+/// today's, as the system's `date` writes it.
+#[test]
+fn strftime_now_writes_the_local_date() {
+    let source = r#"{% if strftime_now is defined %}{{ strftime_now("%d %b %Y|%H%%") }}{% else %}26 Jul 2024{% endif %}"#;
+    let template = ChatTemplate::new("date.jinja", source, None, None).unwrap();
+    let expected = std::process::Command::new("date")
+        .arg("+%d %b %Y|%H%%")
+        .env("LC_ALL", "C")
+        .output()
+        .unwrap();
+    let rendered = template.render(&[], None, false).unwrap();
+    assert_eq!(
+        rendered,
+        String::from_utf8(expected.stdout).unwrap().trim_end()
+    );
+    let bad = ChatTemplate::new("bad.jinja", r#"{{ strftime_now("%Q") }}"#, None, None).unwrap();
+    assert_eq!(
+        bad.render(&[], None, false).unwrap_err().to_string(),
+        "chat template bad.jinja: strftime_now: `%Q` is not a strftime format (line 1)"
+    );
+}

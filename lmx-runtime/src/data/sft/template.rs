@@ -14,7 +14,7 @@ use crate::data::error::DataError;
 /// The environment is the one `transformers` renders with (`apply_chat_template`): blocks
 /// trimmed (`trim_blocks`, `lstrip_blocks`), `{% break %}` and `{% continue %}`, Python's string
 /// and dict methods (`.strip()`, `.startswith()`, `.items()`, ...), `raise_exception(message)`,
-/// and a `tojson` that writes what Python's `json.dumps(value, ensure_ascii=False)` writes (keys
+/// `strftime_now(format)` (the local time, as Python's `datetime.now().strftime`), and a `tojson` that writes what Python's `json.dumps(value, ensure_ascii=False)` writes (keys
 /// in their order, `", "` and `": "` between items, an `indent` when given), where Jinja's own
 /// escapes HTML characters and leaves out the spaces.
 #[derive(Debug)]
@@ -41,6 +41,7 @@ impl ChatTemplate {
         env.set_auto_escape_callback(|_| minijinja::AutoEscape::None);
         env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
         env.add_function("raise_exception", raise_exception);
+        env.add_function("strftime_now", strftime_now);
         env.add_filter("tojson", python_json);
         env.add_template_owned(name.clone(), source.into())
             .map_err(|error| DataError::Template {
@@ -119,6 +120,32 @@ fn describe(error: &Error) -> String {
 /// `raise_exception(message)`: fails the rendering with the template's own message.
 fn raise_exception(message: String) -> Result<Value, Error> {
     Err(Error::new(ErrorKind::InvalidOperation, message))
+}
+
+/// `strftime_now(format)`: the local time in a C `strftime` format, as `transformers` gives
+/// templates. An unknown directive fails the rendering instead of writing a wrong date.
+fn strftime_now(format: String) -> Result<String, Error> {
+    use chrono::format::{Item, StrftimeItems};
+    let items: Vec<Item<'_>> = StrftimeItems::new(&format).collect();
+    if items.iter().any(|item| matches!(item, Item::Error)) {
+        return Err(Error::new(
+            ErrorKind::InvalidOperation,
+            format!("strftime_now: `{format}` is not a strftime format"),
+        ));
+    }
+    let mut text = String::new();
+    write!(
+        text,
+        "{}",
+        chrono::Local::now().format_with_items(items.into_iter())
+    )
+    .map_err(|_| {
+        Error::new(
+            ErrorKind::InvalidOperation,
+            format!("strftime_now: `{format}` cannot be written"),
+        )
+    })?;
+    Ok(text)
 }
 
 /// Python's `json.dumps(value, ensure_ascii=False, indent=indent)`.
