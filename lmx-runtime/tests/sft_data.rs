@@ -512,3 +512,68 @@ fn strftime_now_writes_the_local_date() {
         "chat template bad.jinja: strftime_now: `%Q` is not a strftime format (line 1)"
     );
 }
+
+/// A `tokenizer.json` of four words whose post-processor frames a document as `single` says
+/// (Llama's: `<s> $A`), as `transformers` and mlx-lm read it.
+fn framed_tokenizer(single: &str) -> lmx_runtime::data::HfTokenizer {
+    let json = format!(
+        r#"{{"version": "1.0", "truncation": null, "padding": null,
+        "added_tokens": [
+          {{"id": 0, "content": "<s>", "single_word": false, "lstrip": false, "rstrip": false, "normalized": false, "special": true}},
+          {{"id": 1, "content": "</s>", "single_word": false, "lstrip": false, "rstrip": false, "normalized": false, "special": true}}],
+        "normalizer": null, "pre_tokenizer": {{"type": "Whitespace"}},
+        "post_processor": {{"type": "TemplateProcessing", "single": {single},
+          "pair": [{{"Sequence": {{"id": "A", "type_id": 0}}}}, {{"Sequence": {{"id": "B", "type_id": 1}}}}],
+          "special_tokens": {{"<s>": {{"id": "<s>", "ids": [0], "tokens": ["<s>"]}},
+                             "</s>": {{"id": "</s>", "ids": [1], "tokens": ["</s>"]}}}}}},
+        "decoder": null,
+        "model": {{"type": "WordLevel", "vocab": {{"<s>": 0, "</s>": 1, "a": 2, "b": 3, "c": 4, "d": 5}}, "unk_token": "a"}}}}"#
+    );
+    lmx_runtime::data::HfTokenizer::from_json(json.as_bytes()).unwrap()
+}
+
+/// mlx-lm encodes a text example with `tokenizer.encode(text)`, which puts the post-processor's
+/// special tokens around it (Llama's BOS first), then appends EOS unless it ends the ids already;
+/// a chat template writes its own and is tokenized without them.
+#[test]
+fn text_examples_get_the_tokenizers_own_special_tokens() {
+    let bos = r#"[{"SpecialToken": {"id": "<s>", "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}}]"#;
+    let tokenizer = framed_tokenizer(bos);
+    let encoder = SftEncoder::new(&tokenizer, None, false);
+    let text = encoder.encode(&Example::Text("a b c".into())).unwrap();
+    assert_eq!(text.ids, vec![0, 2, 3, 4, 1]);
+    // With the prompt masked, BOS is the prompt's: the loss starts at the completion's first id.
+    let masked = SftEncoder::new(&tokenizer, None, true);
+    let completion = Example::Completion {
+        prompt: "a b ".into(),
+        completion: "c d".into(),
+    };
+    let tokenized = masked.encode(&completion).unwrap();
+    assert_eq!(
+        (tokenized.ids, tokenized.prompt_len),
+        (vec![0, 2, 3, 4, 5, 1], 3)
+    );
+    // A post-processor that also closes the document with EOS gets no second one.
+    let both = r#"[{"SpecialToken": {"id": "<s>", "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}}, {"SpecialToken": {"id": "</s>", "type_id": 0}}]"#;
+    let tokenizer = framed_tokenizer(both);
+    let encoder = SftEncoder::new(&tokenizer, None, false);
+    let text = encoder.encode(&Example::Text("d".into())).unwrap();
+    assert_eq!(text.ids, vec![0, 5, 1]);
+    // Through a template, the template's text alone decides: no BOS is added.
+    let template = ChatTemplate::new(
+        "t.jinja",
+        "{% for m in messages %}{{ m.content }} {% endfor %}",
+        None,
+        None,
+    )
+    .unwrap();
+    let tokenizer = framed_tokenizer(bos);
+    let templated = SftEncoder::new(&tokenizer, Some(&template), false);
+    let chat = Example::Chat {
+        messages: vec![minijinja::Value::from_serialize(
+            serde_json::json!({"role": "user", "content": "b"}),
+        )],
+        tools: None,
+    };
+    assert_eq!(templated.encode(&chat).unwrap().ids, vec![3, 1]);
+}

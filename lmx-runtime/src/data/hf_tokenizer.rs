@@ -22,6 +22,8 @@ pub struct HfTokenizer {
     eos: Option<u32>,
     bos: Option<u32>,
     vocab_size: usize,
+    /// The post-processor's ids before and after a document (see [`Tokenizer::framing`]).
+    framing: (Vec<u32>, Vec<u32>),
 }
 
 impl HfTokenizer {
@@ -61,11 +63,13 @@ impl HfTokenizer {
             .map(|&id| id as usize + 1)
             .max()
             .unwrap_or(0);
+        let framing = framing_of(&inner);
         Self {
             inner,
             eos,
             bos,
             vocab_size,
+            framing,
         }
     }
 
@@ -146,5 +150,29 @@ impl Tokenizer for HfTokenizer {
 
     fn bos_id(&self) -> Option<u32> {
         self.bos
+    }
+
+    fn framing(&self) -> (&[u32], &[u32]) {
+        (&self.framing.0, &self.framing.1)
+    }
+}
+
+/// The special ids `inner`'s post-processor adds around a document: those of a one-character
+/// text's encoding with special tokens that its encoding without them lacks, split around it.
+/// (An empty text would not do: some post-processors skip empty encodings.)
+fn framing_of(inner: &tokenizers::Tokenizer) -> (Vec<u32>, Vec<u32>) {
+    let ids = |special| {
+        inner
+            .encode("a", special)
+            .map(|encoding| encoding.get_ids().to_vec())
+            .unwrap_or_default()
+    };
+    let (plain, framed) = (ids(false), ids(true));
+    match framed.windows(plain.len().max(1)).position(|w| w == plain) {
+        Some(start) if !plain.is_empty() => (
+            framed[..start].to_vec(),
+            framed[start + plain.len()..].to_vec(),
+        ),
+        _ => (Vec::new(), Vec::new()),
     }
 }

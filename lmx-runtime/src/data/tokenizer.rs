@@ -35,4 +35,12 @@ pub trait Tokenizer: Send + Sync {
 
     /// The beginning-of-sequence id.
     fn bos_id(&self) -> Option<u32>;
+
+    /// The special ids the tokenizer itself puts before and after a document's ids (Llama's
+    /// `tokenizer.json` post-processor puts its BOS first; GPT-2's puts nothing): what
+    /// `transformers`' `tokenizer.encode(text)` adds, and so what mlx-lm's text examples get.
+    /// The default, for tokenizers without a post-processor, is none.
+    fn framing(&self) -> (&[u32], &[u32]) {
+        (&[], &[])
+    }
 }

@@ -17,7 +17,8 @@ pub struct Tokenized {
     pub prompt_len: usize,
 }
 
-/// Encodes examples as mlx-lm does: a text whole; a completion and a conversation through the
+/// Encodes examples as mlx-lm does: a text whole, inside the special tokens the tokenizer's own
+/// post-processor puts around a document (Llama's BOS); a completion and a conversation through the
 /// chat template (a completion as a user message and the assistant's answer; without a template,
 /// the prompt and the completion as one text); with prompt masking, the prompt is what the
 /// template renders for the messages before the last, with the assistant's turn opened when the
@@ -52,31 +53,41 @@ impl<'a> SftEncoder<'a> {
 
     /// The ids of `example`, or what is wrong with it.
     pub fn encode(&self, example: &Example) -> Result<Tokenized, ExampleFault> {
-        let (text, prompt) = match example {
-            Example::Text(text) => (text.clone(), None),
-            Example::Completion { prompt, completion } if self.template.is_none() => {
-                (format!("{prompt}{completion}"), Some(prompt.len()))
-            }
+        // A template writes its own special tokens (`transformers` tokenizes its text without
+        // them); plain text gets the tokenizer's, as mlx-lm's `tokenizer.encode(text)` does.
+        let ((text, prompt), (before, after)) = match example {
+            Example::Text(text) => ((text.clone(), None), self.tokenizer.framing()),
+            Example::Completion { prompt, completion } if self.template.is_none() => (
+                (format!("{prompt}{completion}"), Some(prompt.len())),
+                self.tokenizer.framing(),
+            ),
             Example::Completion { prompt, completion } => {
                 let messages = [message("user", prompt), message("assistant", completion)];
-                self.rendered(&messages, None, true)?
+                (self.rendered(&messages, None, true)?, (&[][..], &[][..]))
             }
             Example::Chat { messages, tools } => {
                 let last_is_assistant = messages
                     .last()
                     .and_then(|last| last.get_attr("role").ok())
                     .is_some_and(|role| role.as_str() == Some("assistant"));
-                self.rendered(messages, tools.as_ref(), last_is_assistant)?
+                (
+                    self.rendered(messages, tools.as_ref(), last_is_assistant)?,
+                    (&[][..], &[][..]),
+                )
             }
         };
         let tokenizer_fault = |error: DataError| ExampleFault::Tokenizer(error.to_string());
-        let (mut ids, prompt_len) = match prompt.filter(|_| self.mask_prompt) {
-            Some(split) => self
-                .tokenizer
-                .encode_split(&text, split)
-                .map_err(tokenizer_fault)?,
+        let (body, prompt_len) = match prompt.filter(|_| self.mask_prompt) {
+            Some(split) => {
+                let (ids, prompt_len) = self
+                    .tokenizer
+                    .encode_split(&text, split)
+                    .map_err(tokenizer_fault)?;
+                (ids, before.len() + prompt_len)
+            }
             None => (self.tokenizer.encode(&text).map_err(tokenizer_fault)?, 0),
         };
+        let mut ids = [before, &body, after].concat();
         if let Some(eos) = self.tokenizer.eos_id() {
             if ids.last() != Some(&eos) {
                 ids.push(eos);
