@@ -8,7 +8,7 @@ use lmx_runtime::data::sft::{
     load_sft_dir, load_sft_file, read_examples, Batching, ChatTemplate, Example, SftEncoder,
     SftFormat, SftKeys, SftRows, Tokenized,
 };
-use lmx_runtime::data::{ByteTokenizer, Rows};
+use lmx_runtime::data::{ByteTokenizer, Rows, Tokenizer};
 use lmx_runtime::nn::{cross_entropy, IGNORE_TARGET};
 use mlx_rs::Array;
 
@@ -542,6 +542,8 @@ fn text_examples_get_the_tokenizers_own_special_tokens() {
     let encoder = SftEncoder::new(&tokenizer, None, false);
     let text = encoder.encode(&Example::Text("a b c".into())).unwrap();
     assert_eq!(text.ids, vec![0, 2, 3, 4, 1]);
+    // A prompt given to generation is framed the same way (no EOS: it is continued).
+    assert_eq!(tokenizer.encode_framed("a b c").unwrap(), vec![0, 2, 3, 4]);
     // With the prompt masked, BOS is the prompt's: the loss starts at the completion's first id.
     let masked = SftEncoder::new(&tokenizer, None, true);
     let completion = Example::Completion {

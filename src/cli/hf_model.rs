@@ -37,7 +37,8 @@ pub fn sample<M: LanguageModel>(
 ) -> anyhow::Result<()> {
     request.sampling.validate()?;
     let tokenizer = tokenizer(folder)?.load(folder.dir())?;
-    let prompt = tokenizer.encode(&request.prompt)?;
+    // As mlx-lm's `generate` encodes a prompt: a published model reads its BOS first.
+    let prompt = tokenizer.encode_framed(&request.prompt)?;
     let config = hf::model_config::<M>(folder)?;
     check_prompt::<M>(&config, &prompt)?;
     let (config, params) = hf::load_model::<M>(folder, None)?;

@@ -43,4 +43,12 @@ pub trait Tokenizer: Send + Sync {
     fn framing(&self) -> (&[u32], &[u32]) {
         (&[], &[])
     }
+
+    /// The ids of `text` inside the tokenizer's [`framing`](Self::framing): a document or a
+    /// prompt as `transformers`' `tokenizer.encode(text)` gives it to a published model (a Llama
+    /// prompt starts with its BOS).
+    fn encode_framed(&self, text: &str) -> Result<Vec<u32>, DataError> {
+        let (before, after) = self.framing();
+        Ok([before, &self.encode(text)?, after].concat())
+    }
 }
