@@ -73,6 +73,30 @@ fn a_folder_quantizes_into_mlx_lm_layout_and_loads_back_quantized() {
         "the tokenizer is carried"
     );
 
+    // `lmx info` counts the quantized folder's parameters unpacked, as the dense folder's (the
+    // hand count above), its scales and offsets apart: one each per 32 packed weights, 36,864 /
+    // 32 * 2.
+    let info = |dir: &str| {
+        let output = lmx(&["info", dir]);
+        assert!(output.status.success(), "{output:?}");
+        String::from_utf8_lossy(&output.stdout).into_owned()
+    };
+    let dense = info(&llama());
+    assert!(dense.contains("parameters        37,024\n"), "{dense}");
+    assert!(
+        dense.contains("weights           144.6 KiB (F32 144.6 KiB)"),
+        "{dense}"
+    );
+    let packed = info(out.to_str().unwrap());
+    assert!(packed.contains("parameters        37,024\n"), "{packed}");
+    assert!(
+        packed.contains(
+            "quantized         16 layers to 4 bits in groups of 32 (2,304 scales and biases)"
+        ),
+        "{packed}"
+    );
+    assert!(packed.contains("F16 4.8 KiB, U32 18.0 KiB"), "{packed}");
+
     // `lmx generate` decodes from the quantized folder through the folder's own tokenizer.
     let output = lmx(&[
         "generate",

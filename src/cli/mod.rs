@@ -5,6 +5,7 @@ pub mod check;
 pub mod decay;
 pub mod eval;
 pub mod export;
+pub mod folder_info;
 pub mod hf_model;
 pub mod interrupt;
 pub mod lora;
@@ -75,9 +76,10 @@ pub enum Command {
         #[arg(long)]
         seq: Option<u64>,
     },
-    /// Describe a model: presets, parameters, FLOPs, memory.
+    /// Describe a model: presets, parameters, FLOPs, memory; or what a Hugging Face model
+    /// folder holds.
     Info {
-        /// A registered model's name or a `.lmx` file.
+        /// A registered model's name, a `.lmx` file or a Hugging Face model folder.
         model: String,
         /// The preset.
         #[arg(long)]
@@ -739,7 +741,14 @@ pub fn run(cli: Cli, registry: &Registry) -> anyhow::Result<()> {
             batch,
             seq,
         } => check::check(registry, &file, preset.as_deref(), batch, seq),
-        Command::Info { model, preset } => check::info(registry, &model, preset.as_deref()),
+        Command::Info { model, preset } => {
+            let dir = std::path::Path::new(&model);
+            if dir.join(lmx::runtime::hf::CONFIG_FILE).is_file() {
+                folder_info::describe(&lmx::runtime::hf::HfFolder::open(dir)?)
+            } else {
+                check::info(registry, &model, preset.as_deref())
+            }
+        }
         Command::Count { model, preset } => check::count(registry, &model, preset.as_deref()),
         Command::Models => check::models(registry),
         Command::Export(args) => export::run(args, registry),
