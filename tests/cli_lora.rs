@@ -369,3 +369,95 @@ fn a_resumed_lora_run_ends_with_the_same_adapters() {
     ]);
     assert_eq!(std::fs::read(&adapters).unwrap(), uninterrupted);
 }
+
+/// A LoRA run over a Hugging Face folder checkpoints its adapters alone, with their optimizer
+/// state: the frozen base is the folder's, read from it again to resume (bit for bit the
+/// uninterrupted run's adapters) and to decode, and refused once the folder's weights change.
+#[test]
+fn a_lora_run_over_a_folder_checkpoints_its_adapters_alone() {
+    let dir = tempfile::tempdir().unwrap();
+    let fixture = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/hf/llama");
+    let base = dir.path().join("base");
+    std::fs::create_dir(&base).unwrap();
+    for entry in std::fs::read_dir(&fixture).unwrap() {
+        let path = entry.unwrap().path();
+        std::fs::copy(&path, base.join(path.file_name().unwrap())).unwrap();
+    }
+    let data = concat!(env!("CARGO_MANIFEST_DIR"), "/data/shakespeare.txt");
+    let run = dir.path().join("run");
+    let (base_arg, run_arg) = (base.to_str().unwrap(), run.to_str().unwrap());
+    ok(&[
+        "lora",
+        "--model",
+        base_arg,
+        "--num-layers",
+        "1",
+        "--rank",
+        "2",
+        "--steps",
+        "6",
+        "--checkpoint-every",
+        "3",
+        "--batch-size",
+        "2",
+        "--seq-len",
+        "16",
+        "--quiet",
+        "--sample",
+        "0",
+        "--data",
+        data,
+        "--out",
+        run_arg,
+    ]);
+    let saved = lmx::runtime::hf::Weights::open(&run.join("checkpoints/step-000006")).unwrap();
+    let names: Vec<&str> = saved.names().collect();
+    assert!(!names.is_empty());
+    assert!(
+        names
+            .iter()
+            .all(|name| name.ends_with(".lora_a") || name.ends_with(".lora_b")),
+        "{names:?}"
+    );
+    let decoded = greedy(&run, None);
+
+    let adapters = run.join("adapters/adapters.safetensors");
+    let uninterrupted = std::fs::read(&adapters).unwrap();
+    std::fs::remove_dir_all(run.join("adapters")).unwrap();
+    let middle = run.join("checkpoints/step-000003");
+    let resume = [
+        "lora",
+        "--model",
+        base_arg,
+        "--resume-from",
+        middle.to_str().unwrap(),
+        "--quiet",
+        "--sample",
+        "0",
+        "--out",
+        run_arg,
+    ];
+    ok(&resume);
+    assert_eq!(std::fs::read(&adapters).unwrap(), uninterrupted);
+    assert_eq!(greedy(&run, None), decoded);
+
+    // The first stored value of the base changes: its fingerprint does.
+    let weights = base.join("model.safetensors");
+    let mut bytes = std::fs::read(&weights).unwrap();
+    let header = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
+    bytes[8 + header] ^= 1;
+    std::fs::write(&weights, bytes).unwrap();
+    let output = lmx(&["generate", "--run", run_arg, "--max-tokens", "2"]);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(!output.status.success());
+    assert!(
+        stderr.contains(&format!(
+            "the weights of {base_arg} changed since the run started from them"
+        )),
+        "{stderr}"
+    );
+    let output = lmx(&resume);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(!output.status.success());
+    assert!(stderr.contains("init_weights: "), "{stderr}");
+}

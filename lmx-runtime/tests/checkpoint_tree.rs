@@ -1,7 +1,7 @@
 //! `save_tree`/`load_tree`: an exact round trip of an initialised model, and errors that name the
 //! file and the first tensor that is missing, mismatched, extra, or a file that is corrupt.
 
-use lmx_runtime::checkpoint::{load_tree, save_tree};
+use lmx_runtime::checkpoint::{load_tree, load_tree_over, save_tree};
 use lmx_runtime::nn::{self, init::Keys, LinearParams};
 use lmx_runtime::tree;
 use lmx_runtime::{Error, Result};
@@ -152,4 +152,81 @@ fn a_corrupt_or_missing_file_is_named() -> Result<()> {
         other => panic!("expected an I/O error, got {:?}", other.map(|_| ())),
     }
     Ok(())
+}
+
+/// A file of the named leaves of `tree` that `keep` picks.
+fn save_some(path: &Path, tree: &Vec<LinearParams>, keep: &dyn Fn(&str) -> bool) {
+    let leaves: Vec<(String, Vec<u8>, Vec<usize>)> = tree::names(tree)
+        .into_iter()
+        .zip(tree::flatten(tree))
+        .filter(|(name, _)| keep(name))
+        .map(|(name, leaf)| {
+            let bytes = leaf
+                .as_slice::<f32>()
+                .iter()
+                .flat_map(|v| v.to_le_bytes())
+                .collect();
+            let shape = leaf.shape().iter().map(|&d| d as usize).collect();
+            (name, bytes, shape)
+        })
+        .collect();
+    let views: Vec<(String, safetensors::tensor::TensorView<'_>)> = leaves
+        .iter()
+        .map(|(name, bytes, shape)| {
+            let view =
+                safetensors::tensor::TensorView::new(safetensors::Dtype::F32, shape.clone(), bytes)
+                    .unwrap();
+            (name.clone(), view)
+        })
+        .collect();
+    safetensors::serialize_to_file(views, None, path).unwrap();
+}
+
+/// An MLP whose second layer carries a rank-2 adapter: its other leaves are frozen.
+fn adapted(seed: u64) -> Vec<LinearParams> {
+    let mut tree = mlp(&[3, 4, 2], true, seed).unwrap();
+    let key = mlx_rs::random::key(seed).unwrap();
+    let normal = |shape: &[i32]| mlx_rs::random::normal::<f32>(shape, None, None, &key).unwrap();
+    tree[1].lora_a = Some(normal(&[4, 2]));
+    tree[1].lora_b = Some(normal(&[2, 2]));
+    tree[1].lora = Some(nn::LoraSettings {
+        scale: 1.0,
+        dropout: 0.0,
+    });
+    tree
+}
+
+/// A checkpoint of adapters alone (a LoRA run's over a Hugging Face folder) loads over a base,
+/// which keeps its frozen leaves; one that holds some frozen leaves but not all is refused,
+/// naming the first missing.
+#[test]
+fn a_file_without_the_frozen_leaves_loads_over_a_base() {
+    let dir = tempfile::tempdir().unwrap();
+    let (base, trained) = (adapted(1), adapted(2));
+    let adapters_only = dir.path().join("adapters.safetensors");
+    let is_adapter = |name: &str| name.ends_with("lora_a") || name.ends_with("lora_b");
+    save_some(&adapters_only, &trained, &is_adapter);
+    let loaded = load_tree_over(&adapters_only, &base).unwrap();
+    let specs = tree::specs(&base);
+    for ((spec, got), (from_base, from_file)) in specs
+        .iter()
+        .zip(bits(&loaded))
+        .zip(bits(&base).into_iter().zip(bits(&trained)))
+    {
+        let want = if spec.trainable { from_file } else { from_base };
+        assert_eq!(got, want, "{}", spec.name);
+    }
+    // Strict loading still wants every leaf.
+    let (_, message) = checkpoint_error(load_tree(&adapters_only, &base));
+    assert_eq!(message, "missing tensor `0.weight`");
+
+    let partial = dir.path().join("partial.safetensors");
+    save_some(&partial, &trained, &|name| {
+        is_adapter(name) || name == "0.weight"
+    });
+    let (path, message) = checkpoint_error(load_tree_over(&partial, &base));
+    assert_eq!(
+        (path, message.as_str()),
+        (partial, "missing tensor `0.bias`")
+    );
 }

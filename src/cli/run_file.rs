@@ -3,7 +3,7 @@
 
 use super::tokenizer::TokenizerSpec;
 use lmx::runtime::checkpoint::{self, Checkpoints, MODEL_FILE};
-use lmx::runtime::hf::HfFolder;
+use lmx::runtime::hf::{self, HfFolder};
 use lmx::runtime::lora;
 use lmx::runtime::model::LanguageModel;
 use lmx::runtime::quant;
@@ -44,6 +44,11 @@ pub struct RunFile {
     /// freshly initialised weights.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub init: Option<PathBuf>,
+    /// The fingerprint of the `--init` folder's weights when the run started
+    /// (`Weights::fingerprint`): a LoRA run's checkpoints leave its frozen base there, so a
+    /// folder whose weights changed since is refused rather than read as the base.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub init_weights: Option<String>,
 }
 
 /// The training settings that change what a run computes; the others (overlap, state packing,
@@ -114,6 +119,9 @@ impl RunFile {
         }
         if let (Some(tokens), Some(_)) = (self.data_tokens, other.data_tokens) {
             out.insert("data_tokens".into(), tokens.to_string());
+        }
+        if let (Some(weights), Some(_)) = (&self.init_weights, &other.init_weights) {
+            out.insert("init_weights".into(), weights.clone());
         }
         if let Some(sft) = &self.sft {
             flatten("sft", &json(sft), &mut out);
@@ -210,21 +218,47 @@ pub fn load_params<M: LanguageModel>(
     checkpoint: &Path,
     adapter: Option<&Path>,
 ) -> anyhow::Result<M::Params> {
-    let mut template = M::init(config, 0)?;
-    // A run from a quantized folder keeps its packed layers: the template takes their layout
-    // before the run's precision casts its floating-point leaves.
-    if let Some(dir) = &run.init {
-        quant::layout::prepare_folder(&mut template, &HfFolder::open(dir)?)?;
-    }
+    let folder = run.init.as_deref().map(HfFolder::open).transpose()?;
+    let template = match (&folder, &run.lora) {
+        // A LoRA run's checkpoints leave out the frozen base, which is the folder's.
+        (Some(folder), Some(_)) => lora_base::<M>(run, folder)?,
+        (folder, _) => {
+            let mut template = M::init(config, 0)?;
+            // A run from a quantized folder keeps its packed layers: the template takes their
+            // layout before the run's precision casts its floating-point leaves.
+            if let Some(folder) = folder {
+                quant::layout::prepare_folder(&mut template, folder)?;
+            }
+            template
+        }
+    };
     let mut template = run.train.precision.cast(&template)?;
     if let Some(lora) = &run.lora {
         lora::attach(&mut template, &lora.parameters, lora.num_layers, 0)?;
     }
-    let mut params = checkpoint::load_tree(&checkpoint.join(MODEL_FILE), &template)?;
+    let mut params = checkpoint::load_tree_over(&checkpoint.join(MODEL_FILE), &template)?;
     if let Some(dir) = adapter {
         lora::load_adapters(&mut params, dir)?;
     }
     Ok(params)
+}
+
+/// The frozen base of the LoRA run `run` over `folder` (its `--init`): the folder's weights, once
+/// they are known to be those the run recorded.
+pub fn lora_base<M: LanguageModel>(run: &RunFile, folder: &HfFolder) -> anyhow::Result<M::Params> {
+    let now = folder.weights().fingerprint()?;
+    if let Some(recorded) = run
+        .init_weights
+        .as_ref()
+        .filter(|&recorded| *recorded != now)
+    {
+        anyhow::bail!(
+            "the weights of {} changed since the run started from them (fingerprint {recorded}, \
+             now {now}): the run's checkpoints hold its adapters only, over those weights",
+            folder.dir().display()
+        );
+    }
+    Ok(hf::load_model::<M>(folder, None)?.1)
 }
 
 /// Refuses a LoRA run where a Hugging Face folder is to be written from its checkpoint (`what`:
@@ -258,6 +292,7 @@ mod tests {
             train: TrainConfig::default(),
             lora: None,
             init: None,
+            init_weights: None,
         }
     }
 

@@ -140,6 +140,10 @@ where
         train: request.train.clone(),
         lora: request.lora.clone(),
         init: request.init.clone(),
+        init_weights: init
+            .as_ref()
+            .map(|folder| folder.weights().fingerprint())
+            .transpose()?,
     };
 
     let run_dir = RunDir::lock(&out_dir)?;
@@ -170,9 +174,15 @@ where
         )?,
         Data::Rows(data) => data,
     };
-    let mut params = match from_folder {
-        Some(folder) => hf::load_model::<S::Model>(folder, None)?.1,
-        None => super::lora::base_params::<S::Model>(
+    // A LoRA run over a folder reads its frozen base from there even when it resumes: its
+    // checkpoints hold the adapters alone.
+    let lora_over_folder = request.lora.is_some() && init.is_some();
+    let mut params = match (from_folder, &init) {
+        (_, Some(folder)) if lora_over_folder => {
+            super::run_file::lora_base::<S::Model>(&run_file, folder)?
+        }
+        (Some(folder), _) => hf::load_model::<S::Model>(folder, None)?.1,
+        (None, _) => super::lora::base_params::<S::Model>(
             request.lora.as_ref(),
             &model_config,
             request.train.seed,
@@ -187,6 +197,9 @@ where
         )?;
     }
     let mut trainer = Trainer::<S>::with_params(model_config, request.train, data, params)?;
+    if lora_over_folder {
+        trainer.omit_frozen_from_checkpoints();
+    }
     if request.lora.is_some() {
         let state = trainer.state();
         let optimizer_bytes: usize = state

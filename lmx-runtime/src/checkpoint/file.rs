@@ -41,14 +41,38 @@ pub(crate) fn encode(path: &Path, tensors: &Named) -> Result<Vec<u8>> {
 /// Errors name the file and the first tensor (in `expected`'s order) that is missing or
 /// mismatched, then any tensor the file holds beyond `expected`.
 pub(crate) fn read_expected(path: &Path, expected: &Named) -> Result<Vec<Array>> {
+    let arrays = read_named(path, expected, &|_| false)?;
+    Ok(arrays
+        .into_iter()
+        .map(|array| array.expect("no tensor may be left out"))
+        .collect())
+}
+
+/// [`read_expected`] where the file may leave out the tensors `omittable` picks (by index in
+/// `expected`), all of them together: a checkpoint of adapters without its frozen base. Those
+/// come back `None`; a file holding some of them but not all names the first one missing.
+pub(crate) fn read_named(
+    path: &Path,
+    expected: &Named,
+    omittable: &dyn Fn(usize) -> bool,
+) -> Result<Vec<Option<Array>>> {
     let bytes = std::fs::read(path).map_err(|cause| Error::Io {
         path: path.to_owned(),
         cause,
     })?;
     let file = SafeTensors::deserialize(&bytes)
         .map_err(|err| error(path, format!("not a valid safetensors file: {err}")))?;
+    let omitted = expected
+        .iter()
+        .enumerate()
+        .filter(|(index, _)| omittable(*index))
+        .all(|(_, (name, _))| file.tensor(name).is_err());
     let mut arrays = Vec::with_capacity(expected.len());
-    for (name, like) in expected {
+    for (index, (name, like)) in expected.iter().enumerate() {
+        if omitted && omittable(index) {
+            arrays.push(None);
+            continue;
+        }
         let tensor = file
             .tensor(name)
             .map_err(|_| error(path, format!("missing tensor `{name}`")))?;
@@ -73,7 +97,7 @@ pub(crate) fn read_expected(path: &Path, expected: &Named) -> Result<Vec<Array>>
         }
         let array = to_array(tensor.dtype(), shape, tensor.data())
             .map_err(|message| error(path, format!("{name}: {message}")))?;
-        arrays.push(array);
+        arrays.push(Some(array));
     }
     let known: HashSet<&str> = expected.iter().map(|(name, _)| name.as_str()).collect();
     let mut extra: Vec<&str> = file

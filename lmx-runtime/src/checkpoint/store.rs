@@ -1,7 +1,7 @@
 //! A run's checkpoint directory: `step-000123/` entries saved atomically, listed, pruned.
 
 use super::atomic::{remove_stale, write_dir, DurableWriter, FileWriter};
-use super::train_state::{encode_files, TRAINER_FILE};
+use super::train_state::{encode_files, FrozenLeaves, TRAINER_FILE};
 use crate::error::{Error, Result};
 use crate::optim::Optimizer;
 use crate::state::TrainState;
@@ -16,6 +16,7 @@ use std::path::{Path, PathBuf};
 pub struct Checkpoints {
     root: PathBuf,
     keep_last: Option<usize>,
+    frozen: FrozenLeaves,
 }
 
 /// The name of the checkpoint of `step`: `step-` and at least six digits.
@@ -46,7 +47,13 @@ impl Checkpoints {
         Checkpoints {
             root: root.into(),
             keep_last: None,
+            frozen: FrozenLeaves::Saved,
         }
+    }
+
+    /// Says whether the checkpoints hold the frozen parameters (see [`FrozenLeaves`]).
+    pub fn frozen(self, frozen: FrozenLeaves) -> Checkpoints {
+        Checkpoints { frozen, ..self }
     }
 
     /// Keeps only the `n` most recent checkpoints (and always the one just saved), and besides
@@ -123,7 +130,7 @@ impl Checkpoints {
         writer: &mut dyn FileWriter,
     ) -> Result<PathBuf> {
         let dir = self.dir(step);
-        let files = encode_files(&dir, state, trainer)?;
+        let files = encode_files(&dir, state, trainer, self.frozen)?;
         remove_stale(&self.root)?;
         write_dir(&dir, &files, writer)?;
         self.prune(step)?;

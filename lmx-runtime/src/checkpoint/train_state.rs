@@ -1,6 +1,6 @@
 //! A [`TrainState`] and the trainer's metadata as the files of one checkpoint directory.
 
-use super::file::{encode, read_expected, Named};
+use super::file::{encode, read_expected, read_named, Named};
 use super::weights::named;
 use crate::arrays::Arrays;
 use crate::error::{Error, Result};
@@ -16,6 +16,35 @@ pub const MODEL_FILE: &str = "model.safetensors";
 pub const OPTIMIZER_FILE: &str = "optimizer.safetensors";
 /// The trainer's metadata: step, data position, schedule, configuration.
 pub const TRAINER_FILE: &str = "trainer.json";
+
+/// Whether a checkpoint's model file holds the frozen parameters.
+///
+/// A LoRA run's base is frozen and, read from a Hugging Face folder, can be read from it again:
+/// its checkpoints then hold the adapters alone (megabytes where the base is gigabytes), and
+/// whoever reads one brings the base (see [`load`] and
+/// [`load_tree_over`](super::weights::load_tree_over)).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum FrozenLeaves {
+    /// Every parameter is saved.
+    #[default]
+    Saved,
+    /// Only the parameters that train are saved.
+    Omitted,
+}
+
+/// The parameters a checkpoint's model file holds.
+fn saved_params<P: Tree<Array>>(params: &P, frozen: FrozenLeaves) -> Named {
+    let named = named(params);
+    match frozen {
+        FrozenLeaves::Saved => named,
+        FrozenLeaves::Omitted => named
+            .into_iter()
+            .zip(tree::specs(params))
+            .filter(|(_, spec)| spec.trainable)
+            .map(|(named, _)| named)
+            .collect(),
+    }
+}
 
 /// The optimizer's arrays named `<param name>.<i>`, then `step` and `rng`.
 fn optimizer_named<P: Tree<Array>, O: Optimizer>(state: &TrainState<P, O>) -> Named {
@@ -39,8 +68,9 @@ pub(crate) fn encode_files<P: Tree<Array>, O: Optimizer>(
     dir: &Path,
     state: &TrainState<P, O>,
     trainer: &serde_json::Value,
+    frozen: FrozenLeaves,
 ) -> Result<Vec<(&'static str, Vec<u8>)>> {
-    let model = encode(&dir.join(MODEL_FILE), &named(&state.params))?;
+    let model = encode(&dir.join(MODEL_FILE), &saved_params(&state.params, frozen))?;
     let optimizer = encode(&dir.join(OPTIMIZER_FILE), &optimizer_named(state))?;
     let trainer = serde_json::to_vec_pretty(trainer).map_err(|err| Error::Checkpoint {
         path: dir.join(TRAINER_FILE),
@@ -56,13 +86,21 @@ pub(crate) fn encode_files<P: Tree<Array>, O: Optimizer>(
 /// Loads the checkpoint in `dir` into `state` and returns the trainer's metadata.
 ///
 /// `state` is the template: the checkpoint must hold its parameters and optimizer arrays by name,
-/// with the same shapes and dtypes. On any error (a missing, mismatched or extra tensor, a corrupt
-/// file) the error names the file and the tensor, and `state` is left untouched.
+/// with the same shapes and dtypes, except that a checkpoint without the frozen parameters (all
+/// of them: [`FrozenLeaves::Omitted`]) leaves `state`'s own. On any error (a missing, mismatched
+/// or extra tensor, a corrupt file) the error names the file and the tensor, and `state` is left
+/// untouched.
 pub fn load<P: Tree<Array>, O: Optimizer>(
     dir: &Path,
     state: &mut TrainState<P, O>,
 ) -> Result<serde_json::Value> {
-    let params = read_expected(&dir.join(MODEL_FILE), &named(&state.params))?;
+    let frozen: Vec<bool> = tree::specs(&state.params)
+        .iter()
+        .map(|spec| !spec.trainable)
+        .collect();
+    let params = read_named(&dir.join(MODEL_FILE), &named(&state.params), &|index| {
+        frozen[index]
+    })?;
     let optimizer = read_expected(&dir.join(OPTIMIZER_FILE), &optimizer_named(state))?;
     let trainer_path = dir.join(TRAINER_FILE);
     let trainer = std::fs::read(&trainer_path).map_err(|cause| Error::Io {
@@ -75,9 +113,12 @@ pub fn load<P: Tree<Array>, O: Optimizer>(
     })?;
 
     let mut params = params.into_iter();
-    state.params = state
-        .params
-        .map_same(&mut |_| params.next().expect("one array per leaf"));
+    state.params = state.params.map_same(&mut |leaf| {
+        params
+            .next()
+            .expect("one array per leaf")
+            .unwrap_or_else(|| leaf.clone())
+    });
     let mut optimizer = optimizer.into_iter();
     state.opt = state
         .opt

@@ -2,7 +2,7 @@
 //! names: model weights export and import.
 
 use super::atomic::{write_file, DurableWriter};
-use super::file::{encode, read_expected, Named};
+use super::file::{encode, read_expected, read_named, Named};
 use crate::error::Result;
 use crate::tree::{self, Tree};
 use mlx_rs::Array;
@@ -30,4 +30,20 @@ pub fn save_tree<R: Tree<Array> + ?Sized>(path: &Path, tree: &R) -> Result<()> {
 pub fn load_tree<R: Tree<Array>>(path: &Path, template: &R) -> Result<R> {
     let mut arrays = read_expected(path, &named(template))?.into_iter();
     Ok(template.map_same(&mut |_| arrays.next().expect("one array per leaf")))
+}
+
+/// [`load_tree`] over `base`: a file without `base`'s frozen leaves (all of them: a checkpoint
+/// saved with [`FrozenLeaves::Omitted`](super::FrozenLeaves)) keeps `base`'s.
+pub fn load_tree_over<R: Tree<Array>>(path: &Path, base: &R) -> Result<R> {
+    let frozen: Vec<bool> = tree::specs(base)
+        .iter()
+        .map(|spec| !spec.trainable)
+        .collect();
+    let mut arrays = read_named(path, &named(base), &|index| frozen[index])?.into_iter();
+    Ok(base.map_same(&mut |leaf| {
+        arrays
+            .next()
+            .expect("one array per leaf")
+            .unwrap_or_else(|| leaf.clone())
+    }))
 }

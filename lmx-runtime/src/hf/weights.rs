@@ -14,6 +14,7 @@ use mlx_rs::{Array, Dtype};
 use safetensors::tensor::Metadata;
 use safetensors::{Dtype as FileDtype, SafeTensors};
 use std::collections::{BTreeMap, HashMap};
+use std::hash::{Hash, Hasher};
 use std::path::{Path, PathBuf};
 
 /// The single-file weights' name.
@@ -138,6 +139,9 @@ impl Stored<'_> {
     }
 }
 
+/// How many bytes of each tensor [`Weights::fingerprint`] reads.
+pub const FINGERPRINT_BYTES: usize = 64 * 1024;
+
 impl Weights {
     /// The weights of the folder `dir`: its index's shards if it has an index, else
     /// `model.safetensors`.
@@ -234,6 +238,21 @@ impl Weights {
     /// Whether a tensor is stored under `name`.
     pub fn contains(&self, name: &str) -> bool {
         self.names.contains_key(name)
+    }
+
+    /// A fingerprint of the weights, in hexadecimal: every tensor's name, dtype, shape and first
+    /// [`FINGERPRINT_BYTES`] bytes, hashed (64-bit FNV-1a). It tells another model or another
+    /// fine-tune of the same one from the weights a run recorded, reading a few megabytes where
+    /// the files hold gigabytes.
+    pub fn fingerprint(&self) -> Result<String, HfError> {
+        let mut hash = fnv::FnvHasher::default();
+        for name in self.names() {
+            let stored = self.get(name)?;
+            let head = stored.start..stored.end.min(stored.start + FINGERPRINT_BYTES);
+            (name, format!("{:?}", stored.dtype), &stored.shape).hash(&mut hash);
+            hash.write(&stored.map[head]);
+        }
+        Ok(format!("{:016x}", hash.finish()))
     }
 
     /// The tensor stored under `name`.

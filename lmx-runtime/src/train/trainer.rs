@@ -5,7 +5,7 @@ use super::memory_cap::{self, MemoryCap};
 use super::staged::StagedBatches;
 use super::stepper::Stepper;
 use super::{Overlap, TrainConfig};
-use crate::checkpoint::{self, Checkpoints};
+use crate::checkpoint::{self, Checkpoints, FrozenLeaves};
 use crate::data::{BatchIterator, BatchPosition, Order, Rows, Windows};
 use crate::error::{Error, Result};
 use crate::model::{LanguageModel, TrainingStep};
@@ -257,6 +257,13 @@ where
     /// The most recent checkpoint of this run's directory, if any.
     pub fn latest_checkpoint(&self) -> Result<Option<PathBuf>> {
         self.checkpoints.latest()
+    }
+
+    /// Saves checkpoints without the frozen parameters ([`FrozenLeaves::Omitted`]): for a run
+    /// whose frozen base its readers load again from where it came (a LoRA run over a Hugging
+    /// Face folder). [`resume`](Self::resume) then keeps the state's own frozen leaves.
+    pub fn omit_frozen_from_checkpoints(&mut self) {
+        self.checkpoints = self.checkpoints.clone().frozen(FrozenLeaves::Omitted);
     }
 
     /// Trains until `config.steps` updates are made, a callback or the [stop
