@@ -480,3 +480,23 @@ fn sigterm_finishes_the_requests_in_flight_then_exits_0() {
     assert!(status.success(), "{status}");
     assert!(ureq::get(&format!("{}/health", server.url)).call().is_err());
 }
+
+#[test]
+fn with_no_grace_sigterm_cancels_the_streams_in_flight_and_exits_0() {
+    let mut server = Server::long(&["--shutdown-grace", "0"]);
+    let response = ureq::post(&format!("{}/v1/completions", server.url))
+        .send_json(long_stream())
+        .unwrap();
+    let mut lines = BufReader::new(response.into_reader()).lines();
+    assert!(lines.next().unwrap().unwrap().starts_with("data: "));
+    // SAFETY: kill only sends a signal to the child.
+    assert_eq!(
+        unsafe { libc::kill(server.child.id() as i32, libc::SIGTERM) },
+        0
+    );
+    let status = server.child.wait().unwrap();
+    assert!(status.success(), "{status}");
+    // The stream was cut before its 250 tokens: it never says [DONE].
+    let rest: Vec<String> = lines.map_while(Result::ok).collect();
+    assert!(!rest.iter().any(|line| line == "data: [DONE]"), "{rest:?}");
+}

@@ -67,6 +67,10 @@ pub struct ServeArgs {
     /// Sequences generated at once.
     #[arg(long, default_value_t = 32)]
     pub max_batch: usize,
+    /// Seconds a shutdown (SIGINT, SIGTERM) waits for the requests in flight to finish before
+    /// cancelling them.
+    #[arg(long, default_value_t = 30.0)]
+    pub shutdown_grace: f64,
 }
 
 /// Where the served model comes from.
@@ -188,6 +192,14 @@ pub fn serve<M: LanguageModel>(
         max_prompt_tokens: args.max_prompt_tokens,
         max_queue: args.max_queue,
         max_batch: args.max_batch,
+        shutdown_grace: std::time::Duration::try_from_secs_f64(args.shutdown_grace).map_err(
+            |_| {
+                anyhow::anyhow!(
+                    "--shutdown-grace {}: it must be a number of seconds",
+                    args.shutdown_grace
+                )
+            },
+        )?,
     };
     let seed = args.seed;
     lmx::serve::serve(options, text, move || {

@@ -61,6 +61,8 @@ pub struct Options {
     pub max_queue: usize,
     /// Sequences generated at once.
     pub max_batch: usize,
+    /// How long a shutdown waits for the requests in flight before cancelling them.
+    pub shutdown_grace: std::time::Duration,
 }
 
 /// The text side of the model: its tokenizer and chat template.
@@ -152,13 +154,27 @@ async fn listen(options: &Options, shared: Arc<http::Shared>) -> anyhow::Result<
     println!("listening on http://{address}");
     std::io::stdout().flush()?;
     let app = http::router(shared.clone(), options.max_body_bytes);
-    axum::serve(listener, app)
-        .with_graceful_shutdown(async move {
-            signal().await;
-            eprintln!("shutting down: finishing the requests in flight");
-            shared.close();
-        })
-        .await?;
+    let signalled = Arc::new(tokio::sync::Notify::new());
+    let on_signal = signalled.clone();
+    let server = axum::serve(listener, app).with_graceful_shutdown(async move {
+        signal().await;
+        eprintln!("shutting down: finishing the requests in flight");
+        shared.close();
+        on_signal.notify_one();
+    });
+    // A client that stops reading must not hold the process: past the grace period, the
+    // requests still in flight are dropped, which cancels their sequences.
+    let grace = options.shutdown_grace;
+    let deadline = async move {
+        signalled.notified().await;
+        tokio::time::sleep(grace).await;
+    };
+    tokio::select! {
+        served = server => served?,
+        () = deadline => eprintln!(
+            "shutting down: cancelled the requests still in flight after {grace:?}"
+        ),
+    }
     Ok(())
 }
 
