@@ -439,11 +439,13 @@ fn a_client_that_leaves_mid_stream_has_its_sequence_cancelled() {
     }
     assert_eq!(health["cancelled"], 1, "{health}");
     assert_eq!(health["finished"], 0, "{health}");
+    // The place is free for the next request, whose logit bias forces its tokens.
     let (status, answer) = server.post(
         "/v1/completions",
-        &json!({ "model": "bytes", "prompt": "abc", "max_tokens": 3 }),
+        &json!({ "model": "bytes", "prompt": "abc", "max_tokens": 3, "logit_bias": { "65": 100 } }),
     );
     assert_eq!(status, 200, "{answer}");
+    assert_eq!(answer["choices"][0]["text"], "AAA");
 }
 
 #[test]

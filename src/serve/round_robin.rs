@@ -184,3 +184,74 @@ impl<M: LanguageModel> Engine for RoundRobin<M> {
         self.sequences.len()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sequence(sampling: Sampling, counts: &[(u32, u32)]) -> Sequence {
+        Sequence {
+            id: SeqId(0),
+            ctx: Context::generation(),
+            input: Vec::new(),
+            generated: 0,
+            limit: 1,
+            counts: counts.iter().copied().collect(),
+            rng: SplitMix64::new(sampling.seed),
+            sampling,
+            stop_tokens: Vec::new(),
+        }
+    }
+
+    fn greedy() -> Sampling {
+        Sampling {
+            temperature: 0.0,
+            top_p: None,
+            seed: 0,
+            max_tokens: 1,
+            presence_penalty: 0.0,
+            frequency_penalty: 0.0,
+            logit_bias: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn penalties_and_bias_change_the_logits_before_the_pick() {
+        let logits = vec![1.0, 0.9, 0.0];
+        assert_eq!(sequence(greedy(), &[(0, 2)]).pick(logits.clone()), 0);
+        // 1 - 0.05 - 2 x 0.1 = 0.75 < 0.9.
+        let penalised = Sampling {
+            presence_penalty: 0.05,
+            frequency_penalty: 0.1,
+            ..greedy()
+        };
+        assert_eq!(
+            sequence(penalised.clone(), &[(0, 2)]).pick(logits.clone()),
+            1
+        );
+        // One occurrence: 1 - 0.05 - 0.1 = 0.85 < 0.9 as well; none: token 0 stays first.
+        assert_eq!(
+            sequence(penalised.clone(), &[(0, 1)]).pick(logits.clone()),
+            1
+        );
+        assert_eq!(sequence(penalised, &[]).pick(logits.clone()), 0);
+        let biased = Sampling {
+            logit_bias: vec![(2, 1.5)],
+            ..greedy()
+        };
+        assert_eq!(sequence(biased, &[]).pick(logits.clone()), 2);
+        // top_p small enough keeps the most likely token only, whatever the draw.
+        let nucleus = Sampling {
+            temperature: 1.0,
+            top_p: Some(0.01),
+            ..greedy()
+        };
+        for seed in 0..20 {
+            let sampling = Sampling {
+                seed,
+                ..nucleus.clone()
+            };
+            assert_eq!(sequence(sampling, &[]).pick(logits.clone()), 0);
+        }
+    }
+}

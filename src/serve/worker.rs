@@ -108,5 +108,6 @@ pub fn run<E: Engine>(
                 }
             }
         }
+        counters.active.store(engine.active(), Ordering::Relaxed);
     }
 }
