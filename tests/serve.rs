@@ -502,3 +502,55 @@ fn with_no_grace_sigterm_cancels_the_streams_in_flight_and_exits_0() {
     let rest: Vec<String> = lines.map_while(Result::ok).collect();
     assert!(!rest.iter().any(|line| line == "data: [DONE]"), "{rest:?}");
 }
+
+#[test]
+fn a_full_queue_answers_429_and_frees_up_as_sequences_end() {
+    let server = Server::long(&["--max-batch", "1", "--max-queue", "1"]);
+    let start = || {
+        let response = ureq::post(&format!("{}/v1/completions", server.url))
+            .send_json(long_stream())
+            .unwrap();
+        BufReader::new(response.into_reader())
+    };
+    // The first stream holds the batch's one place (its first token came); the second's
+    // answer started, so it is queued, and the queue is full.
+    let mut running = start();
+    let mut line = String::new();
+    running.read_line(&mut line).unwrap();
+    let queued = start();
+    let (status, error) = server.post(
+        "/v1/completions",
+        &json!({ "model": "bytes", "prompt": "abc", "max_tokens": 3 }),
+    );
+    assert_eq!(
+        (status, error["error"]["code"].as_str()),
+        (429, Some("queue_full")),
+        "{error}"
+    );
+    assert_eq!(error["error"]["type"], "rate_limit_error");
+    // The first client leaves: the queued stream runs to its end.
+    drop(running);
+    let lines: Vec<String> = queued.lines().map(Result::unwrap).collect();
+    assert_eq!(
+        lines.iter().filter(|line| *line == "data: [DONE]").count(),
+        1
+    );
+}
+
+#[test]
+fn a_model_that_cannot_be_loaded_is_an_error_before_listening() {
+    let output = Command::new(env!("CARGO_BIN_EXE_lmx"))
+        .args([
+            "serve", "--model", "gpt2", "--preset", "nope", "--port", "0",
+        ])
+        .output()
+        .unwrap();
+    assert!(!output.status.success());
+    assert!(
+        output.stdout.is_empty(),
+        "{}",
+        String::from_utf8_lossy(&output.stdout)
+    );
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("gpt2 has no preset `nope`"), "{stderr}");
+}

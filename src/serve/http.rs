@@ -417,7 +417,9 @@ fn check_prompt(shared: &Shared, prompt: &[u32]) -> Result<(), ApiError> {
             ),
         ));
     }
-    let limit = shared.max_prompt_tokens.min(model.context_len - 1);
+    let limit = shared
+        .max_prompt_tokens
+        .min(model.context_len.saturating_sub(1));
     if prompt.len() > limit {
         return Err(ApiError {
             code: "context_length_exceeded",
