@@ -554,3 +554,67 @@ fn a_model_that_cannot_be_loaded_is_an_error_before_listening() {
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(stderr.contains("gpt2 has no preset `nope`"), "{stderr}");
 }
+
+#[test]
+fn a_run_s_checkpoint_is_served_as_lmx_generate_samples_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let run = dir.path().join("run");
+    let run = run.to_str().unwrap();
+    let lmx = |args: &[&str]| {
+        let output = Command::new(env!("CARGO_BIN_EXE_lmx"))
+            .args(args)
+            .output()
+            .unwrap();
+        assert!(
+            output.status.success(),
+            "{}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        String::from_utf8(output.stdout).unwrap()
+    };
+    lmx(&[
+        "train",
+        "--preset",
+        "tiny-bytes",
+        "--batch-size",
+        "4",
+        "--seq-len",
+        "32",
+        "--steps",
+        "3",
+        "--quiet",
+        "--sample",
+        "0",
+        "--out",
+        run,
+    ]);
+    let printed = lmx(&[
+        "generate",
+        "--run",
+        run,
+        "--prompt",
+        "ROMEO:",
+        "--max-tokens",
+        "12",
+        "--temperature",
+        "0",
+    ]);
+    let server = Server::start(&["--run", run, "--name", "run"], &[]);
+    let (status, answer) = server.post(
+        "/v1/completions",
+        &json!({ "model": "run", "prompt": "ROMEO:", "max_tokens": 12, "temperature": 0 }),
+    );
+    assert_eq!(status, 200, "{answer}");
+    let text = answer["choices"][0]["text"].as_str().unwrap();
+    assert_eq!(format!("ROMEO:{text}\n"), printed);
+    // A run's byte tokenizer has no chat template.
+    let (status, error) = server.post(
+        "/v1/chat/completions",
+        &json!({ "model": "run", "messages": [{ "role": "user", "content": "hi" }] }),
+    );
+    assert_eq!(status, 400, "{error}");
+    assert!(error["error"]["message"]
+        .as_str()
+        .unwrap()
+        .contains("no chat template"));
+}
