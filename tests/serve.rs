@@ -165,6 +165,14 @@ fn completions_and_chat_streamed_or_not_give_lmx_generate_s_greedy_text() {
         usage["prompt_tokens"].as_u64().unwrap() + usage["completion_tokens"].as_u64().unwrap()
     );
 
+    // Sampling is reproducible from a seed.
+    let seeded = json!({ "model": "tiny", "prompt": prompt, "max_tokens": 20, "seed": 7 });
+    let (first, again) = (
+        server.post("/v1/completions", &seeded).1,
+        server.post("/v1/completions", &seeded).1,
+    );
+    assert_eq!(first["choices"][0]["text"], again["choices"][0]["text"]);
+
     let mut streamed = completion(prompt, 20);
     streamed["stream"] = json!(true);
     let events = server.stream("/v1/completions", &streamed);

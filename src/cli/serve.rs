@@ -92,7 +92,14 @@ pub enum Source {
 pub fn run(args: ServeArgs, registry: &Registry, device: DeviceKind) -> anyhow::Result<()> {
     let (model, source) = match (&args.model, &args.run) {
         (Some(name), _) => match resolve::resolve(registry, name)? {
-            Resolved::Folder(model, folder) => (model, Source::Folder(folder.dir().to_owned())),
+            Resolved::Folder(model, folder) => {
+                anyhow::ensure!(
+                    args.preset.is_none(),
+                    "--model {name} is a model folder, which has its own settings: --preset is \
+                     for a registered model's name"
+                );
+                (model, Source::Folder(folder.dir().to_owned()))
+            }
             Resolved::Registered(model) => match &args.preset {
                 Some(preset) => (model, Source::Preset(preset.clone())),
                 None => anyhow::bail!(
