@@ -29,6 +29,8 @@ pub use serde_json;
 pub mod cli;
 #[cfg(feature = "runtime")]
 pub mod rules;
+#[cfg(feature = "runtime")]
+pub mod serve;
 
 // Generated code names the runtime `::lmx::runtime`, inside this crate as in any other.
 extern crate self as lmx;

@@ -18,6 +18,7 @@ pub mod registry;
 pub mod resolve;
 pub mod run_dir;
 pub mod run_file;
+pub mod serve;
 pub mod settings;
 pub mod sft;
 pub mod tokenizer;
@@ -112,6 +113,8 @@ pub enum Command {
         #[arg(long)]
         out: Option<PathBuf>,
     },
+    /// Serve a model over HTTP with the OpenAI API (completions, chat completions, models).
+    Serve(serve::ServeArgs),
     /// Quantize a model (a model folder, a run or a checkpoint) into mlx-lm's quantized layout.
     Quantize(quantize::QuantizeArgs),
     /// Show the MLX library, BLAS and backends in use.
@@ -760,6 +763,7 @@ pub fn run(cli: Cli, registry: &Registry) -> anyhow::Result<()> {
         }
         Command::Bench(command) => bench::run(&command),
         Command::Quantize(args) => quantize::run(args),
+        Command::Serve(args) => serve::run(args, registry, cli.device),
         Command::Platform => {
             println!("{}", lmx::runtime::platform::describe());
             Ok(())

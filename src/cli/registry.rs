@@ -19,6 +19,7 @@ use super::export::{self, ExportRequest};
 use super::hf_model::{self, FolderGenerateRequest};
 use super::run_file::RunFile;
 use super::train::{self, GenerateRequest, TrainRequest};
+use lmx::runtime::device::DeviceKind;
 use lmx::runtime::hf::HfFolder;
 use lmx::runtime::model::{LanguageModel, TrainingStep};
 use lmx::runtime::optim::Optimizer;
@@ -50,6 +51,7 @@ pub struct Registered {
     fuse: fn(&RunFile, &super::lora::FuseArgs) -> anyhow::Result<()>,
     generate_folder: fn(&HfFolder, FolderGenerateRequest) -> anyhow::Result<()>,
     export: fn(ExportRequest) -> anyhow::Result<()>,
+    serve: fn(super::serve::Source, &super::serve::ServeArgs, DeviceKind) -> anyhow::Result<()>,
 }
 
 impl Registered {
@@ -85,6 +87,16 @@ impl Registered {
     /// Exports a run's checkpoint, or a folder, of this model as a Hugging Face folder.
     pub fn export(&self, request: ExportRequest) -> anyhow::Result<()> {
         (self.export)(request)
+    }
+
+    /// Serves a model of this model's type over HTTP (`lmx serve`).
+    pub fn serve(
+        &self,
+        source: super::serve::Source,
+        args: &super::serve::ServeArgs,
+        device: DeviceKind,
+    ) -> anyhow::Result<()> {
+        (self.serve)(source, args, device)
     }
 }
 
@@ -125,6 +137,7 @@ impl Registry {
             fuse: super::lora::fuse::<S>,
             generate_folder: hf_model::sample::<S::Model>,
             export: export::export::<S::Model>,
+            serve: super::serve::serve::<S::Model>,
         };
         self.steps.retain(|step| step.name != registered.name);
         self.steps.push(registered);
