@@ -274,7 +274,7 @@ async fn completions(
                 ))
             }
             Some(prompt) => match prompt.single()? {
-                Ok(text) => encode(&shared, &text)?,
+                Ok(text) => encode(&shared, &text, Framing::Tokenizer)?,
                 Err(ids) => ids,
             },
         };
@@ -317,14 +317,26 @@ async fn chat(State(shared): State<Arc<Shared>>, body: Result<Bytes, BytesReject
         let text = template
             .render(&messages, None, true)
             .map_err(|err| ApiError::invalid(Some("messages"), err.to_string()))?;
-        let prompt = encode(&shared, &text)?;
+        let prompt = encode(&shared, &text, Framing::Template)?;
         generate(&shared, prompt, settings, body.stream, Kind::Chat).await
     };
     answer.await.unwrap_or_else(IntoResponse::into_response)
 }
 
-fn encode(shared: &Shared, text: &str) -> Result<Vec<u32>, ApiError> {
-    shared.tokenizer.encode(text).map_err(|err| {
+/// Who writes a prompt's special tokens.
+enum Framing {
+    /// The tokenizer's post-processor, as `transformers`' `encode(text)` (a Llama prompt's BOS).
+    Tokenizer,
+    /// The chat template, whose text `transformers` tokenizes without adding any.
+    Template,
+}
+
+fn encode(shared: &Shared, text: &str, framing: Framing) -> Result<Vec<u32>, ApiError> {
+    let ids = match framing {
+        Framing::Tokenizer => shared.tokenizer.encode_framed(text),
+        Framing::Template => shared.tokenizer.encode(text),
+    };
+    ids.map_err(|err| {
         ApiError::invalid(
             Some("prompt"),
             format!("the prompt cannot be tokenized: {err}"),
