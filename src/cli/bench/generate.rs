@@ -242,9 +242,8 @@ fn measure<M: LanguageModel>(
     let sampling = Sampling {
         temperature: 0.0,
         top_k: None,
-        top_p: None,
-        seed: 0,
         max_tokens: args.tokens,
+        ..Sampling::default()
     };
     let run = || -> anyhow::Result<(f64, f64)> {
         let generation = generate::<M>(&params, config, &prompt, &sampling, None, |_| ())?;
