@@ -170,8 +170,7 @@ pub fn generate_cached<M: LanguageModel>(
 }
 
 /// Feeds `tokens` (at least one) in chunks of [`PREFILL_CHUNK`] and returns the token after them,
-/// queued: every chunk but the last is evaluated for its cache alone (its logits are never
-/// computed).
+/// queued.
 pub(crate) fn prefill<M: LanguageModel>(
     params: &M::Params,
     config: &M::Config,
@@ -179,20 +178,32 @@ pub(crate) fn prefill<M: LanguageModel>(
     sampler: &mut Sampler,
     tokens: &[u32],
 ) -> Result<Array> {
+    let logits = prefill_cache::<M>(params, config, ctx, tokens)?;
+    let token = sampler.next(&logits.index((0, -1)))?;
+    async_eval([&token])?;
+    Ok(token)
+}
+
+/// Feeds `tokens` (at least one) in chunks of [`PREFILL_CHUNK`] and returns the last chunk's
+/// logits (`[1, T, vocab]`, not evaluated): every chunk but the last is evaluated for its cache
+/// alone (its logits are never computed).
+pub(crate) fn prefill_cache<M: LanguageModel>(
+    params: &M::Params,
+    config: &M::Config,
+    ctx: &mut Context,
+    tokens: &[u32],
+) -> Result<Array> {
     let ids: Vec<i32> = tokens.iter().map(|&id| id as i32).collect();
-    let (last, chunks) = ids.split_last().expect("a prompt of at least one token");
-    let mut rest = chunks;
-    while rest.len() >= PREFILL_CHUNK {
+    let mut rest = &ids[..];
+    while rest.len() > PREFILL_CHUNK {
         let (chunk, after) = rest.split_at(PREFILL_CHUNK);
         let chunk = Array::from_slice(chunk, &[1, chunk.len() as i32]);
         nn::without_gradients(|| M::forward(params, config, &chunk, ctx))?;
         eval(ctx.cache_mut().map(|cache| cache.arrays()).unwrap_or_default())?;
         rest = after;
     }
-    let mut tail = rest.to_vec();
-    tail.push(*last);
-    let tail = Array::from_slice(&tail, &[1, tail.len() as i32]);
-    step::<M>(params, config, ctx, sampler, &tail)
+    let tail = Array::from_slice(rest, &[1, rest.len() as i32]);
+    nn::without_gradients(|| M::forward(params, config, &tail, ctx))
 }
 
 /// Feeds `tokens` (`[1, T]`) and returns the token after them, queued (`async_eval`).

@@ -1,17 +1,20 @@
 //! Text generation: a KV-cached decoding loop with sampling on the device ([`sampler`]), prompt
 //! caching ([`PromptCache`]), continuous batching ([`BatchGenerator`]), speculative decoding with
-//! a draft model ([`speculative_generate`]) and streamed text with stop strings
+//! a draft model ([`speculative_generate`]), beam search and best-of-n ([`beam_search`],
+//! [`best_of_n`]) and streamed text with stop strings
 //! ([`text::TextStream`]).
 
 pub(crate) mod cache;
 mod batch;
 mod decode;
 pub mod sampler;
+mod search;
 mod speculative;
 pub mod text;
 
 pub use batch::{BatchGenerator, BatchLimits, Event, FinishReason, Request, SeqId};
 pub use decode::{generate, generate_cached, Generation, PromptCache};
+pub use search::{beam_search, best_of_n, log_prob, Scored};
 pub use speculative::{speculative_generate, Models, Speculation};
 
 use crate::data::{DataError, TokenOrigin};

@@ -6,7 +6,7 @@
 //! more is drawn from the target's distribution after them. Greedy decoding is the case of
 //! one-hot distributions: the output is the target's greedy output, token for token.
 
-use super::decode::Generation;
+use super::decode::{prefill_cache, Generation};
 use super::sampler::Sampler;
 use super::{check_prompt, Sampling};
 use crate::error::{Error, Result};
@@ -97,12 +97,8 @@ pub fn speculative_generate<M: LanguageModel, D: LanguageModel>(
     let (mut target_ctx, mut draft_ctx) = (Context::generation(), Context::generation());
     let (&last, head) = prompt.split_last().expect("a checked prompt");
     if !head.is_empty() {
-        let head = ids(head);
-        nn::without_gradients(|| -> Result<()> {
-            M::forward(target, target_config, &head, &mut target_ctx)?;
-            D::forward(draft, draft_config, &head, &mut draft_ctx)?;
-            Ok(())
-        })?;
+        prefill_cache::<M>(target, target_config, &mut target_ctx, head)?;
+        prefill_cache::<D>(draft, draft_config, &mut draft_ctx, head)?;
     }
     // The token the target is fed next, and the tokens the draft is fed next.
     let mut next = last;

@@ -1,10 +1,13 @@
 //! Speculative decoding keeps the target's output: greedy, token for token, whether the draft
 //! agrees often (the target itself) or seldom (another model); sampled, in distribution (a
 //! chi-squared test over many seeds on a model of eight tokens, against the exact marginals).
+//! Beam search and best-of-n find likely continuations (against an exhaustive search).
 
 use lmx::models::llama;
 use lmx::runtime::generate::sampler::Sampler;
-use lmx::runtime::generate::{generate, speculative_generate, Models, Sampling};
+use lmx::runtime::generate::{
+    beam_search, best_of_n, generate, log_prob, speculative_generate, Models, Sampling,
+};
 use lmx::runtime::model::{Context, LanguageModel};
 use lmx::runtime::mlx_rs::ops::indexing::IndexOp;
 use lmx::runtime::{Array, Result};
@@ -163,6 +166,79 @@ fn sampled_speculative_output_is_distributed_as_the_targets() -> Result<()> {
             "token {position}: chi-squared {statistic} against the target's marginal \
              (counts {counts:?}, probabilities {probs:?})"
         );
+    }
+    Ok(())
+}
+
+/// Every continuation of `len` tokens of an 8-token model, with its log-probability.
+fn exhaustive(
+    params: &llama::Params,
+    config: &llama::Config,
+    prompt: &[u32],
+    len: u32,
+) -> Result<Vec<(Vec<u32>, f64)>> {
+    (0..8u32.pow(len))
+        .map(|code| {
+            let tokens: Vec<u32> = (0..len).map(|i| code / 8u32.pow(i) % 8).collect();
+            let score = log_prob::<llama::Llama>(params, config, prompt, &tokens)?;
+            Ok((tokens, score))
+        })
+        .collect()
+}
+
+/// Beam search of width 1 is greedy decoding; of width 64 over three tokens of eight it keeps
+/// every prefix, so it finds the likeliest continuation of all 512; best-of-n returns the
+/// sampled continuations, ranked by their log-probability.
+#[test]
+fn beam_search_and_best_of_n_find_likely_continuations() -> Result<()> {
+    let config = config(8, 2);
+    let params = llama::Llama::init(&config, 0)?;
+    let prompt = [1u32, 2, 3];
+    let greedy = Sampling {
+        temperature: 0.0,
+        top_k: None,
+        max_tokens: 3,
+        ..Sampling::default()
+    };
+    let plain = generate::<llama::Llama>(&params, &config, &prompt, &greedy, None, |_| ())?;
+    let narrow = beam_search::<llama::Llama>(&params, &config, &prompt, 1, 3, None)?;
+    assert_eq!(narrow[0].tokens, plain.tokens);
+    let all = exhaustive(&params, &config, &prompt, 3)?;
+    let (best, best_score) = all
+        .iter()
+        .max_by(|a, b| a.1.total_cmp(&b.1))
+        .expect("continuations");
+    let wide = beam_search::<llama::Llama>(&params, &config, &prompt, 64, 3, None)?;
+    assert_eq!(&wide[0].tokens, best);
+    assert!((wide[0].log_prob - best_score).abs() < 1e-4);
+    // A stop token finishes a beam early, the stop token included.
+    let stopped = beam_search::<llama::Llama>(&params, &config, &prompt, 4, 3, Some(best[1]))?;
+    assert!(stopped.iter().all(|s| !s.tokens[..s.tokens.len() - 1].contains(&best[1])));
+    let sampled = Sampling {
+        temperature: 1.0,
+        top_k: None,
+        max_tokens: 3,
+        seed: 7,
+        ..Sampling::default()
+    };
+    let ranked = best_of_n::<llama::Llama>(&params, &config, &prompt, &sampled, 5, None)?;
+    assert_eq!(ranked.len(), 5);
+    let mut drawn: Vec<Vec<u32>> = (7..12)
+        .map(|seed| {
+            let sampling = Sampling { seed, ..sampled.clone() };
+            Ok(generate::<llama::Llama>(&params, &config, &prompt, &sampling, None, |_| ())?.tokens)
+        })
+        .collect::<Result<_>>()?;
+    let mut returned: Vec<Vec<u32>> = ranked.iter().map(|s| s.tokens.clone()).collect();
+    drawn.sort();
+    returned.sort();
+    assert_eq!(returned, drawn);
+    for pair in ranked.windows(2) {
+        assert!(pair[0].mean_log_prob() >= pair[1].mean_log_prob());
+    }
+    for scored in &ranked {
+        let (_, score) = all.iter().find(|(t, _)| *t == scored.tokens).expect("listed");
+        assert!((scored.log_prob - score).abs() < 1e-4);
     }
     Ok(())
 }
