@@ -15,8 +15,7 @@ use std::collections::HashMap;
 
 /// `len` random tokens below `vocab`, from `seed`.
 fn tokens(vocab: usize, len: usize, seed: u64) -> Result<Vec<u32>> {
-    let ids =
-        random::randint::<_, i32>(0, vocab as i32, &[len as i32][..], &random::key(seed)?)?;
+    let ids = random::randint::<_, i32>(0, vocab as i32, &[len as i32][..], &random::key(seed)?)?;
     Ok(ids.as_slice::<i32>().iter().map(|&id| id as u32).collect())
 }
 
@@ -40,7 +39,11 @@ struct Outcome {
 fn record(outcomes: &mut HashMap<SeqId, Outcome>, events: Vec<Event>) {
     for event in events {
         let outcome = outcomes.entry(event.id).or_default();
-        assert!(outcome.finish.is_none(), "{:?} reported after its end", event.id);
+        assert!(
+            outcome.finish.is_none(),
+            "{:?} reported after its end",
+            event.id
+        );
         outcome.tokens.push(event.token);
         outcome.finish = event.finish;
     }
@@ -53,7 +56,14 @@ fn alone<M: LanguageModel>(
     request: &Request,
 ) -> Result<Outcome> {
     let stop = request.stop_tokens.first().copied();
-    let generation = generate::<M>(params, config, &request.prompt, &request.sampling, stop, |_| ())?;
+    let generation = generate::<M>(
+        params,
+        config,
+        &request.prompt,
+        &request.sampling,
+        stop,
+        |_| (),
+    )?;
     let stopped = stop.is_some() && generation.tokens.last().copied() == stop;
     Ok(Outcome {
         tokens: generation.tokens,
@@ -110,7 +120,8 @@ fn batch_matches_alone<M: LanguageModel>(config: &M::Config) -> Result<()> {
             stop_tokens: Vec::new(),
         },
     ];
-    let mut generator = BatchGenerator::<M>::new(params.clone(), config.clone(), BatchLimits::default())?;
+    let mut generator =
+        BatchGenerator::<M>::new(params.clone(), config.clone(), BatchLimits::default())?;
     let mut ids: Vec<SeqId> = requests
         .iter()
         .map(|request| generator.insert(request.clone()))
@@ -167,7 +178,8 @@ fn cancel_limits_and_bad_requests() -> Result<()> {
         max_batch: 2,
         max_waiting: 2,
     };
-    let mut generator = BatchGenerator::<llama::Llama>::new(params.clone(), config.clone(), limits)?;
+    let mut generator =
+        BatchGenerator::<llama::Llama>::new(params.clone(), config.clone(), limits)?;
     let request = |seed, max_tokens| -> Result<Request> {
         Ok(Request {
             prompt: tokens(256, 6, seed)?,
@@ -192,9 +204,15 @@ fn cancel_limits_and_bad_requests() -> Result<()> {
     }
     assert_eq!(outcomes[&a].tokens.len(), 1, "nothing after the cancel");
     assert_eq!(outcomes[&a].finish, None);
-    assert!(!outcomes.contains_key(&d), "a sequence cancelled while waiting never starts");
+    assert!(
+        !outcomes.contains_key(&d),
+        "a sequence cancelled while waiting never starts"
+    );
     for (id, seed, max_tokens) in [(b, 2, 5), (c, 3, 4)] {
-        assert_eq!(outcomes[&id], alone::<llama::Llama>(&params, &config, &request(seed, max_tokens)?)?);
+        assert_eq!(
+            outcomes[&id],
+            alone::<llama::Llama>(&params, &config, &request(seed, max_tokens)?)?
+        );
     }
     let empty = Request {
         prompt: Vec::new(),

@@ -89,12 +89,8 @@ fn tiny_llama_prompt(ctx: usize, len: usize) -> Result<(llama::Config, llama::Pa
     let mut config = llama::Config::preset("tiny").expect("llama has a tiny preset");
     config.ctx = ctx as _;
     let params = llama::Llama::init(&config, 0)?;
-    let prompt = random::randint::<_, i32>(
-        0,
-        config.vocab as i32,
-        &[len as i32][..],
-        &random::key(2)?,
-    )?;
+    let prompt =
+        random::randint::<_, i32>(0, config.vocab as i32, &[len as i32][..], &random::key(2)?)?;
     let prompt = prompt
         .as_slice::<i32>()
         .iter()

@@ -8,8 +8,8 @@ use lmx::runtime::generate::sampler::Sampler;
 use lmx::runtime::generate::{
     beam_search, best_of_n, generate, log_prob, speculative_generate, Models, Sampling,
 };
-use lmx::runtime::model::{Context, LanguageModel};
 use lmx::runtime::mlx_rs::ops::indexing::IndexOp;
+use lmx::runtime::model::{Context, LanguageModel};
 use lmx::runtime::{Array, Result};
 
 fn config(vocab: i64, layers: i64) -> llama::Config {
@@ -32,7 +32,8 @@ fn greedy_speculative_output_is_the_targets() -> Result<()> {
         max_tokens: 40,
         ..Sampling::default()
     };
-    let plain = generate::<llama::Llama>(&target, &target_config, &prompt, &sampling, None, |_| ())?;
+    let plain =
+        generate::<llama::Llama>(&target, &target_config, &prompt, &sampling, None, |_| ())?;
     for (draft, draft_config, agrees) in [
         (&target, &target_config, true),
         (&draft, &draft_config, false),
@@ -50,17 +51,27 @@ fn greedy_speculative_output_is_the_targets() -> Result<()> {
                 None,
                 |t| seen.push(t),
             )?;
-            assert_eq!(speculation.generation.tokens, plain.tokens, "{draft_tokens} drafted");
+            assert_eq!(
+                speculation.generation.tokens, plain.tokens,
+                "{draft_tokens} drafted"
+            );
             assert_eq!(seen, plain.tokens);
             assert!(speculation.accepted <= speculation.drafted);
             if agrees {
-                assert_eq!(speculation.accepted, speculation.drafted, "the target agrees with itself");
+                assert_eq!(
+                    speculation.accepted, speculation.drafted,
+                    "the target agrees with itself"
+                );
             }
         }
     }
     // The stop token ends it as it ends plain generation.
     let stop = plain.tokens[9];
-    let first = plain.tokens.iter().position(|&t| t == stop).expect("present");
+    let first = plain
+        .tokens
+        .iter()
+        .position(|&t| t == stop)
+        .expect("present");
     let stopped = speculative_generate::<llama::Llama, llama::Llama>(
         Models {
             target: (&target, &target_config),
@@ -87,7 +98,11 @@ fn next_probs(
     let input = Array::from_slice(&ids, &[1, ids.len() as i32]);
     let logits = llama::Llama::forward(params, config, &input, &mut Context::evaluation())?;
     let probs = Sampler::new(sampling, sequence)?.probabilities(&logits.index((0, -1)))?;
-    Ok(probs.as_slice::<f32>().iter().map(|&p| f64::from(p)).collect())
+    Ok(probs
+        .as_slice::<f32>()
+        .iter()
+        .map(|&p| f64::from(p))
+        .collect())
 }
 
 /// Pearson's statistic of `counts` against `probs` (every expected count is at least 5 here).
@@ -136,7 +151,10 @@ fn sampled_speculative_output_is_distributed_as_the_targets() -> Result<()> {
         .zip(&first)
         .map(|(q, p)| RUNS as f64 * (q - p).powi(2) / p)
         .sum();
-    assert!(power > 3.0 * BOUND, "the draft is too close to the target: {power}");
+    assert!(
+        power > 3.0 * BOUND,
+        "the draft is too close to the target: {power}"
+    );
     let mut counts = [vec![0; vocab as usize], vec![0; vocab as usize]];
     let (mut drafted, mut accepted) = (0, 0);
     for seed in 0..RUNS as u64 {
@@ -146,7 +164,10 @@ fn sampled_speculative_output_is_distributed_as_the_targets() -> Result<()> {
                 draft: (&draft, &draft_config),
             },
             &prompt,
-            &Sampling { seed, ..sampling.clone() },
+            &Sampling {
+                seed,
+                ..sampling.clone()
+            },
             2,
             None,
             |_| (),
@@ -158,7 +179,10 @@ fn sampled_speculative_output_is_distributed_as_the_targets() -> Result<()> {
         drafted += speculation.drafted;
         accepted += speculation.accepted;
     }
-    assert!(accepted > 0 && accepted < drafted, "both rules ran: {accepted} of {drafted} kept");
+    assert!(
+        accepted > 0 && accepted < drafted,
+        "both rules ran: {accepted} of {drafted} kept"
+    );
     for (position, (counts, probs)) in counts.iter().zip([&first, &second]).enumerate() {
         let statistic = chi_squared(counts, probs);
         assert!(
@@ -213,7 +237,9 @@ fn beam_search_and_best_of_n_find_likely_continuations() -> Result<()> {
     assert!((wide[0].log_prob - best_score).abs() < 1e-4);
     // A stop token finishes a beam early, the stop token included.
     let stopped = beam_search::<llama::Llama>(&params, &config, &prompt, 4, 3, Some(best[1]))?;
-    assert!(stopped.iter().all(|s| !s.tokens[..s.tokens.len() - 1].contains(&best[1])));
+    assert!(stopped
+        .iter()
+        .all(|s| !s.tokens[..s.tokens.len() - 1].contains(&best[1])));
     let sampled = Sampling {
         temperature: 1.0,
         top_k: None,
@@ -225,8 +251,14 @@ fn beam_search_and_best_of_n_find_likely_continuations() -> Result<()> {
     assert_eq!(ranked.len(), 5);
     let mut drawn: Vec<Vec<u32>> = (7..12)
         .map(|seed| {
-            let sampling = Sampling { seed, ..sampled.clone() };
-            Ok(generate::<llama::Llama>(&params, &config, &prompt, &sampling, None, |_| ())?.tokens)
+            let sampling = Sampling {
+                seed,
+                ..sampled.clone()
+            };
+            Ok(
+                generate::<llama::Llama>(&params, &config, &prompt, &sampling, None, |_| ())?
+                    .tokens,
+            )
         })
         .collect::<Result<_>>()?;
     let mut returned: Vec<Vec<u32>> = ranked.iter().map(|s| s.tokens.clone()).collect();
@@ -237,7 +269,10 @@ fn beam_search_and_best_of_n_find_likely_continuations() -> Result<()> {
         assert!(pair[0].mean_log_prob() >= pair[1].mean_log_prob());
     }
     for scored in &ranked {
-        let (_, score) = all.iter().find(|(t, _)| *t == scored.tokens).expect("listed");
+        let (_, score) = all
+            .iter()
+            .find(|(t, _)| *t == scored.tokens)
+            .expect("listed");
         assert!((scored.log_prob - score).abs() < 1e-4);
     }
     Ok(())

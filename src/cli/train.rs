@@ -6,7 +6,9 @@ use super::run_file::RunFile;
 use super::sft::SftSettings;
 use super::tokenizer::{TokenizerArg, TokenizerSpec};
 use lmx::runtime::checkpoint::Checkpoints;
-use lmx::runtime::data::{DocumentEncoder, InputFormat, Separator, TokenFile, TokenSource, Windows};
+use lmx::runtime::data::{
+    DocumentEncoder, InputFormat, Separator, TokenFile, TokenSource, Windows,
+};
 use lmx::runtime::generate::text::TextStream;
 use lmx::runtime::generate::{check_prompt, generate_cached, PromptCache, Sampling};
 use lmx::runtime::hf::{self, HfFolder};

@@ -311,7 +311,13 @@ impl<M: LanguageModel> BatchGenerator<M> {
         if group.is_empty() {
             return Ok(());
         }
-        let end = end.max(group.iter().map(|w| w.request.prompt.len()).max().unwrap_or(0));
+        let end = end.max(
+            group
+                .iter()
+                .map(|w| w.request.prompt.len())
+                .max()
+                .unwrap_or(0),
+        );
         // Slots before the shortest start hold nothing any of these rows sees: feed from there.
         let first = group
             .iter()
@@ -348,7 +354,11 @@ impl<M: LanguageModel> BatchGenerator<M> {
             if to == width {
                 break logits;
             }
-            eval(ctx.cache_mut().map(|cache| cache.arrays()).unwrap_or_default())?;
+            eval(
+                ctx.cache_mut()
+                    .map(|cache| cache.arrays())
+                    .unwrap_or_default(),
+            )?;
             from = to;
         };
         let first_tokens = sample(&mut rows, &logits.index((.., -1)))?;

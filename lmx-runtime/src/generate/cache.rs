@@ -78,7 +78,8 @@ impl KvCache {
                 return Ok(Some(mask.clone()));
             }
         }
-        let rows = Array::arange::<_, i32>(k_len - q_len, k_len, None)?.reshape(&[1, 1, q_len, 1])?;
+        let rows =
+            Array::arange::<_, i32>(k_len - q_len, k_len, None)?.reshape(&[1, 1, q_len, 1])?;
         let cols = Array::arange::<_, i32>(None, k_len, None)?.reshape(&[1, 1, 1, k_len])?;
         let starts = Array::from_slice(starts, &[starts.len() as i32, 1, 1, 1]);
         let seen = cols.ge(&starts)?.logical_and(&cols.le(&rows)?)?;

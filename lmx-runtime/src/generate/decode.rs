@@ -96,10 +96,18 @@ pub fn generate<M: LanguageModel>(
 ) -> Result<Generation> {
     let mut cache = PromptCache::new();
     let mut on_token = on_token;
-    generate_cached::<M>(params, config, &mut cache, prompt, sampling, stop, |token| {
-        on_token(token);
-        true
-    })
+    generate_cached::<M>(
+        params,
+        config,
+        &mut cache,
+        prompt,
+        sampling,
+        stop,
+        |token| {
+            on_token(token);
+            true
+        },
+    )
 }
 
 /// [`generate`] over `cache`: the part of `prompt` that the cache already holds is not fed again,
@@ -199,7 +207,11 @@ pub(crate) fn prefill_cache<M: LanguageModel>(
         let (chunk, after) = rest.split_at(PREFILL_CHUNK);
         let chunk = Array::from_slice(chunk, &[1, chunk.len() as i32]);
         nn::without_gradients(|| M::forward(params, config, &chunk, ctx))?;
-        eval(ctx.cache_mut().map(|cache| cache.arrays()).unwrap_or_default())?;
+        eval(
+            ctx.cache_mut()
+                .map(|cache| cache.arrays())
+                .unwrap_or_default(),
+        )?;
         rest = after;
     }
     let tail = Array::from_slice(rest, &[1, rest.len() as i32]);
@@ -222,9 +234,7 @@ pub(crate) fn step<M: LanguageModel>(
 
 /// A queued token, on the host.
 pub(crate) fn read(token: &Array) -> Result<u32> {
-    token.try_item_exact::<u32>().map_err(|err| {
-        Error::from(Exception::custom(format!(
-            "reading the next token: {err}"
-        )))
-    })
+    token
+        .try_item_exact::<u32>()
+        .map_err(|err| Error::from(Exception::custom(format!("reading the next token: {err}"))))
 }

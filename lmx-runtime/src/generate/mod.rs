@@ -4,8 +4,8 @@
 //! [`best_of_n`]) and streamed text with stop strings
 //! ([`text::TextStream`]).
 
-pub(crate) mod cache;
 mod batch;
+pub(crate) mod cache;
 mod decode;
 pub mod sampler;
 mod search;
@@ -115,18 +115,18 @@ impl Sampling {
             return bad("presence_penalty", p.to_string(), "a finite number");
         }
         if let Some((id, amount)) = self.logit_bias.iter().find(|(_, a)| !a.is_finite()) {
-            return bad(
-                "logit_bias",
-                format!("{id}: {amount}"),
-                "finite amounts",
-            );
+            return bad("logit_bias", format!("{id}: {amount}"), "finite amounts");
         }
         Ok(())
     }
 
     /// Fails with [`Error::Setting`] when the logit bias names an id at or past `vocab_size`.
     pub fn check_vocab(&self, vocab_size: usize) -> Result<()> {
-        match self.logit_bias.keys().find(|&&id| id as usize >= vocab_size) {
+        match self
+            .logit_bias
+            .keys()
+            .find(|&&id| id as usize >= vocab_size)
+        {
             Some(&id) => Err(Error::Setting {
                 name: "logit_bias",
                 value: format!("token id {id}"),
@@ -170,4 +170,3 @@ pub fn check_prompt<M: LanguageModel>(config: &M::Config, prompt: &[u32]) -> Res
     }
     Ok(())
 }
-

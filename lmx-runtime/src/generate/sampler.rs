@@ -35,7 +35,8 @@ impl Sampler {
                 Array::from_slice(&amounts, &[n]),
             )
         });
-        let penalised = sampling.repetition_penalty.is_some() || sampling.presence_penalty.is_some();
+        let penalised =
+            sampling.repetition_penalty.is_some() || sampling.presence_penalty.is_some();
         let recent = penalised.then(|| {
             let tail: Vec<i32> = prompt[prompt.len().saturating_sub(sampling.penalty_context)..]
                 .iter()
@@ -94,7 +95,10 @@ impl Sampler {
     /// Remembers `token` (a scalar) among the tokens the penalties see.
     fn remember(&mut self, token: &Array) -> Result<()> {
         if let Some(recent) = &self.recent {
-            let joined = ops::concatenate(&[recent.clone(), token.as_dtype(Dtype::Int32)?.reshape(&[1])?], 0)?;
+            let joined = ops::concatenate(
+                &[recent.clone(), token.as_dtype(Dtype::Int32)?.reshape(&[1])?],
+                0,
+            )?;
             let keep = (self.sampling.penalty_context as i32).min(joined.dim(0));
             self.recent = Some(joined.index(joined.dim(0) - keep..));
         }
@@ -178,7 +182,10 @@ mod tests {
     fn close(got: &[f32], want: &[f64]) {
         assert_eq!(got.len(), want.len());
         for (g, w) in got.iter().zip(want) {
-            assert!((f64::from(*g) - w).abs() < 1e-5, "got {got:?}, want {want:?}");
+            assert!(
+                (f64::from(*g) - w).abs() < 1e-5,
+                "got {got:?}, want {want:?}"
+            );
         }
     }
 
@@ -205,7 +212,10 @@ mod tests {
 
     #[test]
     fn temperature_rescales_the_distribution() {
-        close(&probabilities(sampled(|_| ()), &[], &logits()), &[0.4, 0.3, 0.2, 0.1]);
+        close(
+            &probabilities(sampled(|_| ()), &[], &logits()),
+            &[0.4, 0.3, 0.2, 0.1],
+        );
         // p^(1/T): at T = 0.5 the squares, normalised.
         close(
             &probabilities(sampled(|s| s.temperature = 0.5), &[], &logits()),
@@ -263,11 +273,19 @@ mod tests {
         );
         // Token 0 (positive) is divided by 2, token 1 (negative) multiplied; a repeat counts once.
         close(
-            &probabilities(sampled(|s| s.repetition_penalty = Some(2.0)), &[0, 1, 0], &logits),
+            &probabilities(
+                sampled(|s| s.repetition_penalty = Some(2.0)),
+                &[0, 1, 0],
+                &logits,
+            ),
             &softmax([1.0, -2.0, 0.5, 0.0]),
         );
         close(
-            &probabilities(sampled(|s| s.presence_penalty = Some(0.75)), &[2, 2], &logits),
+            &probabilities(
+                sampled(|s| s.presence_penalty = Some(0.75)),
+                &[2, 2],
+                &logits,
+            ),
             &softmax([2.0, -1.0, -0.25, 0.0]),
         );
         // Only the last `penalty_context` tokens are penalised.
@@ -313,7 +331,10 @@ mod tests {
         assert_ne!(tokens, draw(6, 2000));
         for (id, want) in [0.4, 0.3, 0.2, 0.1].iter().enumerate() {
             let share = tokens.iter().filter(|&&t| t as usize == id).count() as f64 / 2000.0;
-            assert!((share - want).abs() < 0.04, "token {id}: {share} drawn, {want} expected");
+            assert!(
+                (share - want).abs() < 0.04,
+                "token {id}: {share} drawn, {want} expected"
+            );
         }
         // A presence penalty that bans a token once drawn: four draws give four tokens.
         let mut sampler = Sampler::new(

@@ -172,9 +172,8 @@ pub fn log_prob<M: LanguageModel>(
         .map(|&t| t as i32)
         .collect();
     let input = Array::from_slice(&sequence, &[1, sequence.len() as i32]);
-    let logits = nn::without_gradients(|| {
-        M::forward(params, config, &input, &mut Context::evaluation())
-    })?;
+    let logits =
+        nn::without_gradients(|| M::forward(params, config, &input, &mut Context::evaluation()))?;
     let from = prompt.len() as i32 - 1;
     let log_probs = log_softmax(&logits.index((0, from..)))?;
     let ids: Vec<i32> = tokens.iter().map(|&t| t as i32).collect();

@@ -114,11 +114,11 @@ pub fn speculative_generate<M: LanguageModel, D: LanguageModel>(
         let mut proposals = Vec::with_capacity(k);
         let mut draft_probs = Vec::with_capacity(k);
         for _ in 0..k {
-            let logits = nn::without_gradients(|| {
-                D::forward(draft, draft_config, &input, &mut draft_ctx)
-            })?;
+            let logits =
+                nn::without_gradients(|| D::forward(draft, draft_config, &input, &mut draft_ctx))?;
             let q = sampler.probabilities(&logits.index((0, -1)))?;
-            let token = random::categorical(q.log()?, -1, None, &split()?)?.as_dtype(Dtype::Int32)?;
+            let token =
+                random::categorical(q.log()?, -1, None, &split()?)?.as_dtype(Dtype::Int32)?;
             input = token.reshape(&[1, 1])?;
             proposals.push(token.reshape(&[1])?);
             draft_probs.push(q);

@@ -252,7 +252,10 @@ mod tests {
             ["a", "", "", "", "", ""]
         );
         // Text that began a stop string but ended first comes out at the finish.
-        assert_eq!(stream_with(tokenizer(), &["abc"], b"zab"), ["z", "", "", "ab"]);
+        assert_eq!(
+            stream_with(tokenizer(), &["abc"], b"zab"),
+            ["z", "", "", "ab"]
+        );
     }
 
     #[test]
