@@ -156,7 +156,7 @@ impl Sampler {
                 .add(Array::from_f32(min_p.ln()))?;
             logprobs = ops::select(&logprobs.lt(&floor)?, &minus_inf, &logprobs)?;
         }
-        if let Some(k) = self.sampling.top_k.filter(|&k| (k as i32) < vocab) {
+        if let Some(k) = self.sampling.top_k.filter(|&k| k < vocab as usize) {
             let k = k as i32;
             let cut = argpartition_axis(logprobs.negative()?, k - 1, -1)?.index(k..);
             let fill = ops::broadcast_to(&minus_inf, cut.shape())?;
@@ -232,6 +232,11 @@ mod tests {
         close(
             &probabilities(sampled(|s| s.top_k = Some(2)), &[], &logits()),
             &normalised(&[0.4, 0.3, 0.0, 0.0]),
+        );
+        // A k past the vocabulary keeps every token.
+        close(
+            &probabilities(sampled(|s| s.top_k = Some(usize::MAX)), &[], &logits()),
+            &[0.4, 0.3, 0.2, 0.1],
         );
         // 0.4 + 0.3 = 0.7 reaches 0.65; 0.4 alone does not.
         close(
