@@ -61,7 +61,7 @@ pub struct GenerateBenchArgs {
 /// One measurement (medians over the repeats), with the anchor's JSON fields.
 #[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
 pub struct Row {
-    /// `lmx` or `python-mlx`.
+    /// `lmx`, or the anchor's own name (`mlx-lm`, `python-mlx`).
     #[serde(rename = "impl")]
     pub implementation: String,
     /// `gpt2` or `llama`.
@@ -303,10 +303,13 @@ fn measure<M: LanguageModel>(
     run()?;
     let mut ours = Vec::new();
     let mut theirs = Vec::new();
+    let mut anchor_name = String::from("python-mlx");
     for _ in 0..args.repeats {
         ours.push(run()?);
         if let Some(script) = &args.anchor {
-            theirs.push(anchor(args, script, case)?);
+            let (prompt, decode, name) = anchor(args, script, case)?;
+            theirs.push((prompt, decode));
+            anchor_name = name;
         }
     }
     let row = |implementation: &str, samples: &[(f64, f64)]| Row {
@@ -326,7 +329,7 @@ fn measure<M: LanguageModel>(
     };
     let ours = row("lmx", &ours);
     eprintln!("{}", serde_json::to_string(&ours)?);
-    let theirs = (!theirs.is_empty()).then(|| row("python-mlx", &theirs));
+    let theirs = (!theirs.is_empty()).then(|| row(&anchor_name, &theirs));
     if let Some(theirs) = &theirs {
         eprintln!("{}", serde_json::to_string(theirs)?);
     }
@@ -389,8 +392,12 @@ fn median(values: impl Iterator<Item = f64>) -> f64 {
 }
 
 /// One run of the anchor (its own warm-up and one timed generation) at `case`'s sizes, with the
-/// same BLAS as this process on the CPU: its prompt and decode tokens per second.
-fn anchor(args: &GenerateBenchArgs, script: &Path, case: &Case<'_>) -> anyhow::Result<(f64, f64)> {
+/// same BLAS as this process on the CPU: its prompt and decode tokens per second, and its name.
+fn anchor(
+    args: &GenerateBenchArgs,
+    script: &Path,
+    case: &Case<'_>,
+) -> anyhow::Result<(f64, f64, String)> {
     let mut command = Command::new(&args.python);
     command
         .arg(script)
@@ -413,7 +420,11 @@ fn anchor(args: &GenerateBenchArgs, script: &Path, case: &Case<'_>) -> anyhow::R
         .ok_or_else(|| anyhow::anyhow!("the anchor printed no JSON:\n{stdout}"))?;
     let row: Row = serde_json::from_str(line)
         .map_err(|err| anyhow::anyhow!("the anchor's line `{line}`: {err}"))?;
-    Ok((row.prompt_tokens_per_s, row.decode_tokens_per_s))
+    Ok((
+        row.prompt_tokens_per_s,
+        row.decode_tokens_per_s,
+        row.implementation,
+    ))
 }
 
 fn print_table(rows: &[(Row, Option<Row>)]) {
