@@ -257,6 +257,68 @@ fn generate_validates_its_flags_and_prints_undecodable_bytes_as_replacement_char
     );
 }
 
+/// The sampling flags beyond temperature, top-k and top-p are checked too, and `--stop` ends the
+/// printed text before the first occurrence of its string, which greedy decoding makes exact.
+#[test]
+fn generate_checks_its_sampling_flags_and_ends_at_a_stop_string() {
+    let dir = tempfile::tempdir().unwrap();
+    let run = barely_trained_run(dir.path());
+    for (flags, message) in [
+        (vec!["--min-p", "2"], "--min-p 2: it must be in [0, 1]"),
+        (
+            vec!["--repetition-penalty", "0"],
+            "--repetition-penalty 0: it must be a finite positive number",
+        ),
+        (
+            vec!["--presence-penalty", "inf"],
+            "--presence-penalty inf: it must be a finite number",
+        ),
+        (vec!["--logit-bias", "7"], "\"7\" is not ID=AMOUNT"),
+        (
+            vec!["--logit-bias", "300=1"],
+            "logit_bias is token id 300; it must be ids below the model's vocabulary size",
+        ),
+    ] {
+        let stderr = fails(&[&["generate", "--run", &run][..], &flags].concat());
+        assert!(stderr.contains(message), "{flags:?}: {stderr}");
+    }
+    let greedy = |stop: &[&str]| -> String {
+        let mut args = vec![
+            "generate",
+            "--run",
+            &run,
+            "--prompt",
+            "A",
+            "--temperature",
+            "0",
+        ];
+        args.extend(["--max-tokens", "40"]);
+        for s in stop {
+            args.extend(["--stop", s]);
+        }
+        let output = lmx(&args);
+        assert!(
+            output.status.success(),
+            "{}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        let stdout = String::from_utf8(output.stdout).expect("stdout is UTF-8");
+        stdout
+            .strip_prefix('A')
+            .unwrap()
+            .strip_suffix('\n')
+            .unwrap()
+            .to_owned()
+    };
+    let free = greedy(&[]);
+    let chars: Vec<char> = free.chars().collect();
+    assert!(chars.len() >= 8, "a greedy sample of 40 bytes: {free:?}");
+    let stop: String = chars[5..7].iter().collect();
+    let end = free.find(&stop).expect("present");
+    assert_eq!(greedy(&[&stop]), free[..end]);
+    assert_eq!(greedy(&["no such text"]), free);
+}
+
 #[test]
 fn info_count_and_check_refuse_a_preset_whose_sizes_overflow_instead_of_saturating() {
     let dir = tempfile::tempdir().unwrap();

@@ -81,15 +81,16 @@ const PROMPT: usize = 20;
 
 /// The tiny LLaMA with room for `ctx` tokens, random parameters and a random prompt.
 fn tiny_llama(ctx: usize) -> Result<(llama::Config, llama::Params, Vec<u32>)> {
+    tiny_llama_prompt(ctx, PROMPT)
+}
+
+/// The tiny LLaMA with room for `ctx` tokens, random parameters and a random prompt of `len`.
+fn tiny_llama_prompt(ctx: usize, len: usize) -> Result<(llama::Config, llama::Params, Vec<u32>)> {
     let mut config = llama::Config::preset("tiny").expect("llama has a tiny preset");
     config.ctx = ctx as _;
     let params = llama::Llama::init(&config, 0)?;
-    let prompt = random::randint::<_, i32>(
-        0,
-        config.vocab as i32,
-        &[PROMPT as i32][..],
-        &random::key(2)?,
-    )?;
+    let prompt =
+        random::randint::<_, i32>(0, config.vocab as i32, &[len as i32][..], &random::key(2)?)?;
     let prompt = prompt
         .as_slice::<i32>()
         .iter()
@@ -123,9 +124,21 @@ fn greedy(
 /// forward pass over the prompt and the tokens before it (up to rounding between the two).
 #[test]
 fn greedy_generation_follows_the_full_forward_pass() -> Result<()> {
-    let (config, params, prompt) = tiny_llama(320)?;
-    let tokens = greedy(&config, &params, &prompt, 300, None)?;
-    assert_eq!(tokens.len(), 300);
+    follows_the_full_forward_pass(320, PROMPT, 300)
+}
+
+/// A prompt longer than two prefill chunks (512 tokens each), fed in three passes.
+#[test]
+fn a_prompt_fed_in_chunks_gives_the_full_forward_pass_tokens() -> Result<()> {
+    follows_the_full_forward_pass(1100, 1030, 20)
+}
+
+/// `new` greedy tokens after a prompt of `len` tokens, in a context of `ctx`, against the full
+/// forward pass.
+fn follows_the_full_forward_pass(ctx: usize, len: usize, new: usize) -> Result<()> {
+    let (config, params, prompt) = tiny_llama_prompt(ctx, len)?;
+    let tokens = greedy(&config, &params, &prompt, new, None)?;
+    assert_eq!(tokens.len(), new);
     let sequence: Vec<i32> = prompt
         .iter()
         .chain(&tokens[..tokens.len() - 1])

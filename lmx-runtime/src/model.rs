@@ -7,8 +7,8 @@
 //! runtime (trainer, checkpoints, generation, the CLI) is written once against these traits.
 
 use crate::error::Result;
+use crate::generate::cache::KvCache;
 use crate::tree::Tree;
-use mlx_rs::ops::indexing::{IndexOp, TryIndexMutOp};
 use mlx_rs::Array;
 use serde::{de::DeserializeOwned, Serialize};
 
@@ -96,10 +96,7 @@ impl Context {
     /// A forward pass that keeps the keys and values of every attention layer across calls.
     pub fn generation() -> Context {
         Context {
-            cache: Some(KvCache {
-                layers: Vec::new(),
-                len: 0,
-            }),
+            cache: Some(KvCache::default()),
             key: None,
         }
     }
@@ -127,6 +124,9 @@ impl Context {
             return crate::nn::attention(q, k, v, crate::nn::AttentionMask::Causal);
         };
         let (k, v) = cache.extend(layer, k, v)?;
+        if let Some(mask) = cache.mask(q.dim(2), k.dim(2))? {
+            return crate::nn::attention(q, &k, &v, crate::nn::AttentionMask::Array(&mask));
+        }
         // A single new query sees every cached key; several see a causal window over the new ones.
         let mask = if q.shape()[2] > 1 {
             crate::nn::AttentionMask::Causal
@@ -146,63 +146,40 @@ impl Context {
         }
     }
 
+    /// Which of the keys `[.., T_k, ..]` that [`keys_values`](Self::keys_values) returned the last
+    /// `q_len` queries may see, as a boolean `[B, 1, T_q, T_k]`, where rows of a batch start at
+    /// different slots ([`KvCache`]'s left padding, causal within each row); `None` otherwise.
+    pub fn padding_mask(&mut self, q_len: i32, k_len: i32) -> Result<Option<Array>> {
+        match self.cache.as_mut() {
+            Some(cache) => cache.mask(q_len, k_len),
+            None => Ok(None),
+        }
+    }
+
+    /// A generation context over `cache` (a batch's rows, or a prompt cache's).
+    pub(crate) fn with_cache(cache: KvCache) -> Context {
+        Context {
+            cache: Some(cache),
+            key: None,
+        }
+    }
+
+    /// The generation cache, if this is a generation context.
+    pub(crate) fn cache_mut(&mut self) -> Option<&mut KvCache> {
+        self.cache.as_mut()
+    }
+
+    /// Takes the generation cache out (an empty one stays).
+    pub(crate) fn take_cache(&mut self) -> Option<KvCache> {
+        self.cache.as_mut().map(std::mem::take)
+    }
+
     /// Marks `tokens` new tokens as consumed (called once per forward pass by generated code).
     pub fn advance(&mut self, tokens: i32) {
         if let Some(cache) = self.cache.as_mut() {
             cache.len += tokens;
         }
     }
-}
-
-/// Keys and values of every attention layer so far, as mlx-lm's `KVCache` keeps them: per layer
-/// a buffer `[B, heads, capacity, head_dim]` grown in steps of [`KvCache::STEP`] positions and
-/// written in place, of which the first `len` positions are filled.
-#[derive(Clone)]
-struct KvCache {
-    layers: Vec<Option<(Array, Array)>>,
-    len: i32,
-}
-
-impl KvCache {
-    /// Positions added to a layer's buffer when it is full.
-    const STEP: i32 = 256;
-
-    /// Writes `k` and `v` (`[B, heads, T, head_dim]`) at positions `len .. len + T` of layer
-    /// `layer`'s buffers and returns the filled part, `[.., :len + T, :]`.
-    fn extend(&mut self, layer: usize, k: &Array, v: &Array) -> Result<(Array, Array)> {
-        if self.layers.len() <= layer {
-            self.layers.resize(layer + 1, None);
-        }
-        let start = self.len;
-        let end = start + k.dim(2);
-        let (mut keys, mut values) = match self.layers[layer].take() {
-            Some((keys, values)) if keys.dim(2) >= end => (keys, values),
-            held => {
-                let (keys, values) = held.unzip();
-                (grow(keys, k, start)?, grow(values, v, start)?)
-            }
-        };
-        keys.try_index_mut((.., .., start..end, ..), k)?;
-        values.try_index_mut((.., .., start..end, ..), v)?;
-        let filled = (
-            keys.index((.., .., ..end, ..)),
-            values.index((.., .., ..end, ..)),
-        );
-        self.layers[layer] = Some((keys, values));
-        Ok(filled)
-    }
-}
-
-/// A buffer with room for `new`'s positions after the first `filled` positions of `held`: those,
-/// then zeros for `new`'s length rounded up to a multiple of [`KvCache::STEP`].
-fn grow(held: Option<Array>, new: &Array, filled: i32) -> Result<Array> {
-    let shape = new.shape();
-    let room = (new.dim(2) + KvCache::STEP - 1) / KvCache::STEP * KvCache::STEP;
-    let zeros = mlx_rs::ops::zeros_dtype(&[shape[0], shape[1], room, shape[3]], new.dtype())?;
-    Ok(match held {
-        Some(held) => mlx_rs::ops::concatenate(&[held.index((.., .., ..filled, ..)), zeros], 2)?,
-        None => zeros,
-    })
 }
 
 /// A training step declared with a model (in a `.lmx` file's `step` or by `#[lmx::step]`): its
@@ -238,6 +215,7 @@ pub trait TrainingStep: 'static {
 mod tests {
     use super::*;
     use crate::nn::{attention, AttentionMask};
+    use mlx_rs::ops::indexing::IndexOp;
     use mlx_rs::{ops, random};
 
     /// `x[:, :, start..end]`.

@@ -12,6 +12,8 @@ pub struct FolderGenerateRequest {
     pub prompt: String,
     /// Sampling settings.
     pub sampling: Sampling,
+    /// Strings that end the text (left out of it).
+    pub stop: Vec<String>,
 }
 
 /// The folder's tokenizer: its `tokenizer.json`, ending sequences with the end-of-sequence
@@ -36,7 +38,8 @@ pub fn sample<M: LanguageModel>(
     request: FolderGenerateRequest,
 ) -> anyhow::Result<()> {
     request.sampling.validate()?;
-    let tokenizer = tokenizer(folder)?.load(folder.dir())?;
+    let tokenizer: std::sync::Arc<dyn lmx::runtime::data::Tokenizer> =
+        tokenizer(folder)?.load(folder.dir())?.into();
     // As mlx-lm's `generate` encodes a prompt: a published model reads its BOS first.
     let prompt = tokenizer.encode_framed(&request.prompt)?;
     let config = hf::model_config::<M>(folder)?;
@@ -45,9 +48,10 @@ pub fn sample<M: LanguageModel>(
     super::train::stream::<M>(
         &params,
         &config,
-        tokenizer.as_ref(),
+        tokenizer,
         &request.prompt,
         &prompt,
         &request.sampling,
+        &request.stop,
     )
 }

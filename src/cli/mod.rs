@@ -353,6 +353,24 @@ pub struct GenerateArgs {
     /// Nucleus sampling mass, in (0, 1].
     #[arg(long, allow_negative_numbers = true)]
     pub top_p: Option<f32>,
+    /// Keep the tokens at least this fraction as likely as the most likely one, in [0, 1].
+    #[arg(long, allow_negative_numbers = true)]
+    pub min_p: Option<f32>,
+    /// Divide the logits of recent tokens by this (above 1 discourages repeats).
+    #[arg(long, allow_negative_numbers = true)]
+    pub repetition_penalty: Option<f32>,
+    /// Subtract this from the logits of recent tokens.
+    #[arg(long, allow_negative_numbers = true)]
+    pub presence_penalty: Option<f32>,
+    /// How many recent tokens (prompt included) the penalties look at.
+    #[arg(long, default_value_t = 20)]
+    pub penalty_context: usize,
+    /// Add AMOUNT to token ID's logit (repeatable).
+    #[arg(long, value_name = "ID=AMOUNT", value_parser = parse_bias, allow_negative_numbers = true)]
+    pub logit_bias: Vec<(u32, f32)>,
+    /// End the text at this string, left out (repeatable).
+    #[arg(long)]
+    pub stop: Vec<String>,
     /// Sampler seed.
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
@@ -642,6 +660,22 @@ fn adjusted(
     }
 }
 
+/// `ID=AMOUNT` of `--logit-bias`.
+fn parse_bias(text: &str) -> Result<(u32, f32), String> {
+    let (id, amount) = text
+        .split_once('=')
+        .ok_or_else(|| format!("{text:?} is not ID=AMOUNT"))?;
+    let id = id
+        .trim()
+        .parse()
+        .map_err(|_| format!("{id:?} is not a token id"))?;
+    let amount = amount
+        .trim()
+        .parse()
+        .map_err(|_| format!("{amount:?} is not a number"))?;
+    Ok((id, amount))
+}
+
 impl GenerateArgs {
     /// The sampling settings; one out of range is an error naming its flag.
     pub fn sampling(&self) -> anyhow::Result<Sampling> {
@@ -649,6 +683,11 @@ impl GenerateArgs {
             temperature: self.temperature,
             top_k: (self.top_k > 0).then_some(self.top_k),
             top_p: self.top_p,
+            min_p: self.min_p,
+            repetition_penalty: self.repetition_penalty,
+            presence_penalty: self.presence_penalty,
+            penalty_context: self.penalty_context,
+            logit_bias: self.logit_bias.iter().copied().collect(),
             seed: self.seed,
             max_tokens: self.max_tokens,
         };
@@ -696,6 +735,7 @@ pub fn run(cli: Cli, registry: &Registry) -> anyhow::Result<()> {
                         hf_model::FolderGenerateRequest {
                             prompt: args.prompt.clone(),
                             sampling,
+                            stop: args.stop.clone(),
                         },
                     ),
                     _ => anyhow::bail!(
@@ -717,6 +757,7 @@ pub fn run(cli: Cli, registry: &Registry) -> anyhow::Result<()> {
                 checkpoint: args.checkpoint.clone(),
                 prompt: args.prompt.clone(),
                 sampling,
+                stop: args.stop.clone(),
                 adapter: args.adapter.clone(),
             };
             model.generate(&run, request)
@@ -806,6 +847,7 @@ fn train_and_sample(
             max_tokens: args.sample,
             ..Default::default()
         },
+        stop: Vec::new(),
         adapter: None,
     };
     model.generate(&run, request)

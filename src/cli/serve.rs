@@ -8,9 +8,9 @@ use super::tokenizer::TokenizerSpec;
 use lmx::runtime::data::sft::ChatTemplate;
 use lmx::runtime::data::{ByteTokenizer, Tokenizer};
 use lmx::runtime::device::{self, DeviceKind};
+use lmx::runtime::generate::{BatchGenerator, BatchLimits};
 use lmx::runtime::hf::{self, HfFolder, TokenizerConfig};
 use lmx::runtime::model::LanguageModel;
-use lmx::serve::round_robin::RoundRobin;
 use lmx::serve::{Loaded, Options, Text};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -209,6 +209,7 @@ pub fn serve<M: LanguageModel>(
         )?,
     };
     let seed = args.seed;
+    let max_batch = args.max_batch;
     lmx::serve::serve(options, text, move || {
         device::select(device)?;
         let (config, params) = load::<M>(&source, seed)?;
@@ -219,8 +220,17 @@ pub fn serve<M: LanguageModel>(
              {vocab_size}"
         );
         let context_len = M::context_len(&config);
-        let loaded: Loaded<RoundRobin<M>> =
-            (RoundRobin::new(params, config)?, context_len, vocab_size);
+        // The worker admits at most --max-batch sequences, running or waiting for the batch to
+        // drain (a prompt longer than the running rows' filled length waits).
+        let limits = BatchLimits {
+            max_batch,
+            max_waiting: max_batch,
+        };
+        let loaded: Loaded<BatchGenerator<M>> = (
+            BatchGenerator::new(params, config, limits)?,
+            context_len,
+            vocab_size,
+        );
         Ok(loaded)
     })
 }

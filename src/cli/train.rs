@@ -7,9 +7,10 @@ use super::sft::SftSettings;
 use super::tokenizer::{TokenizerArg, TokenizerSpec};
 use lmx::runtime::checkpoint::Checkpoints;
 use lmx::runtime::data::{
-    DocumentEncoder, InputFormat, Separator, TextStream, TokenFile, TokenSource, Windows,
+    DocumentEncoder, InputFormat, Separator, TokenFile, TokenSource, Windows,
 };
-use lmx::runtime::generate::{check_prompt, generate, Sampling};
+use lmx::runtime::generate::text::TextStream;
+use lmx::runtime::generate::{check_prompt, generate_cached, PromptCache, Sampling};
 use lmx::runtime::hf::{self, HfFolder};
 use lmx::runtime::model::{LanguageModel, TrainingStep};
 use lmx::runtime::train::{EarlyStopping, JsonlLog, ProgressBar, TrainConfig, TrainData, Trainer};
@@ -447,6 +448,8 @@ pub struct GenerateRequest {
     pub prompt: String,
     /// Sampling settings.
     pub sampling: Sampling,
+    /// Strings that end the text (left out of it).
+    pub stop: Vec<String>,
     /// An adapter folder to load on top of the model.
     pub adapter: Option<PathBuf>,
 }
@@ -458,7 +461,8 @@ pub fn sample<S: TrainingStep>(run: &RunFile, request: GenerateRequest) -> anyho
     let checkpoint = super::run_file::checkpoint_of(&request.run, request.checkpoint)?;
     S::Model::validate(&config)?;
     request.sampling.validate()?;
-    let tokenizer = run.tokenizer.load(&request.run)?;
+    let tokenizer: Arc<dyn lmx::runtime::data::Tokenizer> =
+        Arc::from(run.tokenizer.load(&request.run)?);
     let prompt = tokenizer.encode(&request.prompt)?;
     // Everything that can be wrong with the request fails before the prompt is shown.
     check_prompt::<S::Model>(&config, &prompt)?;
@@ -471,46 +475,44 @@ pub fn sample<S: TrainingStep>(run: &RunFile, request: GenerateRequest) -> anyho
     stream::<S::Model>(
         &params,
         &config,
-        tokenizer.as_ref(),
+        tokenizer,
         &request.prompt,
         &prompt,
         &request.sampling,
+        &request.stop,
     )
 }
 
-/// Prints `text` (encoded as `prompt`) and its continuation by `params`, token by token, then
-/// the speeds.
+/// Prints `text` (encoded as `prompt`) and its continuation by `params`, token by token, up to
+/// the tokenizer's end-of-sequence token or the first of `stop` (left out), then the speeds.
 pub fn stream<M: LanguageModel>(
     params: &M::Params,
     config: &M::Config,
-    tokenizer: &dyn lmx::runtime::data::Tokenizer,
+    tokenizer: Arc<dyn lmx::runtime::data::Tokenizer>,
     text: &str,
     prompt: &[u32],
     sampling: &Sampling,
+    stop: &[String],
 ) -> anyhow::Result<()> {
     print!("{text}");
-    let mut text = TextStream::new(tokenizer);
-    let mut failed = None;
-    let generation = generate::<M>(
+    let eos = tokenizer.eos_id();
+    let mut text = TextStream::new(tokenizer, stop.to_vec());
+    let generation = generate_cached::<M>(
         params,
         config,
+        &mut PromptCache::new(),
         prompt,
         sampling,
-        tokenizer.eos_id(),
-        |token| match text.push(token) {
-            Ok(piece) => {
+        eos,
+        |token| {
+            if let Some(piece) = text.push(token) {
                 print!("{piece}");
                 let _ = std::io::stdout().flush();
             }
-            Err(err) => {
-                failed.get_or_insert(err);
-            }
+            !text.stopped()
         },
     )?;
-    if let Some(err) = failed {
-        return Err(err.into());
-    }
-    println!("{}", text.flush()?);
+    println!("{}", text.finish());
     eprintln!(
         "{} tokens; prompt {:.0} tok/s, decode {:.1} tok/s",
         generation.tokens.len(),

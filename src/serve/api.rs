@@ -1,9 +1,9 @@
 //! The OpenAI API's request bodies, read and checked: a body becomes the prompt's tokens, the
 //! sampling settings and stop strings of one sequence, or a 4xx [`ApiError`] naming the field.
 
-use super::engine::Sampling;
 use super::error::ApiError;
 use super::ModelInfo;
+use lmx::runtime::generate::Sampling;
 use serde::Deserialize;
 use std::collections::BTreeMap;
 
@@ -219,8 +219,15 @@ impl Body {
             value => invalid(param, format!("{param} is {value}; it must be in [-2, 2]")),
         };
         let presence_penalty = penalty("presence_penalty", self.presence_penalty)?;
-        let frequency_penalty = penalty("frequency_penalty", self.frequency_penalty)?;
-        let mut logit_bias = Vec::new();
+        // The batched generator's penalties are mlx-lm's (presence, repetition), which have no
+        // per-count form: a frequency penalty is refused rather than ignored.
+        if penalty("frequency_penalty", self.frequency_penalty)? != 0.0 {
+            return invalid(
+                "frequency_penalty",
+                "frequency_penalty is not supported; use presence_penalty".into(),
+            );
+        }
+        let mut logit_bias = std::collections::BTreeMap::new();
         for (token, &bias) in self.logit_bias.iter().flatten() {
             let id = match token.parse::<u32>() {
                 Ok(id) if (id as usize) < model.vocab_size => id,
@@ -241,7 +248,7 @@ impl Body {
                     format!("the bias of token {id} is {bias}; it must be in [-100, 100]"),
                 );
             }
-            logit_bias.push((id, bias));
+            logit_bias.insert(id, bias);
         }
         let stops = match &self.stop {
             None => Vec::new(),
@@ -267,12 +274,16 @@ impl Body {
         Ok(Settings {
             sampling: Sampling {
                 temperature,
+                top_k: None,
                 top_p: (top_p < 1.0).then_some(top_p),
+                min_p: None,
+                repetition_penalty: None,
+                // OpenAI's presence penalty counts every token so far.
+                presence_penalty: (presence_penalty != 0.0).then_some(presence_penalty),
+                penalty_context: model.context_len,
+                logit_bias,
                 seed,
                 max_tokens,
-                presence_penalty,
-                frequency_penalty,
-                logit_bias,
             },
             stops,
             include_usage: self

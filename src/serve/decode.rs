@@ -4,8 +4,8 @@
 //! which cancels the sequence in the engine.
 
 use super::engine::{Event, FinishReason};
-use super::text::TextStream;
 use lmx::runtime::data::Tokenizer;
+use lmx::runtime::generate::text::TextStream;
 use std::sync::Arc;
 use tokio::sync::mpsc;
 
@@ -32,7 +32,7 @@ pub async fn decode(
     mut events: mpsc::UnboundedReceiver<Result<Event, String>>,
     deltas: mpsc::Sender<Delta>,
 ) {
-    let mut text = TextStream::new(tokenizer.as_ref(), stops);
+    let mut text = TextStream::new(tokenizer, stops);
     let mut tokens = 0;
     let last = loop {
         let event = match events.recv().await {
@@ -43,12 +43,8 @@ pub async fn decode(
         tokens += 1;
         // A stop token ends the text; it has none of its own.
         let piece = match event.finish {
-            Some(FinishReason::Stop) => Ok(None),
+            Some(FinishReason::Stop) => None,
             _ => text.push(event.token),
-        };
-        let piece = match piece {
-            Ok(piece) => piece,
-            Err(err) => break Delta::Failed(format!("decoding token {}: {err}", event.token)),
         };
         if let Some(piece) = piece {
             if deltas.send(Delta::Text(piece)).await.is_err() {
@@ -62,10 +58,7 @@ pub async fn decode(
             };
         }
         if let Some(finish) = event.finish {
-            let rest = match text.finish() {
-                Ok(rest) => rest,
-                Err(err) => break Delta::Failed(format!("decoding the last tokens: {err}")),
-            };
+            let rest = text.finish();
             if !rest.is_empty() && deltas.send(Delta::Text(rest)).await.is_err() {
                 return;
             }

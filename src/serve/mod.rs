@@ -5,7 +5,7 @@
 //! with continuous batching (queued requests join the running batch between steps). The HTTP
 //! side ([`http`], on tokio and axum) reads and checks requests ([`api`]), queues them over a
 //! bounded channel (a full queue answers 429) and turns each sequence's tokens into text
-//! ([`decode`], [`text`]) as it streams them. A client that leaves drops its channel, and the
+//! ([`decode`], with the runtime's `generate::text::TextStream`) as it streams them. A client that leaves drops its channel, and the
 //! worker cancels its sequence.
 
 pub mod api;
@@ -13,8 +13,6 @@ pub mod decode;
 pub mod engine;
 pub mod error;
 pub mod http;
-pub mod round_robin;
-pub mod text;
 pub mod worker;
 
 pub use engine::Engine;

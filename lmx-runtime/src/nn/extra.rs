@@ -238,7 +238,13 @@ pub fn attend(
         return ctx.attend(layer, &q.multiply(literal(f64::from(factor), q)?)?, k, v);
     }
     let (k, v) = ctx.keys_values(layer, k, v)?;
-    let mask = attention_mask(q, &k, &options)?;
+    let mut mask = attention_mask(q, &k, &options)?;
+    // Rows of a batch that start at different slots hide their padding as well.
+    if let Some(padding) = ctx.padding_mask(q.dim(2), k.dim(2))? {
+        let minus_inf = Array::from_f32(f32::NEG_INFINITY).as_dtype(q.dtype())?;
+        let open = mask.unwrap_or(literal(0.0, q)?);
+        mask = Some(ops::select(&padding, &open, &minus_inf)?);
+    }
     let mask = mask.as_ref().map(ScaledDotProductAttentionMask::Array);
     Ok(fast::scaled_dot_product_attention(
         q, &k, &v, scale, mask, None,

@@ -1,14 +1,19 @@
 //! `lmx bench generate`: generation speed of the bundled GPT-2 and LLaMA (random weights, greedy
-//! decoding through `lmx_runtime::generate::generate`), side by side with the mlx-lm-style Python
-//! MLX anchor (`bench/generate_anchor.py`) at the same sizes, the two runs alternating.
+//! decoding through `lmx_runtime::generate::generate`, or `BatchGenerator` for a batch above 1,
+//! optionally quantized), side by side with an anchor at the same sizes, the two runs
+//! alternating: mlx-lm's own `stream_generate` and `batch_generate` (`bench/generate_mlx_lm.py`)
+//! or the mlx-lm-style Python MLX loop (`bench/generate_anchor.py`, batch 1 unquantized only).
 
 use lmx::models::{gpt2, llama};
 use lmx::runtime::data::rng::SplitMix64;
-use lmx::runtime::generate::{generate, Sampling};
+use lmx::runtime::generate::{generate, BatchGenerator, BatchLimits, Request, Sampling};
 use lmx::runtime::model::LanguageModel;
+use lmx::runtime::nn::Quantization;
+use lmx::runtime::quant;
 use lmx::runtime::train::Precision;
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::time::Instant;
 
 use super::anchor::{device_name, json_lines_last_first, output_of};
 
@@ -27,6 +32,12 @@ pub struct GenerateBenchArgs {
     /// Precisions: float32, bfloat16.
     #[arg(long, value_delimiter = ',', default_value = "float32")]
     pub dtypes: Vec<String>,
+    /// Sequences decoded together (each a row of the table; above 1 through `BatchGenerator`).
+    #[arg(long, value_delimiter = ',', default_value = "1")]
+    pub batch: Vec<usize>,
+    /// Quantize the weights to this many bits (group size 64), as `lmx quantize` does.
+    #[arg(long)]
+    pub bits: Option<i32>,
     /// Prompt tokens (random).
     #[arg(long, default_value_t = 128)]
     pub prompt: usize,
@@ -50,7 +61,7 @@ pub struct GenerateBenchArgs {
 /// One measurement (medians over the repeats), with the anchor's JSON fields.
 #[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
 pub struct Row {
-    /// `lmx` or `python-mlx`.
+    /// `lmx`, or the anchor's own name (`mlx-lm`, `python-mlx`).
     #[serde(rename = "impl")]
     pub implementation: String,
     /// `gpt2` or `llama`.
@@ -64,6 +75,12 @@ pub struct Row {
     pub tokens: usize,
     /// float32 or bfloat16.
     pub dtype: String,
+    /// Sequences decoded together.
+    #[serde(default = "one")]
+    pub batch: usize,
+    /// Bits of the quantized weights (none: unquantized).
+    #[serde(default)]
+    pub bits: Option<i32>,
     /// Prompt tokens per second: the prompt's forward pass and the first token.
     pub prompt_tokens_per_s: f64,
     /// Generated tokens per second after the first.
@@ -77,6 +94,10 @@ pub struct Row {
     /// Decode tokens per second of each timed run, in order.
     #[serde(default)]
     pub decode_runs: Vec<f64>,
+}
+
+fn one() -> usize {
+    1
 }
 
 /// The model sizes the anchor takes as flags, read from an lmx configuration.
@@ -149,6 +170,7 @@ struct Case<'a> {
     preset: &'a str,
     dtype: &'a str,
     precision: Precision,
+    batch: usize,
     sizes: Sizes,
 }
 
@@ -156,12 +178,16 @@ struct Case<'a> {
 /// the table.
 pub fn bench(args: &GenerateBenchArgs) -> anyhow::Result<()> {
     anyhow::ensure!(
-        args.prompt > 0 && args.tokens > 0 && args.repeats > 0,
-        "--prompt, --tokens and --repeats must be at least 1"
+        args.prompt > 0 && args.tokens > 0 && args.repeats > 0 && !args.batch.contains(&0),
+        "--prompt, --tokens, --repeats and --batch must be at least 1"
     );
     let mut rows = Vec::new();
     for model in &args.models {
-        for dtype in &args.dtypes {
+        for (dtype, &batch) in args
+            .dtypes
+            .iter()
+            .flat_map(|dtype| args.batch.iter().map(move |batch| (dtype, batch)))
+        {
             let precision = match dtype.as_str() {
                 "float32" => Precision::Float32,
                 "bfloat16" => Precision::Bfloat16,
@@ -175,6 +201,7 @@ pub fn bench(args: &GenerateBenchArgs) -> anyhow::Result<()> {
                         preset: &args.gpt2_preset,
                         dtype,
                         precision,
+                        batch,
                         sizes: Sizes::gpt2(&config)?,
                     };
                     measure::<gpt2::Gpt2>(args, &case, &config)?
@@ -186,6 +213,7 @@ pub fn bench(args: &GenerateBenchArgs) -> anyhow::Result<()> {
                         preset: &args.llama_preset,
                         dtype,
                         precision,
+                        batch,
                         sizes: Sizes::llama(&config)?,
                     };
                     measure::<llama::Llama>(args, &case, &config)?
@@ -235,19 +263,32 @@ fn measure<M: LanguageModel>(
         args.tokens,
         M::context_len(config)
     );
-    let params = case.precision.cast(&M::init(config, 0)?)?;
+    let mut params = case.precision.cast(&M::init(config, 0)?)?;
+    if let Some(bits) = args.bits {
+        quant::quantize_tree(
+            &mut params,
+            Quantization {
+                group_size: 64,
+                bits,
+            },
+        )?;
+    }
     let vocab = M::vocab_size(config) as u64;
     let mut rng = SplitMix64::new(0);
-    let prompt: Vec<u32> = (0..args.prompt).map(|_| rng.below(vocab) as u32).collect();
+    let prompts: Vec<Vec<u32>> = (0..case.batch)
+        .map(|_| (0..args.prompt).map(|_| rng.below(vocab) as u32).collect())
+        .collect();
     let sampling = Sampling {
         temperature: 0.0,
         top_k: None,
-        top_p: None,
-        seed: 0,
         max_tokens: args.tokens,
+        ..Sampling::default()
     };
     let run = || -> anyhow::Result<(f64, f64)> {
-        let generation = generate::<M>(&params, config, &prompt, &sampling, None, |_| ())?;
+        if case.batch > 1 {
+            return batched::<M>(&params, config, &prompts, &sampling);
+        }
+        let generation = generate::<M>(&params, config, &prompts[0], &sampling, None, |_| ())?;
         anyhow::ensure!(
             generation.tokens.len() == args.tokens,
             "lmx generated {} tokens, not {}",
@@ -262,10 +303,13 @@ fn measure<M: LanguageModel>(
     run()?;
     let mut ours = Vec::new();
     let mut theirs = Vec::new();
+    let mut anchor_name = String::from("python-mlx");
     for _ in 0..args.repeats {
         ours.push(run()?);
         if let Some(script) = &args.anchor {
-            theirs.push(anchor(args, script, case)?);
+            let (prompt, decode, name) = anchor(args, script, case)?;
+            theirs.push((prompt, decode));
+            anchor_name = name;
         }
     }
     let row = |implementation: &str, samples: &[(f64, f64)]| Row {
@@ -275,6 +319,8 @@ fn measure<M: LanguageModel>(
         prompt: args.prompt,
         tokens: args.tokens,
         dtype: case.dtype.into(),
+        batch: case.batch,
+        bits: args.bits,
         prompt_tokens_per_s: median(samples.iter().map(|sample| sample.0)),
         decode_tokens_per_s: median(samples.iter().map(|sample| sample.1)),
         device: device_name().into(),
@@ -283,11 +329,54 @@ fn measure<M: LanguageModel>(
     };
     let ours = row("lmx", &ours);
     eprintln!("{}", serde_json::to_string(&ours)?);
-    let theirs = (!theirs.is_empty()).then(|| row("python-mlx", &theirs));
+    let theirs = (!theirs.is_empty()).then(|| row(&anchor_name, &theirs));
     if let Some(theirs) = &theirs {
         eprintln!("{}", serde_json::to_string(theirs)?);
     }
     Ok((ours, theirs))
+}
+
+/// Every prompt decoded together through a `BatchGenerator`: prompt tokens per second over the
+/// first step (every prompt fed, every first token read), decode tokens per second over the
+/// tokens of the remaining steps.
+fn batched<M: LanguageModel>(
+    params: &M::Params,
+    config: &M::Config,
+    prompts: &[Vec<u32>],
+    sampling: &Sampling,
+) -> anyhow::Result<(f64, f64)> {
+    let limits = BatchLimits {
+        max_batch: prompts.len(),
+        ..BatchLimits::default()
+    };
+    let mut generator = BatchGenerator::<M>::new(params.clone(), config.clone(), limits)?;
+    for prompt in prompts {
+        generator.insert(Request {
+            prompt: prompt.clone(),
+            sampling: sampling.clone(),
+            stop_tokens: Vec::new(),
+        })?;
+    }
+    let started = Instant::now();
+    let first = generator.step()?.len();
+    let prompt_seconds = started.elapsed().as_secs_f64();
+    let decode_started = Instant::now();
+    let mut decoded = 0;
+    while generator.active() > 0 {
+        decoded += generator.step()?.len();
+    }
+    let decode_seconds = decode_started.elapsed().as_secs_f64();
+    anyhow::ensure!(
+        first + decoded == prompts.len() * sampling.max_tokens,
+        "lmx generated {} tokens, not {}",
+        first + decoded,
+        prompts.len() * sampling.max_tokens
+    );
+    let prompt_tokens: usize = prompts.iter().map(Vec::len).sum();
+    Ok((
+        prompt_tokens as f64 / prompt_seconds.max(f64::MIN_POSITIVE),
+        decoded as f64 / decode_seconds.max(f64::MIN_POSITIVE),
+    ))
 }
 
 /// The median of `values` (the mean of the middle two for an even count).
@@ -303,8 +392,12 @@ fn median(values: impl Iterator<Item = f64>) -> f64 {
 }
 
 /// One run of the anchor (its own warm-up and one timed generation) at `case`'s sizes, with the
-/// same BLAS as this process on the CPU: its prompt and decode tokens per second.
-fn anchor(args: &GenerateBenchArgs, script: &Path, case: &Case<'_>) -> anyhow::Result<(f64, f64)> {
+/// same BLAS as this process on the CPU: its prompt and decode tokens per second, and its name.
+fn anchor(
+    args: &GenerateBenchArgs,
+    script: &Path,
+    case: &Case<'_>,
+) -> anyhow::Result<(f64, f64, String)> {
     let mut command = Command::new(&args.python);
     command
         .arg(script)
@@ -314,21 +407,34 @@ fn anchor(args: &GenerateBenchArgs, script: &Path, case: &Case<'_>) -> anyhow::R
         .args(["--tokens", &args.tokens.to_string()])
         .args(["--dtype", case.dtype])
         .args(["--device", device_name()]);
+    // Only mlx-lm's anchor takes these; the plain one runs batch 1, unquantized.
+    if case.batch > 1 {
+        command.args(["--batch", &case.batch.to_string()]);
+    }
+    if let Some(bits) = args.bits {
+        command.args(["--bits", &bits.to_string()]);
+    }
     let stdout = output_of(command, &script.display().to_string())?;
     let line = json_lines_last_first(&stdout)
         .next()
         .ok_or_else(|| anyhow::anyhow!("the anchor printed no JSON:\n{stdout}"))?;
     let row: Row = serde_json::from_str(line)
         .map_err(|err| anyhow::anyhow!("the anchor's line `{line}`: {err}"))?;
-    Ok((row.prompt_tokens_per_s, row.decode_tokens_per_s))
+    Ok((
+        row.prompt_tokens_per_s,
+        row.decode_tokens_per_s,
+        row.implementation,
+    ))
 }
 
 fn print_table(rows: &[(Row, Option<Row>)]) {
     println!(
-        "{:<6} {:<7} {:<9} {:>14} {:>14} {:>7} {:>14} {:>14} {:>7}",
+        "{:<6} {:<7} {:<9} {:>5} {:>4} {:>14} {:>14} {:>7} {:>14} {:>14} {:>7}",
         "model",
         "preset",
         "dtype",
+        "batch",
+        "bits",
         "lmx prompt t/s",
         "anchor prompt",
         "ratio",
@@ -350,10 +456,12 @@ fn print_table(rows: &[(Row, Option<Row>)]) {
             ours.decode_tokens_per_s,
         );
         println!(
-            "{:<6} {:<7} {:<9} {:>14.1} {:>14} {:>7} {:>14.1} {:>14} {:>7}",
+            "{:<6} {:<7} {:<9} {:>5} {:>4} {:>14.1} {:>14} {:>7} {:>14.1} {:>14} {:>7}",
             ours.model,
             ours.preset,
             ours.dtype,
+            ours.batch,
+            ours.bits.map_or("-".into(), |bits| bits.to_string()),
             ours.prompt_tokens_per_s,
             prompt,
             prompt_ratio,
