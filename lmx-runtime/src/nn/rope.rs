@@ -76,7 +76,7 @@ pub fn llama3_periods(dims: i32, base: f64, s: Llama3Scaling) -> Vec<f64> {
             } else {
                 inv_freq
             };
-            let medium = !(wavelen < high_wavelen) && !(wavelen > low_wavelen);
+            let medium = (high_wavelen..=low_wavelen).contains(&wavelen);
             let inv_freq = if medium {
                 let smooth = (s.original_ctx / wavelen - s.low_freq_factor)
                     / (s.high_freq_factor - s.low_freq_factor);
@@ -282,7 +282,11 @@ mod tests {
         let x = mlx_rs::random::normal::<f32>(&[1, 2, 1, 8], None, None, &key)?;
         let scaled = rope_linear(&x, None, 10000.0, 4.0, 12)?;
         let plain = super::super::rope(&x, 8, 10000.0, 3)?;
-        let gap = scaled.subtract(&plain)?.abs()?.max(None)?.item::<f32>();
+        let gap = scaled
+            .subtract(&plain)?
+            .abs()?
+            .max(None)?
+            .item_exact::<f32>();
         assert!(gap < 1e-5, "{gap}");
 
         let scaling = YarnScaling {
@@ -300,7 +304,11 @@ mod tests {
         let head = |a: &Array| super::super::index(a, &rotary_part(0, 4));
         let factor = scaling.attention_factor() as f32;
         let want = head(&x)?.multiply(Array::from_f32(factor))?;
-        let gap = head(&y)?.subtract(&want)?.abs()?.max(None)?.item::<f32>();
+        let gap = head(&y)?
+            .subtract(&want)?
+            .abs()?
+            .max(None)?
+            .item_exact::<f32>();
         assert!(gap < 1e-6, "{gap}");
         Ok(())
     }
