@@ -76,8 +76,7 @@ pub(crate) fn lmx_config(
             out.insert("window".into(), hf.size_or("sliding_window", 4096)?.into());
             out.insert(
                 "query_scale".into(),
-                hf.float_or("query_pre_attn_scalar", head_dim as f64)?
-                    .into(),
+                hf.size_or("query_pre_attn_scalar", head_dim)?.into(),
             );
             hf.one_of(
                 "hidden_activation",
