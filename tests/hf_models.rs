@@ -9,7 +9,9 @@
 //! Checked: lmx's logits equal transformers' within 1e-4 (absolute, float32); an export reloads
 //! with bit-identical tensors and the same logits; bad folders fail with exact messages.
 
-use lmx::models::{gemma, gpt2, llama, mistral, mixtral, mpt};
+use lmx::models::{
+    gemma, gemma2, gemma3_text, gpt2, llama, mistral, mixtral, mpt, phi3, qwen2, qwen3,
+};
 use lmx::runtime::hf::{self, HfFolder};
 use lmx::runtime::mlx_rs::Dtype;
 use lmx::runtime::model::{Context, LanguageModel};
@@ -141,6 +143,79 @@ fn mpt_matches_transformers_and_round_trips() -> Result<()> {
     round_trip::<mpt::Mpt>("mpt", hf::DEFAULT_MAX_SHARD_BYTES)
 }
 
+/// Llama 3.x: Llama 3's RoPE scaling (every band of it) and a tied head.
+#[test]
+fn llama3_matches_transformers_and_round_trips() -> Result<()> {
+    round_trip::<llama::Llama>("llama3", hf::DEFAULT_MAX_SHARD_BYTES)?;
+    cache_matches_full_forward::<llama::Llama>("llama3")
+}
+
+/// Biases on the query, key and value projections.
+#[test]
+fn qwen2_matches_transformers_and_round_trips() -> Result<()> {
+    round_trip::<qwen2::Qwen2>("qwen2", hf::DEFAULT_MAX_SHARD_BYTES)?;
+    cache_matches_full_forward::<qwen2::Qwen2>("qwen2")
+}
+
+/// Q/k norms and a head width of its own.
+#[test]
+fn qwen3_matches_transformers_and_round_trips() -> Result<()> {
+    round_trip::<qwen3::Qwen3>("qwen3", hf::DEFAULT_MAX_SHARD_BYTES)?;
+    cache_matches_full_forward::<qwen3::Qwen3>("qwen3")
+}
+
+/// Soft-capped attention and logits, pre and post norms, alternating sliding and global layers
+/// (a window of 4 over 12 tokens, also across the cache).
+#[test]
+fn gemma2_matches_transformers_and_round_trips() -> Result<()> {
+    round_trip::<gemma2::Gemma2>("gemma2", hf::DEFAULT_MAX_SHARD_BYTES)?;
+    cache_matches_full_forward::<gemma2::Gemma2>("gemma2")
+}
+
+/// Q/k norms, two sliding layers to a global one, per-layer RoPE bases with linear scaling in
+/// the global layer.
+#[test]
+fn gemma3_text_matches_transformers_and_round_trips() -> Result<()> {
+    round_trip::<gemma3_text::Gemma3Text>("gemma3_text", hf::DEFAULT_MAX_SHARD_BYTES)?;
+    cache_matches_full_forward::<gemma3_text::Gemma3Text>("gemma3_text")
+}
+
+/// Fused query-key-value and gate-up projections, a sliding window.
+#[test]
+fn phi3_matches_transformers_and_round_trips() -> Result<()> {
+    round_trip::<phi3::Phi3>("phi3", hf::DEFAULT_MAX_SHARD_BYTES)?;
+    cache_matches_full_forward::<phi3::Phi3>("phi3")
+}
+
+/// Decodes fixture `name`'s tokens with the key-value cache, 1 token, then 5 (queries after
+/// cached keys), then 1 at a time, and checks every position's logits against the full forward
+/// pass (within the transformers tolerance: the cached path is the same computation).
+fn cache_matches_full_forward<M: LanguageModel>(name: &str) -> Result<()> {
+    let dir = fixture(name);
+    let folder = HfFolder::open(&dir)?;
+    let (config, params) = hf::load_model::<M>(&folder, Some(Dtype::Float32))?;
+    let (tokens, _) = reference(&dir);
+    let full = M::forward(&params, &config, &tokens, &mut Context::evaluation())?;
+    let len = tokens.shape()[1];
+    let mut bounds = vec![0, 1, 6];
+    bounds.extend(7..=len);
+    let mut ctx = Context::generation();
+    let mut steps = Vec::new();
+    for pair in bounds.windows(2) {
+        let picked = Array::arange::<_, i32>(pair[0], pair[1], None)?;
+        let part = tokens.take_axis(&picked, 1)?;
+        steps.push(M::forward(&params, &config, &part, &mut ctx)?);
+    }
+    let incremental = lmx::runtime::mlx_rs::ops::concatenate(&steps, 1)?;
+    let error = max_error(&incremental, &full);
+    println!("{name}: cached decoding, max |cached - full| = {error:.2e}");
+    assert!(
+        error <= TOLERANCE,
+        "{name}: cached decoding differs by {error:e}"
+    );
+    Ok(())
+}
+
 /// A copy of fixture `name` in a temporary folder, with `edit` applied to its `config.json`.
 fn edited(name: &str, edit: impl FnOnce(&mut serde_json::Value)) -> tempfile::TempDir {
     let copy = tempfile::tempdir().unwrap();
@@ -174,7 +249,59 @@ fn an_unknown_model_type_names_the_supported_ones() {
     assert_eq!(
         load_error::<gpt2::Gpt2>(dir.path()),
         "DIR/config.json: model_type `bert` is not supported; the supported ones are gpt2, \
-         llama, mistral, mixtral, gemma, mpt"
+         llama, mistral, mixtral, gemma, mpt, qwen2, qwen3, gemma2, gemma3_text, phi3"
+    );
+}
+
+/// The families of issue 24: what their bundled models cannot express is named with its key.
+#[test]
+fn newer_families_name_the_settings_they_cannot_express() {
+    let dir = edited("gemma2", |config| {
+        config["attn_logit_softcapping"] = serde_json::Value::Null
+    });
+    assert_eq!(
+        load_error::<gemma2::Gemma2>(dir.path()),
+        "DIR/config.json: `attn_logit_softcapping` = null: the bundled gemma2 model soft-caps \
+         attention scores and final logits"
+    );
+    let dir = edited("gemma3_text", |config| {
+        config["layer_types"] =
+            serde_json::json!(["full_attention", "sliding_attention", "sliding_attention"])
+    });
+    assert_eq!(
+        load_error::<gemma3_text::Gemma3Text>(dir.path()),
+        "DIR/config.json: `layer_types` = [\"full_attention\",\"sliding_attention\",\
+         \"sliding_attention\"]: the bundled gemma3_text model's global layers repeat at a fixed \
+         period"
+    );
+    let dir = edited("gemma3_text", |config| {
+        config["rope_parameters"]["full_attention"]["rope_type"] = "yarn".into()
+    });
+    assert_eq!(
+        load_error::<gemma3_text::Gemma3Text>(dir.path()),
+        "DIR/config.json: `rope_parameters.full_attention.rope_type` = \"yarn\": the bundled \
+         gemma3_text model's global layers apply RoPE unscaled or linearly scaled, its local \
+         layers unscaled"
+    );
+    let dir = edited("qwen2", |config| config["use_sliding_window"] = true.into());
+    assert_eq!(
+        load_error::<qwen2::Qwen2>(dir.path()),
+        "DIR/config.json: `use_sliding_window` = true: the bundled qwen2 model attends over the \
+         whole context"
+    );
+    let dir = edited("phi3", |config| {
+        config["rope_parameters"]["partial_rotary_factor"] = 0.5.into()
+    });
+    assert_eq!(
+        load_error::<phi3::Phi3>(dir.path()),
+        "DIR/config.json: `rope_parameters.partial_rotary_factor` = 0.5: the bundled phi3 model \
+         rotates every feature of a head"
+    );
+    let dir = edited("phi3", |config| config["tie_word_embeddings"] = true.into());
+    assert_eq!(
+        load_error::<phi3::Phi3>(dir.path()),
+        "DIR/config.json: `tie_word_embeddings` = true: the bundled phi3 model's output head is \
+         its own"
     );
 }
 
@@ -184,15 +311,18 @@ fn settings_the_model_cannot_express_name_the_key_and_value() -> Result<()> {
     let llama: [(Edit, &str); 5] = [
         (
             |config| config["rope_parameters"]["rope_type"] = "linear".into(),
-            "`rope_parameters.rope_type` = \"linear\": the bundled models apply RoPE unscaled",
+            "`rope_parameters.rope_type` = \"linear\": the bundled llama model applies RoPE unscaled or with Llama 3's \
+             scaling (llama3)",
         ),
         (
             |config| config["rope_scaling"] = serde_json::json!({"type": "dynamic", "factor": 2.0}),
-            "`rope_scaling.type` = \"dynamic\": the bundled models apply RoPE unscaled",
+            "`rope_scaling.type` = \"dynamic\": the bundled llama model applies RoPE unscaled or with Llama 3's \
+             scaling (llama3)",
         ),
         (
             |config| config["rope_scaling"] = serde_json::json!({"factor": 2.0}),
-            "`rope_scaling` = {\"factor\":2.0}: the bundled models apply RoPE unscaled",
+            "`rope_scaling` = {\"factor\":2.0}: the bundled llama model applies RoPE unscaled or with Llama 3's \
+             scaling (llama3)",
         ),
         (
             |config| config["attention_bias"] = true.into(),

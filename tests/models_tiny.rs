@@ -2,7 +2,9 @@
 //! shapes and count that `lmx_grammar::report` derives from the `.lmx` file, and a few compiled
 //! training steps on one batch lower the loss.
 
-use lmx::models::{gemma, gpt2, llama, mistral, mixtral, mpt};
+use lmx::models::{
+    gemma, gemma2, gemma3_text, gpt2, llama, mistral, mixtral, mpt, phi3, qwen2, qwen3,
+};
 use lmx::runtime::model::{LanguageModel, TrainingStep};
 use lmx::runtime::state::TrainState;
 use lmx::runtime::step::TrainStep;
@@ -39,15 +41,24 @@ fn parameter_names_shapes_and_counts_match_the_report() -> Result<()> {
     names_match_report::<gemma::Gemma>("gemma.lmx", "tiny")?;
     names_match_report::<mistral::Mistral>("mistral.lmx", "tiny")?;
     names_match_report::<mixtral::Mixtral>("mixtral.lmx", "tiny")?;
-    names_match_report::<mpt::Mpt>("mpt.lmx", "tiny")
+    names_match_report::<mpt::Mpt>("mpt.lmx", "tiny")?;
+    names_match_report::<llama::Llama>("llama.lmx", "tiny-llama3")?;
+    names_match_report::<qwen2::Qwen2>("qwen2.lmx", "tiny")?;
+    names_match_report::<qwen3::Qwen3>("qwen3.lmx", "tiny")?;
+    names_match_report::<gemma2::Gemma2>("gemma2.lmx", "tiny")?;
+    names_match_report::<gemma3_text::Gemma3Text>("gemma3_text.lmx", "tiny")?;
+    names_match_report::<phi3::Phi3>("phi3.lmx", "tiny")
 }
 
-/// Trains 8 compiled steps of `$step` at `tiny` on one fixed batch at rate `$lr` and checks that
+/// Trains 8 compiled steps of `$step` at `tiny` (or `$preset`) on one fixed batch at rate `$lr` and checks that
 /// the loss falls. (A macro: the step's concrete state types carry the bounds `TrainStep` needs.)
 macro_rules! assert_learns {
-    ($step:ty, $lr:expr) => {{
+    ($step:ty, $lr:expr) => {
+        assert_learns!($step, "tiny", $lr)
+    };
+    ($step:ty, $preset:literal, $lr:expr) => {{
         type Model = <$step as TrainingStep>::Model;
-        let config = Model::preset("tiny").expect("every bundled model has a tiny preset");
+        let config = Model::preset($preset).expect("the preset exists");
         let vocab = Model::vocab_size(&config) as i32;
         let optimizer = <$step>::optimizer();
         let mut state = TrainState::new(Model::init(&config, 0)?, &optimizer, 0)?;
@@ -123,4 +134,36 @@ fn mixtral_trains() -> Result<()> {
 fn mpt_trains() -> Result<()> {
     // Lion: unit-size updates, so a smaller rate.
     assert_learns!(mpt::Train, 2e-3)
+}
+
+/// Llama 3's scaled RoPE and tied head.
+#[test]
+fn llama3_trains() -> Result<()> {
+    assert_learns!(llama::Train, "tiny-llama3", 1e-2)
+}
+
+#[test]
+fn qwen2_trains() -> Result<()> {
+    assert_learns!(qwen2::Train, 1e-2)
+}
+
+#[test]
+fn qwen3_trains() -> Result<()> {
+    assert_learns!(qwen3::Train, 1e-2)
+}
+
+/// Through soft-capped attention and logits, over sliding and global layers.
+#[test]
+fn gemma2_trains() -> Result<()> {
+    assert_learns!(gemma2::Train, 1e-2)
+}
+
+#[test]
+fn gemma3_text_trains() -> Result<()> {
+    assert_learns!(gemma3_text::Train, 1e-2)
+}
+
+#[test]
+fn phi3_trains() -> Result<()> {
+    assert_learns!(phi3::Train, 1e-2)
 }

@@ -17,7 +17,7 @@ use lmx::runtime::generate::{generate, Sampling};
 use lmx::runtime::hf::{self, HfFolder};
 use lmx::runtime::mlx_rs::Dtype;
 use lmx::runtime::model::{Context, LanguageModel};
-use lmx::runtime::nn::Quantization;
+use lmx::runtime::nn::{LinearParams, Quantization};
 use lmx::runtime::quant::{self, layout};
 use lmx::runtime::tree::{self, Tree};
 use lmx::runtime::{Array, Error, Result};
@@ -63,7 +63,14 @@ fn a_model_quantized_by_mlx_lm_loads_matches_its_logits_and_generates() -> Resul
     let (config, params) = load(&fixture("llama_q_mlx_lm"))?;
     let q4 = Some(Quantization::new(32, 4)?);
     assert_eq!(params.model.embed_tokens.quantization, q4);
-    assert_eq!(params.lm_head.quantization, Some(Quantization::new(64, 8)?));
+    assert_eq!(
+        params
+            .lm_head
+            .as_ref()
+            .expect("an untied head")
+            .quantization,
+        Some(Quantization::new(64, 8)?)
+    );
     let layer0 = &params.model.layers[0];
     assert_eq!(layer0.self_attn.v_proj.quantization, q4);
     assert_eq!(layer0.mlp.down_proj.quantization, None, "rows of 172");
@@ -109,11 +116,12 @@ fn a_model_quantized_by_lmx_round_trips_in_mlx_lm_layout() -> Result<()> {
     let eight = Quantization::new(64, 8)?;
     // 32 columns: not a multiple of 64, so the head takes groups of 32 in 8 bits.
     let head = Quantization::new(32, 8)?;
-    let (w, s, b) = quant::quantize_weight("lm_head", &params.lm_head.weight, head)?;
-    params.lm_head.weight = w;
-    params.lm_head.scales = Some(s);
-    params.lm_head.biases = Some(b);
-    params.lm_head.quantization = Some(head);
+    let lm_head = params.lm_head.as_mut().expect("an untied head");
+    let (w, s, b) = quant::quantize_weight("lm_head", &lm_head.weight, head)?;
+    lm_head.weight = w;
+    lm_head.scales = Some(s);
+    lm_head.biases = Some(b);
+    lm_head.quantization = Some(head);
     let report = quant::quantize_tree(&mut params, Quantization::new(32, 4)?)?;
     assert_eq!(report.skipped, ["lm_head"]);
     assert_eq!(report.quantized.len(), 1 + 2 * 7);
@@ -182,9 +190,10 @@ fn a_model_quantized_by_lmx_round_trips_in_mlx_lm_layout() -> Result<()> {
 }
 
 /// mlx-lm saves a tied model without `lm_head` (its head is `embed_tokens.as_linear`): lmx's
-/// untied head is then read from the quantized embedding, packed weight, scales and biases.
+/// LLaMA then ties its head too, the quantized embedding (packed weight, scales and biases)
+/// serving as the head, as an untied head holding a copy of it would.
 #[test]
-fn a_tied_quantized_model_reads_its_head_from_the_quantized_embedding() -> Result<()> {
+fn a_tied_quantized_model_uses_the_quantized_embedding_as_its_head() -> Result<()> {
     let dir = edited(|config| {
         config["tie_word_embeddings"] = true.into();
         for key in ["quantization", "quantization_config"] {
@@ -205,22 +214,24 @@ fn a_tied_quantized_model_reads_its_head_from_the_quantized_embedding() -> Resul
     std::fs::rename(&edited_file, &weights).unwrap();
 
     let (config, params) = load(dir.path())?;
-    let (head, embed) = (&params.lm_head, &params.model.embed_tokens);
-    assert_eq!(head.quantization, Some(Quantization::new(32, 4)?));
-    assert!(head.weight.eq_values(&embed.weight)?);
-    assert!(head
-        .scales
-        .as_ref()
-        .unwrap()
-        .eq_values(embed.scales.as_ref().unwrap())?);
-    assert!(head
-        .biases
-        .as_ref()
-        .unwrap()
-        .eq_values(embed.biases.as_ref().unwrap())?);
+    assert!(config.tie && params.lm_head.is_none());
+    let embed = &params.model.embed_tokens;
+    assert_eq!(embed.quantization, Some(Quantization::new(32, 4)?));
     let (tokens, _, _) = io();
     let logits = Llama::forward(&params, &config, &tokens, &mut Context::evaluation())?;
     assert_eq!(logits.shape(), &[2, 8, 256]);
+
+    let mut untied_config = config.clone();
+    untied_config.tie = false;
+    let mut untied = params.clone();
+    untied.lm_head = Some(LinearParams {
+        scales: embed.scales.clone(),
+        biases: embed.biases.clone(),
+        quantization: embed.quantization,
+        ..LinearParams::new(embed.weight.clone(), None)
+    });
+    let copied = Llama::forward(&untied, &untied_config, &tokens, &mut Context::evaluation())?;
+    assert!(logits.eq_values(&copied)?, "the tied head is the embedding");
     Ok(())
 }
 

@@ -66,6 +66,27 @@ fn mistral_mixtral_mpt_published_counts() {
     assert_eq!(count("mpt.lmx", "7b"), 6_649_286_656);
 }
 
+/// The families of issue 24 at their published sizes. Each expected count is what transformers'
+/// own model class holds for the model's published `config.json` (built on the meta device and
+/// counted with a tied head once; the values the model cards round: Llama 3.2 1B 1.24B, 3B
+/// 3.21B, Llama 3.1 8B 8.03B, Qwen2.5 0.49B and 7.61B, Qwen3 0.6B and 8.2B, Gemma 2 2.61B and
+/// 9.24B, Gemma 3 1B 1.0B and 4B 3.88B of text, Phi-3-mini 3.8B).
+#[test]
+fn newer_families_published_counts() {
+    assert_eq!(count("llama.lmx", "llama-3.2-1b"), 1_235_814_400);
+    assert_eq!(count("llama.lmx", "llama-3.2-3b"), 3_212_749_824);
+    assert_eq!(count("llama.lmx", "llama-3.1-8b"), 8_030_261_248);
+    assert_eq!(count("qwen2.lmx", "qwen2.5-0.5b"), 494_032_768);
+    assert_eq!(count("qwen2.lmx", "qwen2.5-7b"), 7_615_616_512);
+    assert_eq!(count("qwen3.lmx", "qwen3-0.6b"), 596_049_920);
+    assert_eq!(count("qwen3.lmx", "qwen3-8b"), 8_190_735_360);
+    assert_eq!(count("gemma2.lmx", "gemma-2-2b"), 2_614_341_888);
+    assert_eq!(count("gemma2.lmx", "gemma-2-9b"), 9_241_705_984);
+    assert_eq!(count("gemma3_text.lmx", "gemma-3-1b"), 999_885_952);
+    assert_eq!(count("gemma3_text.lmx", "gemma-3-4b"), 3_880_263_168);
+    assert_eq!(count("phi3.lmx", "phi-3-mini"), 3_821_079_552);
+}
+
 #[test]
 fn gpt2_names_shapes_and_costs() {
     let r = report_of("gpt2.lmx", "124m");

@@ -5,7 +5,9 @@
 use super::run_file::RunFile;
 use super::tokenizer::TRAINED_FILE;
 use clap::Args;
-use lmx::models::{gemma, gpt2, llama, mistral, mixtral, mpt};
+use lmx::models::{
+    gemma, gemma2, gemma3_text, gpt2, llama, mistral, mixtral, mpt, phi3, qwen2, qwen3,
+};
 use lmx::runtime::checkpoint::MODEL_FILE;
 use lmx::runtime::hf::{self, Family, HfFolder, CONFIG_FILE};
 use lmx::runtime::mlx_rs::Dtype;
@@ -122,6 +124,11 @@ pub fn run(args: QuantizeArgs) -> anyhow::Result<()> {
         mistral::Mistral::NAME => quantize::<mistral::Mistral>(request),
         mixtral::Mixtral::NAME => quantize::<mixtral::Mixtral>(request),
         mpt::Mpt::NAME => quantize::<mpt::Mpt>(request),
+        qwen2::Qwen2::NAME => quantize::<qwen2::Qwen2>(request),
+        qwen3::Qwen3::NAME => quantize::<qwen3::Qwen3>(request),
+        gemma2::Gemma2::NAME => quantize::<gemma2::Gemma2>(request),
+        gemma3_text::Gemma3Text::NAME => quantize::<gemma3_text::Gemma3Text>(request),
+        phi3::Phi3::NAME => quantize::<phi3::Phi3>(request),
         other => anyhow::bail!("{other} models have no Hugging Face layout to write"),
     }
 }

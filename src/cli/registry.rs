@@ -108,7 +108,9 @@ impl Registry {
 
     /// The bundled models of `models/`: what the stock `lmx` binary knows.
     pub fn bundled() -> Registry {
-        use lmx::models::{gemma, gpt2, llama, mistral, mixtral, mpt};
+        use lmx::models::{
+            gemma, gemma2, gemma3_text, gpt2, llama, mistral, mixtral, mpt, phi3, qwen2, qwen3,
+        };
         Registry::new()
             .sources(lmx::models::SOURCES)
             .model::<gpt2::Train>()
@@ -117,6 +119,11 @@ impl Registry {
             .model::<mistral::Train>()
             .model::<mixtral::Train>()
             .model::<mpt::Train>()
+            .model::<qwen2::Train>()
+            .model::<qwen3::Train>()
+            .model::<gemma2::Train>()
+            .model::<gemma3_text::Train>()
+            .model::<phi3::Train>()
     }
 
     /// Adds the model that training step `S` trains, under its name: a `.lmx` model's generated

@@ -106,6 +106,19 @@ macro_rules! binary {
     };
 }
 
+/// The rotated width of a RoPE call as `Option<i32>`: `None` (the whole head) when left out.
+fn rope_dims(
+    c: &mut crate::codegen::LowerCx<'_, '_, '_>,
+    i: usize,
+) -> crate::codegen::R<proc_macro2::TokenStream> {
+    Ok(if c.given(i) {
+        let dims = c.i32(i)?;
+        quote!(Some(#dims))
+    } else {
+        quote!(None)
+    })
+}
+
 /// Every built-in function, in the order the documentation lists them.
 pub static TABLE: &[Builtin] = &[
     unary!("gelu", r::Out::Float, None, "GELU (the exact, erf form)", |x| quote!(nn::gelu(#x)?)),
@@ -501,6 +514,7 @@ pub static TABLE: &[Builtin] = &[
             p("window", Slot::Int, Absent),
             p("scale", Slot::Float, Absent),
             p("bias", Tensor, Absent),
+            p("softcap", Slot::Float, Absent),
         ],
             rule: r::attention,
             lower: |c| {
@@ -524,15 +538,21 @@ pub static TABLE: &[Builtin] = &[
             } else {
                 quote!(None)
             };
+            let softcap = if c.given(7) {
+                let cap = c.f32(7)?;
+                quote!(Some(#cap))
+            } else {
+                quote!(None)
+            };
             let pass = c.attend_pass();
             Ok(c.tensor(quote!(
-                #pass.attend(#q, #k, #v, nn::AttentionOptions { causal: #causal, scale: #scale, window: #window, bias: #bias })?
+                #pass.attend(#q, #k, #v, nn::AttentionOptions { causal: #causal, scale: #scale, window: #window, bias: #bias, softcap: #softcap })?
             )))
         },
         }),
         statik: None,
         result: "`[B, heads, T, head_dim]` of `q`'s shape and `v`'s width",
-        doc: "scaled dot-product attention over `[B, heads, T, head_dim]` inputs (fused; grouped-query when `k` has fewer heads; reads and extends the KV cache in generation)",
+        doc: "scaled dot-product attention over `[B, heads, T, head_dim]` inputs (fused; grouped-query when `k` has fewer heads; reads and extends the KV cache in generation); `softcap` caps the scaled scores as `softcap` does before the mask (Gemma 2)",
     },
     Builtin {
         name: "rope",
@@ -542,13 +562,18 @@ pub static TABLE: &[Builtin] = &[
             p("x", Tensor, Required),
             p("base", Slot::Float, Float(10000.0)),
             p("dims", Slot::Int, Absent),
+            p("factor", Slot::Float, Float(1.0)),
         ],
-            rule: r::rope,
+            rule: |c| r::rope(c, 2, &[3]),
             lower: |c| {
             let x = c.tensor_ref(0)?;
             let base = c.f32(1)?;
             let offset = c.offset();
-            if c.given(2) {
+            if c.given(3) {
+                let dims = rope_dims(c, 2)?;
+                let factor = c.f32(3)?;
+                Ok(c.tensor(quote!(nn::rope_linear(#x, #dims, #base, #factor, #offset)?)))
+            } else if c.given(2) {
                 let dims = c.i32(2)?;
                 Ok(c.tensor(quote!(nn::rope(#x, #dims, #base, #offset)?)))
             } else {
@@ -558,7 +583,76 @@ pub static TABLE: &[Builtin] = &[
         }),
         statik: None,
         result: "same shape, rank 4",
-        doc: "rotary position embedding of the first `dims` features (all when left out; partial rotary otherwise), positions after the cache",
+        doc: "rotary position embedding of the first `dims` features (all when left out; partial rotary otherwise), positions after the cache, divided by `factor` (linear scaling)",
+    },
+    Builtin {
+        name: "rope_llama3",
+        site: Site::Anywhere,
+        tensor: Some(TensorForm {
+            params: &[
+            p("x", Tensor, Required),
+            p("base", Slot::Float, Required),
+            p("factor", Slot::Float, Required),
+            p("low_freq_factor", Slot::Float, Required),
+            p("high_freq_factor", Slot::Float, Required),
+            p("original_ctx", Slot::Int, Required),
+            p("dims", Slot::Int, Absent),
+        ],
+            rule: r::rope_llama3,
+            lower: |c| {
+            let x = c.tensor_ref(0)?;
+            let base = c.f32(1)?;
+            let [factor, low, high, original] = [c.f32(2)?, c.f32(3)?, c.f32(4)?, c.f32(5)?];
+            let dims = rope_dims(c, 6)?;
+            let offset = c.offset();
+            Ok(c.tensor(quote!(nn::rope_llama3(#x, #dims, #base, nn::Llama3Scaling {
+                factor: f64::from(#factor),
+                low_freq_factor: f64::from(#low),
+                high_freq_factor: f64::from(#high),
+                original_ctx: f64::from(#original),
+            }, #offset)?)))
+        },
+        }),
+        statik: None,
+        result: "same shape, rank 4",
+        doc: "rotary position embedding with Llama 3's frequency scaling (`rope_type: \"llama3\"`)",
+    },
+    Builtin {
+        name: "rope_yarn",
+        site: Site::Anywhere,
+        tensor: Some(TensorForm {
+            params: &[
+            p("x", Tensor, Required),
+            p("base", Slot::Float, Required),
+            p("factor", Slot::Float, Required),
+            p("original_ctx", Slot::Int, Required),
+            p("beta_fast", Slot::Float, Float(32.0)),
+            p("beta_slow", Slot::Float, Float(1.0)),
+            p("mscale", Slot::Float, Float(1.0)),
+            p("mscale_all_dim", Slot::Float, Float(0.0)),
+            p("dims", Slot::Int, Absent),
+        ],
+            rule: r::rope_yarn,
+            lower: |c| {
+            let x = c.tensor_ref(0)?;
+            let base = c.f32(1)?;
+            let [factor, original, fast, slow, mscale, all] =
+                [c.f32(2)?, c.f32(3)?, c.f32(4)?, c.f32(5)?, c.f32(6)?, c.f32(7)?];
+            let dims = rope_dims(c, 8)?;
+            let offset = c.offset();
+            Ok(c.tensor(quote!(nn::rope_yarn(#x, #dims, #base, nn::YarnScaling {
+                factor: f64::from(#factor),
+                original_ctx: f64::from(#original),
+                beta_fast: f64::from(#fast),
+                beta_slow: f64::from(#slow),
+                mscale: f64::from(#mscale),
+                mscale_all_dim: f64::from(#all),
+            }, #offset)?)))
+        },
+        }),
+        statik: None,
+        result: "same shape, rank 4",
+        doc: "rotary position embedding with YaRN's frequency scaling and attention factor (`rope_type: \"yarn\"`)",
     },
     Builtin {
         name: "alibi",

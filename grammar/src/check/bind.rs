@@ -29,6 +29,11 @@ impl RuleCx<'_, '_> {
         self.args[i].is_some()
     }
 
+    /// The name of parameter `i`.
+    pub fn param_name(&self, i: usize) -> &'static str {
+        self.form.params[i].name
+    }
+
     /// The argument expression of parameter `i`.
     pub fn expr(&self, i: usize) -> Option<&Expr> {
         self.args[i].as_ref().map(|(e, _)| *e)

@@ -674,6 +674,9 @@ pub fn attention(c: &mut RuleCx<'_, '_>) -> Ty {
             return Ty::Unknown;
         }
     }
+    if !positive_literal(c, 7) {
+        return Ty::Unknown;
+    }
     let causal = c.flag(3).unwrap_or(false);
     let site = AttentionSite {
         heads: sq[1].clone(),
@@ -688,8 +691,9 @@ pub fn attention(c: &mut RuleCx<'_, '_>) -> Ty {
     Ty::Tensor(TensorTy::new(q.dtype, shape, c.span))
 }
 
-/// `rope(x, base, dims)`: rank 4; `dims` even and at most the head width.
-pub fn rope(c: &mut RuleCx<'_, '_>) -> Ty {
+/// `rope(x, base, dims, factor)`: rank 4; `dims` (parameter `dims`) even and at most the head
+/// width; the parameters `positive` positive numbers where they are literals.
+pub fn rope(c: &mut RuleCx<'_, '_>, dims: usize, positive: &[usize]) -> Ty {
     let Some(x) = c.tensor(0) else {
         return Ty::Unknown;
     };
@@ -697,24 +701,78 @@ pub fn rope(c: &mut RuleCx<'_, '_>) -> Ty {
         c.rank_error("[B, heads, T, head_dim]", &x);
         return Ty::Unknown;
     }
-    if let (Some(dims), Some(width)) = (
-        c.given(2).then(|| c.constant(2)).flatten(),
-        x.shape.as_ref().and_then(|s| s[3].as_constant()),
-    ) {
-        if dims < 2 || dims % 2 != 0 || dims > width {
-            let span = c.arg_span(2);
+    if let Some(n) = c.given(dims).then(|| c.constant(dims)).flatten() {
+        let width = x.shape.as_ref().and_then(|s| s[3].as_constant());
+        if n < 2 || n % 2 != 0 || width.is_some_and(|w| n > w) {
+            let span = c.arg_span(dims);
+            let name = c.name;
+            let width = width.map_or("head width".to_string(), |w| format!("head width {w}"));
             c.error(Diagnostic::new(
                 "lmx::call::argument_range",
-                format!(
-                    "`dims` of `rope` must be even, from 2 to the head width {width}; found {dims}"
-                ),
+                format!("`dims` of `{name}` must be even, from 2 to the {width}; found {n}"),
                 span,
                 "out of range",
             ));
             return Ty::Unknown;
         }
     }
+    for &i in positive {
+        if !positive_literal(c, i) {
+            return Ty::Unknown;
+        }
+    }
     tensor(x, c.span)
+}
+
+/// `rope_llama3(x, base, factor, low_freq_factor, high_freq_factor, original_ctx, dims)`:
+/// as `rope`, its scaling settings positive and `low_freq_factor < high_freq_factor` (the
+/// smooth band between the two wavelengths is otherwise empty or reversed).
+pub fn rope_llama3(c: &mut RuleCx<'_, '_>) -> Ty {
+    let ty = rope(c, 6, &[1, 2, 3, 4, 5]);
+    let (low, high) = (
+        c.expr(3).and_then(literal_number),
+        c.expr(4).and_then(literal_number),
+    );
+    if let (Some(low), Some(high)) = (low, high) {
+        if low >= high {
+            let span = c.arg_span(4);
+            c.error(Diagnostic::new(
+                "lmx::call::argument_range",
+                format!(
+                    "`high_freq_factor` of `rope_llama3` must exceed `low_freq_factor`; found {high} and {low}"
+                ),
+                span,
+                "not above low_freq_factor",
+            ));
+            return Ty::Unknown;
+        }
+    }
+    ty
+}
+
+/// `rope_yarn(x, base, factor, original_ctx, beta_fast, beta_slow, mscale, mscale_all_dim,
+/// dims)`: as `rope`, its base, factor, context and betas positive.
+pub fn rope_yarn(c: &mut RuleCx<'_, '_>) -> Ty {
+    rope(c, 8, &[1, 2, 3, 4, 5])
+}
+
+/// Whether parameter `i` is not a literal or is a finite positive one; reports it otherwise.
+fn positive_literal(c: &mut RuleCx<'_, '_>, i: usize) -> bool {
+    let Some(value) = c.expr(i).and_then(literal_number) else {
+        return true;
+    };
+    if value > 0.0 && value.is_finite() {
+        return true;
+    }
+    let span = c.arg_span(i);
+    let (name, param) = (c.name, c.param_name(i));
+    c.error(Diagnostic::new(
+        "lmx::call::argument_range",
+        format!("`{param}` of `{name}` must be a positive number"),
+        span,
+        "not positive",
+    ));
+    false
 }
 
 /// `alibi(heads, len)`: `[heads, len, len]`.

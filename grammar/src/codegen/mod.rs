@@ -71,8 +71,11 @@ pub fn generate_module(model: &CheckedModel, doc: &str) -> Result<TokenStream, V
         doc.to_string()
     };
     let lines = doc.lines().map(|l| format!(" {l}"));
+    // A guarded parameter is the place `(*field.as_ref().ok_or_else(..)?)` (`forward::guarded`),
+    // which each use borrows as it borrows an unguarded one: `&(*..)` is then intended.
     Ok(quote! {
         #(#[doc = #lines])*
+        #[allow(clippy::borrow_deref_ref)]
         pub mod #name { #items }
     })
 }

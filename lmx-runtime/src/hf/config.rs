@@ -63,6 +63,11 @@ impl<'a> ConfigReader<'a> {
         self.object.get(key).filter(|value| !value.is_null())
     }
 
+    /// Whether `key` is present and null (transformers' way of turning a feature off).
+    pub(crate) fn object_has_null(&self, key: &str) -> bool {
+        matches!(self.object.get(key), Some(Value::Null))
+    }
+
     /// A required integer of at least 1.
     pub(crate) fn size(&self, key: &str) -> Result<i64, HfError> {
         match self.get(key) {
@@ -127,23 +132,74 @@ fn same(a: &Value, b: &Value) -> bool {
 }
 
 /// RoPE settings: the base, and a failure for any scaling (`rope_scaling`, or transformers 5's
-/// `rope_parameters` with a type other than `default`), which the bundled models do not apply.
+/// `rope_parameters` with a type other than `default`), which the model does not apply.
 pub(crate) fn rope_base(config: &ConfigReader, default: f64) -> Result<f64, HfError> {
-    const REASON: &str = "the bundled models apply RoPE unscaled";
-    // transformers 4 writes `rope_scaling` (its kind as `rope_type`, or `type` before 4.45).
-    let scaling = config.nested("rope_scaling")?;
-    scaling.one_of("rope_type", &["default"], REASON)?;
-    scaling.one_of("type", &["default"], REASON)?;
-    if let Some(scaling) = config.get("rope_scaling") {
-        let kind = ["rope_type", "type"]
-            .iter()
-            .find_map(|key| scaling.get(*key));
-        if kind.is_none() {
-            return Err(config.error("rope_scaling", scaling, REASON));
-        }
-    }
+    rope(
+        config,
+        default,
+        &[],
+        "the bundled models apply RoPE unscaled",
+    )
+    .map(|rope| rope.base)
+}
+
+/// RoPE settings that a model may scale: the base, the scaling's kind (`"default"` for none)
+/// and the object that holds its parameters.
+pub(crate) struct Rope<'a> {
+    pub(crate) base: f64,
+    pub(crate) kind: String,
+    pub(crate) params: ConfigReader<'a>,
+}
+
+/// The RoPE settings of `config` (transformers 5's `rope_parameters`, or 4's `rope_theta` and
+/// `rope_scaling`), failing with `reason` unless the scaling's kind is `default` or in `kinds`.
+pub(crate) fn rope<'a>(
+    config: &ConfigReader<'a>,
+    default: f64,
+    kinds: &[&str],
+    reason: &str,
+) -> Result<Rope<'a>, HfError> {
+    // transformers 5 writes `rope_parameters` (the base in it); transformers 4 `rope_theta` and,
+    // when scaled, `rope_scaling`, which then decides.
     let parameters = config.nested("rope_parameters")?;
-    parameters.one_of("rope_type", &["default"], REASON)?;
-    let base = config.float_or("rope_theta", default)?;
-    parameters.float_or("rope_theta", base)
+    let base = parameters.float_or("rope_theta", config.float_or("rope_theta", default)?)?;
+    let params = match config.get("rope_scaling") {
+        Some(scaling) => {
+            let params = config.nested("rope_scaling")?;
+            if params.get("type").is_none() && params.get("rope_type").is_none() {
+                return Err(config.error("rope_scaling", scaling, reason));
+            }
+            params
+        }
+        None => parameters,
+    };
+    rope_in(params, base, kinds, reason)
+}
+
+/// The RoPE settings held by one object (`rope_parameters`, or one layer kind's entry of it):
+/// its `rope_theta` (`default` when absent) and kind, which must be `default` or in `kinds`.
+pub(crate) fn rope_in<'a>(
+    params: ConfigReader<'a>,
+    default: f64,
+    kinds: &[&str],
+    reason: &str,
+) -> Result<Rope<'a>, HfError> {
+    // transformers 4 names the kind `type` before 4.45.
+    let kind_key = if params.get("type").is_some() && params.get("rope_type").is_none() {
+        "type"
+    } else {
+        "rope_type"
+    };
+    let kind = match params.get(kind_key) {
+        Some(kind) => kind
+            .as_str()
+            .ok_or_else(|| params.error(kind_key, kind, "must be a string"))?
+            .to_owned(),
+        None => "default".to_owned(),
+    };
+    if kind != "default" && !kinds.contains(&kind.as_str()) {
+        return Err(params.error(kind_key, &Value::String(kind), reason));
+    }
+    let base = params.float_or("rope_theta", default)?;
+    Ok(Rope { base, kind, params })
 }

@@ -6,7 +6,7 @@
 //! cannot express is an error naming it; settings that only matter to transformers' training
 //! (dropout rates, initialisation ranges, token ids) are not the model's and are not read.
 
-use super::config::{rope_base, ConfigReader};
+use super::config::{rope, rope_base, ConfigReader};
 use super::error::{HfError, Inexpressible};
 use serde_json::{json, Map, Value};
 use std::path::Path;
@@ -26,16 +26,31 @@ pub enum Family {
     Gemma,
     /// `mpt`: `models/mpt.lmx`.
     Mpt,
+    /// `qwen2`: `models/qwen2.lmx`.
+    Qwen2,
+    /// `qwen3`: `models/qwen3.lmx`.
+    Qwen3,
+    /// `gemma2`: `models/gemma2.lmx`.
+    Gemma2,
+    /// `gemma3_text`: `models/gemma3_text.lmx`.
+    Gemma3Text,
+    /// `phi3`: `models/phi3.lmx`.
+    Phi3,
 }
 
 /// Every family, in the order errors list them.
-pub const FAMILIES: [Family; 6] = [
+pub const FAMILIES: [Family; 11] = [
     Family::Gpt2,
     Family::Llama,
     Family::Mistral,
     Family::Mixtral,
     Family::Gemma,
     Family::Mpt,
+    Family::Qwen2,
+    Family::Qwen3,
+    Family::Gemma2,
+    Family::Gemma3Text,
+    Family::Phi3,
 ];
 
 /// GPT-2's `Conv1D` layers, whose weights transformers stores `[in, out]` (MLX's are `[out, in]`).
@@ -56,6 +71,11 @@ impl Family {
             Family::Mixtral => "mixtral",
             Family::Gemma => "gemma",
             Family::Mpt => "mpt",
+            Family::Qwen2 => "qwen2",
+            Family::Qwen3 => "qwen3",
+            Family::Gemma2 => "gemma2",
+            Family::Gemma3Text => "gemma3_text",
+            Family::Phi3 => "phi3",
         }
     }
 
@@ -73,6 +93,11 @@ impl Family {
             Family::Mixtral => "MixtralForCausalLM",
             Family::Gemma => "GemmaForCausalLM",
             Family::Mpt => "MptForCausalLM",
+            Family::Qwen2 => "Qwen2ForCausalLM",
+            Family::Qwen3 => "Qwen3ForCausalLM",
+            Family::Gemma2 => "Gemma2ForCausalLM",
+            Family::Gemma3Text => "Gemma3ForCausalLM",
+            Family::Phi3 => "Phi3ForCausalLM",
         }
     }
 
@@ -99,7 +124,10 @@ impl Family {
     /// Whether the output head shares the token embedding in `config.json`; transformers then
     /// leaves `lm_head.weight` out of the checkpoint.
     pub(crate) fn tied(self, config: &Value) -> bool {
-        let default = matches!(self, Family::Gpt2 | Family::Gemma | Family::Mpt);
+        let default = matches!(
+            self,
+            Family::Gpt2 | Family::Gemma | Family::Mpt | Family::Gemma2 | Family::Gemma3Text
+        );
         config
             .get("tie_word_embeddings")
             .and_then(Value::as_bool)
@@ -169,7 +197,14 @@ impl Family {
                 );
                 set("d_ff", hf.size_or("intermediate_size", 11008)?.into());
                 set("eps", hf.float_or("rms_norm_eps", 1e-6)?.into());
-                set("rope_base", rope_base(&hf, rope_default)?.into());
+                if self == Family::Llama {
+                    for (key, value) in llama_rope(&hf)? {
+                        set(key, value);
+                    }
+                    set("tie", self.tied(config).into());
+                } else {
+                    set("rope_base", rope_base(&hf, rope_default)?.into());
+                }
                 hf.one_of(
                     "hidden_act",
                     &["silu"],
@@ -253,6 +288,9 @@ impl Family {
                     "the bundled gemma model's projections have no bias",
                 )?;
                 require_tied(&hf, true, "gemma")?;
+            }
+            Family::Qwen2 | Family::Qwen3 | Family::Gemma2 | Family::Gemma3Text | Family::Phi3 => {
+                return super::newer::lmx_config(self, &hf, self.tied(config));
             }
             Family::Mpt => {
                 set("vocab", hf.size_or("vocab_size", 50368)?.into());
@@ -348,6 +386,21 @@ impl Family {
                 });
                 let object = config.as_object_mut().expect("an object");
                 match self {
+                    Family::Llama => {
+                        object.insert("tie_word_embeddings".into(), get("tie"));
+                        if get("rope_scaling").as_str() == Some("llama3") {
+                            object.insert(
+                                "rope_scaling".into(),
+                                json!({
+                                    "rope_type": "llama3",
+                                    "factor": get("rope_factor"),
+                                    "low_freq_factor": get("rope_low_freq"),
+                                    "high_freq_factor": get("rope_high_freq"),
+                                    "original_max_position_embeddings": get("rope_original_ctx"),
+                                }),
+                            );
+                        }
+                    }
                     Family::Mistral => {
                         let global_every = get("global_every");
                         if global_every.as_i64() != Some(0) {
@@ -389,6 +442,9 @@ impl Family {
                 "attention_bias": false,
                 "tie_word_embeddings": true,
             }),
+            Family::Qwen2 | Family::Qwen3 | Family::Gemma2 | Family::Gemma3Text | Family::Phi3 => {
+                super::newer::hf_config(self, lmx)?
+            }
             Family::Mpt => json!({
                 "vocab_size": get("vocab"),
                 "max_seq_len": get("ctx"),
@@ -461,10 +517,13 @@ impl Family {
         }
         match self {
             Family::Gpt2 => stored.ends_with(".attn.bias") || stored.ends_with(".attn.masked_bias"),
-            Family::Llama | Family::Mistral | Family::Mixtral => {
-                stored.ends_with(".rotary_emb.inv_freq")
-            }
-            Family::Gemma | Family::Mpt => false,
+            Family::Llama
+            | Family::Mistral
+            | Family::Mixtral
+            | Family::Qwen2
+            | Family::Qwen3
+            | Family::Phi3 => stored.ends_with(".rotary_emb.inv_freq"),
+            Family::Gemma | Family::Mpt | Family::Gemma2 | Family::Gemma3Text => false,
         }
     }
 }
@@ -476,4 +535,34 @@ fn require_tied(hf: &ConfigReader, tied: bool, model: &str) -> Result<(), HfErro
         tied.into(),
         &format!("the bundled {model} model's output head is the token embedding"),
     )
+}
+
+/// Llama's RoPE settings: the base, and Llama 3's frequency scaling when `config.json` asks for it.
+fn llama_rope(hf: &ConfigReader) -> Result<Vec<(&'static str, Value)>, HfError> {
+    let rope = rope(
+        hf,
+        10000.0,
+        &["llama3"],
+        "the bundled llama model applies RoPE unscaled or with Llama 3's scaling (llama3)",
+    )?;
+    let mut settings = vec![("rope_base", rope.base.into())];
+    if rope.kind == "llama3" {
+        let p = &rope.params;
+        settings.extend([
+            ("rope_scaling", "llama3".into()),
+            ("rope_factor", p.float_or("factor", 8.0)?.into()),
+            ("rope_low_freq", p.float_or("low_freq_factor", 1.0)?.into()),
+            (
+                "rope_high_freq",
+                p.float_or("high_freq_factor", 4.0)?.into(),
+            ),
+            (
+                "rope_original_ctx",
+                p.size_or("original_max_position_embeddings", 8192)?.into(),
+            ),
+        ]);
+    } else {
+        settings.push(("rope_scaling", "off".into()));
+    }
+    Ok(settings)
 }

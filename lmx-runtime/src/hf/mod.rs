@@ -22,6 +22,7 @@ mod export;
 mod family;
 mod load;
 mod model;
+mod newer;
 mod tokenizer_config;
 mod weights;
 

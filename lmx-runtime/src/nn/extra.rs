@@ -211,6 +211,9 @@ pub struct AttentionOptions<'a> {
     pub window: Option<i32>,
     /// An additive bias broadcast against the scores `[B, heads, T_q, T_k]` (ALiBi).
     pub bias: Option<&'a Array>,
+    /// The scaled scores are soft-capped to `(-cap, cap)` before the mask and softmax
+    /// (Gemma 2's `attn_logit_softcapping`).
+    pub softcap: Option<f32>,
 }
 
 /// Attention of layer `layer` over `[B, heads, T, head_dim]` queries, keys and values.
@@ -219,7 +222,8 @@ pub struct AttentionOptions<'a> {
 /// is folded into the queries). Attention with a window, a bias or without the causal mask runs
 /// MLX's fused kernel with an explicit mask over every key the queries see: during generation the
 /// cached keys and this call's ([`Context::keys_values`]), the queries being the last positions.
-/// A bias must then cover those keys: `[.., T_q, T_k]` (see [`alibi`]'s `start`).
+/// A bias must then cover those keys: `[.., T_q, T_k]` (see [`alibi`]'s `start`). Soft-capped
+/// scores have no fused kernel: that attention is computed in its parts ([`softcapped_attention`]).
 pub fn attend(
     ctx: &mut Context,
     layer: usize,
@@ -230,7 +234,11 @@ pub fn attend(
 ) -> Result<Array> {
     let head_dim = q.shape()[q.ndim() - 1] as f32;
     let scale = options.scale.unwrap_or(1.0 / head_dim.sqrt());
-    if options.causal && options.window.is_none() && options.bias.is_none() {
+    if options.causal
+        && options.window.is_none()
+        && options.bias.is_none()
+        && options.softcap.is_none()
+    {
         let factor = scale * head_dim.sqrt();
         if (factor - 1.0).abs() <= 1e-6 {
             return ctx.attend(layer, q, k, v);
@@ -245,10 +253,43 @@ pub fn attend(
         let open = mask.unwrap_or(literal(0.0, q)?);
         mask = Some(ops::select(&padding, &open, &minus_inf)?);
     }
+    if let Some(cap) = options.softcap {
+        return softcapped_attention(q, &k, &v, scale, cap, mask.as_ref());
+    }
     let mask = mask.as_ref().map(ScaledDotProductAttentionMask::Array);
     Ok(fast::scaled_dot_product_attention(
         q, &k, &v, scale, mask, None,
     )?)
+}
+
+/// `softmax(softcap(scale q k^T, cap) + mask) v` over `[B, heads, T, head_dim]` inputs, keys and
+/// values with fewer heads shared by groups of query heads, the softmax in float32 precision
+/// (as transformers' eager attention of Gemma 2 computes it).
+pub fn softcapped_attention(
+    q: &Array,
+    k: &Array,
+    v: &Array,
+    scale: f32,
+    cap: f32,
+    mask: Option<&Array>,
+) -> Result<Array> {
+    let (b, heads, q_len) = (q.shape()[0], q.shape()[1], q.shape()[2]);
+    let kv_heads = k.shape()[1];
+    let groups = heads / kv_heads;
+    // Query heads `g * groups .. (g + 1) * groups` share key head `g`: a group axis lets the
+    // keys broadcast instead of being repeated.
+    let q = q.reshape(&[b, kv_heads, groups, q_len, q.shape()[3]])?;
+    let (k, v) = (k.expand_dims(2)?, v.expand_dims(2)?);
+    let scores = q
+        .multiply(literal(f64::from(scale), &q)?)?
+        .matmul(&k.swap_axes(-1, -2)?)?;
+    let mut scores = softcap(&scores, cap)?;
+    if let Some(mask) = mask {
+        scores = scores.add(mask)?;
+    }
+    let weights = ops::softmax_axis(&scores, -1, true)?;
+    let out = weights.matmul(&v)?;
+    Ok(out.reshape(&[b, heads, q_len, v.shape()[4]])?)
 }
 
 /// The additive mask `[T_q, T_k]` (plus the bias) of `options`, `None` when nothing is masked.

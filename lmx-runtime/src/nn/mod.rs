@@ -10,6 +10,7 @@ mod layer_norm_grad;
 mod layers;
 mod linear_grad;
 mod loss;
+mod rope;
 
 pub use activation::*;
 pub use column_sum::column_sum;
@@ -17,3 +18,4 @@ pub use custom_vjp::without_gradients;
 pub use extra::*;
 pub use layers::*;
 pub use loss::*;
+pub use rope::*;

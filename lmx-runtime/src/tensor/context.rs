@@ -16,6 +16,8 @@ pub struct AttentionOptions<'a> {
     pub window: Option<i32>,
     /// An additive bias broadcast against the scores `[B, heads, T_q, T_k]`.
     pub bias: Option<&'a Tensor>,
+    /// The scaled scores are soft-capped to `(-cap, cap)` before the mask and softmax.
+    pub softcap: Option<f32>,
 }
 
 /// What a forward pass over tensors threads through its layers: the runtime's
@@ -68,6 +70,7 @@ impl<'a> Context<'a> {
             scale: options.scale,
             window: options.window,
             bias: options.bias.map(|bias| &bias.0),
+            softcap: options.softcap,
         };
         Ok(Tensor(crate::nn::attend(
             self.inner, layer, &q.0, &k.0, &v.0, options,
