@@ -28,8 +28,14 @@ fn bigram() -> Result<Bigram> {
 fn pairs() -> [Array; 3] {
     let prompts = [1, 2, 3, 4];
     let tokens: Vec<i32> = prompts.iter().flat_map(|&p| [0, p]).collect();
-    let chosen: Vec<i32> = prompts.iter().flat_map(|&p| [-100, (p + 1) % VOCAB]).collect();
-    let rejected: Vec<i32> = prompts.iter().flat_map(|&p| [-100, (p + 3) % VOCAB]).collect();
+    let chosen: Vec<i32> = prompts
+        .iter()
+        .flat_map(|&p| [-100, (p + 1) % VOCAB])
+        .collect();
+    let rejected: Vec<i32> = prompts
+        .iter()
+        .flat_map(|&p| [-100, (p + 3) % VOCAB])
+        .collect();
     let rows = prompts.len() as i32;
     [
         Array::from_slice(&tokens, &[rows, 2]),
@@ -79,28 +85,45 @@ fn train(compile: bool, accumulation: usize) -> Result<(Vec<f32>, usize, f32, bo
     let accuracy = preference(&state.params[0].weight, &reference[0], &batch)?.accuracy;
     eval([&accuracy])?;
     let untouched = reference[0].eq_values(&tree::flatten(&bigram()?)[0])?;
-    Ok((losses, step.traces(), accuracy.item_exact::<f32>(), untouched))
+    Ok((
+        losses,
+        step.traces(),
+        accuracy.item_exact::<f32>(),
+        untouched,
+    ))
 }
 
 #[test]
 fn dpo_against_a_frozen_reference_in_the_compiled_step() -> Result<()> {
     let (compiled, traces, accuracy, untouched) = train(true, 1)?;
-    assert_eq!(traces, 1, "the step is traced once with the frozen model as an input");
+    assert_eq!(
+        traces, 1,
+        "the step is traced once with the frozen model as an input"
+    );
     assert!(untouched, "the frozen reference changed");
     // Every margin starts at 0: the loss is ln 2 and no pair is preferred yet.
     assert!((compiled[0] - std::f32::consts::LN_2).abs() < 1e-6);
-    assert!(compiled[29] < 0.2 && accuracy == 1.0, "{compiled:?}, accuracy {accuracy}");
+    assert!(
+        compiled[29] < 0.2 && accuracy == 1.0,
+        "{compiled:?}, accuracy {accuracy}"
+    );
 
     let (eager, _, _, _) = train(false, 1)?;
     for (c, e) in compiled.iter().zip(&eager) {
-        assert!((c - e).abs() < 1e-5, "compiled {compiled:?}\neager {eager:?}");
+        assert!(
+            (c - e).abs() < 1e-5,
+            "compiled {compiled:?}\neager {eager:?}"
+        );
     }
     // Two micro-batches of two pairs: the mean of equal halves' means and gradients.
     let (accumulated, traces, _, untouched) = train(true, 2)?;
     assert_eq!(traces, 2, "the micro-step and the update, each traced once");
     assert!(untouched);
     for (c, a) in compiled.iter().zip(&accumulated) {
-        assert!((c - a).abs() < 1e-4, "fused {compiled:?}\naccumulated {accumulated:?}");
+        assert!(
+            (c - a).abs() < 1e-4,
+            "fused {compiled:?}\naccumulated {accumulated:?}"
+        );
     }
     Ok(())
 }

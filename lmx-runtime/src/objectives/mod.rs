@@ -11,11 +11,13 @@ pub mod curriculum;
 pub mod distill;
 pub mod dpo;
 pub mod grpo;
+pub mod language;
 pub mod logprobs;
 
 pub use distill::{distillation_loss, soft_target_loss};
 pub use dpo::{dpo_loss, Preference};
 pub use grpo::{group_advantages, grpo_loss, PolicyGradient};
+pub use language::{distillation, dpo};
 pub use logprobs::{sequence_logprobs, token_logprobs};
 
 use crate::error::Result;
