@@ -44,6 +44,9 @@ pub struct RunFile {
     /// freshly initialised weights.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub init: Option<PathBuf>,
+    /// The objective trained instead of the model's own step (`--step dpo`, `--teacher`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub objective: Option<super::objective::ObjectiveSettings>,
 }
 
 /// The training settings that change what a run computes; the others (overlap, state packing,
@@ -117,6 +120,9 @@ impl RunFile {
         }
         if let Some(sft) = &self.sft {
             flatten("sft", &json(sft), &mut out);
+        }
+        if let Some(objective) = &self.objective {
+            flatten("objective", &json(objective), &mut out);
         }
         if let Some(lora) = &self.lora {
             // Where the adapters are written does not change what the run computes.
@@ -258,6 +264,7 @@ mod tests {
             train: TrainConfig::default(),
             lora: None,
             init: None,
+            objective: None,
         }
     }
 

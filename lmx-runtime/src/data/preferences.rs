@@ -183,3 +183,69 @@ impl Rows for PreferenceRows {
         )
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::data::ByteTokenizer;
+
+    fn read(text: &str) -> Result<Vec<PreferencePair>, DataError> {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("prefs.jsonl");
+        std::fs::write(&path, text).expect("write");
+        let tokenizer = ByteTokenizer::with_eos();
+        read_preferences(&path, &SftEncoder::new(&tokenizer, None, true)).map_err(|err| {
+            // The messages name the file; tests compare what follows it.
+            let message = err.to_string();
+            let at = message.find("prefs.jsonl").expect("the file named") + "prefs.jsonl".len();
+            DataError::InvalidSetting(message[at..].to_owned())
+        })
+    }
+
+    fn error(text: &str) -> String {
+        match read(text) {
+            Err(DataError::InvalidSetting(rest)) => rest,
+            other => panic!("expected an error, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn bad_lines_are_named_with_their_cause() {
+        let good = r#"{"prompt": "ab", "chosen": "c", "rejected": "d"}"#;
+        assert_eq!(
+            error(&format!(
+                "{good}\n{{\"prompt\": \"ab\", \"chosen\": \"c\"}}\n"
+            )),
+            ":2: no `rejected`: a preference pair has `prompt`, `chosen` and `rejected`"
+        );
+        assert_eq!(
+            error(r#"{"prompt": "ab", "chosen": 3, "rejected": "d"}"#),
+            ":1: `chosen` is not a string"
+        );
+        assert_eq!(
+            error(r#"{"prompt": "ab", "chosen": "", "rejected": "d"}"#),
+            ":1: `chosen` is empty"
+        );
+        assert!(error("\n[1, 2]\n").starts_with(":2: "));
+        assert_eq!(error("\n\n"), " holds no preference pair");
+    }
+
+    #[test]
+    fn rows_hold_the_chosen_then_the_rejected_response_with_the_prompt_masked() {
+        let pairs = read(r#"{"prompt": "ab", "chosen": "c", "rejected": "de"}"#).expect("pairs");
+        let rows = PreferenceRows::new(Path::new("prefs.jsonl"), pairs, 4).expect("rows");
+        assert_eq!(rows.seq_len(), 8);
+        let (mut inputs, mut targets) = ([0; 8], [0; 8]);
+        rows.read(0, &mut inputs, &mut targets).expect("read");
+        let (a, b, c, d, e, eos) = (97, 98, 99, 100, 101, 256);
+        assert_eq!(inputs, [a, b, c, 0, a, b, d, e]);
+        assert_eq!(targets, [-100, c, eos, -100, -100, d, e, eos]);
+        let pairs = read(r#"{"prompt": "abcdef", "chosen": "c", "rejected": "d"}"#).expect("pairs");
+        let err = PreferenceRows::new(Path::new("prefs.jsonl"), pairs, 4).expect_err("too long");
+        assert_eq!(
+            err.to_string(),
+            "prefs.jsonl:1: `chosen`: its prompt of 6 tokens leaves no response token within \
+             seq_len 4"
+        );
+    }
+}
