@@ -139,4 +139,37 @@ mod tests {
         assert!(LengthCurriculum::new(vec![64, 32], 1).is_err());
         Ok(())
     }
+
+    /// A run over three stages traces the compiled step once per declared length, and going
+    /// back to a length traced before traces nothing more.
+    #[test]
+    fn the_compiled_step_is_traced_once_per_declared_length() -> Result<()> {
+        use crate::nn::{self, init::Keys};
+        use crate::optim::Sgd;
+        use crate::state::TrainState;
+        use crate::step::{StepOptions, TrainStep};
+        use mlx_rs::Array;
+
+        let table = nn::init::embedding(8, 8, &mut Keys::from_seed(0)?)?;
+        let optimizer = Sgd::default();
+        let mut state = TrainState::new(table, &optimizer, 0)?;
+        let loss = |params: &nn::EmbeddingParams, batch: &[Array], _: &Array| {
+            nn::cross_entropy(&nn::embedding(params, &batch[0])?, &batch[1])
+        };
+        let mut step = TrainStep::new(&state, optimizer, loss, StepOptions::default())?;
+        let stages = LengthCurriculum::new(vec![4, 8, 16], 2)?;
+        for index in (0..8).chain([0]) {
+            let len = stages.length(index) as i32;
+            let ids: Vec<i32> = (0..2 * len).map(|i| i % 8).collect();
+            let tokens = Array::from_slice(&ids, &[2, len]);
+            let targets = Array::from_slice(
+                &ids.iter().map(|i| (i + 1) % 8).collect::<Vec<_>>(),
+                &[2, len],
+            );
+            let metrics = step.step(&mut state, 0.1, &[tokens, targets])?;
+            mlx_rs::transforms::eval(&metrics.outputs)?;
+        }
+        assert_eq!(step.traces(), stages.lengths().len());
+        Ok(())
+    }
 }
