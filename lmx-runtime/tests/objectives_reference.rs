@@ -252,7 +252,8 @@ fn check_gradient(what: &str, w: &Array, loss: impl Fn(&Array) -> Result<Array> 
                 .map(|l| vec![l])
                 .map_err(lmx_runtime::Error::into_exception)
         };
-    let (_, grads) = value_and_grad_with_argnums(objective, &[0])(&[w.clone()]).expect("grad");
+    let (_, grads) =
+        value_and_grad_with_argnums(objective, &[0])(std::slice::from_ref(w)).expect("grad");
     let grad = grads[0].clone();
     grad.eval().expect("eval");
     let analytic = grad.as_slice::<f32>().to_vec();

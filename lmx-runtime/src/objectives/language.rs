@@ -94,7 +94,8 @@ pub fn distillation<M: LanguageModel, T: LanguageModel>(
             M::NAME
         )));
     }
-    if !(temperature > 0.0 && temperature.is_finite()) || !(0.0..=1.0).contains(&alpha) {
+    let positive = temperature > 0.0 && temperature.is_finite();
+    if !(positive && (0.0..=1.0).contains(&alpha)) {
         return Err(Error::Config(format!(
             "distillation needs a positive temperature and alpha in [0, 1], got {temperature} \
              and {alpha}"
