@@ -13,12 +13,14 @@ pub mod dpo;
 pub mod grpo;
 pub mod language;
 pub mod logprobs;
+pub mod rewards;
 
 pub use distill::{distillation_loss, soft_target_loss};
 pub use dpo::{dpo_loss, Preference};
 pub use grpo::{group_advantages, grpo_loss, PolicyGradient};
 pub use language::{distillation, dpo};
 pub use logprobs::{sequence_logprobs, token_logprobs};
+pub use rewards::{ExactAnswer, Format, Length, Reward};
 
 use crate::error::Result;
 use mlx_rs::Array;
