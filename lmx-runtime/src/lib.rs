@@ -14,6 +14,7 @@ pub mod hf;
 pub mod lora;
 pub mod model;
 pub mod nn;
+pub mod objectives;
 pub mod optim;
 pub mod platform;
 pub mod quant;

@@ -28,6 +28,13 @@ pub trait Loss<P>: Fn(&P, &[Array], &Array) -> Result<Array> + 'static {}
 
 impl<P, F: Fn(&P, &[Array], &Array) -> Result<Array> + 'static> Loss<P> for F {}
 
+/// A loss that also reads frozen models: `(params, frozen, batch, key) -> scalar loss`, where
+/// `frozen` holds the leaves of every frozen tree, in the order given to
+/// [`TrainStep::with_frozen`] (rebuild a tree with [`tree::rebuild`]).
+pub trait FrozenLoss<P>: Fn(&P, &[Array], &[Array], &Array) -> Result<Array> + 'static {}
+
+impl<P, F: Fn(&P, &[Array], &[Array], &Array) -> Result<Array> + 'static> FrozenLoss<P> for F {}
+
 /// How the step is run.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct StepOptions {
@@ -94,6 +101,9 @@ pub struct TrainStep<P: Tree<Array>, O: Optimizer> {
     traces: Rc<Cell<usize>>,
     trainable: usize,
     targets: Option<usize>,
+    /// The frozen models' leaves: inputs of every call of the compiled step, ahead of the batch,
+    /// never differentiated and never updated.
+    frozen: Vec<Array>,
 }
 
 enum Mode {
@@ -161,7 +171,32 @@ where
             traces,
             trainable,
             targets: options.targets,
+            frozen: Vec::new(),
         })
+    }
+
+    /// The step of a loss that reads frozen models besides the trained parameters (DPO's and
+    /// GRPO's reference, a distillation teacher): `frozen`, the leaves of those models, become
+    /// inputs of the compiled step, like the batch, so MLX neither captures them as constants
+    /// nor differentiates them, and the state holds no optimizer moments for them.
+    ///
+    /// # Errors
+    /// As [`TrainStep::new`].
+    pub fn with_frozen(
+        state: &TrainState<P, O>,
+        optimizer: O,
+        frozen: Vec<Array>,
+        loss: impl FrozenLoss<P>,
+        options: StepOptions,
+    ) -> Result<Self> {
+        let count = frozen.len();
+        let split = move |params: &P, inputs: &[Array], key: &Array| {
+            let (frozen, batch) = inputs.split_at(count);
+            loss(params, frozen, batch, key)
+        };
+        let mut step = TrainStep::new(state, optimizer, split, options)?;
+        step.frozen = frozen;
+        Ok(step)
     }
 
     /// Runs one step: `state` becomes the next state (lazily: nothing is evaluated here).
@@ -176,6 +211,7 @@ where
         inputs.push(Array::from_f32(lr));
         let (outputs, loss) = match &mut self.mode {
             Mode::Fused(fused) => {
+                inputs.extend(self.frozen.iter().cloned());
                 inputs.extend(batch.iter().cloned());
                 let outputs = fused(&inputs)?;
                 let loss = outputs.get(n).cloned();
@@ -191,6 +227,7 @@ where
                     micro,
                     &inputs[..self.template.layout().params],
                     state,
+                    &self.frozen,
                     batch,
                     parts,
                     self.trainable,
@@ -226,11 +263,13 @@ where
 
 /// Runs the micro-step over `parts` slices of `batch` and returns the mean gradients and loss:
 /// the plain mean, or with `targets` (the batch input of target ids) each micro-batch weighed by
-/// its share of the kept targets.
+/// its share of the kept targets. Every micro-step reads the whole of `frozen`.
+#[allow(clippy::too_many_arguments)]
 fn accumulate<P: Tree<Array>, O: Optimizer>(
     micro: &mut PureFn,
     params: &[Array],
     state: &TrainState<P, O>,
+    frozen: &[Array],
     batch: &[Array],
     parts: usize,
     trainable: usize,
@@ -249,6 +288,7 @@ fn accumulate<P: Tree<Array>, O: Optimizer>(
         let (carry, key) = random::split(&keys, 2)?;
         keys = carry;
         let mut inputs = params.to_vec();
+        inputs.extend(frozen.iter().cloned());
         inputs.extend(micro_batch);
         inputs.push(key);
         let outputs = micro(&inputs)?;

@@ -11,6 +11,7 @@ pub mod interrupt;
 pub mod lora;
 pub mod model_file;
 pub mod new;
+pub mod objective;
 pub mod plot;
 pub mod process;
 pub mod quantize;
@@ -246,6 +247,24 @@ pub struct TrainArgs {
     /// After training, sample this many tokens from the model (0: none).
     #[arg(long, default_value_t = 300)]
     pub sample: usize,
+    /// Train an objective over frozen models instead of the model's own step: `dpo` (--data
+    /// one JSONL file of `prompt`, `chosen`, `rejected`; each response gets --seq-len tokens,
+    /// against a frozen copy of the starting parameters) or `distill` (with --teacher).
+    #[arg(long, value_name = "OBJECTIVE")]
+    pub step: Option<String>,
+    /// Distil from this frozen teacher: a run directory (its latest checkpoint) or a Hugging
+    /// Face folder of the same model, of any size.
+    #[arg(long, value_name = "DIR")]
+    pub teacher: Option<PathBuf>,
+    /// With --step dpo: how far the policy may move from its reference (lmxlab's beta, 0.1).
+    #[arg(long)]
+    pub beta: Option<f32>,
+    /// With --teacher: the softmax temperature of the soft targets (4).
+    #[arg(long)]
+    pub temperature: Option<f32>,
+    /// With --teacher: the weight of the soft loss against the hard one (0.7).
+    #[arg(long)]
+    pub alpha: Option<f32>,
     /// The ids of the options given on the command line (not defaulted): on --resume the
     /// others are the run's recorded ones.
     #[arg(skip)]
@@ -459,8 +478,20 @@ impl TrainArgs {
             overwrite: self.overwrite,
             progress: !self.quiet,
             lora: None,
+            objective: objective::ObjectiveFlags {
+                step: self.step.as_deref(),
+                teacher: self.teacher.as_deref(),
+                beta: self.beta,
+                temperature: self.temperature,
+                alpha: self.alpha,
+                chat_template: self.chat_template.as_deref(),
+            }
+            .settings()?,
         };
         if let Some(run) = recorded {
+            if request.objective.is_none() {
+                request.objective = run.objective.clone();
+            }
             if !given("model") {
                 request.model = run.model.clone();
             }
@@ -495,6 +526,9 @@ impl TrainArgs {
             request.recorded = Some(run);
         }
         let sft_flags = ["mask_prompt", "batching", "chat_template"];
+        // DPO reads its pairs through the chat template too.
+        let pairs = request.objective.as_ref().is_some_and(|o| o.reads_pairs());
+        let sft_flags = &sft_flags[..if pairs { 2 } else { 3 }];
         if request.sft.is_none() {
             if let Some(flag) = sft_flags.iter().find(|flag| given(flag)) {
                 anyhow::bail!(

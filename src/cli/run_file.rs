@@ -49,6 +49,9 @@ pub struct RunFile {
     /// folder whose weights changed since is refused rather than read as the base.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub init_weights: Option<String>,
+    /// The objective trained instead of the model's own step (`--step dpo`, `--teacher`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub objective: Option<super::objective::ObjectiveSettings>,
 }
 
 /// The training settings that change what a run computes; the others (overlap, state packing,
@@ -125,6 +128,9 @@ impl RunFile {
         }
         if let Some(sft) = &self.sft {
             flatten("sft", &json(sft), &mut out);
+        }
+        if let Some(objective) = &self.objective {
+            flatten("objective", &json(objective), &mut out);
         }
         if let Some(lora) = &self.lora {
             // Where the adapters are written does not change what the run computes.
@@ -293,6 +299,7 @@ mod tests {
             lora: None,
             init: None,
             init_weights: None,
+            objective: None,
         }
     }
 

@@ -1,6 +1,7 @@
 //! `lmx train` and `lmx generate` for one model, generic over its declared training step.
 
 use super::interrupt::{Interrupted, StopSignals};
+use super::objective::ObjectiveSettings;
 use super::run_dir::RunDir;
 use super::run_file::RunFile;
 use super::sft::SftSettings;
@@ -53,6 +54,8 @@ pub struct TrainRequest {
     pub progress: bool,
     /// Train adapters on the frozen model instead of the model (`lmx lora`).
     pub lora: Option<super::lora::LoraRun>,
+    /// Train an objective over frozen models instead of the model's own step.
+    pub objective: Option<ObjectiveSettings>,
 }
 
 /// Which checkpoint a resumed run continues from.
@@ -119,9 +122,31 @@ where
             request.train.seq_len
         );
     }
-    let (data, data_tokens) = match &request.sft {
-        Some(settings) => supervised(&request, settings, &tokenizer_spec, tokenizer.as_ref())?,
-        None => {
+    if request.objective.is_some() && request.lora.is_some() {
+        anyhow::bail!("adapters train with the model's own step: leave --step and --teacher out");
+    }
+    let pairs = request.objective.as_ref().is_some_and(|o| o.reads_pairs());
+    if pairs && request.sft.is_some() {
+        anyhow::bail!("--step dpo reads one JSONL file of preference pairs, not a folder");
+    }
+    let (data, data_tokens) = match (&request.sft, &request.objective) {
+        (_, Some(ObjectiveSettings::Dpo { chat_template, .. })) => {
+            let tokenizer_file = match &tokenizer_spec {
+                TokenizerSpec::HuggingFace { path, .. } => Some(path.as_path()),
+                _ => None,
+            };
+            let (data, tokens) = super::objective::preference_data(
+                &request.data,
+                request.train.seq_len,
+                request.train.validation_fraction,
+                tokenizer.as_ref(),
+                chat_template.as_deref(),
+                tokenizer_file,
+            )?;
+            (Data::Rows(data), tokens)
+        }
+        (Some(settings), _) => supervised(&request, settings, &tokenizer_spec, tokenizer.as_ref())?,
+        (None, _) => {
             let source = tokens(&request.data, tokenizer.as_ref(), vocab)?;
             let data_tokens = source.len() as u64;
             (
@@ -145,6 +170,7 @@ where
             .as_ref()
             .map(|folder| folder.weights().fingerprint())
             .transpose()?,
+        objective: request.objective.clone(),
     };
 
     let run_dir = RunDir::lock(&out_dir)?;
@@ -197,7 +223,23 @@ where
             request.train.seed,
         )?;
     }
-    let mut trainer = Trainer::<S>::with_params(model_config, request.train, data, params)?;
+    let mut trainer = match &request.objective {
+        None => Trainer::<S>::with_params(model_config, request.train.clone(), data, params)?,
+        Some(objective) => {
+            // DPO's reference is the run's start, also when it resumes from a checkpoint.
+            let start = match (&init, &from_folder) {
+                (Some(folder), None) => hf::load_model::<S::Model>(folder, None)?.1,
+                _ => params.clone(),
+            };
+            let built = objective.build::<S::Model>(&model_config, &start)?;
+            let mut config = request.train.clone();
+            // A row holds a pair: two responses of seq_len tokens each.
+            if objective.reads_pairs() {
+                config.seq_len *= 2;
+            }
+            Trainer::<S>::with_objective(model_config, config, data, params, built)?
+        }
+    };
     if lora_over_folder {
         trainer.omit_frozen_from_checkpoints();
     }

@@ -9,6 +9,7 @@
 mod callbacks;
 mod config;
 mod memory_cap;
+mod objective;
 mod overlap;
 mod packing;
 mod precision;
@@ -19,6 +20,7 @@ mod trainer;
 
 pub use callbacks::{Callback, Control, EarlyStopping, EvalReport, JsonlLog, StepReport};
 pub use config::TrainConfig;
+pub use objective::{Objective, ObjectiveLoss};
 pub use overlap::Overlap;
 pub use packing::StatePacking;
 pub use precision::Precision;

@@ -5,7 +5,7 @@ use crate::error::{Error, Result};
 use crate::flat::FlatStep;
 use crate::optim::Optimizer;
 use crate::state::TrainState;
-use crate::step::{Loss, StepMetrics, StepOptions, TrainStep};
+use crate::step::{FrozenLoss, Loss, StepMetrics, StepOptions, TrainStep};
 use crate::tree::Tree;
 use mlx_rs::Array;
 use std::cell::OnceCell;
@@ -66,6 +66,28 @@ where
         }
         Ok(Stepper::PerParameter {
             step: TrainStep::new(&state, optimizer, loss, options)?,
+            state,
+        })
+    }
+
+    /// The step of a loss that reads `frozen` leaves besides the parameters
+    /// ([`TrainStep::with_frozen`]): per-parameter state, as a flat step has no frozen inputs.
+    pub(super) fn with_frozen(
+        state: TrainState<P, O>,
+        optimizer: O,
+        frozen: Vec<Array>,
+        loss: impl FrozenLoss<P>,
+        options: StepOptions,
+        packing: StatePacking,
+    ) -> Result<Self> {
+        if packing == StatePacking::Flat {
+            return Err(Error::Config(
+                "a step with frozen models keeps per-parameter state: drop the flat state packing"
+                    .into(),
+            ));
+        }
+        Ok(Stepper::PerParameter {
+            step: TrainStep::with_frozen(&state, optimizer, frozen, loss, options)?,
             state,
         })
     }

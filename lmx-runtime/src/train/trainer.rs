@@ -4,7 +4,7 @@ use super::callbacks::{Callback, Control, EvalReport, StepReport};
 use super::memory_cap::{self, MemoryCap};
 use super::staged::StagedBatches;
 use super::stepper::Stepper;
-use super::{Overlap, TrainConfig};
+use super::{Objective, ObjectiveLoss, Overlap, TrainConfig};
 use crate::checkpoint::{self, Checkpoints, FrozenLeaves};
 use crate::data::{BatchIterator, BatchPosition, Order, Rows, Windows};
 use crate::error::{Error, Result};
@@ -15,6 +15,7 @@ use mlx_rs::error::Exception;
 use mlx_rs::transforms::{async_eval, compile::compile, eval};
 use mlx_rs::Array;
 use std::path::{Path, PathBuf};
+use std::rc::Rc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
@@ -102,6 +103,11 @@ pub struct Trainer<S: TrainingStep> {
     stop: Option<Arc<AtomicBool>>,
     done: u64,
     flops_per_token: f64,
+    /// The objective's frozen leaves (none without one), inputs of validation after the
+    /// parameters.
+    frozen: Vec<Array>,
+    /// Whether validation weighs each batch by its kept targets (the loss is a mean over them).
+    by_targets: bool,
 }
 
 impl<S: TrainingStep> Trainer<S>
@@ -123,7 +129,7 @@ where
     /// A fresh run over rows of one's own (supervised examples, [`SftRows`](crate::data::SftRows)):
     /// `config.validation_fraction` is not used, `data.validation` is the validation set.
     pub fn with_data(model: ModelConfig<S>, config: TrainConfig, data: TrainData) -> Result<Self> {
-        Self::starting_from(model, config, data, None)
+        Self::starting_from(model, config, data, None, None)
     }
 
     /// A fresh run from `params` (a published model's weights) instead of initialised ones,
@@ -134,7 +140,22 @@ where
         data: TrainData,
         params: Params<S>,
     ) -> Result<Self> {
-        Self::starting_from(model, config, data, Some(params))
+        Self::starting_from(model, config, data, Some(params), None)
+    }
+
+    /// A fresh run from `params` that trains `objective` (DPO against a frozen reference,
+    /// distillation from a frozen teacher) instead of the step's own loss: the step's optimizer,
+    /// clipping and accumulation, the objective's loss in training and validation, its frozen
+    /// models as inputs of both. Checkpoints hold the trained state alone; a resumed run is
+    /// given the same objective again.
+    pub fn with_objective(
+        model: ModelConfig<S>,
+        config: TrainConfig,
+        data: TrainData,
+        params: Params<S>,
+        objective: Objective<S::Model>,
+    ) -> Result<Self> {
+        Self::starting_from(model, config, data, Some(params), Some(objective))
     }
 
     fn starting_from(
@@ -142,6 +163,7 @@ where
         config: TrainConfig,
         data: TrainData,
         params: Option<Params<S>>,
+        objective: Option<Objective<S::Model>>,
     ) -> Result<Self> {
         config.validate()?;
         S::Model::validate(&model)?;
@@ -167,22 +189,57 @@ where
         };
         let loss_model = model.clone();
         let precision = config.precision;
-        let evaluate = evaluation::<S>(state.template(), model.clone(), &config);
+        let frozen = match &objective {
+            Some(objective) => objective.frozen_for(precision)?,
+            None => Vec::new(),
+        };
+        let by_targets = objective
+            .as_ref()
+            .is_none_or(|objective| objective.mean_over_targets);
+        let options = StepOptions {
+            targets: options.targets.filter(|_| by_targets),
+            ..options
+        };
+        let objective_loss = objective.map(|objective| objective.loss);
+        let evaluate = evaluation::<S>(
+            state.template(),
+            model.clone(),
+            &config,
+            objective_loss.clone().map(|loss| (loss, frozen.len())),
+        );
         let flops_per_token = S::Model::flops_per_token(&state.params, &model, config.seq_len);
-        let stepper = Stepper::new(
-            state,
-            optimizer,
-            move |params: &Params<S>, batch: &[Array], key: &Array| {
-                S::loss(
-                    &precision.for_compute(params)?,
-                    &loss_model,
-                    batch,
-                    Some(key),
-                )
-            },
-            options,
-            config.state_packing,
-        )?;
+        let stepper = match objective_loss {
+            None => Stepper::new(
+                state,
+                optimizer,
+                move |params: &Params<S>, batch: &[Array], key: &Array| {
+                    S::loss(
+                        &precision.for_compute(params)?,
+                        &loss_model,
+                        batch,
+                        Some(key),
+                    )
+                },
+                options,
+                config.state_packing,
+            )?,
+            Some(loss) => Stepper::with_frozen(
+                state,
+                optimizer,
+                frozen.clone(),
+                move |params: &Params<S>, frozen: &[Array], batch: &[Array], key: &Array| {
+                    loss(
+                        &precision.for_compute(params)?,
+                        &loss_model,
+                        frozen,
+                        batch,
+                        Some(key),
+                    )
+                },
+                options,
+                config.state_packing,
+            )?,
+        };
         let validation = data.validation;
         let train_batches =
             BatchIterator::over(data.train, config.batch_size, Order::Shuffled, config.seed)?;
@@ -200,6 +257,8 @@ where
             stop: None,
             done: 0,
             flops_per_token,
+            frozen,
+            by_targets,
         })
     }
 
@@ -491,9 +550,14 @@ where
         let (mut total, mut weights) = (0.0f32, 0.0f32);
         for _ in 0..count {
             let batch = batches.next_batch()?;
-            let weight = batch.kept_targets() as f32 / full;
+            let weight = if self.by_targets {
+                batch.kept_targets() as f32 / full
+            } else {
+                1.0
+            };
             let (inputs, targets) = batch.to_arrays();
             let mut args = params.clone();
+            args.extend(self.frozen.iter().cloned());
             args.extend([inputs, targets]);
             let loss = (self.evaluate)(&args)?.remove(0);
             eval([&loss])?;
@@ -506,6 +570,7 @@ where
     /// The loss of the current parameters on `batch`, computed as validation computes it.
     fn loss_on(&mut self, batch: &(Array, Array)) -> Result<f32> {
         let mut args = crate::tree::flatten(&self.state().params);
+        args.extend(self.frozen.iter().cloned());
         args.extend([batch.0.clone(), batch.1.clone()]);
         let loss = (self.evaluate)(&args)?.remove(0);
         eval([&loss])?;
@@ -574,12 +639,14 @@ fn recorded<T: serde::de::DeserializeOwned>(
     serde_json::from_value(value).map_err(|err| error(format!("`{name}`: {err}")))
 }
 
-/// The validation loss as a function of `[params..., inputs, targets]`, computed in the run's
-/// precision and compiled unless the run is eager.
+/// The validation loss as a function of `[params..., frozen..., inputs, targets]` (the step's
+/// loss, or the objective's over its `n` frozen leaves), computed in the run's precision and
+/// compiled unless the run is eager.
 fn evaluation<S: TrainingStep>(
     template: StateTemplate<Params<S>, S::Optimizer>,
     model: ModelConfig<S>,
     config: &TrainConfig,
+    objective: Option<(Rc<ObjectiveLoss<S::Model>>, usize)>,
 ) -> EvalFn
 where
     <Params<S> as crate::tree::Tree<Array>>::Of<
@@ -591,7 +658,13 @@ where
     let loss = move |args: &[Array]| -> std::result::Result<Vec<Array>, Exception> {
         let run = || -> Result<Array> {
             let params = precision.for_compute(&template.params(&args[..n_params])?)?;
-            S::loss(&params, &model, &args[n_params..], None)
+            match &objective {
+                None => S::loss(&params, &model, &args[n_params..], None),
+                Some((loss, n_frozen)) => {
+                    let (frozen, batch) = args[n_params..].split_at(*n_frozen);
+                    loss(&params, &model, frozen, batch, None)
+                }
+            }
         };
         run().map(|loss| vec![loss]).map_err(Error::into_exception)
     };

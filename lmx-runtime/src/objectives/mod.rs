@@ -1,0 +1,31 @@
+//! Training objectives beyond next-token cross-entropy, after lmxlab's training API: preference
+//! optimisation ([`dpo`]), group-relative policy optimisation ([`grpo`]), distillation from a
+//! frozen teacher ([`distill`]) and data curricula ([`curriculum`]).
+//!
+//! Each loss is a function of arrays (log-probabilities, logits, rewards), so that a step's loss
+//! calls it inside the compiled step, over the policy's and the frozen models' forward passes:
+//! the frozen models' parameters reach that step as inputs without gradients
+//! ([`TrainStep::with_frozen`](crate::step::TrainStep::with_frozen)).
+
+pub mod curriculum;
+pub mod distill;
+pub mod dpo;
+pub mod grpo;
+pub mod language;
+pub mod logprobs;
+pub mod rewards;
+
+pub use distill::{distillation_loss, soft_target_loss};
+pub use dpo::{dpo_loss, Preference};
+pub use grpo::{group_advantages, grpo_loss, PolicyGradient};
+pub use language::{distillation, dpo};
+pub use logprobs::{sequence_logprobs, token_logprobs};
+pub use rewards::{ExactAnswer, Format, Length, Reward};
+
+use crate::error::Result;
+use mlx_rs::Array;
+
+/// `log σ(x)`, stable for large `|x|`: `-log(1 + e^{-x})` as `-logaddexp(0, -x)`.
+pub(crate) fn log_sigmoid(x: &Array) -> Result<Array> {
+    Ok(mlx_rs::ops::logaddexp(Array::from_f32(0.0), x.negative()?)?.negative()?)
+}

@@ -1,0 +1,223 @@
+//! `lmx train --step dpo` and `lmx train --teacher DIR`: a run that trains an objective over
+//! frozen models instead of the model's own step (`lmx_runtime::objectives`), with the step's
+//! optimizer, clipping and accumulation. The objective is recorded in `run.json`, so a resumed
+//! run rebuilds the same frozen models: DPO's reference is the run's starting parameters (the
+//! seed's initialisation or `--init`'s weights), the teacher is read again from its folder.
+
+use super::run_file::{checkpoint_of, load_params, RunFile, RUN_FILE};
+use super::sft::SftSettings;
+use lmx::runtime::data::sft::SftEncoder;
+use lmx::runtime::data::{read_preferences, PreferenceRows, Rows, Tokenizer};
+use lmx::runtime::hf::{self, HfFolder};
+use lmx::runtime::model::LanguageModel;
+use lmx::runtime::objectives;
+use lmx::runtime::train::{Objective, TrainData};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+/// A run's objective, as `run.json` records it.
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(tag = "kind", rename_all = "lowercase")]
+pub enum ObjectiveSettings {
+    /// DPO on preference pairs against a frozen copy of the starting parameters.
+    Dpo {
+        /// lmxlab's `beta` (`--beta`, 0.1 by default).
+        beta: f32,
+        /// The chat template's file (`--chat-template`); else the one beside the tokenizer.
+        chat_template: Option<PathBuf>,
+    },
+    /// Distillation from the frozen teacher in `teacher` on the run's text.
+    Distill {
+        /// A run directory (its latest checkpoint) or a Hugging Face folder of the same model.
+        teacher: PathBuf,
+        /// `--temperature`, 4 by default.
+        temperature: f32,
+        /// `--alpha`, the weight of the soft loss, 0.7 by default.
+        alpha: f32,
+    },
+}
+
+/// The objective flags of `lmx train`, as given.
+pub struct ObjectiveFlags<'a> {
+    pub step: Option<&'a str>,
+    pub teacher: Option<&'a Path>,
+    pub beta: Option<f32>,
+    pub temperature: Option<f32>,
+    pub alpha: Option<f32>,
+    pub chat_template: Option<&'a Path>,
+}
+
+impl ObjectiveFlags<'_> {
+    /// The objective the flags ask for; `None` for the model's own step.
+    pub fn settings(&self) -> anyhow::Result<Option<ObjectiveSettings>> {
+        let distill_flags = self.temperature.is_some() || self.alpha.is_some();
+        let settings = match (self.step, self.teacher) {
+            (None, None) => None,
+            (Some("dpo"), None) => Some(ObjectiveSettings::Dpo {
+                beta: self.beta.unwrap_or(0.1),
+                chat_template: self.chat_template.map(Path::to_owned),
+            }),
+            (Some("dpo"), Some(_)) => anyhow::bail!(
+                "--teacher distils from a teacher, --step dpo trains against a frozen copy of \
+                 the model: give one of them"
+            ),
+            (None | Some("distill"), Some(teacher)) => Some(ObjectiveSettings::Distill {
+                teacher: teacher_dir(teacher)?,
+                temperature: self.temperature.unwrap_or(4.0),
+                alpha: self.alpha.unwrap_or(0.7),
+            }),
+            (Some("distill"), None) => {
+                anyhow::bail!("--step distill needs the teacher: --teacher DIR")
+            }
+            (Some("grpo"), _) => anyhow::bail!(
+                "--step grpo is not available from the command line yet: its losses are in \
+                 the library (lmx::runtime::objectives::grpo)"
+            ),
+            (Some(other), _) => anyhow::bail!(
+                "unknown --step `{other}`: dpo or distill (leave it out to train with the \
+                 model's own step)"
+            ),
+        };
+        let dpo = matches!(settings, Some(ObjectiveSettings::Dpo { .. }));
+        let distill = matches!(settings, Some(ObjectiveSettings::Distill { .. }));
+        if self.beta.is_some() && !dpo {
+            anyhow::bail!("--beta applies to --step dpo");
+        }
+        if distill_flags && !distill {
+            anyhow::bail!("--temperature and --alpha apply to distillation (--teacher DIR)");
+        }
+        Ok(settings)
+    }
+}
+
+impl ObjectiveSettings {
+    /// Whether the run reads preference pairs (rows of two responses) instead of text.
+    pub fn reads_pairs(&self) -> bool {
+        matches!(self, ObjectiveSettings::Dpo { .. })
+    }
+
+    /// The objective of a run of `M` at `config` that starts from `start`.
+    pub fn build<M: LanguageModel>(
+        &self,
+        config: &M::Config,
+        start: &M::Params,
+    ) -> anyhow::Result<Objective<M>> {
+        Ok(match self {
+            ObjectiveSettings::Dpo { beta, .. } => objectives::dpo::<M>(start, *beta),
+            ObjectiveSettings::Distill {
+                teacher,
+                temperature,
+                alpha,
+            } => {
+                let (teacher_config, params) = teacher_model::<M>(teacher)?;
+                objectives::distillation::<M, M>(
+                    config,
+                    params,
+                    teacher_config,
+                    *temperature,
+                    *alpha,
+                )?
+            }
+        })
+    }
+}
+
+/// `dir`, refused before anything is read or trained unless it is a run directory or a Hugging
+/// Face model folder.
+fn teacher_dir(dir: &Path) -> anyhow::Result<PathBuf> {
+    if !dir.join(RUN_FILE).is_file() && !dir.join(hf::CONFIG_FILE).is_file() {
+        anyhow::bail!(
+            "--teacher {}: neither a run directory (run.json) nor a Hugging Face model folder \
+             (config.json)",
+            dir.display()
+        );
+    }
+    Ok(dir.to_owned())
+}
+
+/// The teacher in `dir`: a run of `M` (its latest checkpoint) or a Hugging Face folder of `M`'s
+/// family, at its own configuration (another size is fine).
+fn teacher_model<M: LanguageModel>(dir: &Path) -> anyhow::Result<(M::Config, M::Params)> {
+    if teacher_dir(dir)?.join(RUN_FILE).is_file() {
+        let run = RunFile::read(dir)?;
+        if run.model != M::NAME {
+            anyhow::bail!(
+                "the teacher {} is a run of {}, the student is {}: a teacher of another \
+                 architecture is distilled through the library (objectives::distillation)",
+                dir.display(),
+                run.model,
+                M::NAME
+            );
+        }
+        let config: M::Config = serde_json::from_value(run.model_config.clone())
+            .map_err(|err| anyhow::anyhow!("{}: the model configuration: {err}", dir.display()))?;
+        let checkpoint = checkpoint_of(dir, None)?;
+        let params = load_params::<M>(&run, &config, &checkpoint, None)?;
+        return Ok((config, params));
+    }
+    let folder = HfFolder::open(dir)?;
+    let family = folder.family().model_name();
+    if family != M::NAME {
+        anyhow::bail!(
+            "the teacher {} is a {family} model, the student is {}: a teacher of another \
+             architecture is distilled through the library (objectives::distillation)",
+            dir.display(),
+            M::NAME
+        );
+    }
+    Ok(hf::load_model::<M>(&folder, None)?)
+}
+
+/// The preference pairs of the one JSONL file `paths` names, as rows of `2 · seq_len` ids, the
+/// last `validation_fraction` of them (at least one where the fraction is not 0) held out for
+/// validation; and how many ids they hold.
+pub fn preference_data(
+    paths: &[PathBuf],
+    seq_len: usize,
+    validation_fraction: f64,
+    tokenizer: &dyn Tokenizer,
+    chat_template: Option<&Path>,
+    tokenizer_file: Option<&Path>,
+) -> anyhow::Result<(TrainData, u64)> {
+    let [path] = paths else {
+        anyhow::bail!("--step dpo reads one JSONL file of prompt, chosen and rejected");
+    };
+    let settings = SftSettings {
+        mask_prompt: true,
+        batching: Default::default(),
+        chat_template: chat_template.map(Path::to_owned),
+        keys: Default::default(),
+    };
+    let template = super::sft::template(&settings, tokenizer_file)?;
+    let encoder = SftEncoder::new(tokenizer, template.as_ref(), true);
+    let mut pairs = read_preferences(path, &encoder)?;
+    let tokens = pairs
+        .iter()
+        .map(|pair| (pair.chosen.ids.len() + pair.rejected.ids.len()) as u64)
+        .sum();
+    let held_out = match validation_fraction {
+        f if f > 0.0 => ((pairs.len() as f64 * f).round() as usize).max(1),
+        _ => 0,
+    };
+    if held_out >= pairs.len() {
+        anyhow::bail!(
+            "{}: {} preference pairs leave none to train on after holding out a validation \
+             fraction of {validation_fraction}",
+            path.display(),
+            pairs.len()
+        );
+    }
+    let validation = pairs.split_off(pairs.len() - held_out);
+    let train = PreferenceRows::new(path, pairs, seq_len)?;
+    let validation = match validation.is_empty() {
+        true => None,
+        false => Some(Arc::new(PreferenceRows::new(path, validation, seq_len)?) as Arc<dyn Rows>),
+    };
+    Ok((
+        TrainData {
+            train: Arc::new(train),
+            validation,
+        },
+        tokens,
+    ))
+}

@@ -1,0 +1,223 @@
+//! `lmx train --step dpo` and `lmx train --teacher DIR` end to end with the tiny byte-level GPT:
+//! the objective is recorded in run.json, a run continued from a checkpoint computes the losses
+//! of the uninterrupted one, and wrong combinations of flags are refused naming the flags.
+
+use std::path::Path;
+use std::process::{Command, Output};
+
+fn lmx(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_lmx"))
+        .args(args)
+        .output()
+        .expect("lmx runs")
+}
+
+fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+fn succeeded(output: &Output) -> String {
+    let stderr = text(&output.stderr);
+    assert!(
+        output.status.success(),
+        "{}\n{stderr}",
+        text(&output.stdout)
+    );
+    stderr
+}
+
+fn failed(output: &Output) -> String {
+    assert!(!output.status.success(), "{}", text(&output.stdout));
+    text(&output.stderr)
+}
+
+/// The `(step, loss)` of each step line of `RUN/metrics.jsonl`.
+fn losses(run: &Path) -> Vec<(u64, f64)> {
+    std::fs::read_to_string(run.join("metrics.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|line| serde_json::from_str::<serde_json::Value>(line).unwrap())
+        .filter(|value| value["kind"] == "step")
+        .map(|value| {
+            (
+                value["step"].as_u64().unwrap(),
+                value["loss"].as_f64().unwrap(),
+            )
+        })
+        .collect()
+}
+
+/// Trains `flags` 8 steps into `run` with checkpoints every 4, continues from step 4, and
+/// asserts the same losses, bit for bit.
+fn assert_resumes_exactly(run: &Path, flags: &[&str]) -> Vec<(u64, f64)> {
+    let out = run.display().to_string();
+    let mut args = vec![
+        "train",
+        "--preset",
+        "tiny-bytes",
+        "--batch-size",
+        "4",
+        "--quiet",
+    ];
+    args.extend([
+        "--sample",
+        "0",
+        "--steps",
+        "8",
+        "--checkpoint-every",
+        "4",
+        "--out",
+        &out,
+    ]);
+    args.extend(flags);
+    succeeded(&lmx(&args));
+    let whole = losses(run);
+    assert_eq!(whole.len(), 8);
+    let from = run.join("checkpoints/step-000004").display().to_string();
+    let resume = [
+        "train",
+        "--out",
+        &out,
+        "--resume-from",
+        &from,
+        "--quiet",
+        "--sample",
+        "0",
+    ];
+    let stderr = succeeded(&lmx(&resume));
+    assert!(stderr.contains("resumed from"), "{stderr}");
+    assert_eq!(
+        losses(run),
+        whole,
+        "a continued run computes the same losses"
+    );
+    whole
+}
+
+fn recorded_objective(run: &Path) -> serde_json::Value {
+    let record: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(run.join("run.json")).unwrap()).unwrap();
+    record["objective"].clone()
+}
+
+/// Pairs from the bundled text: a prompt, the real continuation, and a corrupted one.
+fn preferences(path: &Path) {
+    let source =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/data/shakespeare.txt"))
+            .unwrap();
+    let letters: Vec<char> = source.chars().filter(|c| c.is_ascii_lowercase()).collect();
+    let mut lines = String::new();
+    for i in 0..24 {
+        let at = i * 16;
+        let prompt: String = letters[at..at + 10].iter().collect();
+        let chosen: String = letters[at + 10..at + 16].iter().collect();
+        let rejected: String = chosen
+            .chars()
+            .map(|c| if c == 'z' { 'a' } else { 'z' })
+            .collect();
+        let line = serde_json::json!({"prompt": prompt, "chosen": chosen, "rejected": rejected});
+        lines.push_str(&format!("{line}\n"));
+    }
+    std::fs::write(path, lines).unwrap();
+}
+
+#[test]
+fn dpo_trains_against_a_frozen_copy_and_resumes_exactly() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("prefs.jsonl");
+    preferences(&data);
+    let run = dir.path().join("dpo");
+    let data = data.display().to_string();
+    let flags = [
+        "--step",
+        "dpo",
+        "--data",
+        &data,
+        "--seq-len",
+        "20",
+        "--beta",
+        "0.5",
+    ];
+    let whole = assert_resumes_exactly(&run, &flags);
+    // The policy starts as its reference: every margin is 0, the loss ln 2.
+    assert!(
+        (whole[0].1 - std::f64::consts::LN_2).abs() < 1e-6,
+        "{whole:?}"
+    );
+    assert_eq!(
+        recorded_objective(&run),
+        serde_json::json!({"kind": "dpo", "beta": 0.5, "chat_template": null})
+    );
+}
+
+#[test]
+fn distillation_from_a_larger_teacher_resumes_exactly() {
+    let dir = tempfile::tempdir().unwrap();
+    let teacher = dir.path().join("teacher");
+    let out = teacher.display().to_string();
+    succeeded(&lmx(&[
+        "train",
+        "--preset",
+        "tiny-bytes",
+        "--set",
+        "d_model=64",
+        "--batch-size",
+        "4",
+        "--seq-len",
+        "32",
+        "--steps",
+        "4",
+        "--quiet",
+        "--sample",
+        "0",
+        "--out",
+        &out,
+    ]));
+    let student = dir.path().join("student");
+    assert_resumes_exactly(&student, &["--teacher", &out, "--seq-len", "32"]);
+    assert_eq!(
+        recorded_objective(&student),
+        serde_json::json!({"kind": "distill", "teacher": out, "temperature": 4.0, "alpha": 0.7})
+    );
+}
+
+#[test]
+fn wrong_objective_flags_are_refused_naming_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("run").display().to_string();
+    let refused = |flags: &[&str]| {
+        let mut args = vec![
+            "train",
+            "--preset",
+            "tiny-bytes",
+            "--seq-len",
+            "32",
+            "--out",
+            &out,
+        ];
+        args.extend(flags);
+        failed(&lmx(&args))
+    };
+    assert_eq!(
+        refused(&["--step", "dpo", "--teacher", "t"]),
+        "error: --teacher distils from a teacher, --step dpo trains against a frozen copy of \
+         the model: give one of them\n"
+    );
+    assert_eq!(
+        refused(&["--step", "ppo"]),
+        "error: unknown --step `ppo`: dpo or distill (leave it out to train with the model's \
+         own step)\n"
+    );
+    assert_eq!(
+        refused(&["--beta", "0.2"]),
+        "error: --beta applies to --step dpo\n"
+    );
+    let missing = dir.path().join("nowhere").display().to_string();
+    assert_eq!(
+        refused(&["--teacher", &missing]),
+        format!(
+            "error: --teacher {missing}: neither a run directory (run.json) nor a Hugging Face \
+             model folder (config.json)\n"
+        )
+    );
+}
