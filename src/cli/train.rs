@@ -75,6 +75,9 @@ where
     >: Clone + 'static,
 {
     request.train.validate()?;
+    // A rank of a data-parallel run joins the others first; only rank 0 writes the run folder.
+    let rank = super::parallel::Rank::from_environment()?;
+    let leader = rank.as_ref().is_none_or(|rank| rank.leads());
     let init = request.init.as_deref().map(HfFolder::open).transpose()?;
     let model_config = match (&request.model_config, &init) {
         (Some(recorded), _) => serde_json::from_value(recorded.clone())
@@ -142,8 +145,11 @@ where
         init: request.init.clone(),
     };
 
-    let run_dir = RunDir::lock(&out_dir)?;
-    if request.resume.is_none() && !request.overwrite {
+    let run_dir = match leader {
+        true => RunDir::lock(&out_dir)?,
+        false => RunDir::of_rank_0(&out_dir),
+    };
+    if leader && request.resume.is_none() && !request.overwrite {
         run_dir.refuse_unless_empty()?;
     }
     let changed_schedule = match &request.recorded {
@@ -186,7 +192,16 @@ where
             request.train.seed,
         )?;
     }
-    let mut trainer = Trainer::<S>::with_params(model_config, request.train, data, params)?;
+    let mut trainer = match &rank {
+        Some(rank) => Trainer::<S>::data_parallel(
+            model_config,
+            request.train,
+            data,
+            Some(params),
+            rank.parallel.clone(),
+        )?,
+        None => Trainer::<S>::with_params(model_config, request.train, data, params)?,
+    };
     if request.lora.is_some() {
         let state = trainer.state();
         let optimizer_bytes: usize = state
@@ -239,6 +254,16 @@ where
         );
     }
 
+    if let Some(rank) = rank {
+        let leads = rank.leads();
+        trainer.add_callback(rank.progress());
+        if !leads {
+            let signals = StopSignals::install()?;
+            trainer.stop_when(signals.flag());
+            trainer.run()?;
+            return Ok(false);
+        }
+    }
     if request.overwrite {
         run_dir.clear()?;
     }

@@ -6,6 +6,7 @@ use super::staged::StagedBatches;
 use super::stepper::Stepper;
 use super::{Overlap, TrainConfig};
 use crate::checkpoint::{self, Checkpoints};
+use crate::distributed::{DataParallel, DistributedError};
 use crate::data::{BatchIterator, BatchPosition, Order, Rows, Windows};
 use crate::error::{Error, Result};
 use crate::model::{LanguageModel, TrainingStep};
@@ -13,6 +14,7 @@ use crate::state::{StateTemplate, TrainState};
 use crate::step::StepOptions;
 use mlx_rs::error::Exception;
 use mlx_rs::transforms::{async_eval, compile::compile, eval};
+use mlx_rs::ops::indexing::IndexOp;
 use mlx_rs::Array;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -102,6 +104,8 @@ pub struct Trainer<S: TrainingStep> {
     stop: Option<Arc<AtomicBool>>,
     done: u64,
     flops_per_token: f64,
+    /// The ranks this process trains with, each on its part of every batch.
+    parallel: Option<DataParallel>,
 }
 
 impl<S: TrainingStep> Trainer<S>
@@ -123,7 +127,7 @@ where
     /// A fresh run over rows of one's own (supervised examples, [`SftRows`](crate::data::SftRows)):
     /// `config.validation_fraction` is not used, `data.validation` is the validation set.
     pub fn with_data(model: ModelConfig<S>, config: TrainConfig, data: TrainData) -> Result<Self> {
-        Self::starting_from(model, config, data, None)
+        Self::starting_from(model, config, data, None, None)
     }
 
     /// A fresh run from `params` (a published model's weights) instead of initialised ones,
@@ -134,7 +138,31 @@ where
         data: TrainData,
         params: Params<S>,
     ) -> Result<Self> {
-        Self::starting_from(model, config, data, Some(params))
+        Self::starting_from(model, config, data, Some(params), None)
+    }
+
+    /// A fresh run (from `params` if given) of one rank of a data-parallel run. Every rank
+    /// draws the same batches of `config.batch_size` rows and trains on its own equal part of
+    /// each; the gradients and the loss are averaged over the ranks, so that every rank makes
+    /// the update one process would make on the whole batch and holds the same state. Metrics
+    /// are the whole batch's; only rank 0 writes checkpoints.
+    pub fn data_parallel(
+        model: ModelConfig<S>,
+        config: TrainConfig,
+        data: TrainData,
+        params: Option<Params<S>>,
+        parallel: DataParallel,
+    ) -> Result<Self> {
+        let ranks = parallel.group.size();
+        if config.batch_size % ranks != 0 {
+            return Err(DistributedError::Uneven {
+                what: "batch_size",
+                value: config.batch_size,
+                ranks,
+            }
+            .into());
+        }
+        Self::starting_from(model, config, data, params, Some(parallel))
     }
 
     fn starting_from(
@@ -142,6 +170,7 @@ where
         config: TrainConfig,
         data: TrainData,
         params: Option<Params<S>>,
+        parallel: Option<DataParallel>,
     ) -> Result<Self> {
         config.validate()?;
         S::Model::validate(&model)?;
@@ -182,6 +211,7 @@ where
             },
             options,
             config.state_packing,
+            parallel.as_ref(),
         )?;
         let validation = data.validation;
         let train_batches =
@@ -200,6 +230,7 @@ where
             stop: None,
             done: 0,
             flops_per_token,
+            parallel,
         })
     }
 
@@ -300,7 +331,8 @@ where
         while self.done < self.config.steps && progress.stopped.is_none() {
             let building = Instant::now();
             let lr = self.config.schedule.lr(self.done);
-            let metrics = self.stepper.step(lr, &[next.0.clone(), next.1.clone()])?;
+            let batch = self.own_part(&next)?;
+            let metrics = self.stepper.step(lr, &batch)?;
             let build_s = building.elapsed().as_secs_f64();
             let overlap = match self.config.overlap {
                 Overlap::Submit if capped && cap.is_none() => Overlap::Build,
@@ -394,6 +426,8 @@ where
         progress: &mut Progress,
     ) -> Result<()> {
         let waiting = Instant::now();
+        // Evaluated here so that a failed collective (a rank lost) is an error, not a panic.
+        eval([&step.loss, &step.grad_norm])?;
         let loss = step.loss.item_exact::<f32>();
         let grad_norm = step.grad_norm.item_exact::<f32>();
         let wait_s = waiting.elapsed().as_secs_f64();
@@ -515,6 +549,11 @@ where
         position: BatchPosition,
         next: &(Array, Array),
     ) -> Result<PathBuf> {
+        // Every rank takes the state, whose optimizer buffers a sharded state gathers from all.
+        self.state();
+        if self.parallel.as_ref().is_some_and(|p| p.group.rank() != 0) {
+            return Ok(self.checkpoints.dir(self.done));
+        }
         let loss = self.loss_on(next)?;
         let mut trainer = serde_json::json!({
             "step": self.done,
@@ -528,6 +567,21 @@ where
         // A non-finite loss is recorded as null: no candidate to continue from.
         trainer[checkpoint::LOSS_FIELD] = loss.into();
         self.checkpoints.save(self.done, self.state(), &trainer)
+    }
+}
+
+impl<S: TrainingStep> Trainer<S> {
+    /// This rank's rows of a batch of the whole run: all of them for a single process.
+    fn own_part(&self, batch: &(Array, Array)) -> Result<Vec<Array>> {
+        let Some(parallel) = &self.parallel else {
+            return Ok(vec![batch.0.clone(), batch.1.clone()]);
+        };
+        let rows = (self.config.batch_size / parallel.group.size()) as i32;
+        let start = rows * parallel.group.rank() as i32;
+        Ok(vec![
+            batch.0.index(start..start + rows),
+            batch.1.index(start..start + rows),
+        ])
     }
 }
 
