@@ -23,6 +23,16 @@ impl Rank {
     /// is connected; `None` for a process on its own.
     pub fn from_environment() -> anyhow::Result<Option<Rank>> {
         let timeout = Watchdog::timeout_from_environment()?;
+        if std::env::var_os("MLX_RANK").is_none() {
+            return Ok(None);
+        }
+        // MLX's ring backend writes to its peers' sockets without MSG_NOSIGNAL: with SIGPIPE's
+        // default action (`process::main` restores it) a peer's death would kill this rank
+        // silently instead of failing its collective with an error.
+        // SAFETY: only sets the signal's action, before MLX's threads are started.
+        unsafe {
+            libc::signal(libc::SIGPIPE, libc::SIG_IGN);
+        }
         let Some(group) = Group::from_environment()? else {
             return Ok(None);
         };
@@ -62,6 +72,15 @@ impl Rank {
     /// Whether it is rank 0, which writes the run folder and reports.
     pub fn leads(&self) -> bool {
         self.parallel.group.rank() == 0
+    }
+
+    /// `rank R of N`, for messages.
+    pub fn name(&self) -> String {
+        format!(
+            "rank {} of {}",
+            self.parallel.group.rank(),
+            self.parallel.group.size()
+        )
     }
 
     /// The callback that tells the watchdog of each step and evaluation done.

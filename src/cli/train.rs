@@ -78,6 +78,7 @@ where
     // A rank of a data-parallel run joins the others first; only rank 0 writes the run folder.
     let rank = super::parallel::Rank::from_environment()?;
     let leader = rank.as_ref().is_none_or(|rank| rank.leads());
+    let rank_name = rank.as_ref().map(|rank| rank.name());
     let init = request.init.as_deref().map(HfFolder::open).transpose()?;
     let model_config = match (&request.model_config, &init) {
         (Some(recorded), _) => serde_json::from_value(recorded.clone())
@@ -260,7 +261,7 @@ where
         if !leads {
             let signals = StopSignals::install()?;
             trainer.stop_when(signals.flag());
-            trainer.run()?;
+            trainer.run().map_err(|err| in_rank(err.into(), &rank_name))?;
             return Ok(false);
         }
     }
@@ -291,7 +292,9 @@ where
     }
     let signals = StopSignals::install()?;
     trainer.stop_when(signals.flag());
-    let summary = trainer.run().map_err(|err| with_hint(err, &out_dir))?;
+    let summary = trainer
+        .run()
+        .map_err(|err| in_rank(with_hint(err, &out_dir), &rank_name))?;
     println!(
         "trained {} to step {}: loss {:.4}{}, traced {} time(s)",
         S::Model::NAME,
@@ -352,6 +355,14 @@ fn accept_changes(
     }
     eprintln!("warning: continuing the run in {run} with changed settings:{list}");
     Ok((recorded.train.schedule != new.train.schedule).then(|| recorded.train.schedule.clone()))
+}
+
+/// `err` naming the rank that met it, in a data-parallel run.
+fn in_rank(err: anyhow::Error, rank: &Option<String>) -> anyhow::Error {
+    match rank {
+        Some(rank) => err.context(rank.clone()),
+        None => err,
+    }
 }
 
 /// A diverged run's error, with the command that continues from the checkpoint it names.
