@@ -102,6 +102,11 @@ fn two_ranks_train_as_one_process_on_the_whole_batch_and_resume_across_rank_coun
     train(2, &["--shard-optimizer"], &sharded, "20", "10", &[]);
     assert_same_losses(&single, &sharded);
 
+    // The gradients summed between the step's functions (as with gradient accumulation).
+    let after = dir.path().join("after");
+    train(2, &["--reduce", "after-step"], &after, "20", "10", &[]);
+    assert_same_losses(&single, &after);
+
     // A checkpoint written by two ranks (sharded: gathered first) goes on in one process...
     let resume = |run: &Path| {
         vec![
@@ -281,4 +286,45 @@ fn a_rank_that_stops_responding_ends_the_other_at_the_timeout() {
         ),
         "{stderr}"
     );
+}
+
+#[test]
+fn an_interrupted_launch_stops_every_rank_after_the_same_step_with_a_checkpoint() {
+    let dir = tempfile::tempdir().unwrap();
+    let run = dir.path().join("run");
+    let launch = Command::new(env!("CARGO_BIN_EXE_lmx"))
+        .args(["launch", "-n", "2", "--", "train", "--steps", "100000"])
+        .args(COMMON)
+        .args(["0", "--out", run.to_str().unwrap()])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let started = Instant::now();
+    while losses_so_far(&run) < 2 {
+        assert!(started.elapsed() < Duration::from_secs(300), "no progress");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let pid = launch.id().to_string();
+    assert!(Command::new("kill")
+        .args(["-INT", &pid])
+        .status()
+        .unwrap()
+        .success());
+    let output = launch.wait_with_output().unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains("error: the ranks stopped on signal 2"),
+        "{stdout}\n{stderr}"
+    );
+    let steps = losses(&run).len() as u64;
+    let checkpoint = run.join(format!("checkpoints/step-{steps:06}"));
+    assert!(checkpoint.is_dir(), "{stdout}\n{stderr}");
+    // Both ranks stopped at that step: neither met a collective the other never joined.
+    assert!(
+        !stderr.contains("connection to a peer was lost"),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("rank 1 exited"), "{stderr}");
 }

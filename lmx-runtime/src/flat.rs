@@ -417,7 +417,6 @@ where
         Ok(())
     }
 
-
     /// Runs one step: `flat` becomes the next flat state (lazily: nothing is evaluated here).
     pub fn step(&mut self, flat: &mut Vec<Array>, lr: f32, batch: &[Array]) -> Result<StepMetrics> {
         let n = self.layout.len();

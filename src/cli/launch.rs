@@ -180,7 +180,11 @@ pub fn run(args: &LaunchArgs) -> anyhow::Result<()> {
         }
         *local_index += 1;
         let child = spawn(host, &exe, &cwd, &env, &args.command)?;
-        eprintln!("lmx launch: rank {rank} on {}: pid {}", host.ssh, child.id());
+        eprintln!(
+            "lmx launch: rank {rank} on {}: pid {}",
+            host.ssh,
+            child.id()
+        );
         children.push(child);
     }
     supervise(children)
@@ -240,16 +244,21 @@ fn supervise(mut children: Vec<Child>) -> anyhow::Result<()> {
     let mut status: Vec<Option<ExitStatus>> = vec![None; children.len()];
     let mut failed: Option<(usize, ExitStatus)> = None;
     let mut ending_since: Option<Instant> = None;
+    // The signal passed on, if one was: the ranks then stop after the same step, with a
+    // checkpoint, and exit as the signal would have.
+    let mut passed_on: Option<i32> = None;
     loop {
         let forwarded = signal.swap(0, std::sync::atomic::Ordering::SeqCst);
         if forwarded != 0 {
             signal_all(&children, &status, forwarded as i32);
+            passed_on = Some(forwarded as i32);
         }
         for (rank, child) in children.iter_mut().enumerate() {
             if status[rank].is_none() {
                 if let Some(exit) = child.try_wait()? {
                     status[rank] = Some(exit);
-                    if !exit.success() && failed.is_none() {
+                    let stopped = passed_on.is_some_and(|signal| exit.code() == Some(128 + signal));
+                    if !exit.success() && !stopped && failed.is_none() {
                         failed = Some((rank, exit));
                     }
                 }
@@ -276,9 +285,10 @@ fn supervise(mut children: Vec<Child>) -> anyhow::Result<()> {
         }
         std::thread::sleep(Duration::from_millis(100));
     }
-    match failed {
-        None => Ok(()),
-        Some((rank, exit)) => anyhow::bail!("rank {rank} {}", describe(exit)),
+    match (failed, passed_on) {
+        (Some((rank, exit)), _) => anyhow::bail!("rank {rank} {}", describe(exit)),
+        (None, Some(signal)) => anyhow::bail!("the ranks stopped on signal {signal}"),
+        (None, None) => Ok(()),
     }
 }
 
@@ -341,7 +351,10 @@ fn read_hostfile(path: &Path) -> anyhow::Result<(Vec<Host>, Option<Backend>, Vec
                 .clone();
             let backend = match fields.get("backend").and_then(|b| b.as_str()) {
                 None | Some("") => None,
-                Some(name) => Some(name.parse::<Backend>().map_err(|err| error(err.to_string()))?),
+                Some(name) => Some(
+                    name.parse::<Backend>()
+                        .map_err(|err| error(err.to_string()))?,
+                ),
             };
             let envs = match fields.get("envs") {
                 None => Vec::new(),
@@ -350,7 +363,11 @@ fn read_hostfile(path: &Path) -> anyhow::Result<(Vec<Host>, Option<Backend>, Vec
             };
             (hosts, backend, envs)
         }
-        _ => return Err(error("expected a list of hosts or an object with \"hosts\"".into())),
+        _ => {
+            return Err(error(
+                "expected a list of hosts or an object with \"hosts\"".into(),
+            ))
+        }
     };
     if hosts.is_empty() {
         return Err(error("no hosts".into()));

@@ -261,7 +261,9 @@ where
         if !leads {
             let signals = StopSignals::install()?;
             trainer.stop_when(signals.flag());
-            trainer.run().map_err(|err| in_rank(err.into(), &rank_name))?;
+            trainer
+                .run()
+                .map_err(|err| in_rank(err.into(), &rank_name))?;
             return Ok(false);
         }
     }

@@ -45,7 +45,9 @@ pub enum DistributedError {
         expected: &'static str,
     },
     /// A size that must split evenly across the ranks does not.
-    #[error("{what} is {value}, which {ranks} ranks cannot share evenly: make it a multiple of {ranks}")]
+    #[error(
+        "{what} is {value}, which {ranks} ranks cannot share evenly: make it a multiple of {ranks}"
+    )]
     Uneven {
         /// What it is (`batch_size`).
         what: &'static str,

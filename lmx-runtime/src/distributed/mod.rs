@@ -19,10 +19,10 @@ mod shard;
 mod watchdog;
 
 pub(crate) use average::{average, share};
-pub use shard::Shard;
 pub use backend::Backend;
 pub use error::DistributedError;
 pub use group::Group;
+pub use shard::Shard;
 pub use watchdog::Watchdog;
 
 /// The environment variable that names the backend a launched process initialises (`lmx launch`

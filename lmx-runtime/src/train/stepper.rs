@@ -64,7 +64,13 @@ where
                     "a flat state sums the gradients over the ranks inside its step".into(),
                 ));
             }
-            match FlatStep::data_parallel(&state, optimizer.clone(), loss.clone(), options, parallel)? {
+            match FlatStep::data_parallel(
+                &state,
+                optimizer.clone(),
+                loss.clone(),
+                options,
+                parallel,
+            )? {
                 Some(step) => {
                     let flat = step.pack(&state)?;
                     return Ok(Stepper::Flat {

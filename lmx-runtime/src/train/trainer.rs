@@ -6,15 +6,15 @@ use super::staged::StagedBatches;
 use super::stepper::Stepper;
 use super::{Overlap, TrainConfig};
 use crate::checkpoint::{self, Checkpoints};
-use crate::distributed::{DataParallel, DistributedError};
 use crate::data::{BatchIterator, BatchPosition, Order, Rows, Windows};
+use crate::distributed::{DataParallel, DistributedError};
 use crate::error::{Error, Result};
 use crate::model::{LanguageModel, TrainingStep};
 use crate::state::{StateTemplate, TrainState};
 use crate::step::StepOptions;
 use mlx_rs::error::Exception;
-use mlx_rs::transforms::{async_eval, compile::compile, eval};
 use mlx_rs::ops::indexing::IndexOp;
+use mlx_rs::transforms::{async_eval, compile::compile, eval};
 use mlx_rs::Array;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -80,6 +80,8 @@ struct InFlight {
     lr: f32,
     build_s: f64,
     submit_s: f64,
+    /// In a data-parallel run: how many ranks had been asked to stop when it was dispatched.
+    stop_votes: Option<Array>,
 }
 
 /// What a run has seen so far.
@@ -333,6 +335,7 @@ where
             let lr = self.config.schedule.lr(self.done);
             let batch = self.own_part(&next)?;
             let metrics = self.stepper.step(lr, &batch)?;
+            let stop_votes = self.stop_votes()?;
             let build_s = building.elapsed().as_secs_f64();
             let overlap = match self.config.overlap {
                 Overlap::Submit if capped && cap.is_none() => Overlap::Build,
@@ -362,16 +365,18 @@ where
                 lr,
                 build_s,
                 submit_s,
+                stop_votes,
             });
             // The position before `next` is drawn: resuming from this step draws it again.
             resume_at = batches.position(&self.train_batches);
             if self.done < self.config.steps {
                 next = batches.next(&mut self.train_batches, remaining(self.done))?;
             }
-            if self
-                .stop
-                .as_ref()
-                .is_some_and(|flag| flag.load(Ordering::SeqCst))
+            if self.parallel.is_none()
+                && self
+                    .stop
+                    .as_ref()
+                    .is_some_and(|flag| flag.load(Ordering::SeqCst))
             {
                 progress
                     .stopped
@@ -399,6 +404,22 @@ where
             stopped: progress.stopped,
             checkpoint: progress.last_checkpoint,
         })
+    }
+
+    /// In a data-parallel run, the count over the ranks of those whose stop flag is set, summed
+    /// behind the step just dispatched: read with its loss, the same on every rank, so that every
+    /// rank stops after the same step (a signal reaches the ranks at different times).
+    fn stop_votes(&self) -> Result<Option<Array>> {
+        let Some(parallel) = &self.parallel else {
+            return Ok(None);
+        };
+        let asked = self
+            .stop
+            .as_ref()
+            .is_some_and(|flag| flag.load(Ordering::SeqCst));
+        Ok(Some(
+            parallel.group.all_sum(&Array::from_int(i32::from(asked)))?,
+        ))
     }
 
     /// Whether the step just dispatched ends the run or is due for validation or a checkpoint.
@@ -430,6 +451,14 @@ where
         eval([&step.loss, &step.grad_norm])?;
         let loss = step.loss.item_exact::<f32>();
         let grad_norm = step.grad_norm.item_exact::<f32>();
+        if let Some(votes) = &step.stop_votes {
+            eval([votes])?;
+            if votes.item_exact::<i32>() > 0 {
+                progress
+                    .stopped
+                    .get_or_insert_with(|| "stopped on request".into());
+            }
+        }
         let wait_s = waiting.elapsed().as_secs_f64();
         if !loss.is_finite() {
             return Err(Error::Diverged {
