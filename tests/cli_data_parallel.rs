@@ -263,14 +263,22 @@ fn losses_so_far(run: &Path) -> usize {
 
 #[test]
 fn a_killed_rank_ends_the_other_with_an_error() {
-    let mut ranks = Ranks::start("60");
+    let mut ranks = Ranks::start("20");
     ranks.signal(1, "-KILL");
     let (status, stderr) = ranks.rank_0_ends(Duration::from_secs(120));
-    assert_eq!(status, Some(1), "{stderr}");
-    assert!(
-        stderr.contains("error: rank 0 of 2: MLX: [ring] connection to a peer was lost"),
-        "{stderr}"
-    );
+    // The ring backend fails the collective, or, where MLX leaves the step waiting on the
+    // failed one, the watchdog ends the rank at the timeout.
+    match status {
+        Some(1) => assert!(
+            stderr.contains("error: rank 0 of 2: MLX: [ring] connection to a peer was lost"),
+            "{stderr}"
+        ),
+        Some(75) => assert!(
+            stderr.contains("error: rank 0 of 2: no training progress for 20 s"),
+            "{stderr}"
+        ),
+        other => panic!("rank 0 ended with {other:?}:\n{stderr}"),
+    }
 }
 
 #[test]
