@@ -12,7 +12,8 @@
 #    functions (per-parameter state); tokens/s (median of steps 11 on) and peak memory of rank 0.
 # 3. The Python MLX anchor (bench/dp_anchor_mlx.py: all_sum over the gradients inside its compiled
 #    step) on one GPU and on two, started with mlx.launch's environment.
-# Environment: LMX (default .gpu-dp/lmx), PYTHON (default python3), STEPS (GPT-2 steps, default 40).
+# Environment: LMX (default .gpu-dp/lmx), PYTHON (default python3), STEPS (GPT-2 steps, default 40),
+# ANCHOR (default bench/dp_anchor_mlx.py).
 set -u
 out=${1:?output folder}
 mkdir -p "$out"
@@ -52,7 +53,7 @@ run gpt2-2a "$lmx" launch -n 2 --backend nccl --reduce after-step -- train $gpt 
     --out "$work/gpt2-2a"
 for run in gpt2-1 gpt2-2 gpt2-2z gpt2-2a; do cp "$work/$run/metrics.jsonl" "$out/$run.jsonl" 2>/dev/null; done
 
-anchor="bench/dp_anchor_mlx.py --batch 16 --seq 1024 --steps 30 --warmup 5 --dtype bfloat16"
+anchor="${ANCHOR:-bench/dp_anchor_mlx.py} --batch 16 --seq 1024 --steps 30 --warmup 5 --dtype bfloat16"
 run anchor-1 "$python" $anchor
 port=$((20000 + RANDOM % 20000))
 for rank in 0 1; do
