@@ -69,6 +69,9 @@ pub enum Error {
     /// A quantization that cannot be made, read or written (see `quant::QuantError`).
     #[error(transparent)]
     Quantization(#[from] crate::quant::QuantError),
+    /// The processes of a data-parallel run could not start or work together.
+    #[error(transparent)]
+    Distributed(#[from] crate::distributed::DistributedError),
     /// A named setting is out of its range.
     #[error("{name} is {value}; it must be {expected}")]
     Setting {

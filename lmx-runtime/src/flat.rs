@@ -18,6 +18,7 @@
 
 use crate::arrays::Arrays;
 use crate::clip;
+use crate::distributed::{self, DataParallel, Shard};
 use crate::error::{Error, Result};
 use crate::optim::{DecayScope, Optimizer, StepScalars};
 use crate::state::{StateTemplate, TrainState};
@@ -62,6 +63,8 @@ pub struct FlatLayout {
     frozen: usize,
     /// Optimizer state arrays per trainable parameter.
     opt_arrays: usize,
+    /// Each group's buffer length.
+    lengths: Vec<i32>,
 }
 
 impl FlatLayout {
@@ -137,6 +140,7 @@ impl FlatLayout {
             groups,
             frozen,
             opt_arrays,
+            lengths: sizes,
         }))
     }
 
@@ -298,6 +302,8 @@ pub struct FlatStep<P: Tree<Array>, O: Optimizer> {
     layout: FlatLayout,
     template: StateTemplate<P, O>,
     traces: Rc<Cell<usize>>,
+    /// With the optimizer state sharded over the ranks: how it is cut.
+    shard: Option<Shard>,
 }
 
 impl<P, O> FlatStep<P, O>
@@ -317,6 +323,21 @@ where
         loss: impl Loss<P>,
         options: StepOptions,
     ) -> Result<Option<Self>> {
+        Self::data_parallel(state, optimizer, loss, options, None)
+    }
+
+    /// The step of one rank of a data-parallel run (of a single process for `None`): the packed
+    /// gradients are averaged over the ranks inside the compiled step, one collective per
+    /// buffer. With `parallel.shard_optimizer` each rank holds only its part of every optimizer
+    /// state buffer (ZeRO-1): the gradients are reduce-scattered, each rank updates its part of
+    /// the parameters, and the parts are gathered.
+    pub fn data_parallel(
+        state: &TrainState<P, O>,
+        optimizer: O,
+        loss: impl Loss<P>,
+        options: StepOptions,
+        parallel: Option<&DataParallel>,
+    ) -> Result<Option<Self>> {
         if options.accumulation != 1 {
             return Err(Error::Config(
                 "a flat state updates after every batch: gradient accumulation needs \
@@ -332,7 +353,13 @@ where
             return Ok(None);
         };
         let traces = Rc::new(Cell::new(0));
+        let shard = parallel
+            .filter(|parallel| parallel.shard_optimizer)
+            .map(|parallel| Shard::new(parallel.group.clone()));
         let body = FlatBody {
+            group: parallel.map(|parallel| parallel.group.clone()),
+            shard: shard.clone(),
+            targets: options.targets,
             layout: layout.clone(),
             template: template.clone(),
             trainable: state.specs().iter().map(|spec| spec.trainable).collect(),
@@ -347,17 +374,47 @@ where
             layout,
             template,
             traces,
+            shard,
         }))
     }
 
-    /// `state` packed: the flat list this step reads and writes.
+    /// `state` packed: the flat list this step reads and writes (with a sharded optimizer
+    /// state, this rank's part of each optimizer buffer).
     pub fn pack(&self, state: &TrainState<P, O>) -> Result<Vec<Array>> {
-        self.layout.pack(&state.flatten())
+        let mut flat = self.layout.pack(&state.flatten())?;
+        if let Some(shard) = &self.shard {
+            self.each_opt_buffer(&mut flat, |buffer, length| shard.slice(buffer, length))?;
+        }
+        Ok(flat)
     }
 
     /// The [`TrainState`] that the flat list `flat` holds, its arrays views of the flat buffers.
+    /// With a sharded optimizer state the ranks' parts are gathered first, and evaluated: every
+    /// rank must unpack at the same point of the run, as every rank takes part in the gathering.
     pub fn unpack(&self, flat: &[Array]) -> Result<TrainState<P, O>> {
-        self.template.state(&self.layout.unpack(flat)?)
+        let Some(shard) = &self.shard else {
+            return self.template.state(&self.layout.unpack(flat)?);
+        };
+        let mut whole = flat.to_vec();
+        self.each_opt_buffer(&mut whole, |part, length| shard.gather(part, length))?;
+        mlx_rs::transforms::eval(whole.iter())?;
+        self.template.state(&self.layout.unpack(&whole)?)
+    }
+
+    /// Replaces each optimizer state buffer of `flat` by `change(buffer, its group's length)`.
+    fn each_opt_buffer(
+        &self,
+        flat: &mut [Array],
+        change: impl Fn(&Array, i32) -> Result<Array>,
+    ) -> Result<()> {
+        let layout = &self.layout;
+        for group in 0..layout.groups.len() {
+            for index in 0..layout.opt_arrays {
+                let at = layout.opt_index(group, index);
+                flat[at] = change(&flat[at], layout.lengths[group])?;
+            }
+        }
+        Ok(())
     }
 
     /// Runs one step: `flat` becomes the next flat state (lazily: nothing is evaluated here).
@@ -390,6 +447,12 @@ where
 
 /// The flat step's pure function and what it needs, captured by value.
 struct FlatBody<P: Tree<Array>, O: Optimizer> {
+    /// The ranks the gradients and loss are averaged over.
+    group: Option<distributed::Group>,
+    /// With the optimizer state sharded over the ranks: how it is cut.
+    shard: Option<Shard>,
+    /// The batch input of target ids, if the batch has one.
+    targets: Option<usize>,
     layout: FlatLayout,
     template: StateTemplate<P, O>,
     trainable: Vec<bool>,
@@ -427,6 +490,30 @@ impl<P: Tree<Array>, O: Optimizer> FlatBody<P, O> {
             &subkey,
         )?;
         let (grads, grad_norm) = layout.pack_grads(&grads)?;
+        let targets = self.targets.and_then(|index| batch.get(index));
+        let (grads, grad_norm, loss) = match (&self.group, &self.shard) {
+            (None, _) => (grads, grad_norm, loss),
+            (Some(group), None) => {
+                let (grads, loss) = distributed::average(group, grads, loss, targets)?;
+                let norm = clip::global_norm(&grads)?;
+                (grads, norm, loss)
+            }
+            (Some(group), Some(shard)) => {
+                let share = distributed::share(group, targets)?;
+                let loss = group.all_sum(&loss.multiply(&share)?)?;
+                let parts = grads
+                    .iter()
+                    .zip(&layout.lengths)
+                    .map(|(grad, &length)| {
+                        let weighed = grad.multiply(share.as_dtype(grad.dtype())?)?;
+                        shard.sum_scatter(&weighed, length)
+                    })
+                    .collect::<Result<Vec<_>>>()?;
+                let local = clip::global_norm(&parts)?;
+                let norm = group.all_sum(&local.multiply(&local)?)?.sqrt()?;
+                (parts, norm, loss)
+            }
+        };
         let grads = match self.clip_norm {
             Some(max_norm) => clip::clip_to_norm(&grads, &grad_norm, max_norm)?,
             None => grads,
@@ -441,10 +528,18 @@ impl<P: Tree<Array>, O: Optimizer> FlatBody<P, O> {
             let leaf = self
                 .leaf
                 .rebuild_from(&mut state[first..first + layout.opt_arrays].iter().cloned());
-            let (param, leaf) =
-                self.optimizer
-                    .update(&state[index], grad, &leaf, scalars, group.decay)?;
-            params.push(param);
+            let length = layout.lengths[index];
+            let param = match &self.shard {
+                Some(shard) => shard.slice(&state[index], length)?,
+                None => state[index].clone(),
+            };
+            let (param, leaf) = self
+                .optimizer
+                .update(&param, grad, &leaf, scalars, group.decay)?;
+            params.push(match &self.shard {
+                Some(shard) => shard.gather(&param, length)?,
+                None => param,
+            });
             leaf.push_arrays(&mut opt);
         }
         let mut outputs = params;

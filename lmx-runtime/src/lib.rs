@@ -7,6 +7,7 @@ pub mod clip;
 pub mod cuda;
 pub mod data;
 pub mod device;
+pub mod distributed;
 pub mod error;
 pub mod flat;
 pub mod generate;

@@ -13,6 +13,7 @@
 
 use crate::arrays::Arrays;
 use crate::clip;
+use crate::distributed::{self, DataParallel, Group, Reduce};
 use crate::error::{Error, Result};
 use crate::optim::{DecayScope, Optimizer, StepScalars};
 use crate::state::{StateTemplate, TrainState};
@@ -104,6 +105,8 @@ pub struct TrainStep<P: Tree<Array>, O: Optimizer> {
     /// The frozen models' leaves: inputs of every call of the compiled step, ahead of the batch,
     /// never differentiated and never updated.
     frozen: Vec<Array>,
+    /// The ranks whose gradients an accumulated step averages between its functions.
+    group: Option<Group>,
 }
 
 enum Mode {
@@ -133,6 +136,21 @@ where
         loss: impl Loss<P>,
         options: StepOptions,
     ) -> Result<Self> {
+        Self::data_parallel(state, optimizer, loss, options, None)
+    }
+
+    /// The step of one rank of a data-parallel run (of a single process for `None`): each rank
+    /// steps on its own part of the global batch and the gradients and loss are averaged over
+    /// the ranks, inside the compiled step or between its functions as `parallel.reduce` says
+    /// (with gradient accumulation always between).
+    pub fn data_parallel(
+        state: &TrainState<P, O>,
+        optimizer: O,
+        loss: impl Loss<P>,
+        options: StepOptions,
+        parallel: Option<&DataParallel>,
+    ) -> Result<Self> {
+        let in_step = parallel.filter(|parallel| parallel.reduce == Reduce::InStep);
         let template = state.template();
         let traces = Rc::new(Cell::new(0));
         let specs: Vec<(bool, bool)> = state
@@ -148,14 +166,17 @@ where
             loss: Rc::new(loss),
             clip_norm: options.clip_norm,
             traces: traces.clone(),
+            group: in_step.map(|parallel| parallel.group.clone()),
+            targets: options.targets,
         });
+        let fused = parallel.is_none() || in_step.is_some();
         let mode = match options.accumulation {
             0 => {
                 return Err(Error::Config(
                     "gradient accumulation needs at least 1 micro-batch".into(),
                 ))
             }
-            1 => Mode::Fused(prepare(move |inputs| body.fused(inputs), options.compile)),
+            1 if fused => Mode::Fused(prepare(move |inputs| body.fused(inputs), options.compile)),
             parts => {
                 let micro_body = body.clone();
                 Mode::Accumulate {
@@ -172,6 +193,7 @@ where
             trainable,
             targets: options.targets,
             frozen: Vec::new(),
+            group: parallel.map(|parallel| parallel.group.clone()),
         })
     }
 
@@ -233,6 +255,15 @@ where
                     self.trainable,
                     self.targets,
                 )?;
+                let (grads, loss) = match &self.group {
+                    Some(group) => distributed::average(
+                        group,
+                        grads,
+                        loss,
+                        self.targets.and_then(|index| batch.get(index)),
+                    )?,
+                    None => (grads, loss),
+                };
                 inputs.extend(grads);
                 let mut outputs = apply(&inputs)?;
                 outputs.insert(n, loss.clone());
@@ -379,6 +410,10 @@ struct StepBody<P: Tree<Array>, O: Optimizer> {
     loss: Rc<dyn Loss<P>>,
     clip_norm: Option<f32>,
     traces: Rc<Cell<usize>>,
+    /// The ranks the fused step averages its gradients and loss over.
+    group: Option<Group>,
+    /// The batch input of target ids, if the batch has one.
+    targets: Option<usize>,
 }
 
 impl<P, O> StepBody<P, O>
@@ -394,7 +429,17 @@ where
         let state = self.template.state(inputs)?;
         let (key, subkey) = random::split(&state.key, 2)?;
         let params = &inputs[..self.template.layout().params];
-        let (loss, grads) = self.loss_and_grads(params, &inputs[n_state + 1..], &subkey)?;
+        let batch = &inputs[n_state + 1..];
+        let (loss, grads) = self.loss_and_grads(params, batch, &subkey)?;
+        let (grads, loss) = match &self.group {
+            Some(group) => distributed::average(
+                group,
+                grads,
+                loss,
+                self.targets.and_then(|index| batch.get(index)),
+            )?,
+            None => (grads, loss),
+        };
         let mut outputs = self.update(state, &inputs[n_state], grads, key)?;
         outputs.insert(n_state, loss);
         Ok(outputs)

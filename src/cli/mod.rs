@@ -8,10 +8,12 @@ pub mod export;
 pub mod folder_info;
 pub mod hf_model;
 pub mod interrupt;
+pub mod launch;
 pub mod lora;
 pub mod model_file;
 pub mod new;
 pub mod objective;
+pub mod parallel;
 pub mod plot;
 pub mod process;
 pub mod quantize;
@@ -54,6 +56,10 @@ pub enum Command {
     /// Train low-rank adapters on a frozen model (as `mlx_lm.lora`): `lmx train`'s options and
     /// the adapters'.
     Lora(lora::LoraArgs),
+    /// Run `lmx` as several processes that train together (data parallel) over MLX's distributed
+    /// backends, as `mlx.launch` does: `lmx launch -n 2 -- train ...` on this host, or one
+    /// process per host of a host file.
+    Launch(launch::LaunchArgs),
     /// Fuse a run's adapters into its model's weights (as `mlx_lm.fuse`), as a new run directory.
     Fuse(lora::FuseArgs),
     /// Sample text from a run's latest checkpoint, or from a Hugging Face model folder.
@@ -837,6 +843,7 @@ pub fn run(cli: Cli, registry: &Registry) -> anyhow::Result<()> {
             Ok(())
         }
         Command::Bench(command) => bench::run(&command),
+        Command::Launch(args) => launch::run(&args),
         Command::Quantize(args) => quantize::run(args),
         Command::Serve(args) => serve::run(args, registry, cli.device),
         Command::Platform => {

@@ -18,7 +18,8 @@ const RUN_ENTRIES: &[&str] = &[
 /// A locked run directory.
 pub struct RunDir {
     dir: PathBuf,
-    _lock: RunLock,
+    /// `None` for a rank of a data-parallel run other than 0, which only reads the folder.
+    _lock: Option<RunLock>,
 }
 
 fn io(path: &Path) -> impl FnOnce(std::io::Error) -> anyhow::Error + '_ {
@@ -30,8 +31,17 @@ impl RunDir {
     pub fn lock(dir: &Path) -> anyhow::Result<RunDir> {
         Ok(RunDir {
             dir: dir.to_owned(),
-            _lock: RunLock::acquire(dir)?,
+            _lock: Some(RunLock::acquire(dir)?),
         })
+    }
+
+    /// The run directory that rank 0 of a data-parallel run locks and writes, as another rank
+    /// reads it (its checkpoints to resume from).
+    pub fn of_rank_0(dir: &Path) -> RunDir {
+        RunDir {
+            dir: dir.to_owned(),
+            _lock: None,
+        }
     }
 
     /// The names of its entries, but the lock's, sorted.

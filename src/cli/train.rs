@@ -79,6 +79,10 @@ where
     >: Clone + 'static,
 {
     request.train.validate()?;
+    // A rank of a data-parallel run joins the others first; only rank 0 writes the run folder.
+    let rank = super::parallel::Rank::from_environment()?;
+    let leader = rank.as_ref().is_none_or(|rank| rank.leads());
+    let rank_name = rank.as_ref().map(|rank| rank.name());
     let init = request.init.as_deref().map(HfFolder::open).transpose()?;
     let model_config = match (&request.model_config, &init) {
         (Some(recorded), _) => serde_json::from_value(recorded.clone())
@@ -173,8 +177,11 @@ where
         objective: request.objective.clone(),
     };
 
-    let run_dir = RunDir::lock(&out_dir)?;
-    if request.resume.is_none() && !request.overwrite {
+    let run_dir = match leader {
+        true => RunDir::lock(&out_dir)?,
+        false => RunDir::of_rank_0(&out_dir),
+    };
+    if leader && request.resume.is_none() && !request.overwrite {
         run_dir.refuse_unless_empty()?;
     }
     let changed_schedule = match &request.recorded {
@@ -223,9 +230,21 @@ where
             request.train.seed,
         )?;
     }
-    let mut trainer = match &request.objective {
-        None => Trainer::<S>::with_params(model_config, request.train.clone(), data, params)?,
-        Some(objective) => {
+    let mut trainer = match (&rank, &request.objective) {
+        (Some(_), Some(_)) => {
+            anyhow::bail!("--step and --teacher objectives do not train data-parallel yet")
+        }
+        (Some(rank), None) => Trainer::<S>::data_parallel(
+            model_config,
+            request.train.clone(),
+            data,
+            Some(params),
+            rank.parallel.clone(),
+        )?,
+        (None, None) => {
+            Trainer::<S>::with_params(model_config, request.train.clone(), data, params)?
+        }
+        (None, Some(objective)) => {
             // DPO's reference is the run's start, also when it resumes from a checkpoint.
             let start = match (&init, &from_folder) {
                 (Some(folder), None) => hf::load_model::<S::Model>(folder, None)?.1,
@@ -295,6 +314,18 @@ where
         );
     }
 
+    if let Some(rank) = rank {
+        let leads = rank.leads();
+        trainer.add_callback(rank.progress());
+        if !leads {
+            let signals = StopSignals::install()?;
+            trainer.stop_when(signals.flag());
+            trainer
+                .run()
+                .map_err(|err| in_rank(err.into(), &rank_name))?;
+            return Ok(false);
+        }
+    }
     if request.overwrite {
         run_dir.clear()?;
     }
@@ -322,7 +353,9 @@ where
     }
     let signals = StopSignals::install()?;
     trainer.stop_when(signals.flag());
-    let summary = trainer.run().map_err(|err| with_hint(err, &out_dir))?;
+    let summary = trainer
+        .run()
+        .map_err(|err| in_rank(with_hint(err, &out_dir), &rank_name))?;
     println!(
         "trained {} to step {}: loss {:.4}{}, traced {} time(s)",
         S::Model::NAME,
@@ -383,6 +416,14 @@ fn accept_changes(
     }
     eprintln!("warning: continuing the run in {run} with changed settings:{list}");
     Ok((recorded.train.schedule != new.train.schedule).then(|| recorded.train.schedule.clone()))
+}
+
+/// `err` naming the rank that met it, in a data-parallel run.
+fn in_rank(err: anyhow::Error, rank: &Option<String>) -> anyhow::Error {
+    match rank {
+        Some(rank) => err.context(rank.clone()),
+        None => err,
+    }
 }
 
 /// A diverged run's error, with the command that continues from the checkpoint it names.

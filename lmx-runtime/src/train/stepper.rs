@@ -1,6 +1,7 @@
 //! The trainer's step with the state it reads and writes, per parameter or flat.
 
 use super::StatePacking;
+use crate::distributed::{DataParallel, Reduce};
 use crate::error::{Error, Result};
 use crate::flat::FlatStep;
 use crate::optim::Optimizer;
@@ -38,14 +39,38 @@ where
         loss: impl Loss<P> + Clone,
         options: StepOptions,
         packing: StatePacking,
+        parallel: Option<&DataParallel>,
     ) -> Result<Self> {
+        let shard = parallel.is_some_and(|parallel| parallel.shard_optimizer);
+        // The flat step sums the gradients over the ranks inside itself only.
+        let reduce_in_step = parallel.is_none_or(|parallel| parallel.reduce == Reduce::InStep);
         let flat = match packing {
-            StatePacking::Auto => crate::cuda::available() && options.accumulation == 1,
+            StatePacking::Auto => {
+                (crate::cuda::available() || shard) && options.accumulation == 1 && reduce_in_step
+            }
             StatePacking::Flat => true,
             StatePacking::PerParameter => false,
         };
+        if shard && !flat {
+            return Err(Error::Config(
+                "a sharded optimizer state is a flat one: it needs the flat state packing, \
+                 gradients summed in the step and no gradient accumulation"
+                    .into(),
+            ));
+        }
         if flat {
-            match FlatStep::new(&state, optimizer.clone(), loss.clone(), options)? {
+            if !reduce_in_step {
+                return Err(Error::Config(
+                    "a flat state sums the gradients over the ranks inside its step".into(),
+                ));
+            }
+            match FlatStep::data_parallel(
+                &state,
+                optimizer.clone(),
+                loss.clone(),
+                options,
+                parallel,
+            )? {
                 Some(step) => {
                     let flat = step.pack(&state)?;
                     return Ok(Stepper::Flat {
@@ -65,7 +90,7 @@ where
             }
         }
         Ok(Stepper::PerParameter {
-            step: TrainStep::new(&state, optimizer, loss, options)?,
+            step: TrainStep::data_parallel(&state, optimizer, loss, options, parallel)?,
             state,
         })
     }

@@ -7,11 +7,13 @@ use super::stepper::Stepper;
 use super::{Objective, ObjectiveLoss, Overlap, TrainConfig};
 use crate::checkpoint::{self, Checkpoints, FrozenLeaves};
 use crate::data::{BatchIterator, BatchPosition, Order, Rows, Windows};
+use crate::distributed::{DataParallel, DistributedError};
 use crate::error::{Error, Result};
 use crate::model::{LanguageModel, TrainingStep};
 use crate::state::{StateTemplate, TrainState};
 use crate::step::StepOptions;
 use mlx_rs::error::Exception;
+use mlx_rs::ops::indexing::IndexOp;
 use mlx_rs::transforms::{async_eval, compile::compile, eval};
 use mlx_rs::Array;
 use std::path::{Path, PathBuf};
@@ -79,6 +81,8 @@ struct InFlight {
     lr: f32,
     build_s: f64,
     submit_s: f64,
+    /// In a data-parallel run: how many ranks had been asked to stop when it was dispatched.
+    stop_votes: Option<Array>,
 }
 
 /// What a run has seen so far.
@@ -108,6 +112,8 @@ pub struct Trainer<S: TrainingStep> {
     frozen: Vec<Array>,
     /// Whether validation weighs each batch by its kept targets (the loss is a mean over them).
     by_targets: bool,
+    /// The ranks this process trains with, each on its part of every batch.
+    parallel: Option<DataParallel>,
 }
 
 impl<S: TrainingStep> Trainer<S>
@@ -129,7 +135,7 @@ where
     /// A fresh run over rows of one's own (supervised examples, [`SftRows`](crate::data::SftRows)):
     /// `config.validation_fraction` is not used, `data.validation` is the validation set.
     pub fn with_data(model: ModelConfig<S>, config: TrainConfig, data: TrainData) -> Result<Self> {
-        Self::starting_from(model, config, data, None, None)
+        Self::starting_from(model, config, data, None, None, None)
     }
 
     /// A fresh run from `params` (a published model's weights) instead of initialised ones,
@@ -140,7 +146,7 @@ where
         data: TrainData,
         params: Params<S>,
     ) -> Result<Self> {
-        Self::starting_from(model, config, data, Some(params), None)
+        Self::starting_from(model, config, data, Some(params), None, None)
     }
 
     /// A fresh run from `params` that trains `objective` (DPO against a frozen reference,
@@ -155,7 +161,31 @@ where
         params: Params<S>,
         objective: Objective<S::Model>,
     ) -> Result<Self> {
-        Self::starting_from(model, config, data, Some(params), Some(objective))
+        Self::starting_from(model, config, data, Some(params), Some(objective), None)
+    }
+
+    /// A fresh run (from `params` if given) of one rank of a data-parallel run. Every rank
+    /// draws the same batches of `config.batch_size` rows and trains on its own equal part of
+    /// each; the gradients and the loss are averaged over the ranks, so that every rank makes
+    /// the update one process would make on the whole batch and holds the same state. Metrics
+    /// are the whole batch's; only rank 0 writes checkpoints.
+    pub fn data_parallel(
+        model: ModelConfig<S>,
+        config: TrainConfig,
+        data: TrainData,
+        params: Option<Params<S>>,
+        parallel: DataParallel,
+    ) -> Result<Self> {
+        let ranks = parallel.group.size();
+        if config.batch_size % ranks != 0 {
+            return Err(DistributedError::Uneven {
+                what: "batch_size",
+                value: config.batch_size,
+                ranks,
+            }
+            .into());
+        }
+        Self::starting_from(model, config, data, params, None, Some(parallel))
     }
 
     fn starting_from(
@@ -164,6 +194,7 @@ where
         data: TrainData,
         params: Option<Params<S>>,
         objective: Option<Objective<S::Model>>,
+        parallel: Option<DataParallel>,
     ) -> Result<Self> {
         config.validate()?;
         S::Model::validate(&model)?;
@@ -222,7 +253,13 @@ where
                 },
                 options,
                 config.state_packing,
+                parallel.as_ref(),
             )?,
+            Some(_) if parallel.is_some() => {
+                return Err(Error::Config(
+                    "an objective over frozen models does not train data-parallel yet".into(),
+                ))
+            }
             Some(loss) => Stepper::with_frozen(
                 state,
                 optimizer,
@@ -259,6 +296,7 @@ where
             flops_per_token,
             frozen,
             by_targets,
+            parallel,
         })
     }
 
@@ -366,7 +404,9 @@ where
         while self.done < self.config.steps && progress.stopped.is_none() {
             let building = Instant::now();
             let lr = self.config.schedule.lr(self.done);
-            let metrics = self.stepper.step(lr, &[next.0.clone(), next.1.clone()])?;
+            let batch = self.own_part(&next)?;
+            let metrics = self.stepper.step(lr, &batch)?;
+            let stop_votes = self.stop_votes()?;
             let build_s = building.elapsed().as_secs_f64();
             let overlap = match self.config.overlap {
                 Overlap::Submit if capped && cap.is_none() => Overlap::Build,
@@ -396,16 +436,18 @@ where
                 lr,
                 build_s,
                 submit_s,
+                stop_votes,
             });
             // The position before `next` is drawn: resuming from this step draws it again.
             resume_at = batches.position(&self.train_batches);
             if self.done < self.config.steps {
                 next = batches.next(&mut self.train_batches, remaining(self.done))?;
             }
-            if self
-                .stop
-                .as_ref()
-                .is_some_and(|flag| flag.load(Ordering::SeqCst))
+            if self.parallel.is_none()
+                && self
+                    .stop
+                    .as_ref()
+                    .is_some_and(|flag| flag.load(Ordering::SeqCst))
             {
                 progress
                     .stopped
@@ -435,6 +477,22 @@ where
         })
     }
 
+    /// In a data-parallel run, the count over the ranks of those whose stop flag is set, summed
+    /// behind the step just dispatched: read with its loss, the same on every rank, so that every
+    /// rank stops after the same step (a signal reaches the ranks at different times).
+    fn stop_votes(&self) -> Result<Option<Array>> {
+        let Some(parallel) = &self.parallel else {
+            return Ok(None);
+        };
+        let asked = self
+            .stop
+            .as_ref()
+            .is_some_and(|flag| flag.load(Ordering::SeqCst));
+        Ok(Some(
+            parallel.group.all_sum(&Array::from_int(i32::from(asked)))?,
+        ))
+    }
+
     /// Whether the step just dispatched ends the run or is due for validation or a checkpoint.
     fn at_boundary(&self) -> bool {
         let due = |every: u64| every > 0 && self.done % every == 0;
@@ -460,8 +518,18 @@ where
         progress: &mut Progress,
     ) -> Result<()> {
         let waiting = Instant::now();
+        // Evaluated here so that a failed collective (a rank lost) is an error, not a panic.
+        eval([&step.loss, &step.grad_norm])?;
         let loss = step.loss.item_exact::<f32>();
         let grad_norm = step.grad_norm.item_exact::<f32>();
+        if let Some(votes) = &step.stop_votes {
+            eval([votes])?;
+            if votes.item_exact::<i32>() > 0 {
+                progress
+                    .stopped
+                    .get_or_insert_with(|| "stopped on request".into());
+            }
+        }
         let wait_s = waiting.elapsed().as_secs_f64();
         if !loss.is_finite() {
             return Err(Error::Diverged {
@@ -587,6 +655,11 @@ where
         position: BatchPosition,
         next: &(Array, Array),
     ) -> Result<PathBuf> {
+        // Every rank takes the state, whose optimizer buffers a sharded state gathers from all.
+        self.state();
+        if self.parallel.as_ref().is_some_and(|p| p.group.rank() != 0) {
+            return Ok(self.checkpoints.dir(self.done));
+        }
         let loss = self.loss_on(next)?;
         let mut trainer = serde_json::json!({
             "step": self.done,
@@ -600,6 +673,21 @@ where
         // A non-finite loss is recorded as null: no candidate to continue from.
         trainer[checkpoint::LOSS_FIELD] = loss.into();
         self.checkpoints.save(self.done, self.state(), &trainer)
+    }
+}
+
+impl<S: TrainingStep> Trainer<S> {
+    /// This rank's rows of a batch of the whole run: all of them for a single process.
+    fn own_part(&self, batch: &(Array, Array)) -> Result<Vec<Array>> {
+        let Some(parallel) = &self.parallel else {
+            return Ok(vec![batch.0.clone(), batch.1.clone()]);
+        };
+        let rows = (self.config.batch_size / parallel.group.size()) as i32;
+        let start = rows * parallel.group.rank() as i32;
+        Ok(vec![
+            batch.0.index(start..start + rows),
+            batch.1.index(start..start + rows),
+        ])
     }
 }
 

@@ -1,0 +1,95 @@
+#!/bin/bash
+# The data-parallel table of docs/benchmarks.md, on a machine of two GPUs (nvidia-h100-x2) with
+# MLX's CUDA build staged as ../shared/gpu/README.md says, in one call:
+#
+#     source .gpu/p2/assemble.sh && bash bench/dp-gpu.sh OUT
+#
+# 1. Equivalence with NCCL: the tiny model in float32, 20 steps, one GPU at batch 8 against two
+#    ranks at batch 8 (4 rows each), with and without the sharded optimizer state.
+# 2. GPT-2 124M (`--preset 124m`, byte tokens of data/shakespeare.txt) in bfloat16 at 16 x 1024
+#    per GPU: one GPU, two GPUs (gradients summed in the step, on the flat state), two GPUs with
+#    the optimizer state sharded (ZeRO-1), two GPUs with the gradients summed between the step's
+#    functions (per-parameter state); tokens/s (median of steps 11 on) and peak memory of rank 0.
+# 3. The Python MLX anchor (bench/dp_anchor_mlx.py: all_sum over the gradients inside its compiled
+#    step) on one GPU and on two, started with mlx.launch's environment.
+# Environment: LMX (default .gpu-dp/lmx), PYTHON (default python3), STEPS (GPT-2 steps, default 40),
+# ANCHOR (default bench/dp_anchor_mlx.py).
+set -u
+out=${1:?output folder}
+mkdir -p "$out"
+lmx=${LMX:-.gpu-dp/lmx}
+python=${PYTHON:-python3}
+steps=${STEPS:-40}
+work=$(mktemp -d)
+export NCCL_NVLS_ENABLE=0
+# MLX's NCCL backend opens libnccl at run time: the machine has it among PyTorch's nvidia-* wheels.
+nccl=$(find -L /tmp/mlxcuda/nvidia /usr/local/lib /usr/lib -name 'libnccl.so*' 2>/dev/null | head -1)
+[ -n "$nccl" ] && export LD_LIBRARY_PATH=$(dirname "$nccl"):$LD_LIBRARY_PATH
+{ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader; echo "nccl: $nccl"; } \
+    > "$out/machine.txt" 2>&1
+
+run() {  # name, then the command
+    local name=$1
+    shift
+    local started=$(date +%s)
+    "$@" > "$out/$name.txt" 2>&1
+    echo "exit status $? after $(($(date +%s) - started)) s" >> "$out/$name.txt"
+}
+data=data/shakespeare.txt
+tiny="--device gpu --preset tiny-bytes --seq-len 64 --steps 20 --eval-every 0 --checkpoint-every 0
+      --quiet --sample 0 --data $data --batch-size 8"
+run tiny-1 "$lmx" train $tiny --out "$work/tiny-1"
+run tiny-2 "$lmx" launch -n 2 --backend nccl -- train $tiny --out "$work/tiny-2"
+run tiny-2z "$lmx" launch -n 2 --backend nccl --shard-optimizer -- train $tiny --out "$work/tiny-2z"
+for run in tiny-1 tiny-2 tiny-2z; do cp "$work/$run/metrics.jsonl" "$out/$run.jsonl" 2>/dev/null; done
+
+gpt="--device gpu --preset 124m --tokenizer byte --seq-len 1024 --precision bfloat16 --steps $steps
+     --eval-every 0 --checkpoint-every 0 --quiet --sample 0 --data $data"
+run gpt2-1 "$lmx" train $gpt --batch-size 16 --out "$work/gpt2-1"
+run gpt2-2 "$lmx" launch -n 2 --backend nccl -- train $gpt --batch-size 32 --out "$work/gpt2-2"
+run gpt2-2z "$lmx" launch -n 2 --backend nccl --shard-optimizer -- train $gpt --batch-size 32 \
+    --out "$work/gpt2-2z"
+run gpt2-2a "$lmx" launch -n 2 --backend nccl --reduce after-step -- train $gpt --batch-size 32 \
+    --out "$work/gpt2-2a"
+for run in gpt2-1 gpt2-2 gpt2-2z gpt2-2a; do cp "$work/$run/metrics.jsonl" "$out/$run.jsonl" 2>/dev/null; done
+
+anchor="${ANCHOR:-bench/dp_anchor_mlx.py} --batch 16 --seq 1024 --steps 30 --warmup 5 --dtype bfloat16"
+run anchor-1 "$python" $anchor
+port=$((20000 + RANDOM % 20000))
+for rank in 0 1; do
+    MLX_RANK=$rank MLX_WORLD_SIZE=2 NCCL_HOST_IP=127.0.0.1 NCCL_PORT=$port CUDA_VISIBLE_DEVICES=$rank \
+        "$python" $anchor > "$out/anchor-2-rank$rank.txt" 2>&1 &
+done
+wait
+
+"$python" - "$out" > "$out/summary.txt" 2>&1 <<'PY'
+import json, statistics, sys
+out = sys.argv[1]
+def steps(name):
+    try:
+        return [json.loads(l) for l in open(f"{out}/{name}.jsonl") if '"step"' in l]
+    except OSError:
+        return []
+def losses(name):
+    return [s["loss"] for s in steps(name) if s.get("kind") == "step"]
+one = losses("tiny-1")
+for name in ("tiny-2", "tiny-2z"):
+    other = losses(name)
+    diff = max((abs(a - b) for a, b in zip(one, other)), default=float("nan"))
+    print(f"{name}: {len(other)} steps, max |loss - one GPU's| = {diff:.3g}")
+for name in ("gpt2-1", "gpt2-2", "gpt2-2z", "gpt2-2a"):
+    rows = [s for s in steps(name) if s.get("kind") == "step" and s["step"] > 10]
+    if rows:
+        tok = statistics.median(s["tokens_per_s"] for s in rows)
+        mem = max(s["peak_memory_mib"] for s in rows)
+        print(f"{name}: {tok:,.0f} tokens/s, peak {mem:,.0f} MiB (rank 0), last loss {rows[-1]['loss']:.4f}")
+    else:
+        print(f"{name}: no steps")
+for name in ("anchor-1", "anchor-2-rank0"):
+    try:
+        print(name, open(f"{out}/{name}.txt").read().strip().splitlines()[-2:])
+    except OSError:
+        pass
+PY
+cat "$out/summary.txt"
+rm -rf "$work"

@@ -1,0 +1,338 @@
+//! Data-parallel `lmx train` on the CPU with MLX's ring backend, two processes on this host: two
+//! ranks at batch b each (`--batch-size 2b`, the whole batch) train as one process at 2b; a
+//! checkpoint of two ranks resumes on one and the reverse; a rank that dies or hangs ends the
+//! other with an error instead of a hang.
+
+use std::path::Path;
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+/// A tiny model, 4 x 32 tokens a step (each of two ranks: 2 x 32), no evaluation.
+const COMMON: [&str; 12] = [
+    "--preset",
+    "tiny-bytes",
+    "--batch-size",
+    "4",
+    "--seq-len",
+    "32",
+    "--eval-every",
+    "0",
+    "--quiet",
+    "--sample",
+    "0",
+    "--checkpoint-every",
+];
+
+fn lmx(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_lmx"))
+        .args(args)
+        .output()
+        .expect("lmx runs")
+}
+
+fn succeeds(args: &[&str]) -> String {
+    let output = lmx(args);
+    let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
+    assert!(
+        output.status.success(),
+        "lmx {args:?} failed:\n{}\n{stderr}",
+        String::from_utf8_lossy(&output.stdout)
+    );
+    stderr
+}
+
+/// `lmx train` over `COMMON` for `steps`, a checkpoint every `every`, into `run`, with `extra`;
+/// on `ranks` processes through `lmx launch` (with `launch`'s options) when `ranks > 1`.
+fn train(ranks: usize, launch: &[&str], run: &Path, steps: &str, every: &str, extra: &[&str]) {
+    let n = ranks.to_string();
+    let mut args: Vec<&str> = Vec::new();
+    if ranks > 1 {
+        args.extend(["launch", "-n", &n]);
+        args.extend(launch);
+        args.push("--");
+    }
+    args.extend(["train", "--steps", steps]);
+    args.extend(COMMON);
+    args.extend([every, "--out", run.to_str().unwrap()]);
+    args.extend(extra);
+    succeeds(&args);
+}
+
+/// The training losses of `run`'s `metrics.jsonl`, by step.
+fn losses(run: &Path) -> Vec<(u64, f64)> {
+    std::fs::read_to_string(run.join("metrics.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|line| serde_json::from_str::<serde_json::Value>(line).unwrap())
+        .filter(|value| value["kind"] == "step")
+        .map(|value| {
+            (
+                value["step"].as_u64().unwrap(),
+                value["loss"].as_f64().unwrap(),
+            )
+        })
+        .collect()
+}
+
+fn assert_same_losses(one: &Path, other: &Path) {
+    let (one, other) = (losses(one), losses(other));
+    assert_eq!(one.len(), 20, "{one:?}");
+    assert_eq!(
+        one.iter().map(|(step, _)| *step).collect::<Vec<_>>(),
+        other.iter().map(|(step, _)| *step).collect::<Vec<_>>()
+    );
+    for ((step, a), (_, b)) in one.iter().zip(&other) {
+        assert!((a - b).abs() <= 1e-5, "step {step}: {a} against {b}");
+    }
+}
+
+#[test]
+fn two_ranks_train_as_one_process_on_the_whole_batch_and_resume_across_rank_counts() {
+    let dir = tempfile::tempdir().unwrap();
+    let single = dir.path().join("single");
+    train(1, &[], &single, "20", "10", &[]);
+    assert_eq!(losses(&single).len(), 20);
+
+    let two = dir.path().join("two");
+    train(2, &[], &two, "20", "10", &[]);
+    assert_same_losses(&single, &two);
+
+    // The optimizer state sharded over the ranks (ZeRO-1, a flat state on the CPU).
+    let sharded = dir.path().join("sharded");
+    train(2, &["--shard-optimizer"], &sharded, "20", "10", &[]);
+    assert_same_losses(&single, &sharded);
+
+    // The gradients summed between the step's functions (as with gradient accumulation).
+    let after = dir.path().join("after");
+    train(2, &["--reduce", "after-step"], &after, "20", "10", &[]);
+    assert_same_losses(&single, &after);
+
+    // A checkpoint written by two ranks (sharded: gathered first) goes on in one process...
+    let resume = |run: &Path| {
+        vec![
+            "--resume-from".to_string(),
+            run.join("checkpoints/step-000010").display().to_string(),
+        ]
+    };
+    let from_two = resume(&sharded);
+    let from_two: Vec<&str> = from_two.iter().map(String::as_str).collect();
+    train(1, &[], &sharded, "20", "10", &from_two);
+    assert_same_losses(&single, &sharded);
+
+    // ... and one process's on two ranks.
+    let from_one = resume(&single);
+    let from_one: Vec<&str> = from_one.iter().map(String::as_str).collect();
+    train(2, &[], &single, "20", "10", &from_one);
+    let again = losses(&single);
+    assert_same_losses(&two, &single);
+    assert_eq!(again.len(), 20);
+}
+
+#[test]
+fn a_batch_the_ranks_cannot_share_evenly_is_refused_by_name() {
+    let dir = tempfile::tempdir().unwrap();
+    let run = dir.path().join("run");
+    let output = lmx(&[
+        "launch",
+        "-n",
+        "3",
+        "--",
+        "train",
+        "--steps",
+        "2",
+        "--preset",
+        "tiny-bytes",
+        "--batch-size",
+        "4",
+        "--seq-len",
+        "8",
+        "--out",
+        run.to_str().unwrap(),
+    ]);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(!output.status.success());
+    assert!(
+        stderr.contains(
+            "error: batch_size is 4, which 3 ranks cannot share evenly: make it a multiple of 3"
+        ),
+        "{stderr}"
+    );
+    assert!(stderr.contains("lmx launch: rank "), "{stderr}");
+}
+
+/// Two ranks started by hand as `lmx launch` starts them, training long enough to be stopped.
+struct Ranks {
+    children: Vec<Child>,
+    run: std::path::PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+impl Ranks {
+    fn start(timeout_s: &str) -> Ranks {
+        let dir = tempfile::tempdir().unwrap();
+        let run = dir.path().join("run");
+        let ports: Vec<u16> = (0..2)
+            .map(|_| std::net::TcpListener::bind("127.0.0.1:0").unwrap())
+            .collect::<Vec<_>>()
+            .iter()
+            .map(|listener| listener.local_addr().unwrap().port())
+            .collect();
+        let hostfile = dir.path().join("hosts.json");
+        std::fs::write(
+            &hostfile,
+            format!(
+                "[[\"127.0.0.1:{}\"], [\"127.0.0.1:{}\"]]",
+                ports[0], ports[1]
+            ),
+        )
+        .unwrap();
+        let children = (0..2)
+            .map(|rank| {
+                Command::new(env!("CARGO_BIN_EXE_lmx"))
+                    .args(["train", "--steps", "100000"])
+                    .args(COMMON)
+                    .args(["0", "--out", run.to_str().unwrap()])
+                    .env("MLX_RANK", rank.to_string())
+                    .env("MLX_HOSTFILE", &hostfile)
+                    .env("LMX_DISTRIBUTED_BACKEND", "ring")
+                    .env("LMX_DISTRIBUTED_TIMEOUT", timeout_s)
+                    .stdout(Stdio::null())
+                    .stderr(Stdio::piped())
+                    .spawn()
+                    .unwrap()
+            })
+            .collect();
+        let ranks = Ranks {
+            children,
+            run,
+            _dir: dir,
+        };
+        // Training is under way (compiled, two steps reported) before a rank is stopped.
+        let started = Instant::now();
+        while losses_so_far(&ranks.run) < 2 {
+            assert!(started.elapsed() < Duration::from_secs(300), "no progress");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        ranks
+    }
+
+    fn signal(&self, rank: usize, signal: &str) {
+        let pid = self.children[rank].id().to_string();
+        assert!(Command::new("kill")
+            .args([signal, &pid])
+            .status()
+            .unwrap()
+            .success());
+    }
+
+    /// Rank 0's exit status and standard error, once it ends: within `limit`, or the test fails.
+    fn rank_0_ends(&mut self, limit: Duration) -> (Option<i32>, String) {
+        let started = Instant::now();
+        loop {
+            if let Some(status) = self.children[0].try_wait().unwrap() {
+                let mut stderr = String::new();
+                use std::io::Read;
+                self.children[0]
+                    .stderr
+                    .take()
+                    .unwrap()
+                    .read_to_string(&mut stderr)
+                    .unwrap();
+                return (status.code(), stderr);
+            }
+            assert!(started.elapsed() < limit, "rank 0 hangs");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+}
+
+impl Drop for Ranks {
+    fn drop(&mut self) {
+        for child in &mut self.children {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+fn losses_so_far(run: &Path) -> usize {
+    std::fs::read_to_string(run.join("metrics.jsonl"))
+        .map(|text| text.lines().count())
+        .unwrap_or(0)
+}
+
+#[test]
+fn a_killed_rank_ends_the_other_with_an_error() {
+    let mut ranks = Ranks::start("20");
+    ranks.signal(1, "-KILL");
+    let (status, stderr) = ranks.rank_0_ends(Duration::from_secs(120));
+    // The ring backend fails the collective, or, where MLX leaves the step waiting on the
+    // failed one, the watchdog ends the rank at the timeout.
+    match status {
+        Some(1) => assert!(
+            stderr.contains("error: rank 0 of 2: MLX: [ring] connection to a peer was lost"),
+            "{stderr}"
+        ),
+        Some(75) => assert!(
+            stderr.contains("error: rank 0 of 2: no training progress for 20 s"),
+            "{stderr}"
+        ),
+        other => panic!("rank 0 ended with {other:?}:\n{stderr}"),
+    }
+}
+
+#[test]
+fn a_rank_that_stops_responding_ends_the_other_at_the_timeout() {
+    let mut ranks = Ranks::start("10");
+    ranks.signal(1, "-STOP");
+    let (status, stderr) = ranks.rank_0_ends(Duration::from_secs(120));
+    assert_eq!(status, Some(75), "{stderr}");
+    assert!(
+        stderr.contains(
+            "error: rank 0 of 2: no training progress for 10 s (the distributed timeout, \
+             LMX_DISTRIBUTED_TIMEOUT); another rank has most likely failed, so this one stops"
+        ),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn an_interrupted_launch_stops_every_rank_after_the_same_step_with_a_checkpoint() {
+    let dir = tempfile::tempdir().unwrap();
+    let run = dir.path().join("run");
+    let launch = Command::new(env!("CARGO_BIN_EXE_lmx"))
+        .args(["launch", "-n", "2", "--", "train", "--steps", "100000"])
+        .args(COMMON)
+        .args(["0", "--out", run.to_str().unwrap()])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let started = Instant::now();
+    while losses_so_far(&run) < 2 {
+        assert!(started.elapsed() < Duration::from_secs(300), "no progress");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let pid = launch.id().to_string();
+    assert!(Command::new("kill")
+        .args(["-INT", &pid])
+        .status()
+        .unwrap()
+        .success());
+    let output = launch.wait_with_output().unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains("error: the ranks stopped on signal 2"),
+        "{stdout}\n{stderr}"
+    );
+    let steps = losses(&run).len() as u64;
+    let checkpoint = run.join(format!("checkpoints/step-{steps:06}"));
+    assert!(checkpoint.is_dir(), "{stdout}\n{stderr}");
+    // Both ranks stopped at that step: neither met a collective the other never joined.
+    assert!(
+        !stderr.contains("connection to a peer was lost"),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("rank 1 exited"), "{stderr}");
+}
