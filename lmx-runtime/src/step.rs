@@ -255,15 +255,8 @@ where
                     self.trainable,
                     self.targets,
                 )?;
-                let (grads, loss) = match &self.group {
-                    Some(group) => distributed::average(
-                        group,
-                        grads,
-                        loss,
-                        self.targets.and_then(|index| batch.get(index)),
-                    )?,
-                    None => (grads, loss),
-                };
+                let (grads, loss) =
+                    across_ranks(self.group.as_ref(), self.targets, grads, loss, batch)?;
                 inputs.extend(grads);
                 let mut outputs = apply(&inputs)?;
                 outputs.insert(n, loss.clone());
@@ -431,15 +424,7 @@ where
         let params = &inputs[..self.template.layout().params];
         let batch = &inputs[n_state + 1..];
         let (loss, grads) = self.loss_and_grads(params, batch, &subkey)?;
-        let (grads, loss) = match &self.group {
-            Some(group) => distributed::average(
-                group,
-                grads,
-                loss,
-                self.targets.and_then(|index| batch.get(index)),
-            )?,
-            None => (grads, loss),
-        };
+        let (grads, loss) = across_ranks(self.group.as_ref(), self.targets, grads, loss, batch)?;
         let mut outputs = self.update(state, &inputs[n_state], grads, key)?;
         outputs.insert(n_state, loss);
         Ok(outputs)
@@ -578,4 +563,24 @@ pub(crate) fn loss_and_grads<P: Tree<Array>, O: Optimizer>(
         .next()
         .ok_or_else(|| Error::Layout("the loss returned nothing".into()))?;
     Ok((loss, grads))
+}
+
+/// `grads` and `loss` averaged over the ranks of a data-parallel step (`group`), each rank weighed
+/// by its share of the kept targets of `batch` (at `targets`); unchanged in a single process.
+fn across_ranks(
+    group: Option<&Group>,
+    targets: Option<usize>,
+    grads: Vec<Array>,
+    loss: Array,
+    batch: &[Array],
+) -> Result<(Vec<Array>, Array)> {
+    match group {
+        Some(group) => distributed::average(
+            group,
+            grads,
+            loss,
+            targets.and_then(|index| batch.get(index)),
+        ),
+        None => Ok((grads, loss)),
+    }
 }
