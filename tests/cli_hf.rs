@@ -149,3 +149,40 @@ fn a_run_starts_from_the_folder_s_weights() {
         assert!(error < 1e-6, "{name} moved by {error}");
     }
 }
+
+/// `lmx generate --model DIR --chat` renders the prompt as a user's message through the
+/// folder's chat template (the fixture's writes `<|role|>content` and the end-of-sequence token
+/// after each message, then `<|assistant|>`) and continues it as it continues that text given
+/// whole; without a folder it is refused.
+#[test]
+fn chat_prompts_go_through_the_folder_s_template() {
+    let folder = fixture("llama");
+    let folder = folder.to_str().unwrap();
+    let greedy = |extra: &[&str]| {
+        let mut args = vec![
+            "generate",
+            "--model",
+            folder,
+            "--max-tokens",
+            "6",
+            "--temperature",
+            "0",
+        ];
+        args.extend_from_slice(extra);
+        lmx(&args)
+    };
+    let rendered = "<|user|>Double 3.</s><|assistant|>";
+    let chat = greedy(&["--chat", "--prompt", "Double 3."]);
+    assert!(chat.starts_with(rendered), "{chat}");
+    assert_eq!(chat, greedy(&["--prompt", rendered]));
+
+    let output = Command::new(env!("CARGO_BIN_EXE_lmx"))
+        .args(["generate", "--chat", "--prompt", "hi"])
+        .output()
+        .unwrap();
+    assert!(!output.status.success());
+    assert!(String::from_utf8_lossy(&output.stderr).contains(
+        "--chat renders the prompt through a Hugging Face folder's chat template: give the \
+         folder with --model DIR"
+    ));
+}

@@ -2,6 +2,7 @@
 //! `lmx train --init DIR` reads from the folder (settings, weights, tokenizer).
 
 use super::tokenizer::TokenizerSpec;
+use lmx::runtime::data::sft::{minijinja, ChatTemplate};
 use lmx::runtime::generate::{check_prompt, Sampling};
 use lmx::runtime::hf::{self, HfFolder};
 use lmx::runtime::model::LanguageModel;
@@ -14,6 +15,8 @@ pub struct FolderGenerateRequest {
     pub sampling: Sampling,
     /// Strings that end the text (left out of it).
     pub stop: Vec<String>,
+    /// Whether the prompt is a user's message for the folder's chat template.
+    pub chat: bool,
 }
 
 /// The folder's tokenizer: its `tokenizer.json`, ending sequences with the end-of-sequence
@@ -40,8 +43,16 @@ pub fn sample<M: LanguageModel>(
     request.sampling.validate()?;
     let tokenizer: std::sync::Arc<dyn lmx::runtime::data::Tokenizer> =
         tokenizer(folder)?.load(folder.dir())?.into();
-    // As mlx-lm's `generate` encodes a prompt: a published model reads its BOS first.
-    let prompt = tokenizer.encode_framed(&request.prompt)?;
+    let (text, prompt) = if request.chat {
+        // The template writes its own special tokens: its text is tokenized as it stands.
+        let text = chat_prompt(folder, &request.prompt)?;
+        let prompt = tokenizer.encode(&text)?;
+        (text, prompt)
+    } else {
+        // As mlx-lm's `generate` encodes a prompt: a published model reads its BOS first.
+        let prompt = tokenizer.encode_framed(&request.prompt)?;
+        (request.prompt.clone(), prompt)
+    };
     let config = hf::model_config::<M>(folder)?;
     check_prompt::<M>(&config, &prompt)?;
     let (config, params) = hf::load_model::<M>(folder, None)?;
@@ -49,9 +60,28 @@ pub fn sample<M: LanguageModel>(
         &params,
         &config,
         tokenizer,
-        &request.prompt,
+        &text,
         &prompt,
         &request.sampling,
         &request.stop,
     )
+}
+
+/// `message` as a user's turn through `folder`'s chat template, the assistant's turn opened.
+fn chat_prompt(folder: &HfFolder, message: &str) -> anyhow::Result<String> {
+    let source = folder.chat_template()?.ok_or_else(|| {
+        anyhow::anyhow!(
+            "--chat: {} has no chat template (tokenizer_config.json's `chat_template` or \
+             chat_template.jinja)",
+            folder.dir().display()
+        )
+    })?;
+    let template = ChatTemplate::new(
+        "chat template",
+        source,
+        folder.bos_token().as_deref(),
+        folder.eos_token().as_deref(),
+    )?;
+    let user = minijinja::Value::from_iter([("role", "user"), ("content", message)]);
+    Ok(template.render(&[user], None, true)?)
 }

@@ -399,6 +399,10 @@ pub struct GenerateArgs {
     /// Sampler seed.
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
+    /// With --model DIR: the prompt is a user's message, rendered through the folder's chat
+    /// template with the assistant's turn opened (as mlx-lm's `generate` renders it).
+    #[arg(long)]
+    pub chat: bool,
     /// An adapter folder (`adapters.safetensors`, `adapter_config.json`, as `lmx lora` and
     /// `mlx_lm.lora` write it) to load on top of the run's model.
     #[arg(long)]
@@ -776,6 +780,7 @@ pub fn run(cli: Cli, registry: &Registry) -> anyhow::Result<()> {
                             prompt: args.prompt.clone(),
                             sampling,
                             stop: args.stop.clone(),
+                            chat: args.chat,
                         },
                     ),
                     _ => anyhow::bail!(
@@ -783,6 +788,12 @@ pub fn run(cli: Cli, registry: &Registry) -> anyhow::Result<()> {
                          config.json); a run is sampled with --run"
                     ),
                 };
+            }
+            if args.chat {
+                anyhow::bail!(
+                    "--chat renders the prompt through a Hugging Face folder's chat template: \
+                     give the folder with --model DIR"
+                );
             }
             let run = run_file::RunFile::read(&args.run)?;
             let model = match resolve::resolve(registry, &run.model)? {
