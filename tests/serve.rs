@@ -118,6 +118,11 @@ fn completion(prompt: &str, max_tokens: u64) -> Value {
 
 /// What `lmx generate` continues `prompt` with, greedily.
 fn generated(prompt: &str, max_tokens: u64) -> String {
+    generated_with(prompt, max_tokens, &[])
+}
+
+/// `lmx generate`'s greedy text with `extra` flags.
+fn generated_with(prompt: &str, max_tokens: u64, extra: &[&str]) -> String {
     let output = Command::new(env!("CARGO_BIN_EXE_lmx"))
         .args([
             "generate",
@@ -132,6 +137,7 @@ fn generated(prompt: &str, max_tokens: u64) -> String {
             "--temperature",
             "0",
         ])
+        .args(extra)
         .output()
         .unwrap();
     assert!(
@@ -163,6 +169,23 @@ fn completions_and_chat_streamed_or_not_give_lmx_generate_s_greedy_text() {
     assert_eq!(
         usage["total_tokens"],
         usage["prompt_tokens"].as_u64().unwrap() + usage["completion_tokens"].as_u64().unwrap()
+    );
+
+    // OpenAI's frequency penalty counts every token so far: `lmx generate`'s over a context as
+    // long as the model's (the fixture's 64).
+    let penalised = json!({
+        "model": "tiny", "prompt": prompt, "max_tokens": 20, "temperature": 0,
+        "frequency_penalty": 1.5
+    });
+    let (status, answer) = server.post("/v1/completions", &penalised);
+    assert_eq!(status, 200, "{answer}");
+    assert_eq!(
+        answer["choices"][0]["text"].as_str().unwrap(),
+        generated_with(
+            prompt,
+            20,
+            &["--frequency-penalty", "1.5", "--penalty-context", "64"]
+        )
     );
 
     // Sampling is reproducible from a seed.

@@ -387,6 +387,9 @@ pub struct GenerateArgs {
     /// Subtract this from the logits of recent tokens.
     #[arg(long, allow_negative_numbers = true)]
     pub presence_penalty: Option<f32>,
+    /// Subtract this from the logits of recent tokens once for each time they occur.
+    #[arg(long, allow_negative_numbers = true)]
+    pub frequency_penalty: Option<f32>,
     /// How many recent tokens (prompt included) the penalties look at.
     #[arg(long, default_value_t = 20)]
     pub penalty_context: usize,
@@ -730,6 +733,7 @@ impl GenerateArgs {
             min_p: self.min_p,
             repetition_penalty: self.repetition_penalty,
             presence_penalty: self.presence_penalty,
+            frequency_penalty: self.frequency_penalty,
             penalty_context: self.penalty_context,
             logit_bias: self.logit_bias.iter().copied().collect(),
             seed: self.seed,

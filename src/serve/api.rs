@@ -219,14 +219,7 @@ impl Body {
             value => invalid(param, format!("{param} is {value}; it must be in [-2, 2]")),
         };
         let presence_penalty = penalty("presence_penalty", self.presence_penalty)?;
-        // The batched generator's penalties are mlx-lm's (presence, repetition), which have no
-        // per-count form: a frequency penalty is refused rather than ignored.
-        if penalty("frequency_penalty", self.frequency_penalty)? != 0.0 {
-            return invalid(
-                "frequency_penalty",
-                "frequency_penalty is not supported; use presence_penalty".into(),
-            );
-        }
+        let frequency_penalty = penalty("frequency_penalty", self.frequency_penalty)?;
         let mut logit_bias = std::collections::BTreeMap::new();
         for (token, &bias) in self.logit_bias.iter().flatten() {
             let id = match token.parse::<u32>() {
@@ -278,8 +271,9 @@ impl Body {
                 top_p: (top_p < 1.0).then_some(top_p),
                 min_p: None,
                 repetition_penalty: None,
-                // OpenAI's presence penalty counts every token so far.
+                // OpenAI's penalties count every token so far.
                 presence_penalty: (presence_penalty != 0.0).then_some(presence_penalty),
+                frequency_penalty: (frequency_penalty != 0.0).then_some(frequency_penalty),
                 penalty_context: model.context_len,
                 logit_bias,
                 seed,

@@ -41,6 +41,9 @@ pub struct Sampling {
     pub repetition_penalty: Option<f32>,
     /// Subtracted from the logit of every token among the last `penalty_context` ones (finite).
     pub presence_penalty: Option<f32>,
+    /// Subtracted from the logit of every token among the last `penalty_context` ones once for
+    /// each time it occurs there (OpenAI's frequency penalty; finite).
+    pub frequency_penalty: Option<f32>,
     /// How many of the last tokens (prompt included) the penalties look at.
     pub penalty_context: usize,
     /// Added to the logits of these token ids before anything else (finite amounts).
@@ -60,6 +63,7 @@ impl Default for Sampling {
             min_p: None,
             repetition_penalty: None,
             presence_penalty: None,
+            frequency_penalty: None,
             penalty_context: 20,
             logit_bias: BTreeMap::new(),
             seed: 0,
@@ -113,6 +117,9 @@ impl Sampling {
         }
         if let Some(p) = self.presence_penalty.filter(|p| !p.is_finite()) {
             return bad("presence_penalty", p.to_string(), "a finite number");
+        }
+        if let Some(p) = self.frequency_penalty.filter(|p| !p.is_finite()) {
+            return bad("frequency_penalty", p.to_string(), "a finite number");
         }
         if let Some((id, amount)) = self.logit_bias.iter().find(|(_, a)| !a.is_finite()) {
             return bad("logit_bias", format!("{id}: {amount}"), "finite amounts");

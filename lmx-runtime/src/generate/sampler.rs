@@ -35,8 +35,9 @@ impl Sampler {
                 Array::from_slice(&amounts, &[n]),
             )
         });
-        let penalised =
-            sampling.repetition_penalty.is_some() || sampling.presence_penalty.is_some();
+        let penalised = sampling.repetition_penalty.is_some()
+            || sampling.presence_penalty.is_some()
+            || sampling.frequency_penalty.is_some();
         let recent = penalised.then(|| {
             let tail: Vec<i32> = prompt[prompt.len().saturating_sub(sampling.penalty_context)..]
                 .iter()
@@ -107,7 +108,8 @@ impl Sampler {
 
     /// Float32 logits with the bias added and the penalties applied to the recent tokens: a
     /// repeated token's logit divided by the repetition penalty (multiplied where negative),
-    /// then lowered by the presence penalty (once, however often it occurred).
+    /// then lowered by the presence penalty (once, however often it occurred) and by the
+    /// frequency penalty (once for each time it occurred).
     fn processed(&self, logits: &Array) -> Result<Array> {
         let mut logits = logits.as_dtype(Dtype::Float32)?;
         if let Some((ids, amounts)) = &self.bias {
@@ -126,6 +128,17 @@ impl Sampler {
             }
             if let Some(presence) = self.sampling.presence_penalty {
                 seen = seen.subtract(Array::from_f32(presence))?;
+            }
+            if let Some(frequency) = self.sampling.frequency_penalty {
+                // Each recent token's count among the recent tokens: every occurrence of a token
+                // gets the same count, so writing them back agrees.
+                let n = recent.dim(0);
+                let counts = recent
+                    .reshape(&[n, 1])?
+                    .eq(recent.reshape(&[1, n])?)?
+                    .sum_axis(1, false)?
+                    .as_dtype(Dtype::Float32)?;
+                seen = seen.subtract(counts.multiply(Array::from_f32(frequency))?)?;
             }
             logits = logits.put_along_axis(recent, &seen, 0)?;
         }
@@ -292,6 +305,15 @@ mod tests {
                 &logits,
             ),
             &softmax([2.0, -1.0, -0.25, 0.0]),
+        );
+        // The frequency penalty counts each occurrence: token 2 twice, token 0 once.
+        close(
+            &probabilities(
+                sampled(|s| s.frequency_penalty = Some(0.5)),
+                &[2, 0, 2],
+                &logits,
+            ),
+            &softmax([1.5, -1.0, -0.5, 0.0]),
         );
         // Only the last `penalty_context` tokens are penalised.
         close(

@@ -68,6 +68,7 @@ pub fn speculative_generate<M: LanguageModel, D: LanguageModel>(
     for (name, value) in [
         ("repetition_penalty", sampling.repetition_penalty),
         ("presence_penalty", sampling.presence_penalty),
+        ("frequency_penalty", sampling.frequency_penalty),
     ] {
         if let Some(value) = value {
             return Err(Error::Setting {
