@@ -251,7 +251,7 @@ pub fn load_params<M: LanguageModel>(
 
 /// The frozen base of the LoRA run `run` over `folder` (its `--init`): the folder's weights, once
 /// they are known to be those the run recorded.
-pub fn lora_base<M: LanguageModel>(run: &RunFile, folder: &HfFolder) -> anyhow::Result<M::Params> {
+fn lora_base<M: LanguageModel>(run: &RunFile, folder: &HfFolder) -> anyhow::Result<M::Params> {
     let now = folder.weights().fingerprint()?;
     if let Some(recorded) = run
         .init_weights

@@ -209,14 +209,16 @@ where
         Data::Rows(data) => data,
     };
     // A LoRA run over a folder reads its frozen base from there even when it resumes: its
-    // checkpoints hold the adapters alone.
+    // checkpoints hold the adapters alone. (A resumed run whose folder's weights changed was
+    // refused above, its recorded `init_weights` against the folder's now.)
     let lora_over_folder = request.lora.is_some() && init.is_some();
-    let mut params = match (from_folder, &init) {
-        (_, Some(folder)) if lora_over_folder => {
-            super::run_file::lora_base::<S::Model>(&run_file, folder)?
-        }
-        (Some(folder), _) => hf::load_model::<S::Model>(folder, None)?.1,
-        (None, _) => super::lora::base_params::<S::Model>(
+    let base_folder = match lora_over_folder {
+        true => init.as_ref(),
+        false => from_folder,
+    };
+    let mut params = match base_folder {
+        Some(folder) => hf::load_model::<S::Model>(folder, None)?.1,
+        None => super::lora::base_params::<S::Model>(
             request.lora.as_ref(),
             &model_config,
             request.train.seed,

@@ -490,13 +490,20 @@ impl Answer {
                 }),
             ),
         };
+        let mut answer = self.envelope(object, choice);
+        answer["usage"] = self.usage(tokens);
+        answer
+    }
+
+    /// What every answer and chunk is wrapped in: the request's id, the object's kind, when and
+    /// by which model, and its one choice.
+    fn envelope(&self, object: &str, choice: Value) -> Value {
         json!({
             "id": self.id,
             "object": object,
             "created": self.created,
             "model": self.model,
             "choices": [choice],
-            "usage": self.usage(tokens),
         })
     }
 
@@ -522,13 +529,7 @@ impl Answer {
                 }),
             ),
         };
-        json!({
-            "id": self.id,
-            "object": object,
-            "created": self.created,
-            "model": self.model,
-            "choices": [choice],
-        })
+        self.envelope(object, choice)
     }
 
     /// The answer as server-sent events: a chunk per delta (a chat's first says the role), the
