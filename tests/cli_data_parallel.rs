@@ -1,6 +1,7 @@
 //! Data-parallel `lmx train` on the CPU with MLX's ring backend, two processes on this host: two
 //! ranks at batch b each (`--batch-size 2b`, the whole batch) train as one process at 2b; a
-//! checkpoint of two ranks resumes on one and the reverse; a rank that dies or hangs ends the
+//! sharded optimizer state, with or without gradient accumulation, changes no loss; a checkpoint
+//! of two ranks resumes on one and the reverse; a rank that dies or hangs ends the
 //! other with an error instead of a hang.
 
 use std::path::Path;
@@ -102,7 +103,20 @@ fn two_ranks_train_as_one_process_on_the_whole_batch_and_resume_across_rank_coun
     train(2, &["--shard-optimizer"], &sharded, "20", "10", &[]);
     assert_same_losses(&single, &sharded);
 
-    // The gradients summed between the step's functions (as with gradient accumulation).
+    // Sharded, each rank's two rows as two micro-batches of one: the update is the one of the
+    // whole batch still (the flat state's accumulating step, averaged once per update).
+    let accumulated = dir.path().join("accumulated");
+    train(
+        2,
+        &["--shard-optimizer"],
+        &accumulated,
+        "20",
+        "10",
+        &["--accumulate", "2"],
+    );
+    assert_same_losses(&single, &accumulated);
+
+    // The gradients summed between the step's functions.
     let after = dir.path().join("after");
     train(2, &["--reduce", "after-step"], &after, "20", "10", &[]);
     assert_same_losses(&single, &after);

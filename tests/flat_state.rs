@@ -204,19 +204,76 @@ fn the_flat_steps_gradient_norm_is_the_norm_of_every_gradient_value() -> Result<
 }
 
 #[test]
-fn an_update_that_is_not_elementwise_or_an_accumulating_step_is_not_packed() -> Result<()> {
+fn an_update_that_is_not_elementwise_is_not_packed() -> Result<()> {
     let state = TrainState::new(net()?, &Adafactor::default(), 0)?;
     assert!(!Adafactor::default().elementwise());
     assert!(FlatStep::new(&state, Adafactor::default(), loss, StepOptions::default())?.is_none());
     let state = TrainState::new(net()?, &optimizer(), 0)?;
     let options = StepOptions {
-        accumulation: 2,
+        accumulation: 0,
         ..StepOptions::default()
     };
     match FlatStep::new(&state, optimizer(), loss, options) {
-        Err(Error::Config(message)) => assert!(message.contains("accumulation"), "{message}"),
+        Err(Error::Config(message)) => assert!(message.contains("micro-batch"), "{message}"),
         Err(other) => panic!("expected a configuration error, got {other}"),
-        Ok(_) => panic!("an accumulating step was packed"),
+        Ok(_) => panic!("a step of no micro-batch was made"),
+    }
+    Ok(())
+}
+
+#[test]
+fn an_accumulating_flat_step_computes_the_per_parameter_steps_numbers() -> Result<()> {
+    // The same update as per-parameter accumulation, and not the update of the whole batch at
+    // once: the loss is a mean of squares over the rows, so the micro-batches' mean of means is
+    // the batch's mean, but clipping at 0.05 and two micro-batches per update still leave the
+    // accumulated path the only one whose numbers these are.
+    for compile in [true, false] {
+        let options = StepOptions {
+            compile,
+            accumulation: 2,
+            clip_norm: Some(0.05),
+            ..StepOptions::default()
+        };
+        let mut state = TrainState::new(net()?, &optimizer(), 0)?;
+        let mut flat_step = FlatStep::new(&state, optimizer(), loss, options)?.expect("packs");
+        let mut flat = flat_step.pack(&state)?;
+        let mut step = TrainStep::new(&state, optimizer(), loss, options)?;
+        for index in 0..5 {
+            let batch = batch(10 + index);
+            let ours = flat_step.step(&mut flat, 0.05, &batch)?;
+            let theirs = step.step(&mut state, 0.05, &batch)?;
+            assert_relative(
+                ours.loss.item_exact::<f32>(),
+                theirs.loss.item_exact::<f32>(),
+                1e-6,
+                &format!("step {index}: loss"),
+            );
+            assert_relative(
+                ours.grad_norm.item_exact::<f32>(),
+                theirs.grad_norm.item_exact::<f32>(),
+                1e-5,
+                &format!("step {index}: norm"),
+            );
+        }
+        // Two functions, each traced once (or run once per call when eager).
+        if compile {
+            assert_eq!(flat_step.traces(), 2);
+        }
+        let unpacked = flat_step.unpack(&flat)?;
+        let names = tree::names(&state.params);
+        for ((name, got), expected) in names.iter().zip(unpacked.flatten()).zip(state.flatten()) {
+            let (got, expected) = (values(&got), values(&expected));
+            for (a, b) in got.iter().zip(&expected) {
+                assert!(
+                    (a - b).abs() <= 1e-6,
+                    "{name} (compiled {compile}): {a} vs {b}"
+                );
+            }
+        }
+        assert_ne!(
+            values(&unpacked.params.proj.weight),
+            values(&net()?.proj.weight)
+        );
     }
     Ok(())
 }

@@ -22,7 +22,7 @@ use crate::distributed::{self, DataParallel, Shard};
 use crate::error::{Error, Result};
 use crate::optim::{DecayScope, Optimizer, StepScalars};
 use crate::state::{StateTemplate, TrainState};
-use crate::step::{loss_and_grads, prepare, Loss, PureFn, StepMetrics, StepOptions};
+use crate::step::{accumulate, loss_and_grads, prepare, Loss, PureFn, StepMetrics, StepOptions};
 use crate::tree::{self, Tree};
 use mlx_rs::ops::indexing::IndexOp;
 use mlx_rs::{ops, random, Array, Dtype};
@@ -298,7 +298,9 @@ fn too_large(name: &str) -> Error {
 
 /// A compiled (or eager) training step over a flat state.
 pub struct FlatStep<P: Tree<Array>, O: Optimizer> {
-    function: PureFn,
+    mode: Mode,
+    /// The batch input of target ids, if the batch has one.
+    targets: Option<usize>,
     layout: FlatLayout,
     template: StateTemplate<P, O>,
     traces: Rc<Cell<usize>>,
@@ -316,7 +318,7 @@ where
     /// packed ([`FlatLayout::of`]).
     ///
     /// # Errors
-    /// When `options.accumulation` is not 1: the flat step updates after every batch.
+    /// When `options.accumulation` is zero.
     pub fn new(
         state: &TrainState<P, O>,
         optimizer: O,
@@ -331,6 +333,11 @@ where
     /// buffer. With `parallel.shard_optimizer` each rank holds only its part of every optimizer
     /// state buffer (ZeRO-1): the gradients are reduce-scattered, each rank updates its part of
     /// the parameters, and the parts are gathered.
+    ///
+    /// With gradient accumulation over `k` micro-batches two functions are compiled, as for
+    /// [`TrainStep`](crate::step::TrainStep): the micro-step, which packs each micro-batch's
+    /// gradients, and the update over their mean, which averages them over the ranks first: one
+    /// collective per buffer and per update, not per micro-batch.
     pub fn data_parallel(
         state: &TrainState<P, O>,
         optimizer: O,
@@ -338,11 +345,9 @@ where
         options: StepOptions,
         parallel: Option<&DataParallel>,
     ) -> Result<Option<Self>> {
-        if options.accumulation != 1 {
+        if options.accumulation == 0 {
             return Err(Error::Config(
-                "a flat state updates after every batch: gradient accumulation needs \
-                 per-parameter state"
-                    .into(),
+                "gradient accumulation needs at least 1 micro-batch".into(),
             ));
         }
         let Some(layout) = FlatLayout::of(state, &optimizer, options.decay)? else {
@@ -369,8 +374,21 @@ where
             clip_norm: options.clip_norm,
             traces: traces.clone(),
         };
+        let mode = match options.accumulation {
+            1 => Mode::Fused(prepare(move |inputs| body.fused(inputs), options.compile)),
+            parts => {
+                let body = Rc::new(body);
+                let micro_body = body.clone();
+                Mode::Accumulate {
+                    micro: prepare(move |inputs| micro_body.micro(inputs), options.compile),
+                    apply: prepare(move |inputs| body.apply(inputs), options.compile),
+                    parts,
+                }
+            }
+        };
         Ok(Some(FlatStep {
-            function: prepare(move |inputs| body.run(inputs), options.compile),
+            mode,
+            targets: options.targets,
             layout,
             template,
             traces,
@@ -421,9 +439,33 @@ where
     pub fn step(&mut self, flat: &mut Vec<Array>, lr: f32, batch: &[Array]) -> Result<StepMetrics> {
         let n = self.layout.len();
         let mut inputs = flat.clone();
-        inputs.push(Array::from_f32(lr));
-        inputs.extend(batch.iter().cloned());
-        let outputs = (self.function)(&inputs)?;
+        let outputs = match &mut self.mode {
+            Mode::Fused(fused) => {
+                inputs.push(Array::from_f32(lr));
+                inputs.extend(batch.iter().cloned());
+                fused(&inputs)?
+            }
+            Mode::Accumulate {
+                micro,
+                apply,
+                parts,
+            } => {
+                let (grads, loss) = accumulate(
+                    micro,
+                    &inputs,
+                    &flat[n - 1],
+                    batch,
+                    *parts,
+                    self.layout.groups.len(),
+                    self.targets,
+                )?;
+                inputs.push(Array::from_f32(lr));
+                inputs.extend(grads);
+                inputs.push(loss);
+                inputs.extend(batch.iter().cloned());
+                apply(&inputs)?
+            }
+        };
         if outputs.len() != n + 2 {
             return Err(Error::Layout(format!(
                 "the flat step returned {} arrays, expected {}",
@@ -445,7 +487,19 @@ where
     }
 }
 
-/// The flat step's pure function and what it needs, captured by value.
+/// The flat step's compiled functions.
+enum Mode {
+    /// Loss, gradients and update in one function.
+    Fused(PureFn),
+    /// `micro` per micro-batch, then `apply`.
+    Accumulate {
+        micro: PureFn,
+        apply: PureFn,
+        parts: usize,
+    },
+}
+
+/// The flat step's pure functions and what they need, captured by value.
 struct FlatBody<P: Tree<Array>, O: Optimizer> {
     /// The ranks the gradients and loss are averaged over.
     group: Option<distributed::Group>,
@@ -466,30 +520,105 @@ struct FlatBody<P: Tree<Array>, O: Optimizer> {
 
 impl<P: Tree<Array>, O: Optimizer> FlatBody<P, O> {
     /// `[flat state..., lr, batch...] -> [flat state'..., loss, grad_norm]`.
-    fn run(&self, inputs: &[Array]) -> Result<Vec<Array>> {
-        self.traces.set(self.traces.get() + 1);
-        let layout = &self.layout;
-        let n = layout.len();
-        if inputs.len() < n + 1 {
-            return Err(Error::Layout(format!(
-                "the flat step needs at least {} inputs, got {}",
-                n + 1,
-                inputs.len()
-            )));
-        }
+    fn fused(&self, inputs: &[Array]) -> Result<Vec<Array>> {
+        self.count_trace();
+        let n = self.layout.len();
+        self.check_inputs(inputs, n + 1)?;
         let (state, rest) = inputs.split_at(n);
         let (lr, batch) = (&rest[0], &rest[1..]);
         let (key, subkey) = random::split(&state[n - 1], 2)?;
-        let params = layout.params(state)?;
+        let (grads, grad_norm, loss) = self.gradients(state, batch, &subkey)?;
+        self.update(state, lr, key, grads, grad_norm, loss, batch)
+    }
+
+    /// `[flat state..., micro-batch..., key] -> [packed grads..., loss]`.
+    fn micro(&self, inputs: &[Array]) -> Result<Vec<Array>> {
+        self.count_trace();
+        let n = self.layout.len();
+        self.check_inputs(inputs, n + 1)?;
+        let (state, rest) = inputs.split_at(n);
+        let (batch, key) = rest.split_at(rest.len() - 1);
+        let (mut grads, _, loss) = self.gradients(state, batch, &key[0])?;
+        grads.push(loss);
+        Ok(grads)
+    }
+
+    /// `[flat state..., lr, packed mean grads..., mean loss, batch...] -> [flat state'..., loss,
+    /// grad_norm]`: the update over the micro-batches' mean (the batch is read for its targets,
+    /// this rank's share of the ranks' kept ones).
+    fn apply(&self, inputs: &[Array]) -> Result<Vec<Array>> {
+        self.count_trace();
+        let n = self.layout.len();
+        let groups = self.layout.groups.len();
+        self.check_inputs(inputs, n + groups + 2)?;
+        let (state, rest) = inputs.split_at(n);
+        let (lr, rest) = (&rest[0], &rest[1..]);
+        let (grads, rest) = rest.split_at(groups);
+        let (loss, batch) = (&rest[0], &rest[1..]);
+        let (key, _) = random::split(&state[n - 1], 2)?;
+        let grad_norm = clip::global_norm(grads)?;
+        self.update(
+            state,
+            lr,
+            key,
+            grads.to_vec(),
+            grad_norm,
+            loss.clone(),
+            batch,
+        )
+    }
+
+    fn count_trace(&self) {
+        self.traces.set(self.traces.get() + 1);
+    }
+
+    fn check_inputs(&self, inputs: &[Array], needed: usize) -> Result<()> {
+        if inputs.len() < needed {
+            return Err(Error::Layout(format!(
+                "the flat step needs at least {needed} inputs, got {}",
+                inputs.len()
+            )));
+        }
+        Ok(())
+    }
+
+    /// The loss at the parameters of the flat `state` on `batch`, and its gradients packed by
+    /// group with their global norm: `(grads, grad_norm, loss)`.
+    fn gradients(
+        &self,
+        state: &[Array],
+        batch: &[Array],
+        key: &Array,
+    ) -> Result<(Vec<Array>, Array, Array)> {
+        let params = self.layout.params(state)?;
         let (loss, grads) = loss_and_grads(
             &self.template,
             &self.loss,
             &self.trainable,
             &params,
             batch,
-            &subkey,
+            key,
         )?;
-        let (grads, grad_norm) = layout.pack_grads(&grads)?;
+        let (grads, grad_norm) = self.layout.pack_grads(&grads)?;
+        Ok((grads, grad_norm, loss))
+    }
+
+    /// Averages the packed gradients `grads` (of global norm `grad_norm`) and `loss` over the
+    /// ranks, clips and applies the optimizer: `[flat state'..., loss, grad_norm]`, the state's
+    /// key carried on as `key`.
+    #[allow(clippy::too_many_arguments)]
+    fn update(
+        &self,
+        state: &[Array],
+        lr: &Array,
+        key: Array,
+        grads: Vec<Array>,
+        grad_norm: Array,
+        loss: Array,
+        batch: &[Array],
+    ) -> Result<Vec<Array>> {
+        let layout = &self.layout;
+        let n = layout.len();
         let targets = self.targets.and_then(|index| batch.get(index));
         let (grads, grad_norm, loss) = match (&self.group, &self.shard) {
             (None, _) => (grads, grad_norm, loss),

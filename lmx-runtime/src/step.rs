@@ -245,11 +245,12 @@ where
                 parts,
             } => {
                 let parts = *parts;
+                let mut fixed = inputs[..self.template.layout().params].to_vec();
+                fixed.extend(self.frozen.iter().cloned());
                 let (grads, loss) = accumulate(
                     micro,
-                    &inputs[..self.template.layout().params],
-                    state,
-                    &self.frozen,
+                    &fixed,
+                    &state.key,
                     batch,
                     parts,
                     self.trainable,
@@ -285,18 +286,18 @@ where
     }
 }
 
-/// Runs the micro-step over `parts` slices of `batch` and returns the mean gradients and loss:
-/// the plain mean, or with `targets` (the batch input of target ids) each micro-batch weighed by
-/// its share of the kept targets. Every micro-step reads the whole of `frozen`.
-#[allow(clippy::too_many_arguments)]
-fn accumulate<P: Tree<Array>, O: Optimizer>(
+/// Runs the micro-step `[fixed..., micro-batch..., key] -> [grads..., loss]` (`n_grads` arrays
+/// of gradients) over `parts` slices of `batch` and returns the mean gradients and loss: the plain
+/// mean, or with `targets` (the batch input of target ids) each micro-batch weighed by its share
+/// of the kept targets. `fixed` is what every micro-step reads whole (the parameters, frozen
+/// models); the micro-steps' keys come from `key`, the state's.
+pub(crate) fn accumulate(
     micro: &mut PureFn,
-    params: &[Array],
-    state: &TrainState<P, O>,
-    frozen: &[Array],
+    fixed: &[Array],
+    key: &Array,
     batch: &[Array],
     parts: usize,
-    trainable: usize,
+    n_grads: usize,
     targets: Option<usize>,
 ) -> Result<(Vec<Array>, Array)> {
     let micro_batches = split_batch(batch, parts)?;
@@ -305,18 +306,24 @@ fn accumulate<P: Tree<Array>, O: Optimizer>(
         None => None,
     };
     // Micro-batch keys come from the half of the key that the update does not carry on.
-    let mut keys = random::split(&state.key, 2)?.1;
+    let mut keys = random::split(key, 2)?.1;
     let mut sums: Option<Vec<Array>> = None;
     let mut loss_sum = Array::from_f32(0.0);
     for (part, micro_batch) in micro_batches.into_iter().enumerate() {
         let (carry, key) = random::split(&keys, 2)?;
         keys = carry;
-        let mut inputs = params.to_vec();
-        inputs.extend(frozen.iter().cloned());
+        let mut inputs = fixed.to_vec();
         inputs.extend(micro_batch);
         inputs.push(key);
         let outputs = micro(&inputs)?;
-        let (grads, loss) = outputs.split_at(trainable);
+        if outputs.len() != n_grads + 1 {
+            return Err(Error::Layout(format!(
+                "the micro-step returned {} arrays, expected {}",
+                outputs.len(),
+                n_grads + 1
+            )));
+        }
+        let (grads, loss) = outputs.split_at(n_grads);
         let weigh = |value: &Array| -> Result<Array> {
             Ok(match &weights {
                 Some(weights) => value.multiply(weights[part].as_dtype(value.dtype())?)?,

@@ -191,6 +191,11 @@ pub struct TrainArgs {
     /// Tokens per sequence.
     #[arg(long)]
     pub seq_len: Option<usize>,
+    /// Micro-batches per update, in place of the step's `accumulate` declaration: the batch is
+    /// split into N equal parts whose gradients are averaged before one update (the activations
+    /// of one part in memory, the update of the whole batch).
+    #[arg(long, value_name = "N")]
+    pub accumulate: Option<usize>,
     /// Peak learning rate of the configured schedule (by default a cosine decay to a tenth
     /// after the warm-up), which keeps its kind and warm-up; its final rate scales with it.
     #[arg(long)]
@@ -598,6 +603,9 @@ impl TrainArgs {
         }
         if let Some(seq_len) = self.seq_len {
             config.seq_len = seq_len;
+        }
+        if let Some(parts) = self.accumulate {
+            config.accumulation = Some(parts);
         }
         if let Some(seed) = self.seed {
             config.seed = seed;

@@ -60,6 +60,7 @@ const RUN_DEFINING: &[&str] = &[
     "steps",
     "batch_size",
     "seq_len",
+    "accumulation",
     "schedule",
     "seed",
     "precision",

@@ -51,6 +51,11 @@ pub struct TrainConfig {
     /// Which parameters the optimizer's weight decay applies to: `weights` (lmx's default) or
     /// `all` (as MLX's optimizers do).
     pub decay: DecayScope,
+    /// Micro-batches per update, in place of the step's declared `accumulate` count (`None`:
+    /// the step's): the batch is split into this many equal parts whose gradients are averaged
+    /// before one update.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub accumulation: Option<usize>,
 }
 
 impl Default for TrainConfig {
@@ -81,6 +86,7 @@ impl Default for TrainConfig {
             out_dir: PathBuf::from("runs/latest"),
             peak_tflops: 0.0,
             decay: DecayScope::Weights,
+            accumulation: None,
         }
     }
 }
@@ -95,6 +101,19 @@ impl TrainConfig {
             return Err(Error::Config(
                 "batch_size and seq_len must be at least 1".into(),
             ));
+        }
+        if self.accumulation == Some(0) {
+            return Err(Error::Config(
+                "accumulation must be at least 1 micro-batch".into(),
+            ));
+        }
+        if let Some(parts) = self.accumulation {
+            if self.batch_size % parts != 0 {
+                return Err(Error::Config(format!(
+                    "batch_size {} does not split into {parts} equal micro-batches",
+                    self.batch_size
+                )));
+            }
         }
         if !(0.0..1.0).contains(&self.validation_fraction) {
             return Err(Error::Config(format!(

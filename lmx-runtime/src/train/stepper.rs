@@ -45,16 +45,14 @@ where
         // The flat step sums the gradients over the ranks inside itself only.
         let reduce_in_step = parallel.is_none_or(|parallel| parallel.reduce == Reduce::InStep);
         let flat = match packing {
-            StatePacking::Auto => {
-                (crate::cuda::available() || shard) && options.accumulation == 1 && reduce_in_step
-            }
+            StatePacking::Auto => (crate::cuda::available() || shard) && reduce_in_step,
             StatePacking::Flat => true,
             StatePacking::PerParameter => false,
         };
         if shard && !flat {
             return Err(Error::Config(
-                "a sharded optimizer state is a flat one: it needs the flat state packing, \
-                 gradients summed in the step and no gradient accumulation"
+                "a sharded optimizer state is a flat one: it needs the flat state packing \
+                 and the gradients summed in the step"
                     .into(),
             ));
         }

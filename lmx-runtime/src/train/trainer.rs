@@ -211,12 +211,14 @@ where
         let params = config.precision.cast(&params)?;
         let optimizer = S::optimizer();
         let state = TrainState::new(params, &optimizer, config.seed)?;
+        let declared = S::options();
         let options = StepOptions {
             compile: config.compile,
             decay: config.decay,
+            accumulation: config.accumulation.unwrap_or(declared.accumulation),
             // The trainer's batch is `[inputs, targets]`.
             targets: Some(1),
-            ..S::options()
+            ..declared
         };
         let loss_model = model.clone();
         let precision = config.precision;
