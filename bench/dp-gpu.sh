@@ -5,13 +5,17 @@
 #     source .gpu/p2/assemble.sh && bash bench/dp-gpu.sh OUT
 #
 # 1. Equivalence with NCCL: the tiny model in float32, 20 steps, one GPU at batch 8 against two
-#    ranks at batch 8 (4 rows each), with and without the sharded optimizer state.
-# 2. GPT-2 124M (`--preset 124m`, byte tokens of data/shakespeare.txt) in bfloat16 at 16 x 1024
-#    per GPU: one GPU, two GPUs (gradients summed in the step, on the flat state), two GPUs with
-#    the optimizer state sharded (ZeRO-1), two GPUs with the gradients summed between the step's
-#    functions (per-parameter state); tokens/s (median of steps 11 on) and peak memory of rank 0.
-# 3. The Python MLX anchor (bench/dp_anchor_mlx.py: all_sum over the gradients inside its compiled
-#    step) on one GPU and on two, started with mlx.launch's environment.
+#    ranks at batch 8 (4 rows each), with and without the sharded optimizer state (and sharded
+#    with two micro-batches per update), all with MLX_ENABLE_TF32=0: MLX's CUDA backend
+#    multiplies float32 matrices in TF32 unless told not to, and TF32 rounds differently for
+#    different row counts; then the same two runs with TF32 on, as users get them by default.
+# 2. GPT-2 124M (`--preset gpt2`: vocabulary 50,304, as the anchor's; byte tokens of
+#    data/shakespeare.txt) in bfloat16 at 16 x 1024 per GPU: one GPU, two GPUs (gradients summed
+#    in the step, on the flat state), two GPUs with the optimizer state sharded (ZeRO-1), two
+#    GPUs with the gradients summed between the step's functions (per-parameter state);
+#    tokens/s (median of steps 11 on) and peak memory of rank 0.
+# 3. The Python MLX anchor (bench/dp_anchor_mlx.py: the same GPT-2, all_sum over the gradients
+#    inside its compiled step) on one GPU and on two, started with mlx.launch's environment.
 # Environment: LMX (default .gpu-dp/lmx), PYTHON (default python3), STEPS (GPT-2 steps, default 40),
 # ANCHOR (default bench/dp_anchor_mlx.py).
 set -u
@@ -38,12 +42,19 @@ run() {  # name, then the command
 data=data/shakespeare.txt
 tiny="--device gpu --preset tiny-bytes --seq-len 64 --steps 20 --eval-every 0 --checkpoint-every 0
       --quiet --sample 0 --data $data --batch-size 8"
-run tiny-1 "$lmx" train $tiny --out "$work/tiny-1"
-run tiny-2 "$lmx" launch -n 2 --backend nccl -- train $tiny --out "$work/tiny-2"
-run tiny-2z "$lmx" launch -n 2 --backend nccl --shard-optimizer -- train $tiny --out "$work/tiny-2z"
-for run in tiny-1 tiny-2 tiny-2z; do cp "$work/$run/metrics.jsonl" "$out/$run.jsonl" 2>/dev/null; done
+MLX_ENABLE_TF32=0 run tiny-1 "$lmx" train $tiny --out "$work/tiny-1"
+MLX_ENABLE_TF32=0 run tiny-2 "$lmx" launch -n 2 --backend nccl -- train $tiny --out "$work/tiny-2"
+MLX_ENABLE_TF32=0 run tiny-2z "$lmx" launch -n 2 --backend nccl --shard-optimizer -- \
+    train $tiny --out "$work/tiny-2z"
+MLX_ENABLE_TF32=0 run tiny-2za "$lmx" launch -n 2 --backend nccl --shard-optimizer -- \
+    train $tiny --accumulate 2 --out "$work/tiny-2za"
+run tiny-tf32-1 "$lmx" train $tiny --out "$work/tiny-tf32-1"
+run tiny-tf32-2 "$lmx" launch -n 2 --backend nccl -- train $tiny --out "$work/tiny-tf32-2"
+for run in tiny-1 tiny-2 tiny-2z tiny-2za tiny-tf32-1 tiny-tf32-2; do
+    cp "$work/$run/metrics.jsonl" "$out/$run.jsonl" 2>/dev/null
+done
 
-gpt="--device gpu --preset 124m --tokenizer byte --seq-len 1024 --precision bfloat16 --steps $steps
+gpt="--device gpu --preset gpt2 --tokenizer byte --seq-len 1024 --precision bfloat16 --steps $steps
      --eval-every 0 --checkpoint-every 0 --quiet --sample 0 --data $data"
 run gpt2-1 "$lmx" train $gpt --batch-size 16 --out "$work/gpt2-1"
 run gpt2-2 "$lmx" launch -n 2 --backend nccl -- train $gpt --batch-size 32 --out "$work/gpt2-2"
@@ -72,11 +83,12 @@ def steps(name):
         return []
 def losses(name):
     return [s["loss"] for s in steps(name) if s.get("kind") == "step"]
-one = losses("tiny-1")
-for name in ("tiny-2", "tiny-2z"):
-    other = losses(name)
-    diff = max((abs(a - b) for a, b in zip(one, other)), default=float("nan"))
-    print(f"{name}: {len(other)} steps, max |loss - one GPU's| = {diff:.3g}")
+for base, names in (("tiny-1", ("tiny-2", "tiny-2z", "tiny-2za")), ("tiny-tf32-1", ("tiny-tf32-2",))):
+    one = losses(base)
+    for name in names:
+        other = losses(name)
+        diff = max((abs(a - b) for a, b in zip(one, other)), default=float("nan"))
+        print(f"{name}: {len(other)} steps, max |loss - {base}'s| = {diff:.3g}")
 for name in ("gpt2-1", "gpt2-2", "gpt2-2z", "gpt2-2a"):
     rows = [s for s in steps(name) if s.get("kind") == "step" and s["step"] > 10]
     if rows:

@@ -1,7 +1,8 @@
 """Data-parallel GPT training in Python MLX: the anchor of `lmx launch -- train` (docs/benchmarks.md).
 
-The reference GPT of ../shared/bench/anchor_mlx.py (pre-norm, learned positions, GELU MLP, fused
-attention, tied embeddings; AdamW, global-norm clip 1.0), compiled over [model.state,
+The GPT-2 124M of models/gpt2.lmx's `gpt2` preset (pre-norm, learned positions, the tanh form of
+GELU, fused attention, tied embeddings, vocabulary 50,304; AdamW, global-norm clip 1.0), which
+`lmx train --preset gpt2` trains, compiled over [model.state,
 optimizer.state], with the gradients averaged over the ranks by `mx.distributed.all_sum` inside the
 compiled step, as mlx-lm's trainer does. Start one process per GPU with mlx.launch's environment
 (MLX_RANK, MLX_WORLD_SIZE, NCCL_HOST_IP, NCCL_PORT, CUDA_VISIBLE_DEVICES), or alone for one GPU:
@@ -40,7 +41,7 @@ class Block(nn.Module):
         q, k, v = (a.reshape(b, t, self.heads, -1).transpose(0, 2, 1, 3) for a in (q, k, v))
         a = mx.fast.scaled_dot_product_attention(q, k, v, scale=q.shape[-1] ** -0.5, mask="causal")
         x = x + self.proj(a.transpose(0, 2, 1, 3).reshape(b, t, d))
-        return x + self.out(nn.gelu(self.fc(self.ln2(x))))
+        return x + self.out(nn.gelu_approx(self.fc(self.ln2(x))))
 
 
 class GPT(nn.Module):
