@@ -3,12 +3,14 @@
 //! the base bit-identical, fused weights compute what base + adapters did, adapters round-trip
 //! through mlx-lm's files, and adapters written by mlx-lm itself load and give its logits.
 
+use lmx::models::gpt2::{self, Gpt2};
 use lmx::models::llama::{self, Llama};
+use lmx::runtime::hf::Family;
 use lmx::runtime::lora::{self, AdapterConfig, LoraParameters};
 use lmx::runtime::model::{Context, LanguageModel, TrainingStep};
 use lmx::runtime::state::TrainState;
 use lmx::runtime::step::TrainStep;
-use lmx::runtime::tree::{self, LeafRole};
+use lmx::runtime::tree::{self, LeafRole, Tree};
 use lmx::runtime::{mlx_rs, Array, Result};
 use std::path::Path;
 
@@ -198,10 +200,10 @@ fn adapters_round_trip_through_mlx_lm_s_files() -> Result<()> {
         lora_parameters: parameters,
         other: Default::default(),
     };
-    lora::save_adapters(dir.path(), &trained, &adapter_config)?;
+    lora::save_adapters(dir.path(), &trained, &adapter_config, None)?;
     let mut loaded = base.clone();
     assert_eq!(
-        lora::load_adapters(&mut loaded, dir.path())?,
+        lora::load_adapters(&mut loaded, dir.path(), None)?,
         adapter_config
     );
     let input = tokens(256, 7)?;
@@ -234,9 +236,9 @@ fn adapters_that_do_not_fit_the_model_name_the_tensor() -> Result<()> {
         other: Default::default(),
     };
     // The file's arrays have rank 4; the configuration says 8.
-    lora::save_adapters(dir.path(), &adapted, &adapter_config)?;
+    lora::save_adapters(dir.path(), &adapted, &adapter_config, None)?;
     let mut loaded = base.clone();
-    let err = lora::load_adapters(&mut loaded, dir.path()).unwrap_err();
+    let err = lora::load_adapters(&mut loaded, dir.path(), None).unwrap_err();
     let file = dir.path().join("adapters.safetensors");
     assert_eq!(
         err.to_string(),
@@ -251,8 +253,8 @@ fn adapters_that_do_not_fit_the_model_name_the_tensor() -> Result<()> {
         "unchanged on error"
     );
     adapter_config.fine_tune_type = "dora".into();
-    lora::save_adapters(dir.path(), &adapted, &adapter_config)?;
-    let err = lora::load_adapters(&mut loaded, dir.path()).unwrap_err();
+    lora::save_adapters(dir.path(), &adapted, &adapter_config, None)?;
+    let err = lora::load_adapters(&mut loaded, dir.path(), None).unwrap_err();
     assert!(
         err.to_string()
             .ends_with("fine_tune_type is `dora`; lmx loads `lora` adapters"),
@@ -271,7 +273,7 @@ fn adapters_written_by_mlx_lm_give_mlx_lm_s_logits() -> Result<()> {
     let template = Llama::init(&config, 0)?;
     let mut params =
         lmx::runtime::checkpoint::load_tree(&dir.join("model.safetensors"), &template)?;
-    lora::load_adapters(&mut params, &dir.join("adapters"))?;
+    lora::load_adapters(&mut params, &dir.join("adapters"), Some(Family::Llama))?;
     let reference =
         Array::load_safetensors(dir.join("logits.safetensors")).expect("the fixture's logits");
     let input = reference["tokens"].clone();
@@ -284,7 +286,7 @@ fn adapters_written_by_mlx_lm_give_mlx_lm_s_logits() -> Result<()> {
     let temp = tempfile::tempdir().unwrap();
     let saved = keep.unwrap_or_else(|| temp.path().to_owned());
     let config_read = lora::read_config(&dir.join("adapters"))?;
-    lora::save_adapters(&saved, &params, &config_read)?;
+    lora::save_adapters(&saved, &params, &config_read, Some(Family::Llama))?;
     let ours = Array::load_safetensors(saved.join(lora::ADAPTERS_FILE)).expect("saved adapters");
     let theirs =
         Array::load_safetensors(dir.join("adapters").join(lora::ADAPTERS_FILE)).expect("fixture");
@@ -302,5 +304,64 @@ fn adapters_written_by_mlx_lm_give_mlx_lm_s_logits() -> Result<()> {
     lora::fuse(&mut fused)?;
     let error = max_difference(&logits(&fused, &config, &input)?, fused_reference);
     assert!(error < 1e-4, "fused: max difference {error:e}");
+    Ok(())
+}
+
+/// GPT-2's adapters carry the names of mlx-lm's module tree, `model.h.N...` (its `Model` holds
+/// the network as `model`, the checkpoints have no prefix): mlx-lm loads adapters by name and
+/// skips unknown ones silently, so adapters under the checkpoint's names would load as nothing.
+/// lmx reads them back onto its own tree.
+#[test]
+fn gpt2_adapters_are_named_as_mlx_lm_s_modules() -> Result<()> {
+    let config = gpt2::Config::preset("tiny").expect("tiny");
+    let base = Gpt2::init(&config, 0)?;
+    let mut adapted = base.clone();
+    lora::attach(&mut adapted, &LoraParameters::default(), 1, 0)?;
+    // Adapters that are not zero, so that loading them changes the logits.
+    let mut seed = 0;
+    let specs = tree::specs(&adapted);
+    let mut roles = specs.iter();
+    adapted.for_each_mut(&mut |leaf| {
+        if roles.next().unwrap().role == LeafRole::Adapter {
+            seed += 1;
+            let key = mlx_rs::random::key(seed).unwrap();
+            *leaf = mlx_rs::random::normal::<f32>(leaf.shape(), None, None, &key).unwrap();
+        }
+    });
+    let dir = tempfile::tempdir().unwrap();
+    let adapter_config = AdapterConfig {
+        fine_tune_type: "lora".into(),
+        num_layers: 1,
+        lora_parameters: LoraParameters::default(),
+        other: Default::default(),
+    };
+    lora::save_adapters(dir.path(), &adapted, &adapter_config, Some(Family::Gpt2))?;
+    let saved = Array::load_safetensors(dir.path().join(lora::ADAPTERS_FILE)).expect("saved");
+    let mut names: Vec<&String> = saved.keys().collect();
+    names.sort();
+    // What mlx-lm's `linear_to_lora_layers(model, 1, ...)` makes of its GPT-2 of two blocks
+    // (mlx_lm 0.32.2, `tree_flatten(model.parameters())`'s names with `lora` in them).
+    let expected = [
+        "model.h.1.attn.c_attn.lora_a",
+        "model.h.1.attn.c_attn.lora_b",
+        "model.h.1.attn.c_proj.lora_a",
+        "model.h.1.attn.c_proj.lora_b",
+        "model.h.1.mlp.c_fc.lora_a",
+        "model.h.1.mlp.c_fc.lora_b",
+        "model.h.1.mlp.c_proj.lora_a",
+        "model.h.1.mlp.c_proj.lora_b",
+    ];
+    assert_eq!(names, expected.iter().collect::<Vec<_>>());
+    let mut loaded = base.clone();
+    lora::load_adapters(&mut loaded, dir.path(), Some(Family::Gpt2))?;
+    let input = tokens(256, 3)?;
+    let forward =
+        |params: &gpt2::Params| Gpt2::forward(params, &config, &input, &mut Context::evaluation());
+    assert_eq!(max_difference(&forward(&adapted)?, &forward(&loaded)?), 0.0);
+    assert!(max_difference(&forward(&base)?, &forward(&loaded)?) > 0.0);
+    // Under the checkpoint's names they are not GPT-2's adapters for mlx-lm, nor for lmx.
+    let mut again = base.clone();
+    let err = lora::load_adapters(&mut again, dir.path(), None).unwrap_err();
+    assert!(err.to_string().contains("h.1.attn.c_attn.lora_a"), "{err}");
     Ok(())
 }

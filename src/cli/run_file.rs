@@ -3,7 +3,7 @@
 
 use super::tokenizer::TokenizerSpec;
 use lmx::runtime::checkpoint::{self, Checkpoints, MODEL_FILE};
-use lmx::runtime::hf::{self, HfFolder};
+use lmx::runtime::hf::{self, Family, HfFolder};
 use lmx::runtime::lora;
 use lmx::runtime::model::LanguageModel;
 use lmx::runtime::quant;
@@ -245,7 +245,7 @@ pub fn load_params<M: LanguageModel>(
     }
     let mut params = checkpoint::load_tree_over(&checkpoint.join(MODEL_FILE), &template)?;
     if let Some(dir) = adapter {
-        lora::load_adapters(&mut params, dir)?;
+        lora::load_adapters(&mut params, dir, Family::of_model(&run.model))?;
     }
     Ok(params)
 }

@@ -12,7 +12,7 @@ use lmx::runtime::data::{
 };
 use lmx::runtime::generate::text::TextStream;
 use lmx::runtime::generate::{check_prompt, generate_cached, PromptCache, Sampling};
-use lmx::runtime::hf::{self, HfFolder};
+use lmx::runtime::hf::{self, Family, HfFolder};
 use lmx::runtime::model::{LanguageModel, TrainingStep};
 use lmx::runtime::train::{EarlyStopping, JsonlLog, ProgressBar, TrainConfig, TrainData, Trainer};
 use lmx::runtime::tree::Tree;
@@ -388,6 +388,7 @@ where
             &lora.adapter_path,
             &trainer.state().params,
             &lora.adapter_config(),
+            Family::of_model(<S::Model as LanguageModel>::NAME),
         )?;
         println!("adapters: {}", lora.adapter_path.display());
     }

@@ -485,6 +485,17 @@ impl Family {
         }
     }
 
+    /// The name mlx-lm's module tree gives the leaf `name`: mlx-lm's GPT-2 holds the network as
+    /// `model` (`model.h.0.attn.c_attn`), where the checkpoints have no prefix; every other
+    /// family's names are the checkpoints'. Adapters must carry these names: mlx-lm loads them
+    /// into its tree by name and skips a name it lacks without a word.
+    pub fn mlx_lm_name(self, name: &str) -> String {
+        match self {
+            Family::Gpt2 => format!("model.{name}"),
+            _ => name.to_owned(),
+        }
+    }
+
     /// The names under which a checkpoint may hold the leaf `name`, most usual first: GPT-2's
     /// published `gpt2` weights are saved from `GPT2Model`, without the `transformer.` prefix;
     /// an untied head of a model saved tied is the embedding.

@@ -8,6 +8,7 @@ use super::attach::{attach, LoraParameters};
 use crate::checkpoint::atomic::{write_file, DurableWriter};
 use crate::checkpoint::file::{encode, read_expected, Named};
 use crate::error::{Error, Result};
+use crate::hf::Family;
 use crate::tree::{self, LeafRole, Tree};
 use mlx_rs::{Array, Dtype};
 use std::path::Path;
@@ -45,24 +46,31 @@ fn error(path: &Path, message: impl Into<String>) -> Error {
 }
 
 /// The adapters of `tree` by dotted name, in traversal order.
-fn adapters<R: Tree<Array> + ?Sized>(tree: &R) -> Named {
+fn adapters<R: Tree<Array> + ?Sized>(tree: &R, family: Option<Family>) -> Named {
     tree::specs(tree)
         .into_iter()
         .zip(tree::flatten(tree))
         .filter(|(spec, _)| spec.role == LeafRole::Adapter)
-        .map(|(spec, array)| (spec.name, array))
+        .map(|(spec, array)| match family {
+            Some(family) => (family.mlx_lm_name(&spec.name), array),
+            None => (spec.name, array),
+        })
         .collect()
 }
 
 /// Writes the adapters of `tree` into the folder `dir`, as float32 (as mlx-lm keeps them), and
 /// `config` beside them; each file is written atomically. Fails when `tree` has no adapter.
+///
+/// `family`, the tree's Hugging Face family, names the adapters as mlx-lm's module tree names
+/// the layers they adapt ([`Family::mlx_lm_name`]); `None` keeps the tree's own names.
 pub fn save_adapters<R: Tree<Array> + ?Sized>(
     dir: &Path,
     tree: &R,
     config: &AdapterConfig,
+    family: Option<Family>,
 ) -> Result<()> {
     let tensors_path = dir.join(ADAPTERS_FILE);
-    let named = adapters(tree)
+    let named = adapters(tree, family)
         .into_iter()
         .map(|(name, array)| Ok((name, array.as_dtype(Dtype::Float32)?)))
         .collect::<Result<Named>>()?;
@@ -103,13 +111,18 @@ pub fn read_config(dir: &Path) -> Result<AdapterConfig> {
 /// returns the configuration.
 ///
 /// The file must hold exactly the adapters the configuration attaches, float32, with their
-/// shapes; an error names the file and the tensor, and leaves `tree` unchanged.
-pub fn load_adapters<R: Tree<Array> + Clone>(tree: &mut R, dir: &Path) -> Result<AdapterConfig> {
+/// shapes, named as [`save_adapters`] names them for `family`; an error names the file and the
+/// tensor, and leaves `tree` unchanged.
+pub fn load_adapters<R: Tree<Array> + Clone>(
+    tree: &mut R,
+    dir: &Path,
+    family: Option<Family>,
+) -> Result<AdapterConfig> {
     let config = read_config(dir)?;
     let mut adapted = tree.clone();
     attach(&mut adapted, &config.lora_parameters, config.num_layers, 0)
         .map_err(|err| error(&dir.join(CONFIG_FILE), err.to_string()))?;
-    let expected = adapters(&adapted)
+    let expected = adapters(&adapted, family)
         .into_iter()
         .map(|(name, array)| Ok((name, array.as_dtype(Dtype::Float32)?)))
         .collect::<Result<Named>>()?;
