@@ -187,7 +187,8 @@ pub fn linear(params: &LinearParams, x: &Array) -> Result<Array> {
     }
 }
 
-/// The rows of the table for integer `ids`: `[...] -> [..., dim]`.
+/// The rows of the table for integer `ids`: `[...] -> [..., dim]`; the table's gradient is summed
+/// in float32 (`embedding_grad`).
 pub fn embedding(params: &EmbeddingParams, ids: &Array) -> Result<Array> {
     match params.packed() {
         Some(Packed {
@@ -205,7 +206,7 @@ pub fn embedding(params: &EmbeddingParams, ids: &Array) -> Result<Array> {
                 q.bits,
             )?)
         }
-        None => Ok(params.weight.take_axis(ids, 0)?),
+        None => super::embedding_grad::lookup(&params.weight, ids),
     }
 }
 

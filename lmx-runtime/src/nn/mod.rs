@@ -5,6 +5,7 @@
 mod activation;
 mod column_sum;
 mod custom_vjp;
+mod embedding_grad;
 mod extra;
 mod layer_norm_grad;
 mod layers;
