@@ -111,9 +111,42 @@ impl Context {
         Ok(Some(draw))
     }
 
-    /// The position of the first token of this call: how many tokens the cache already holds.
+    /// The position of the first token of this call: how many tokens the cache already holds
+    /// (on the host; inside a traced decode step this is not the step's position: read
+    /// [`position`](Self::position) there).
     pub fn offset(&self) -> i32 {
         self.cache.as_ref().map_or(0, |cache| cache.len)
+    }
+
+    /// The position of the first token of this call as an int32 scalar: 0 without a cache, the
+    /// cache's filled slots during generation, and in a traced decode step the step's position
+    /// input (so that its trace holds for every position).
+    pub fn position(&self) -> Array {
+        self.cache
+            .as_ref()
+            .map_or_else(|| Array::from_int(0), KvCache::position)
+    }
+
+    /// Where a call of `q_len` tokens' positions start and how many keys its attention sees
+    /// (what generated forward passes hand to RoPE, position tables and ALiBi).
+    pub fn positions(&self, q_len: i32) -> crate::nn::Positions {
+        crate::nn::Positions {
+            offset: self.position(),
+            keys: self
+                .cache
+                .as_ref()
+                .map_or(q_len, |cache| cache.key_len(q_len)),
+        }
+    }
+
+    /// The position of the first of `q_len` queries that see `k_len` keys (for masks built
+    /// over the keys): the last `q_len` of the keys outside a traced step, the step's position
+    /// inside one.
+    pub(crate) fn query_start(&self, q_len: i32, k_len: i32) -> Array {
+        match &self.cache {
+            Some(cache) if cache.is_traced() => cache.position(),
+            _ => Array::from_int(k_len - q_len),
+        }
     }
 
     /// Attention of layer `layer` with causal masking: `q`, `k`, `v` are `[B, heads, T, head_dim]`

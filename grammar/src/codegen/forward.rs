@@ -392,11 +392,18 @@ impl<'g, 'm> Fx<'g, 'm> {
         quote!(config)
     }
 
-    /// The KV cache's length, where positions start.
+    /// Where positions start (`&nn::Positions`): after the KV cache's filled slots.
+    pub(crate) fn positions(&mut self) -> TokenStream {
+        self.uses_pass = true;
+        self.uses_offset = true;
+        quote!(&pass.positions)
+    }
+
+    /// The position of the call's first token, an int32 scalar (`&Array`).
     pub(crate) fn offset(&mut self) -> TokenStream {
         self.uses_pass = true;
         self.uses_offset = true;
-        quote!(pass.offset)
+        quote!(&pass.positions.offset)
     }
 
     /// Binds a function's tensor inputs and their size symbols; returns the prelude (copies of

@@ -7,8 +7,15 @@
 //! before its `start` are masked out of every query's view. Attention depends only on how far
 //! apart a query and a key are (rotary embeddings, ALiBi, no positions at all), so a sequence's
 //! logits are the same whatever slot it starts at.
+//!
+//! In a traced decode step ([`super::step`]) the cache is *traced*: its buffers are inputs of the
+//! trace, read whole (every slot of their capacity) and written with a dynamic-offset update at
+//! the step's position, an int32 scalar input too, and the mask hides the slots past each query.
+//! Nothing in the trace then depends on how many slots are filled, so one trace serves every token
+//! until the buffers grow.
 
-use crate::error::Result;
+use crate::error::{Error, Result};
+use crate::nn;
 use mlx_rs::ops::indexing::{IndexOp, TryIndexMutOp};
 use mlx_rs::{ops, Array};
 
@@ -22,6 +29,8 @@ pub(crate) struct KvCache {
     starts: Option<Vec<i32>>,
     /// The last mask built, for `(query length, key length)`: every layer of a pass shares it.
     mask: Option<((i32, i32), Array)>,
+    /// In a traced decode step, the position of the step's first slot (an int32 scalar input).
+    traced: Option<Array>,
 }
 
 impl KvCache {
@@ -36,7 +45,88 @@ impl KvCache {
             len,
             starts: Some(starts),
             mask: None,
+            traced: None,
         }
+    }
+
+    /// The cache inside a traced step: every layer's buffers (`keys, values, keys, values, ..`,
+    /// as [`take_buffers`](Self::take_buffers) gives them), written at slot `offset` (an int32
+    /// scalar); its one row starts at slot 0.
+    pub(crate) fn traced(buffers: Vec<Array>, offset: Array) -> KvCache {
+        KvCache {
+            layers: pairs(buffers),
+            len: 0,
+            starts: None,
+            mask: None,
+            traced: Some(offset),
+        }
+    }
+
+    /// The position of the current call's first slot as an int32 scalar: the traced offset, or
+    /// the filled length.
+    pub(crate) fn position(&self) -> Array {
+        self.traced
+            .clone()
+            .unwrap_or_else(|| Array::from_int(self.len))
+    }
+
+    /// Whether this is the cache inside a traced step.
+    pub(crate) fn is_traced(&self) -> bool {
+        self.traced.is_some()
+    }
+
+    /// How many keys a call of `q_len` queries sees: a traced step sees the buffers' whole
+    /// capacity, another call the filled slots and its own.
+    pub(crate) fn key_len(&self, q_len: i32) -> i32 {
+        match &self.traced {
+            Some(_) => self.capacity(),
+            None => self.len + q_len,
+        }
+    }
+
+    /// Slots the buffers hold (filled or not); 0 before the first call.
+    pub(crate) fn capacity(&self) -> i32 {
+        self.layers
+            .iter()
+            .flatten()
+            .next()
+            .map_or(0, |(keys, _)| keys.dim(2))
+    }
+
+    /// Grows every layer's buffers, if needed, to hold slots up to `end` (in blocks of
+    /// [`KvCache::STEP`]): done before a traced step, whose buffers cannot grow inside it.
+    pub(crate) fn reserve(&mut self, end: i32) -> Result<()> {
+        if self.capacity() >= end {
+            return Ok(());
+        }
+        let filled = self.len;
+        for (keys, values) in self.layers.iter_mut().flatten() {
+            *keys = grow(Some(keys.clone()), &*keys, filled, end)?;
+            *values = grow(Some(values.clone()), &*values, filled, end)?;
+        }
+        Ok(())
+    }
+
+    /// Takes every layer's buffers out (`keys, values` per layer, in layer order), so that a
+    /// traced step is their only holder and may update them in place.
+    pub(crate) fn take_buffers(&mut self) -> Vec<Array> {
+        self.layers
+            .iter_mut()
+            .flat_map(|layer| {
+                layer
+                    .take()
+                    .map(|(keys, values)| [keys, values])
+                    .into_iter()
+                    .flatten()
+            })
+            .collect()
+    }
+
+    /// Puts buffers back as [`take_buffers`](Self::take_buffers) gave them (a traced step's new
+    /// ones), `tokens` more slots filled.
+    pub(crate) fn put_buffers(&mut self, buffers: Vec<Array>, tokens: i32) {
+        self.layers = pairs(buffers);
+        self.len += tokens;
     }
 
     /// Writes `k` and `v` (`[B, heads, T, head_dim]`) at slots `len .. len + T` of layer
@@ -44,6 +134,17 @@ impl KvCache {
     pub(crate) fn extend(&mut self, layer: usize, k: &Array, v: &Array) -> Result<(Array, Array)> {
         if self.layers.len() <= layer {
             self.layers.resize(layer + 1, None);
+        }
+        if let Some(offset) = &self.traced {
+            let (keys, values) = self.layers[layer].take().ok_or_else(|| {
+                Error::Layout(format!(
+                    "a traced decode step attends in layer {layer}, which holds no keys yet"
+                ))
+            })?;
+            let keys = nn::slice_update_dynamic(&keys, k, offset, 2)?;
+            let values = nn::slice_update_dynamic(&values, v, offset, 2)?;
+            self.layers[layer] = Some((keys.clone(), values.clone()));
+            return Ok((keys, values));
         }
         let start = self.len;
         let end = start + k.dim(2);
@@ -69,20 +170,29 @@ impl KvCache {
     /// from the row's start up to itself; a query on a padding slot sees only itself, so that
     /// no query sees nothing (a softmax over no key is NaN, which would reach the padding's
     /// keys and values and, through a zero weight, every query that skips them).
+    ///
+    /// In a traced step the mask is always given: the keys are the buffers' whole capacity, of
+    /// which a query sees the slots up to itself (after its row's start).
     pub(crate) fn mask(&mut self, q_len: i32, k_len: i32) -> Result<Option<Array>> {
-        let Some(starts) = &self.starts else {
+        if self.starts.is_none() && self.traced.is_none() {
             return Ok(None);
-        };
+        }
         if let Some((shape, mask)) = &self.mask {
             if *shape == (q_len, k_len) {
                 return Ok(Some(mask.clone()));
             }
         }
-        let rows =
-            Array::arange::<_, i32>(k_len - q_len, k_len, None)?.reshape(&[1, 1, q_len, 1])?;
+        let first = self
+            .traced
+            .clone()
+            .unwrap_or_else(|| Array::from_int(k_len - q_len));
+        let rows = nn::positions_after(&first, q_len)?.reshape(&[1, 1, q_len, 1])?;
         let cols = Array::arange::<_, i32>(None, k_len, None)?.reshape(&[1, 1, 1, k_len])?;
-        let starts = Array::from_slice(starts, &[starts.len() as i32, 1, 1, 1]);
-        let seen = cols.ge(&starts)?.logical_and(&cols.le(&rows)?)?;
+        let mut seen = cols.le(&rows)?;
+        if let Some(starts) = &self.starts {
+            let starts = Array::from_slice(starts, &[starts.len() as i32, 1, 1, 1]);
+            seen = seen.logical_and(&cols.ge(&starts)?)?;
+        }
         let mask = seen.logical_or(&cols.eq(&rows)?)?;
         self.mask = Some(((q_len, k_len), mask.clone()));
         Ok(Some(mask))
@@ -156,6 +266,16 @@ impl KvCache {
         self.mask = None;
         Ok(())
     }
+}
+
+/// Layers' `(keys, values)` from buffers laid out `keys, values, keys, values, ..`.
+fn pairs(buffers: Vec<Array>) -> Vec<Option<(Array, Array)>> {
+    let mut buffers = buffers.into_iter();
+    let mut layers = Vec::new();
+    while let (Some(keys), Some(values)) = (buffers.next(), buffers.next()) {
+        layers.push(Some((keys, values)));
+    }
+    layers
 }
 
 /// `buffer` with zeros appended along the slot axis up to `capacity` slots.
