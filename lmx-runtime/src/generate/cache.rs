@@ -13,7 +13,12 @@
 //! the step's position, an int32 scalar input too, and the mask hides the slots past each query.
 //! Nothing in the trace then depends on how many slots are filled, so one trace serves every token
 //! until the buffers grow.
+//!
+//! A single sequence's cache ([`KvCache::rotating`]) keeps only the window of a sliding-window
+//! layer, in a ring ([`super::ring`]); a batch's, which joins and reorders rows, and a
+//! speculative decoder's, which cuts rejected tokens back, keep every position.
 
+use super::ring;
 use crate::error::{Error, Result};
 use crate::nn;
 use mlx_rs::ops::indexing::{IndexOp, TryIndexMutOp};
@@ -31,6 +36,11 @@ pub(crate) struct KvCache {
     mask: Option<((i32, i32), Array)>,
     /// In a traced decode step, the position of the step's first slot (an int32 scalar input).
     traced: Option<Array>,
+    /// Whether sliding-window layers keep only their window ([`super::ring`]): a cache that is
+    /// never cut back to an earlier length or joined with others (a single sequence's).
+    rotating: bool,
+    /// Per layer, the window of a layer whose buffers are a ring.
+    windows: Vec<Option<i32>>,
 }
 
 impl KvCache {
@@ -46,20 +56,42 @@ impl KvCache {
             starts: Some(starts),
             mask: None,
             traced: None,
+            rotating: false,
+            windows: Vec::new(),
+        }
+    }
+
+    /// An empty cache whose sliding-window layers keep only their window.
+    pub(crate) fn rotating() -> KvCache {
+        KvCache {
+            rotating: true,
+            ..KvCache::default()
         }
     }
 
     /// The cache inside a traced step: every layer's buffers (`keys, values, keys, values, ..`,
     /// as [`take_buffers`](Self::take_buffers) gives them), written at slot `offset` (an int32
-    /// scalar); its one row starts at slot 0.
-    pub(crate) fn traced(buffers: Vec<Array>, offset: Array) -> KvCache {
+    /// scalar); its one row starts at slot 0; the layers with a window in `windows` are rings.
+    pub(crate) fn traced(buffers: Vec<Array>, offset: Array, windows: Vec<Option<i32>>) -> KvCache {
         KvCache {
             layers: pairs(buffers),
             len: 0,
             starts: None,
             mask: None,
             traced: Some(offset),
+            rotating: true,
+            windows,
         }
+    }
+
+    /// Per layer, the window of a layer whose buffers are a ring.
+    pub(crate) fn windows(&self) -> Vec<Option<i32>> {
+        self.windows.clone()
+    }
+
+    /// Whether `layer`'s buffers are a ring.
+    fn is_ring(&self, layer: usize) -> bool {
+        self.windows.get(layer).copied().flatten().is_some()
     }
 
     /// The position of the current call's first slot as an int32 scalar: the traced offset, or
@@ -68,11 +100,6 @@ impl KvCache {
         self.traced
             .clone()
             .unwrap_or_else(|| Array::from_int(self.len))
-    }
-
-    /// Whether this is the cache inside a traced step.
-    pub(crate) fn is_traced(&self) -> bool {
-        self.traced.is_some()
     }
 
     /// How many keys a call of `q_len` queries sees: a traced step sees the buffers' whole
@@ -84,25 +111,45 @@ impl KvCache {
         }
     }
 
-    /// Slots the buffers hold (filled or not); 0 before the first call.
+    /// Slots the buffers of the layers that are not rings hold (filled or not); 0 before the
+    /// first call.
     pub(crate) fn capacity(&self) -> i32 {
         self.layers
             .iter()
-            .flatten()
-            .next()
+            .enumerate()
+            .filter(|(layer, _)| !self.is_ring(*layer))
+            .find_map(|(_, buffers)| buffers.as_ref())
             .map_or(0, |(keys, _)| keys.dim(2))
+    }
+
+    /// Slots each layer's buffers hold (a ring's are its window), for tests of memory bounds.
+    pub(crate) fn slots(&self) -> Vec<i32> {
+        self.layers
+            .iter()
+            .map(|buffers| buffers.as_ref().map_or(0, |(keys, _)| keys.dim(2)))
+            .collect()
     }
 
     /// Grows every layer's buffers, if needed, to hold slots up to `end` (in blocks of
     /// [`KvCache::STEP`]): done before a traced step, whose buffers cannot grow inside it.
     pub(crate) fn reserve(&mut self, end: i32) -> Result<()> {
-        if self.capacity() >= end {
-            return Ok(());
-        }
         let filled = self.len;
-        for (keys, values) in self.layers.iter_mut().flatten() {
-            *keys = grow(Some(keys.clone()), &*keys, filled, end)?;
-            *values = grow(Some(values.clone()), &*values, filled, end)?;
+        for (layer, buffers) in self.layers.iter_mut().enumerate() {
+            let Some((keys, values)) = buffers else {
+                continue;
+            };
+            match self.windows.get(layer).copied().flatten() {
+                Some(window) => {
+                    let slots = ring::slots_for(end, window, Self::STEP);
+                    *keys = widen(keys.clone(), slots)?;
+                    *values = widen(values.clone(), slots)?;
+                }
+                None if keys.dim(2) < end => {
+                    *keys = grow(Some(keys.clone()), &*keys, filled, end)?;
+                    *values = grow(Some(values.clone()), &*values, filled, end)?;
+                }
+                None => {}
+            }
         }
         Ok(())
     }
@@ -127,6 +174,50 @@ impl KvCache {
     pub(crate) fn put_buffers(&mut self, buffers: Vec<Array>, tokens: i32) {
         self.layers = pairs(buffers);
         self.len += tokens;
+    }
+
+    /// [`extend`](Self::extend) for a layer whose queries see only the keys fewer than `window`
+    /// positions back: in a rotating cache its buffers are a ring of `window` slots
+    /// ([`super::ring`]), and the keys and values it returns come with their positions (`[T_k]`
+    /// int32, -1 for an empty slot), which the mask must then go by; otherwise as `extend`.
+    pub(crate) fn extend_windowed(
+        &mut self,
+        layer: usize,
+        k: &Array,
+        v: &Array,
+        window: i32,
+    ) -> Result<(Array, Array, Option<Array>)> {
+        if !self.rotating || self.starts.is_some() {
+            let (keys, values) = self.extend(layer, k, v)?;
+            return Ok((keys, values, None));
+        }
+        if self.layers.len() <= layer {
+            self.layers.resize(layer + 1, None);
+        }
+        if self.windows.len() <= layer {
+            self.windows.resize(layer + 1, None);
+        }
+        self.windows[layer] = Some(window);
+        if let Some(offset) = &self.traced {
+            let (keys, values) = self.layers[layer].take().ok_or_else(|| {
+                Error::Layout(format!(
+                    "a traced decode step attends in layer {layer}, which holds no keys yet"
+                ))
+            })?;
+            let (keys, positions) = ring::extend_traced(&keys, k, offset, window)?;
+            let (values, _) = ring::extend_traced(&values, v, offset, window)?;
+            self.layers[layer] = Some((keys.clone(), values.clone()));
+            return Ok((keys, values, Some(positions)));
+        }
+        let slots = ring::slots_for(self.len + k.dim(2), window, Self::STEP);
+        let (keys, values) = match self.layers[layer].take() {
+            Some((keys, values)) => (widen(keys, slots)?, widen(values, slots)?),
+            None => (blank(k, slots)?, blank(v, slots)?),
+        };
+        let (seen_keys, positions, keys) = ring::extend(&keys, k, self.len, window)?;
+        let (seen_values, _, values) = ring::extend(&values, v, self.len, window)?;
+        self.layers[layer] = Some((keys, values));
+        Ok((seen_keys, seen_values, Some(positions)))
     }
 
     /// Writes `k` and `v` (`[B, heads, T, head_dim]`) at slots `len .. len + T` of layer
@@ -208,9 +299,20 @@ impl KvCache {
     }
 
     /// Forgets the slots from `len` on: the next pass writes over them (a prompt that shares
-    /// only a prefix with the cached one).
-    pub(crate) fn truncate(&mut self, len: i32) {
+    /// only a prefix with the cached one). A ring that went round has lost positions before
+    /// `len` that the next pass would see: the whole cache is then dropped. Returns the length
+    /// kept.
+    pub(crate) fn truncate(&mut self, len: i32) -> i32 {
+        let lost = self
+            .windows
+            .iter()
+            .flatten()
+            .any(|&window| self.len > window);
+        if len < self.len && lost {
+            *self = KvCache::rotating();
+        }
         self.len = self.len.min(len);
+        self.len
     }
 
     /// Rows (the batch axis) in `rows`' order, others dropped.
@@ -291,13 +393,21 @@ fn widen(buffer: Array, capacity: i32) -> Result<Array> {
     Ok(ops::concatenate(&[buffer, zeros], 2)?)
 }
 
+/// Zeros of `like`'s shape (`[B, heads, T, head_dim]`) and type over `slots` slots.
+fn blank(like: &Array, slots: i32) -> Result<Array> {
+    let shape = like.shape();
+    Ok(ops::zeros_dtype(
+        &[shape[0], shape[1], slots, shape[3]],
+        like.dtype(),
+    )?)
+}
+
 /// A buffer with room for slots up to `end` (rounded up to a multiple of [`KvCache::STEP`]): the
 /// first `filled` slots of `held` (zeros where nothing is held), then zeros.
 fn grow(held: Option<Array>, new: &Array, filled: i32, end: i32) -> Result<Array> {
-    let shape = new.shape();
     let capacity = (end + KvCache::STEP - 1) / KvCache::STEP * KvCache::STEP;
     Ok(match held {
         Some(held) => widen(held.index((.., .., ..filled, ..)), capacity)?,
-        None => ops::zeros_dtype(&[shape[0], shape[1], capacity, shape[3]], new.dtype())?,
+        None => blank(new, capacity)?,
     })
 }

@@ -44,7 +44,7 @@ pub struct PromptCache {
 impl Default for PromptCache {
     fn default() -> Self {
         PromptCache {
-            ctx: Context::generation(),
+            ctx: Context::rotating_generation(),
             tokens: Vec::new(),
         }
     }
@@ -72,11 +72,12 @@ impl PromptCache {
             .take_while(|(a, b)| a == b)
             .count()
             .min(prompt.len() - 1);
-        self.tokens.truncate(shared);
-        if let Some(cache) = self.ctx.cache_mut() {
-            cache.truncate(shared as i32);
-        }
-        &prompt[shared..]
+        let kept = match self.ctx.cache_mut() {
+            Some(cache) => cache.truncate(shared as i32) as usize,
+            None => shared,
+        };
+        self.tokens.truncate(kept);
+        &prompt[kept..]
     }
 }
 
@@ -149,7 +150,12 @@ pub fn generate_cached<M: LanguageModel>(
     eval([&pending])?;
     cache.tokens.extend_from_slice(&fresh);
     let prompt_seconds = started.elapsed().as_secs_f64();
-    let mut decoder = DecodeStep::new::<M>(params, config, &sampler);
+    let windows = cache
+        .ctx
+        .cache_mut()
+        .map(|cache| cache.windows())
+        .unwrap_or_default();
+    let mut decoder = DecodeStep::new::<M>(params, config, &sampler, windows);
     let decode_started = Instant::now();
     loop {
         let more = tokens.len() + 1 < limit;

@@ -7,6 +7,7 @@
 mod batch;
 pub(crate) mod cache;
 mod decode;
+mod ring;
 pub mod sampler;
 mod search;
 mod speculative;

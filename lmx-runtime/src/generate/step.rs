@@ -53,10 +53,12 @@ pub(crate) struct DecodeStep {
 impl DecodeStep {
     /// The step of `M` with `params` and `config`, sampling as `sampler` does (its settings; its
     /// state is an input of every call).
+    /// The layers whose buffers are rings are those of `windows` (the prefilled cache's).
     pub(crate) fn new<M: LanguageModel>(
         params: &M::Params,
         config: &M::Config,
         sampler: &Sampler,
+        windows: Vec<Option<i32>>,
     ) -> DecodeStep {
         let leaves = flatten(params);
         let leaf_count = leaves.len();
@@ -79,7 +81,7 @@ impl DecodeStep {
             });
             let (token, position) = (&rest[0], &rest[1]);
             let (state, buffers) = rest[2..].split_at(state_len);
-            let cache = KvCache::traced(buffers.to_vec(), position.clone());
+            let cache = KvCache::traced(buffers.to_vec(), position.clone(), windows.clone());
             let mut ctx = Context::with_cache(cache);
             let logits = nn::without_gradients(|| M::forward(&params, &config, token, &mut ctx))?;
             let mut sampler = sampler.clone();

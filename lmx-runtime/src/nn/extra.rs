@@ -270,11 +270,22 @@ pub fn attend(
         }
         return ctx.attend(layer, &q.multiply(literal(f64::from(factor), q)?)?, k, v);
     }
-    let (k, v) = ctx.keys_values(layer, k, v)?;
+    let (k, v, key_positions) = match options.window {
+        Some(window) => ctx.windowed_keys_values(layer, k, v, window)?,
+        None => {
+            let (k, v) = ctx.keys_values(layer, k, v)?;
+            (k, v, None)
+        }
+    };
     let first = ctx.query_start(q.dim(2), k.dim(2));
-    let mut mask = attention_mask(q, &k, &first, &options)?;
-    // Rows of a batch that start at different slots hide their padding as well.
-    if let Some(padding) = ctx.padding_mask(q.dim(2), k.dim(2))? {
+    let mut mask = attention_mask(q, &k, &first, key_positions.as_ref(), &options)?;
+    // Rows of a batch that start at different slots hide their padding as well (a ring's keys
+    // come with their positions, which the mask above went by).
+    let padding = match key_positions {
+        Some(_) => None,
+        None => ctx.padding_mask(q.dim(2), k.dim(2))?,
+    };
+    if let Some(padding) = padding {
         let minus_inf = Array::from_f32(f32::NEG_INFINITY).as_dtype(q.dtype())?;
         let open = mask.unwrap_or(literal(0.0, q)?);
         mask = Some(ops::select(&padding, &open, &minus_inf)?);
@@ -319,16 +330,21 @@ pub fn softcapped_attention(
 }
 
 /// The additive mask `[T_q, T_k]` (plus the bias) of `options`, `None` when nothing is masked;
-/// the queries are at the positions from `first` (an int32 scalar) on, the keys at `0 .. T_k`.
+/// the queries are at the positions from `first` (an int32 scalar) on, the keys at
+/// `key_positions` (`[T_k]`, a negative one hidden) or else at `0 .. T_k`.
 fn attention_mask(
     q: &Array,
     k: &Array,
     first: &Array,
+    key_positions: Option<&Array>,
     options: &AttentionOptions<'_>,
 ) -> Result<Option<Array>> {
     let (q_len, k_len) = (q.shape()[2], k.shape()[2]);
     let rows = positions_after(first, q_len)?.reshape(&[q_len, 1])?;
-    let cols = Array::arange::<_, i32>(None, k_len, None)?.reshape(&[1, k_len])?;
+    let cols = match key_positions {
+        Some(positions) => positions.reshape(&[1, k_len])?,
+        None => Array::arange::<_, i32>(None, k_len, None)?.reshape(&[1, k_len])?,
+    };
     let ahead = cols.subtract(&rows)?;
     let mut visible: Option<Array> = None;
     let mut restrict = |condition: Array| -> Result<()> {
@@ -338,6 +354,9 @@ fn attention_mask(
         });
         Ok(())
     };
+    if key_positions.is_some() {
+        restrict(cols.ge(Array::from_int(0))?)?;
+    }
     if options.causal {
         restrict(ahead.le(Array::from_int(0))?)?;
     }
