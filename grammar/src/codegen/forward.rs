@@ -328,7 +328,7 @@ pub(crate) struct Fx<'g, 'm> {
     pub pass_mut: bool,
     /// Whether it reads the configuration.
     pub uses_config: bool,
-    /// Whether it reads `pass.offset`.
+    /// Whether it reads `pass.positions`.
     pub uses_offset: bool,
     /// Whether it attends.
     pub attends: bool,

@@ -95,7 +95,7 @@ pub(crate) struct BlockInfo {
     pub args_used: Vec<bool>,
     /// Whether it reads the configuration.
     pub uses_config: bool,
-    /// Whether it uses `pass.offset`.
+    /// Whether it uses `pass.positions`.
     pub uses_offset: bool,
     /// Whether it attends.
     pub attends: bool,
