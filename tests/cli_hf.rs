@@ -186,3 +186,65 @@ fn chat_prompts_go_through_the_folder_s_template() {
          folder with --model DIR"
     ));
 }
+
+/// `lmx generate --draft DIR --draft-tokens K`: speculative decoding with a draft folder of the
+/// same family prints the model's own greedy text and reports how many drafted tokens were kept;
+/// a draft of another family and a draft size of 0 are refused, naming the flag.
+#[test]
+fn speculative_generation_from_the_command_line() {
+    let folder = fixture("llama");
+    let generate = |extra: &[&str]| {
+        let mut args = vec![
+            "generate",
+            "--model",
+            folder.to_str().unwrap(),
+            "--max-tokens",
+            "12",
+            "--temperature",
+            "0",
+            "--prompt",
+            "Before we",
+        ];
+        args.extend_from_slice(extra);
+        Command::new(env!("CARGO_BIN_EXE_lmx"))
+            .args(&args)
+            .output()
+            .expect("lmx runs")
+    };
+    let plain = generate(&[]);
+    assert!(plain.status.success());
+    let draft = fixture("llama-sharded");
+    let draft = draft.to_str().unwrap();
+    let speculative = generate(&["--draft", draft, "--draft-tokens", "3"]);
+    let stderr = String::from_utf8_lossy(&speculative.stderr);
+    assert!(speculative.status.success(), "{stderr}");
+    assert_eq!(
+        String::from_utf8_lossy(&speculative.stdout),
+        String::from_utf8_lossy(&plain.stdout)
+    );
+    let kept = stderr
+        .split("draft acceptance ")
+        .nth(1)
+        .unwrap_or_else(|| panic!("no acceptance reported: {stderr}"));
+    let counts: Vec<usize> = kept
+        .split(['(', ' '])
+        .filter_map(|word| word.parse().ok())
+        .take(2)
+        .collect();
+    assert!(
+        counts.len() == 2 && counts[0] <= counts[1] && counts[1] > 0,
+        "{stderr}"
+    );
+
+    let other = fixture("gpt2");
+    let refused = generate(&["--draft", other.to_str().unwrap()]);
+    assert!(!refused.status.success());
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert!(
+        stderr.contains(&format!("--draft {}", other.display())),
+        "{stderr}"
+    );
+    let refused = generate(&["--draft", draft, "--draft-tokens", "0"]);
+    assert!(!refused.status.success());
+    assert!(String::from_utf8_lossy(&refused.stderr).contains("--draft-tokens 0"));
+}

@@ -3,7 +3,7 @@
 //! greedy generation (the next token queued before the current one is read) picks the tokens the
 //! full forward pass ranks first, stopping at the stop token, `max_tokens` and the context.
 
-use lmx::models::{llama, mistral};
+use lmx::models::{gemma2, gemma3_text, llama, mistral};
 use lmx::runtime::generate::{generate, Sampling};
 use lmx::runtime::mlx_rs::ops::indexing::IndexOp;
 use lmx::runtime::mlx_rs::{ops, random};
@@ -32,13 +32,18 @@ fn positions(x: &Array, start: i32, end: i32) -> Result<Array> {
 /// 250), then one token at a time past position 256, and checks every position's logits against
 /// the full forward pass.
 fn cache_crosses_growth_step<M: LanguageModel>(config: &M::Config) -> Result<()> {
+    cached_matches_full::<M>(config, Context::generation()).map(drop)
+}
+
+/// [`cache_crosses_growth_step`] over `ctx`'s cache; returns the context.
+fn cached_matches_full<M: LanguageModel>(config: &M::Config, ctx: Context) -> Result<Context> {
+    let mut ctx = ctx;
     let params = M::init(config, 0)?;
     let vocab = M::vocab_size(config) as i32;
     let tokens = random::randint::<_, i32>(0, vocab, &[1, LEN][..], &random::key(1)?)?;
     let full = M::forward(&params, config, &tokens, &mut Context::evaluation())?;
     let mut bounds = vec![0, 1, 6, 250];
     bounds.extend(251..=LEN);
-    let mut ctx = Context::generation();
     let mut steps = Vec::new();
     for pair in bounds.windows(2) {
         let call = positions(&tokens, pair[0], pair[1])?;
@@ -58,7 +63,39 @@ fn cache_crosses_growth_step<M: LanguageModel>(config: &M::Config) -> Result<()>
         "{}: cached decoding past 256 positions differs from the full forward pass by {error:e}",
         M::NAME
     );
+    Ok(ctx)
+}
+
+/// A rotating cache keeps only the last `window` positions of a sliding-window layer: decoding far
+/// past the window (in calls of 1, 5 and 244 tokens, then one at a time) still gives the full
+/// forward pass's logits, and each windowed layer holds `window` slots, the others every position.
+fn rotating_cache_matches_full<M: LanguageModel>(config: &M::Config, window: i32) -> Result<()> {
+    let ctx = cached_matches_full::<M>(config, Context::rotating_generation())?;
+    let slots = ctx.cached_slots();
+    assert!(
+        slots.contains(&window) && slots.iter().all(|&held| held == window || held >= LEN),
+        "{}: slots per layer {slots:?}, window {window}",
+        M::NAME
+    );
     Ok(())
+}
+
+#[test]
+fn mistral_rotating_cache_keeps_the_window() -> Result<()> {
+    let mut config = mistral::Config::preset("tiny").expect("mistral has a tiny preset");
+    config.ctx = LEN as _;
+    rotating_cache_matches_full::<mistral::Mistral>(&config, config.window as i32)
+}
+
+/// Gemma 2's local layers (soft-capped attention) and Gemma 3's.
+#[test]
+fn gemma_local_layers_rotate() -> Result<()> {
+    let mut config = gemma2::Config::preset("tiny").expect("gemma2 has a tiny preset");
+    config.ctx = LEN as _;
+    rotating_cache_matches_full::<gemma2::Gemma2>(&config, config.window as i32)?;
+    let mut config = gemma3_text::Config::preset("tiny").expect("gemma3 has a tiny preset");
+    config.ctx = LEN as _;
+    rotating_cache_matches_full::<gemma3_text::Gemma3Text>(&config, config.window as i32)
 }
 
 #[test]

@@ -120,7 +120,7 @@ impl Pico {
 }
 
 /// RoPE over the first `rotary` features of each head, from position `offset`.
-fn partial_rope(x: &Tensor, rotary: i32, offset: i32) -> Result<Tensor> {
+fn partial_rope(x: &Tensor, rotary: i32, offset: &Tensor) -> Result<Tensor> {
     let rotated = rope(&x.slice(-1, ..rotary)?, rotary, 10_000.0, offset)?;
     concatenate(&[rotated, x.slice(-1, rotary..)?], -1)
 }
@@ -132,14 +132,22 @@ fn pico(
     config: &PicoConfig,
     ctx: &mut Context,
 ) -> Result<Tensor> {
-    let positions = Tensor::arange(ctx.offset(), tokens.dim(-1))?;
+    let positions = Tensor::arange(&ctx.offset(), tokens.dim(-1))?;
     let mut h = embedding(&params.wte, tokens)?.add(&embedding(&params.wpe, &positions)?)?;
     h = ctx.dropout(&h, config.dropout)?;
     for block in &params.blocks {
         let x = layer_norm(&block.ln_1, &h, 1e-5)?;
         let [q, k, v] = linear(&block.qkv, &x)?.split(-1)?;
-        let q = partial_rope(&split_heads(&q, config.heads)?, config.rotary, ctx.offset())?;
-        let k = partial_rope(&split_heads(&k, config.heads)?, config.rotary, ctx.offset())?;
+        let q = partial_rope(
+            &split_heads(&q, config.heads)?,
+            config.rotary,
+            &ctx.offset(),
+        )?;
+        let k = partial_rope(
+            &split_heads(&k, config.heads)?,
+            config.rotary,
+            &ctx.offset(),
+        )?;
         let v = split_heads(&v, config.heads)?;
         let attended = linear(&block.proj, &merge_heads(&ctx.attend(&q, &k, &v)?)?)?;
         h = h.add(&ctx.dropout(&attended, config.dropout)?)?;

@@ -110,7 +110,7 @@ impl CausalMixer {
 }
 
 fn mix(params: &CausalMixer<Tensor>, tokens: &Tensor, config: &MixerConfig, ctx: &mut Context) -> Result<Tensor> {
-    let at = Tensor::arange(ctx.offset(), tokens.dim(-1))?;
+    let at = Tensor::arange(&ctx.offset(), tokens.dim(-1))?;
     let h = embedding(&params.tokens, tokens)?.add(&embedding(&params.positions, &at)?)?;
     let x = layer_norm(&params.norm, &h, 1e-5)?;
     let [q, k, v] = linear(&params.qkv, &x)?.split(-1)?;

@@ -101,6 +101,22 @@ impl Context {
         }
     }
 
+    /// [`generation`](Self::generation) for one sequence that only grows: a sliding-window
+    /// layer keeps only its window (a ring of that many slots, as mlx-lm's `RotatingKVCache`), so
+    /// its memory is bounded by the window however long the sequence.
+    pub fn rotating_generation() -> Context {
+        Context {
+            cache: Some(KvCache::rotating()),
+            key: None,
+        }
+    }
+
+    /// Slots each attention layer's cached keys take (a rotating cache's windowed layers: their
+    /// window), in layer order; empty outside generation.
+    pub fn cached_slots(&self) -> Vec<i32> {
+        self.cache.as_ref().map_or_else(Vec::new, KvCache::slots)
+    }
+
     /// A fresh key for the next random draw of this pass, `None` when dropout is off.
     pub(crate) fn next_key(&mut self) -> Result<Option<Array>> {
         let Some(key) = self.key.take() else {
@@ -111,9 +127,42 @@ impl Context {
         Ok(Some(draw))
     }
 
-    /// The position of the first token of this call: how many tokens the cache already holds.
+    /// The position of the first token of this call: how many tokens the cache already holds
+    /// (on the host; inside a traced decode step this is not the step's position: read
+    /// [`position`](Self::position) there).
     pub fn offset(&self) -> i32 {
         self.cache.as_ref().map_or(0, |cache| cache.len)
+    }
+
+    /// The position of the first token of this call as an int32 scalar: 0 without a cache, the
+    /// cache's filled slots during generation, and in a traced decode step the step's position
+    /// input (so that its trace holds for every position).
+    pub fn position(&self) -> Array {
+        self.cache
+            .as_ref()
+            .map_or_else(|| Array::from_int(0), KvCache::position)
+    }
+
+    /// Where a call of `q_len` tokens' positions start and how many keys its attention sees
+    /// (what generated forward passes hand to RoPE, position tables and ALiBi).
+    pub fn positions(&self, q_len: i32) -> crate::nn::Positions {
+        crate::nn::Positions {
+            offset: self.position(),
+            keys: self
+                .cache
+                .as_ref()
+                .map_or(q_len, |cache| cache.key_len(q_len)),
+        }
+    }
+
+    /// The position of the first of `q_len` queries that see `k_len` keys (for masks built
+    /// over the keys): the cache's position during generation (the step's position input in a
+    /// traced step), else the last `q_len` of the keys.
+    pub(crate) fn query_start(&self, q_len: i32, k_len: i32) -> Array {
+        match &self.cache {
+            Some(cache) => cache.position(),
+            None => Array::from_int(k_len - q_len),
+        }
     }
 
     /// Attention of layer `layer` with causal masking: `q`, `k`, `v` are `[B, heads, T, head_dim]`
@@ -143,6 +192,23 @@ impl Context {
         match self.cache.as_mut() {
             Some(cache) => cache.extend(layer, k, v),
             None => Ok((k.clone(), v.clone())),
+        }
+    }
+
+    /// [`keys_values`](Self::keys_values) for a layer whose queries see only the keys fewer than
+    /// `window` positions back, with the keys' positions (`[T_k]` int32, -1 for none) where they
+    /// are not `0 .. T_k` (a rotating cache's ring, which then also holds every key the queries
+    /// may see, so that no padding mask applies).
+    pub(crate) fn windowed_keys_values(
+        &mut self,
+        layer: usize,
+        k: &Array,
+        v: &Array,
+        window: i32,
+    ) -> Result<(Array, Array, Option<Array>)> {
+        match self.cache.as_mut() {
+            Some(cache) => cache.extend_windowed(layer, k, v, window),
+            None => Ok((k.clone(), v.clone(), None)),
         }
     }
 

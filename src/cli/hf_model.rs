@@ -17,6 +17,8 @@ pub struct FolderGenerateRequest {
     pub stop: Vec<String>,
     /// Whether the prompt is a user's message for the folder's chat template.
     pub chat: bool,
+    /// A draft model folder for speculative decoding.
+    pub draft: Option<super::train::Draft>,
 }
 
 /// The folder's tokenizer: its `tokenizer.json`, ending sequences with the end-of-sequence
@@ -56,6 +58,23 @@ pub fn sample<M: LanguageModel>(
     let config = hf::model_config::<M>(folder)?;
     check_prompt::<M>(&config, &prompt)?;
     let (config, params) = hf::load_model::<M>(folder, None)?;
+    let draft = match &request.draft {
+        Some(draft) => {
+            let load = || -> anyhow::Result<(M::Config, M::Params)> {
+                let draft_folder = HfFolder::open(&draft.path)?;
+                Ok(hf::load_model::<M>(&draft_folder, None)?)
+            };
+            let (draft_config, draft_params) = load().map_err(|err| {
+                anyhow::anyhow!(
+                    "--draft {}: {err} (the draft is a Hugging Face folder of the model's family,                      {})",
+                    draft.path.display(),
+                    M::NAME
+                )
+            })?;
+            Some((draft_params, draft_config, draft.tokens))
+        }
+        None => None,
+    };
     super::train::stream::<M>(
         &params,
         &config,
@@ -64,6 +83,7 @@ pub fn sample<M: LanguageModel>(
         &prompt,
         &request.sampling,
         &request.stop,
+        draft.as_ref().map(|(p, c, k)| (p, c, *k)),
     )
 }
 

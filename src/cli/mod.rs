@@ -415,6 +415,15 @@ pub struct GenerateArgs {
     /// `mlx_lm.lora` write it) to load on top of the run's model.
     #[arg(long)]
     pub adapter: Option<PathBuf>,
+    /// Speculative decoding: a smaller model of the same family and tokenizer drafts tokens that
+    /// the model checks in one pass (greedy output is the model's own, token for token; sampled
+    /// output is distributed as the model's). A Hugging Face folder with --model DIR, a run
+    /// directory (its latest checkpoint) with --run.
+    #[arg(long, value_name = "MODEL")]
+    pub draft: Option<PathBuf>,
+    /// With --draft: tokens the draft proposes at a time.
+    #[arg(long, default_value_t = 4, requires = "draft")]
+    pub draft_tokens: usize,
 }
 
 /// `lmx eval`'s options.
@@ -732,6 +741,21 @@ fn parse_bias(text: &str) -> Result<(u32, f32), String> {
 }
 
 impl GenerateArgs {
+    /// The draft model of speculative decoding, if one was given.
+    pub fn draft(&self) -> anyhow::Result<Option<train::Draft>> {
+        let Some(path) = &self.draft else {
+            return Ok(None);
+        };
+        anyhow::ensure!(
+            self.draft_tokens > 0,
+            "--draft-tokens 0: the draft must propose at least one token at a time"
+        );
+        Ok(Some(train::Draft {
+            path: path.clone(),
+            tokens: self.draft_tokens,
+        }))
+    }
+
     /// The sampling settings; one out of range is an error naming its flag.
     pub fn sampling(&self) -> anyhow::Result<Sampling> {
         let sampling = Sampling {
@@ -784,6 +808,7 @@ pub fn run(cli: Cli, registry: &Registry) -> anyhow::Result<()> {
         }
         Command::Generate(args) => {
             let sampling = args.sampling()?;
+            let draft = args.draft()?;
             if let Some(name) = &args.model {
                 return match resolve::resolve(registry, name)? {
                     resolve::Resolved::Folder(model, folder) => model.generate_folder(
@@ -793,6 +818,7 @@ pub fn run(cli: Cli, registry: &Registry) -> anyhow::Result<()> {
                             sampling,
                             stop: args.stop.clone(),
                             chat: args.chat,
+                            draft,
                         },
                     ),
                     _ => anyhow::bail!(
@@ -822,6 +848,7 @@ pub fn run(cli: Cli, registry: &Registry) -> anyhow::Result<()> {
                 sampling,
                 stop: args.stop.clone(),
                 adapter: args.adapter.clone(),
+                draft,
             };
             model.generate(&run, request)
         }
@@ -913,6 +940,7 @@ fn train_and_sample(
         },
         stop: Vec::new(),
         adapter: None,
+        draft: None,
     };
     model.generate(&run, request)
 }

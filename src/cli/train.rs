@@ -11,7 +11,9 @@ use lmx::runtime::data::{
     DocumentEncoder, InputFormat, Separator, TokenFile, TokenSource, Windows,
 };
 use lmx::runtime::generate::text::TextStream;
-use lmx::runtime::generate::{check_prompt, generate_cached, PromptCache, Sampling};
+use lmx::runtime::generate::{
+    check_prompt, generate_cached, speculative_generate, Models, PromptCache, Sampling,
+};
 use lmx::runtime::hf::{self, Family, HfFolder};
 use lmx::runtime::model::{LanguageModel, TrainingStep};
 use lmx::runtime::train::{EarlyStopping, JsonlLog, ProgressBar, TrainConfig, TrainData, Trainer};
@@ -538,6 +540,16 @@ pub struct GenerateRequest {
     pub stop: Vec<String>,
     /// An adapter folder to load on top of the model.
     pub adapter: Option<PathBuf>,
+    /// A draft run for speculative decoding.
+    pub draft: Option<Draft>,
+}
+
+/// The draft model of speculative decoding (`lmx generate --draft`).
+pub struct Draft {
+    /// A Hugging Face folder or a run directory of the target's model.
+    pub path: PathBuf,
+    /// Tokens proposed at a time (at least 1).
+    pub tokens: usize,
 }
 
 /// Samples from the latest checkpoint of a run of step `S`'s model.
@@ -558,6 +570,10 @@ pub fn sample<S: TrainingStep>(run: &RunFile, request: GenerateRequest) -> anyho
         &checkpoint,
         request.adapter.as_deref(),
     )?;
+    let draft = match &request.draft {
+        Some(draft) => Some(draft_run::<S::Model>(run, draft)?),
+        None => None,
+    };
     stream::<S::Model>(
         &params,
         &config,
@@ -566,11 +582,38 @@ pub fn sample<S: TrainingStep>(run: &RunFile, request: GenerateRequest) -> anyho
         &prompt,
         &request.sampling,
         &request.stop,
+        draft.as_ref().map(|(p, c, k)| (p, c, *k)),
     )
+}
+
+/// The parameters and configuration of `draft`'s run (its latest checkpoint), which must train
+/// the same model as `run`, and its token count.
+fn draft_run<M: LanguageModel>(
+    run: &RunFile,
+    draft: &Draft,
+) -> anyhow::Result<(M::Params, M::Config, usize)> {
+    let shown = draft.path.display();
+    let draft_file =
+        RunFile::read(&draft.path).map_err(|err| anyhow::anyhow!("--draft {shown}: {err}"))?;
+    anyhow::ensure!(
+        draft_file.model == run.model,
+        "--draft {shown}: its model is `{}`, the run's `{}`: the draft must be a run of the same \
+         model",
+        draft_file.model,
+        run.model
+    );
+    let config: M::Config = serde_json::from_value(draft_file.model_config.clone())?;
+    M::validate(&config)?;
+    let checkpoint = super::run_file::checkpoint_of(&draft.path, None)?;
+    let params = super::run_file::load_params::<M>(&draft_file, &config, &checkpoint, None)?;
+    Ok((params, config, draft.tokens))
 }
 
 /// Prints `text` (encoded as `prompt`) and its continuation by `params`, token by token, up to
 /// the tokenizer's end-of-sequence token or the first of `stop` (left out), then the speeds.
+/// With `draft` (parameters, configuration, tokens per proposal), decoding is speculative and
+/// the draft's acceptance rate is reported too.
+#[allow(clippy::too_many_arguments)]
 pub fn stream<M: LanguageModel>(
     params: &M::Params,
     config: &M::Config,
@@ -579,28 +622,59 @@ pub fn stream<M: LanguageModel>(
     prompt: &[u32],
     sampling: &Sampling,
     stop: &[String],
+    draft: Option<(&M::Params, &M::Config, usize)>,
 ) -> anyhow::Result<()> {
     print!("{text}");
     let eos = tokenizer.eos_id();
     let mut text = TextStream::new(tokenizer, stop.to_vec());
-    let generation = generate_cached::<M>(
-        params,
-        config,
-        &mut PromptCache::new(),
-        prompt,
-        sampling,
-        eos,
-        |token| {
-            if let Some(piece) = text.push(token) {
-                print!("{piece}");
-                let _ = std::io::stdout().flush();
-            }
-            !text.stopped()
-        },
-    )?;
+    let mut show = |token| {
+        if let Some(piece) = text.push(token) {
+            print!("{piece}");
+            let _ = std::io::stdout().flush();
+        }
+        !text.stopped()
+    };
+    let (generation, acceptance) = match draft {
+        Some((draft_params, draft_config, draft_tokens)) => {
+            // The speculative loop cannot be stopped early: tokens after a stop string are
+            // generated but no longer shown.
+            let speculation = speculative_generate::<M, M>(
+                Models {
+                    target: (params, config),
+                    draft: (draft_params, draft_config),
+                },
+                prompt,
+                sampling,
+                draft_tokens,
+                eos,
+                |token| {
+                    show(token);
+                },
+            )?;
+            let acceptance = format!(
+                "; draft acceptance {:.1}% ({} of {} drafted tokens kept)",
+                100.0 * speculation.accepted as f64 / speculation.drafted.max(1) as f64,
+                speculation.accepted,
+                speculation.drafted
+            );
+            (speculation.generation, acceptance)
+        }
+        None => {
+            let generation = generate_cached::<M>(
+                params,
+                config,
+                &mut PromptCache::new(),
+                prompt,
+                sampling,
+                eos,
+                show,
+            )?;
+            (generation, String::new())
+        }
+    };
     println!("{}", text.finish());
     eprintln!(
-        "{} tokens; prompt {:.0} tok/s, decode {:.1} tok/s",
+        "{} tokens; prompt {:.0} tok/s, decode {:.1} tok/s{acceptance}",
         generation.tokens.len(),
         generation.prompt_tokens_per_s,
         generation.decode_tokens_per_s

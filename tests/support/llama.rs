@@ -189,8 +189,8 @@ fn attention(
     let q = split_heads(&linear(&params.q_proj, x)?, config.heads)?;
     let k = split_heads(&linear(&params.k_proj, x)?, config.kv_heads)?;
     let v = split_heads(&linear(&params.v_proj, x)?, config.kv_heads)?;
-    let q = rope(&q, head_dim, config.rope_base, ctx.offset())?;
-    let k = rope(&k, head_dim, config.rope_base, ctx.offset())?;
+    let q = rope(&q, head_dim, config.rope_base, &ctx.offset())?;
+    let k = rope(&k, head_dim, config.rope_base, &ctx.offset())?;
     linear(&params.o_proj, &merge_heads(&ctx.attend(&q, &k, &v)?)?)
 }
 

@@ -194,21 +194,22 @@ impl LowerCx<'_, '_, '_> {
         }
     }
 
-    /// Where positions over parameter `i`'s length start: after the KV cache when the length
-    /// is a sequence-length symbol (`T`), else 0.
+    /// Where positions over parameter `i`'s length start (an `Option<&nn::Positions>`): after
+    /// the KV cache when the length is a sequence-length symbol (`T`), else at 0 (`None`).
     pub fn positions_start(&mut self, i: usize) -> TokenStream {
         let size_symbol = matches!(
             self.arg(i).map(|e| &e.kind),
             Some(ExprKind::Name(n)) if n.chars().next().is_some_and(char::is_uppercase)
         );
         if size_symbol {
-            self.fx.offset()
+            let positions = self.fx.positions();
+            quote!(Some(#positions))
         } else {
-            quote!(0)
+            quote!(None)
         }
     }
 
-    /// The KV cache's length: where this forward pass's positions start.
+    /// Where this forward pass's positions start, as an int32 scalar (`&Array`).
     pub fn offset(&mut self) -> TokenStream {
         self.fx.offset()
     }

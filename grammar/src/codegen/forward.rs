@@ -328,7 +328,7 @@ pub(crate) struct Fx<'g, 'm> {
     pub pass_mut: bool,
     /// Whether it reads the configuration.
     pub uses_config: bool,
-    /// Whether it reads `pass.offset`.
+    /// Whether it reads `pass.positions`.
     pub uses_offset: bool,
     /// Whether it attends.
     pub attends: bool,
@@ -392,11 +392,18 @@ impl<'g, 'm> Fx<'g, 'm> {
         quote!(config)
     }
 
-    /// The KV cache's length, where positions start.
+    /// Where positions start (`&nn::Positions`): after the KV cache's filled slots.
+    pub(crate) fn positions(&mut self) -> TokenStream {
+        self.uses_pass = true;
+        self.uses_offset = true;
+        quote!(&pass.positions)
+    }
+
+    /// The position of the call's first token, an int32 scalar (`&Array`).
     pub(crate) fn offset(&mut self) -> TokenStream {
         self.uses_pass = true;
         self.uses_offset = true;
-        quote!(pass.offset)
+        quote!(&pass.positions.offset)
     }
 
     /// Binds a function's tensor inputs and their size symbols; returns the prelude (copies of

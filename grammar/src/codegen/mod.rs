@@ -95,7 +95,7 @@ pub(crate) struct BlockInfo {
     pub args_used: Vec<bool>,
     /// Whether it reads the configuration.
     pub uses_config: bool,
-    /// Whether it uses `pass.offset`.
+    /// Whether it uses `pass.positions`.
     pub uses_offset: bool,
     /// Whether it attends.
     pub attends: bool,
@@ -555,9 +555,8 @@ impl<'m> Gen<'m> {
             pass_init.push(quote!(config,));
         }
         if has_offset {
-            pass_fields
-                .push(quote!(#[doc = " The position of this call's first token."] offset: i32,));
-            pass_init.push(quote!(offset: ctx.offset(),));
+            pass_fields.push(quote!(#[doc = " Where this call's positions start (an array: a traced decode step reads it as an input) and how many keys its attention sees."] positions: nn::Positions,));
+            pass_init.push(quote!(positions: ctx.positions(#first.dim(-1)),));
         }
         if has_ctx {
             let doc = match (has_attention, has_dropout) {

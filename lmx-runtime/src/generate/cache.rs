@@ -7,8 +7,20 @@
 //! before its `start` are masked out of every query's view. Attention depends only on how far
 //! apart a query and a key are (rotary embeddings, ALiBi, no positions at all), so a sequence's
 //! logits are the same whatever slot it starts at.
+//!
+//! In a traced decode step ([`super::step`]) the cache is *traced*: its buffers are inputs of the
+//! trace, read whole (every slot of their capacity) and written with a dynamic-offset update at
+//! the step's position, an int32 scalar input too, and the mask hides the slots past each query.
+//! Nothing in the trace then depends on how many slots are filled, so one trace serves every token
+//! until the buffers grow.
+//!
+//! A single sequence's cache ([`KvCache::rotating`]) keeps only the window of a sliding-window
+//! layer, in a ring ([`super::ring`]); a batch's, which joins and reorders rows, and a
+//! speculative decoder's, which cuts rejected tokens back, keep every position.
 
-use crate::error::Result;
+use super::ring;
+use crate::error::{Error, Result};
+use crate::nn;
 use mlx_rs::ops::indexing::{IndexOp, TryIndexMutOp};
 use mlx_rs::{ops, Array};
 
@@ -22,6 +34,13 @@ pub(crate) struct KvCache {
     starts: Option<Vec<i32>>,
     /// The last mask built, for `(query length, key length)`: every layer of a pass shares it.
     mask: Option<((i32, i32), Array)>,
+    /// In a traced decode step, the position of the step's first slot (an int32 scalar input).
+    traced: Option<Array>,
+    /// Whether sliding-window layers keep only their window ([`super::ring`]): a cache that is
+    /// never cut back to an earlier length or joined with others (a single sequence's).
+    rotating: bool,
+    /// Per layer, the window of a layer whose buffers are a ring.
+    windows: Vec<Option<i32>>,
 }
 
 impl KvCache {
@@ -36,7 +55,169 @@ impl KvCache {
             len,
             starts: Some(starts),
             mask: None,
+            traced: None,
+            rotating: false,
+            windows: Vec::new(),
         }
+    }
+
+    /// An empty cache whose sliding-window layers keep only their window.
+    pub(crate) fn rotating() -> KvCache {
+        KvCache {
+            rotating: true,
+            ..KvCache::default()
+        }
+    }
+
+    /// The cache inside a traced step: every layer's buffers (`keys, values, keys, values, ..`,
+    /// as [`take_buffers`](Self::take_buffers) gives them), written at slot `offset` (an int32
+    /// scalar); its one row starts at slot 0; the layers with a window in `windows` are rings.
+    pub(crate) fn traced(buffers: Vec<Array>, offset: Array, windows: Vec<Option<i32>>) -> KvCache {
+        KvCache {
+            layers: pairs(buffers),
+            len: 0,
+            starts: None,
+            mask: None,
+            traced: Some(offset),
+            rotating: true,
+            windows,
+        }
+    }
+
+    /// Per layer, the window of a layer whose buffers are a ring.
+    pub(crate) fn windows(&self) -> Vec<Option<i32>> {
+        self.windows.clone()
+    }
+
+    /// Whether `layer`'s buffers are a ring.
+    fn is_ring(&self, layer: usize) -> bool {
+        self.windows.get(layer).copied().flatten().is_some()
+    }
+
+    /// The position of the current call's first slot as an int32 scalar: the traced offset, or
+    /// the filled length.
+    pub(crate) fn position(&self) -> Array {
+        self.traced
+            .clone()
+            .unwrap_or_else(|| Array::from_int(self.len))
+    }
+
+    /// How many keys a call of `q_len` queries sees: a traced step sees the buffers' whole
+    /// capacity, another call the filled slots and its own.
+    pub(crate) fn key_len(&self, q_len: i32) -> i32 {
+        match &self.traced {
+            Some(_) => self.capacity(),
+            None => self.len + q_len,
+        }
+    }
+
+    /// Slots the buffers of the layers that are not rings hold (filled or not); 0 before the
+    /// first call.
+    pub(crate) fn capacity(&self) -> i32 {
+        self.layers
+            .iter()
+            .enumerate()
+            .filter(|(layer, _)| !self.is_ring(*layer))
+            .find_map(|(_, buffers)| buffers.as_ref())
+            .map_or(0, |(keys, _)| keys.dim(2))
+    }
+
+    /// Slots each layer's buffers hold (a ring's are its window), for tests of memory bounds.
+    pub(crate) fn slots(&self) -> Vec<i32> {
+        self.layers
+            .iter()
+            .map(|buffers| buffers.as_ref().map_or(0, |(keys, _)| keys.dim(2)))
+            .collect()
+    }
+
+    /// Grows every layer's buffers, if needed, to hold slots up to `end` (in blocks of
+    /// [`KvCache::STEP`]): done before a traced step, whose buffers cannot grow inside it.
+    pub(crate) fn reserve(&mut self, end: i32) -> Result<()> {
+        let filled = self.len;
+        for (layer, buffers) in self.layers.iter_mut().enumerate() {
+            let Some((keys, values)) = buffers else {
+                continue;
+            };
+            match self.windows.get(layer).copied().flatten() {
+                Some(window) => {
+                    let slots = ring::slots_for(end, window, Self::STEP);
+                    *keys = widen(keys.clone(), slots)?;
+                    *values = widen(values.clone(), slots)?;
+                }
+                None if keys.dim(2) < end => {
+                    *keys = grow(Some(keys.clone()), &*keys, filled, end)?;
+                    *values = grow(Some(values.clone()), &*values, filled, end)?;
+                }
+                None => {}
+            }
+        }
+        Ok(())
+    }
+
+    /// Takes every layer's buffers out (`keys, values` per layer, in layer order), so that a
+    /// traced step is their only holder and may update them in place.
+    pub(crate) fn take_buffers(&mut self) -> Vec<Array> {
+        self.layers
+            .iter_mut()
+            .flat_map(|layer| {
+                layer
+                    .take()
+                    .map(|(keys, values)| [keys, values])
+                    .into_iter()
+                    .flatten()
+            })
+            .collect()
+    }
+
+    /// Puts buffers back as [`take_buffers`](Self::take_buffers) gave them (a traced step's new
+    /// ones), `tokens` more slots filled.
+    pub(crate) fn put_buffers(&mut self, buffers: Vec<Array>, tokens: i32) {
+        self.layers = pairs(buffers);
+        self.len += tokens;
+    }
+
+    /// [`extend`](Self::extend) for a layer whose queries see only the keys fewer than `window`
+    /// positions back: in a rotating cache its buffers are a ring of `window` slots
+    /// ([`super::ring`]), and the keys and values it returns come with their positions (`[T_k]`
+    /// int32, -1 for an empty slot), which the mask must then go by; otherwise as `extend`.
+    pub(crate) fn extend_windowed(
+        &mut self,
+        layer: usize,
+        k: &Array,
+        v: &Array,
+        window: i32,
+    ) -> Result<(Array, Array, Option<Array>)> {
+        if !self.rotating || self.starts.is_some() {
+            let (keys, values) = self.extend(layer, k, v)?;
+            return Ok((keys, values, None));
+        }
+        if self.layers.len() <= layer {
+            self.layers.resize(layer + 1, None);
+        }
+        if self.windows.len() <= layer {
+            self.windows.resize(layer + 1, None);
+        }
+        self.windows[layer] = Some(window);
+        if let Some(offset) = &self.traced {
+            let (keys, values) = self.layers[layer].take().ok_or_else(|| {
+                Error::Layout(format!(
+                    "a traced decode step attends in layer {layer}, which holds no keys yet"
+                ))
+            })?;
+            let (keys, positions) = ring::extend_traced(&keys, k, offset, window)?;
+            let (values, _) = ring::extend_traced(&values, v, offset, window)?;
+            self.layers[layer] = Some((keys.clone(), values.clone()));
+            return Ok((keys, values, Some(positions)));
+        }
+        let slots = ring::slots_for(self.len + k.dim(2), window, Self::STEP);
+        let (keys, values) = match self.layers[layer].take() {
+            Some((keys, values)) => (widen(keys, slots)?, widen(values, slots)?),
+            None => (blank(k, slots)?, blank(v, slots)?),
+        };
+        let (seen_keys, positions, keys) = ring::extend(&keys, k, self.len, window)?;
+        let (seen_values, _, values) = ring::extend(&values, v, self.len, window)?;
+        self.layers[layer] = Some((keys, values));
+        Ok((seen_keys, seen_values, Some(positions)))
     }
 
     /// Writes `k` and `v` (`[B, heads, T, head_dim]`) at slots `len .. len + T` of layer
@@ -44,6 +225,17 @@ impl KvCache {
     pub(crate) fn extend(&mut self, layer: usize, k: &Array, v: &Array) -> Result<(Array, Array)> {
         if self.layers.len() <= layer {
             self.layers.resize(layer + 1, None);
+        }
+        if let Some(offset) = &self.traced {
+            let (keys, values) = self.layers[layer].take().ok_or_else(|| {
+                Error::Layout(format!(
+                    "a traced decode step attends in layer {layer}, which holds no keys yet"
+                ))
+            })?;
+            let keys = nn::slice_update_dynamic(&keys, k, offset, 2)?;
+            let values = nn::slice_update_dynamic(&values, v, offset, 2)?;
+            self.layers[layer] = Some((keys.clone(), values.clone()));
+            return Ok((keys, values));
         }
         let start = self.len;
         let end = start + k.dim(2);
@@ -69,20 +261,29 @@ impl KvCache {
     /// from the row's start up to itself; a query on a padding slot sees only itself, so that
     /// no query sees nothing (a softmax over no key is NaN, which would reach the padding's
     /// keys and values and, through a zero weight, every query that skips them).
+    ///
+    /// In a traced step the mask is always given: the keys are the buffers' whole capacity, of
+    /// which a query sees the slots up to itself (after its row's start).
     pub(crate) fn mask(&mut self, q_len: i32, k_len: i32) -> Result<Option<Array>> {
-        let Some(starts) = &self.starts else {
+        if self.starts.is_none() && self.traced.is_none() {
             return Ok(None);
-        };
+        }
         if let Some((shape, mask)) = &self.mask {
             if *shape == (q_len, k_len) {
                 return Ok(Some(mask.clone()));
             }
         }
-        let rows =
-            Array::arange::<_, i32>(k_len - q_len, k_len, None)?.reshape(&[1, 1, q_len, 1])?;
+        let first = self
+            .traced
+            .clone()
+            .unwrap_or_else(|| Array::from_int(k_len - q_len));
+        let rows = nn::positions_after(&first, q_len)?.reshape(&[1, 1, q_len, 1])?;
         let cols = Array::arange::<_, i32>(None, k_len, None)?.reshape(&[1, 1, 1, k_len])?;
-        let starts = Array::from_slice(starts, &[starts.len() as i32, 1, 1, 1]);
-        let seen = cols.ge(&starts)?.logical_and(&cols.le(&rows)?)?;
+        let mut seen = cols.le(&rows)?;
+        if let Some(starts) = &self.starts {
+            let starts = Array::from_slice(starts, &[starts.len() as i32, 1, 1, 1]);
+            seen = seen.logical_and(&cols.ge(&starts)?)?;
+        }
         let mask = seen.logical_or(&cols.eq(&rows)?)?;
         self.mask = Some(((q_len, k_len), mask.clone()));
         Ok(Some(mask))
@@ -98,9 +299,20 @@ impl KvCache {
     }
 
     /// Forgets the slots from `len` on: the next pass writes over them (a prompt that shares
-    /// only a prefix with the cached one).
-    pub(crate) fn truncate(&mut self, len: i32) {
+    /// only a prefix with the cached one). A ring that went round has lost positions before
+    /// `len` that the next pass would see: the whole cache is then dropped. Returns the length
+    /// kept.
+    pub(crate) fn truncate(&mut self, len: i32) -> i32 {
+        let lost = self
+            .windows
+            .iter()
+            .flatten()
+            .any(|&window| self.len > window);
+        if len < self.len && lost {
+            *self = KvCache::rotating();
+        }
         self.len = self.len.min(len);
+        self.len
     }
 
     /// Rows (the batch axis) in `rows`' order, others dropped.
@@ -158,6 +370,16 @@ impl KvCache {
     }
 }
 
+/// Layers' `(keys, values)` from buffers laid out `keys, values, keys, values, ..`.
+fn pairs(buffers: Vec<Array>) -> Vec<Option<(Array, Array)>> {
+    let mut buffers = buffers.into_iter();
+    let mut layers = Vec::new();
+    while let (Some(keys), Some(values)) = (buffers.next(), buffers.next()) {
+        layers.push(Some((keys, values)));
+    }
+    layers
+}
+
 /// `buffer` with zeros appended along the slot axis up to `capacity` slots.
 fn widen(buffer: Array, capacity: i32) -> Result<Array> {
     let shape = buffer.shape();
@@ -171,13 +393,21 @@ fn widen(buffer: Array, capacity: i32) -> Result<Array> {
     Ok(ops::concatenate(&[buffer, zeros], 2)?)
 }
 
+/// Zeros of `like`'s shape (`[B, heads, T, head_dim]`) and type over `slots` slots.
+fn blank(like: &Array, slots: i32) -> Result<Array> {
+    let shape = like.shape();
+    Ok(ops::zeros_dtype(
+        &[shape[0], shape[1], slots, shape[3]],
+        like.dtype(),
+    )?)
+}
+
 /// A buffer with room for slots up to `end` (rounded up to a multiple of [`KvCache::STEP`]): the
 /// first `filled` slots of `held` (zeros where nothing is held), then zeros.
 fn grow(held: Option<Array>, new: &Array, filled: i32, end: i32) -> Result<Array> {
-    let shape = new.shape();
     let capacity = (end + KvCache::STEP - 1) / KvCache::STEP * KvCache::STEP;
     Ok(match held {
         Some(held) => widen(held.index((.., .., ..filled, ..)), capacity)?,
-        None => ops::zeros_dtype(&[shape[0], shape[1], capacity, shape[3]], new.dtype())?,
+        None => blank(new, capacity)?,
     })
 }

@@ -1,8 +1,10 @@
-//! One sequence's decoding loop: the prompt fed in chunks, then one token at a time, each step
-//! queued on the device before the host reads the token of the step before (as mlx-lm's
-//! `generate_step`), so that the device never waits for the host.
+//! One sequence's decoding loop: the prompt fed in chunks, then one token at a time through the
+//! compiled decode step ([`DecodeStep`]), each step queued on the device before the host reads
+//! the token of the step before (as mlx-lm's `generate_step`), so that the device never waits
+//! for the host.
 
 use super::sampler::Sampler;
+use super::step::DecodeStep;
 use super::{check_prompt, Sampling};
 use crate::error::{Error, Result};
 use crate::model::{Context, LanguageModel};
@@ -26,6 +28,9 @@ pub struct Generation {
     pub prompt_tokens_per_s: f64,
     /// Generated tokens per second after the first.
     pub decode_tokens_per_s: f64,
+    /// Times the compiled decode step was traced: once per shape bucket (cache capacity block)
+    /// it met; 0 where no step ran.
+    pub decode_traces: usize,
 }
 
 /// A key-value cache kept across generations, with the tokens it holds: a prompt that starts
@@ -39,7 +44,7 @@ pub struct PromptCache {
 impl Default for PromptCache {
     fn default() -> Self {
         PromptCache {
-            ctx: Context::generation(),
+            ctx: Context::rotating_generation(),
             tokens: Vec::new(),
         }
     }
@@ -67,11 +72,12 @@ impl PromptCache {
             .take_while(|(a, b)| a == b)
             .count()
             .min(prompt.len() - 1);
-        self.tokens.truncate(shared);
-        if let Some(cache) = self.ctx.cache_mut() {
-            cache.truncate(shared as i32);
-        }
-        &prompt[shared..]
+        let kept = match self.ctx.cache_mut() {
+            Some(cache) => cache.truncate(shared as i32) as usize,
+            None => shared,
+        };
+        self.tokens.truncate(kept);
+        &prompt[kept..]
     }
 }
 
@@ -134,6 +140,7 @@ pub fn generate_cached<M: LanguageModel>(
             tokens,
             prompt_tokens_per_s: 0.0,
             decode_tokens_per_s: 0.0,
+            decode_traces: 0,
         });
     }
     let fresh = cache.reuse(prompt).to_vec();
@@ -143,17 +150,17 @@ pub fn generate_cached<M: LanguageModel>(
     eval([&pending])?;
     cache.tokens.extend_from_slice(&fresh);
     let prompt_seconds = started.elapsed().as_secs_f64();
+    let windows = cache
+        .ctx
+        .cache_mut()
+        .map(|cache| cache.windows())
+        .unwrap_or_default();
+    let mut decoder = DecodeStep::new::<M>(params, config, &sampler, windows);
     let decode_started = Instant::now();
     loop {
         let more = tokens.len() + 1 < limit;
         let queued = if more {
-            Some(step::<M>(
-                params,
-                config,
-                &mut cache.ctx,
-                &mut sampler,
-                &pending.reshape(&[1, 1])?,
-            )?)
+            Some(decoder.step(&mut cache.ctx, &mut sampler, &pending)?)
         } else {
             None
         };
@@ -174,6 +181,7 @@ pub fn generate_cached<M: LanguageModel>(
         decode_tokens_per_s: tokens.len().saturating_sub(1) as f64
             / decode_seconds.max(f64::MIN_POSITIVE),
         tokens,
+        decode_traces: decoder.traces(),
     })
 }
 
@@ -216,20 +224,6 @@ pub(crate) fn prefill_cache<M: LanguageModel>(
     }
     let tail = Array::from_slice(rest, &[1, rest.len() as i32]);
     nn::without_gradients(|| M::forward(params, config, &tail, ctx))
-}
-
-/// Feeds `tokens` (`[1, T]`) and returns the token after them, queued (`async_eval`).
-pub(crate) fn step<M: LanguageModel>(
-    params: &M::Params,
-    config: &M::Config,
-    ctx: &mut Context,
-    sampler: &mut Sampler,
-    tokens: &Array,
-) -> Result<Array> {
-    let logits = nn::without_gradients(|| M::forward(params, config, tokens, ctx))?;
-    let token = sampler.next(&logits.index((0, -1)))?;
-    async_eval([&token])?;
-    Ok(token)
 }
 
 /// A queued token, on the host.

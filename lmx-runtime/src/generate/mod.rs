@@ -7,9 +7,11 @@
 mod batch;
 pub(crate) mod cache;
 mod decode;
+mod ring;
 pub mod sampler;
 mod search;
 mod speculative;
+mod step;
 pub mod text;
 
 pub use batch::{BatchGenerator, BatchLimits, Event, FinishReason, Request, SeqId};

@@ -12,6 +12,7 @@ use mlx_rs::ops::{self, argpartition_axis, sort_axis};
 use mlx_rs::{random, Array, Dtype};
 
 /// One sequence's sampler: its settings, its random key and the tokens its penalties see.
+#[derive(Clone)]
 pub struct Sampler {
     sampling: Sampling,
     /// Token ids and amounts of the logit bias (`None` when there is none).
@@ -91,6 +92,22 @@ impl Sampler {
             .filtered(&logits)?
             .multiply(Array::from_f32(1.0 / self.sampling.temperature))?;
         Ok(ops::softmax_axis(&scaled, -1, true)?)
+    }
+
+    /// What changes from token to token: the key, then the recent tokens where a penalty looks
+    /// at them (the state a compiled decode step reads and returns).
+    pub(crate) fn state(&self) -> Vec<Array> {
+        std::iter::once(self.key.clone())
+            .chain(self.recent.clone())
+            .collect()
+    }
+
+    /// Takes up `state`, laid out as [`state`](Self::state) gives it.
+    pub(crate) fn set_state(&mut self, state: &[Array]) {
+        self.key = state[0].clone();
+        if self.recent.is_some() {
+            self.recent = Some(state[1].clone());
+        }
     }
 
     /// Remembers `token` (a scalar) among the tokens the penalties see.

@@ -205,6 +205,8 @@ pub fn speculative_generate<M: LanguageModel, D: LanguageModel>(
             decode_tokens_per_s: tokens.len().saturating_sub(1) as f64
                 / decode_seconds.max(f64::MIN_POSITIVE),
             tokens,
+            // The draft's and the target's passes run eagerly: their lengths vary round by round.
+            decode_traces: 0,
         },
         drafted,
         accepted,

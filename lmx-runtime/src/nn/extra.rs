@@ -70,8 +70,9 @@ pub fn one_hot(indices: &Array, n: i32) -> Result<Array> {
 }
 
 /// Rotary position embedding over the whole last axis of `[B, heads, T, head_dim]`, positions
-/// starting at `offset` (MLX's fused kernel, the half-split layout of LLaMA's weights).
-pub fn rotary(x: &Array, base: f32, offset: i32) -> Result<Array> {
+/// starting at `offset`, an int32 scalar (MLX's fused kernel, the half-split layout of LLaMA's
+/// weights).
+pub fn rotary(x: &Array, base: f32, offset: &Array) -> Result<Array> {
     let dims = x.shape()[x.ndim() - 1];
     super::rope(x, dims, base, offset)
 }
@@ -93,9 +94,32 @@ pub fn stop_gradient(x: &Array) -> Result<Array> {
     Ok(mlx_rs::stop_gradient(x)?)
 }
 
-/// Int32 positions `start .. start + len`.
-pub fn arange(start: i32, len: i32) -> Result<Array> {
-    Ok(Array::arange::<_, i32>(start, start + len, None)?)
+/// Where a forward pass's positions start, and how many keys its attention sees: what
+/// position-dependent builtins (RoPE, learned and sinusoidal positions, ALiBi) read from it.
+///
+/// The offset is an array, not a host integer, so that a traced decode step (one trace for
+/// every token of a shape bucket) reads it as an input instead of freezing one value.
+#[derive(Clone, Debug)]
+pub struct Positions {
+    /// The position of the call's first token, an int32 scalar: 0 outside generation, the
+    /// number of tokens already cached during it.
+    pub offset: Array,
+    /// How many keys each attention call sees: the tokens before this call and its own or, in a
+    /// traced decode step, the cache's capacity (the slots past the call's last token masked).
+    pub keys: i32,
+}
+
+/// Int32 positions `0 .. len`, after `start`'s offset when given.
+pub fn arange(start: Option<&Positions>, len: i32) -> Result<Array> {
+    match start {
+        Some(start) => positions_after(&start.offset, len),
+        None => Ok(Array::arange::<_, i32>(None, len, None)?),
+    }
+}
+
+/// Int32 positions `offset .. offset + len` for an int32 scalar `offset`.
+pub fn positions_after(offset: &Array, len: i32) -> Result<Array> {
+    Ok(Array::arange::<_, i32>(None, len, None)?.add(offset)?)
 }
 
 /// ALiBi slopes of `heads` heads as MPT computes them (maximum bias 8): `2^(-8 i / n)` for the
@@ -113,25 +137,26 @@ pub fn alibi_slopes(heads: i32) -> Vec<f32> {
     odd.chain(even).take(heads as usize).copied().collect()
 }
 
-/// The ALiBi bias of the `len` queries at positions `start .. start + len` over the keys at
-/// `0 .. start + len`: `[heads, len, start + len]`, `slope_h * (j - i)` for query `i` and key `j`.
-/// `start` is the number of cached tokens: 0 in training, where the bias is `[heads, len, len]`.
-pub fn alibi(heads: i32, start: i32, len: i32) -> Result<Array> {
+/// The ALiBi bias of the `len` queries after `start`'s offset over the `start.keys` keys at
+/// positions `0 ..`: `[heads, len, keys]`, `slope_h * (j - i)` for query `i` and key `j`.
+/// Without `start` (training) the bias is `[heads, len, len]`.
+pub fn alibi(heads: i32, start: Option<&Positions>, len: i32) -> Result<Array> {
     let slopes = Array::from_slice(&alibi_slopes(heads), &[heads, 1, 1]);
-    let total = start + len;
+    let total = start.map_or(len, |start| start.keys);
     let keys = Array::arange::<_, f32>(None, total as f32, None)?;
-    let queries = Array::arange::<_, f32>(start as f32, total as f32, None)?;
+    let queries = arange(start, len)?.as_dtype(Dtype::Float32)?;
     let distance = keys
         .reshape(&[1, total])?
         .subtract(queries.reshape(&[len, 1])?)?;
     Ok(slopes.multiply(distance)?)
 }
 
-/// Sinusoidal position table `[len, dim]` for positions `start .. start + len`: sines in the
-/// first half of the features, cosines in the second, frequencies `10000^(-2i/dim)`.
-pub fn sinusoidal(start: i32, len: i32, dim: i32) -> Result<Array> {
+/// Sinusoidal position table `[len, dim]` for the `len` positions after `start`'s offset (from 0
+/// without it): sines in the first half of the features, cosines in the second, frequencies
+/// `10000^(-2i/dim)`.
+pub fn sinusoidal(start: Option<&Positions>, len: i32, dim: i32) -> Result<Array> {
     let half = dim / 2;
-    let positions = Array::arange::<_, f32>(start as f32, (start + len) as f32, None)?;
+    let positions = arange(start, len)?.as_dtype(Dtype::Float32)?;
     let exponents = Array::arange::<_, f32>(None, half as f32, None)?
         .multiply(Array::from_f32(-(10000f32.ln()) / half.max(1) as f32))?;
     let angles = positions
@@ -245,10 +270,22 @@ pub fn attend(
         }
         return ctx.attend(layer, &q.multiply(literal(f64::from(factor), q)?)?, k, v);
     }
-    let (k, v) = ctx.keys_values(layer, k, v)?;
-    let mut mask = attention_mask(q, &k, &options)?;
-    // Rows of a batch that start at different slots hide their padding as well.
-    if let Some(padding) = ctx.padding_mask(q.dim(2), k.dim(2))? {
+    let (k, v, key_positions) = match options.window {
+        Some(window) => ctx.windowed_keys_values(layer, k, v, window)?,
+        None => {
+            let (k, v) = ctx.keys_values(layer, k, v)?;
+            (k, v, None)
+        }
+    };
+    let first = ctx.query_start(q.dim(2), k.dim(2));
+    let mut mask = attention_mask(q, &k, &first, key_positions.as_ref(), &options)?;
+    // Rows of a batch that start at different slots hide their padding as well (a ring's keys
+    // come with their positions, which the mask above went by).
+    let padding = match key_positions {
+        Some(_) => None,
+        None => ctx.padding_mask(q.dim(2), k.dim(2))?,
+    };
+    if let Some(padding) = padding {
         let minus_inf = Array::from_f32(f32::NEG_INFINITY).as_dtype(q.dtype())?;
         let open = mask.unwrap_or(literal(0.0, q)?);
         mask = Some(ops::select(&padding, &open, &minus_inf)?);
@@ -292,11 +329,22 @@ pub fn softcapped_attention(
     Ok(out.reshape(&[b, heads, q_len, v.shape()[4]])?)
 }
 
-/// The additive mask `[T_q, T_k]` (plus the bias) of `options`, `None` when nothing is masked.
-fn attention_mask(q: &Array, k: &Array, options: &AttentionOptions<'_>) -> Result<Option<Array>> {
+/// The additive mask `[T_q, T_k]` (plus the bias) of `options`, `None` when nothing is masked;
+/// the queries are at the positions from `first` (an int32 scalar) on, the keys at
+/// `key_positions` (`[T_k]`, a negative one hidden) or else at `0 .. T_k`.
+fn attention_mask(
+    q: &Array,
+    k: &Array,
+    first: &Array,
+    key_positions: Option<&Array>,
+    options: &AttentionOptions<'_>,
+) -> Result<Option<Array>> {
     let (q_len, k_len) = (q.shape()[2], k.shape()[2]);
-    let rows = Array::arange::<_, i32>(k_len - q_len, k_len, None)?.reshape(&[q_len, 1])?;
-    let cols = Array::arange::<_, i32>(None, k_len, None)?.reshape(&[1, k_len])?;
+    let rows = positions_after(first, q_len)?.reshape(&[q_len, 1])?;
+    let cols = match key_positions {
+        Some(positions) => positions.reshape(&[1, k_len])?,
+        None => Array::arange::<_, i32>(None, k_len, None)?.reshape(&[1, k_len])?,
+    };
     let ahead = cols.subtract(&rows)?;
     let mut visible: Option<Array> = None;
     let mut restrict = |condition: Array| -> Result<()> {
@@ -306,6 +354,9 @@ fn attention_mask(q: &Array, k: &Array, options: &AttentionOptions<'_>) -> Resul
         });
         Ok(())
     };
+    if key_positions.is_some() {
+        restrict(cols.ge(Array::from_int(0))?)?;
+    }
     if options.causal {
         restrict(ahead.le(Array::from_int(0))?)?;
     }

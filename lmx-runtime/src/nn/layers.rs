@@ -318,9 +318,11 @@ pub fn attention(q: &Array, k: &Array, v: &Array, mask: AttentionMask<'_>) -> Re
 }
 
 /// Rotary position embedding over the last axis of `[B, heads, T, head_dim]`, positions starting
-/// at `offset` (MLX's fused kernel, non-traditional half-split layout as in LLaMA's HF weights).
-pub fn rope(x: &Array, dims: i32, base: f32, offset: i32) -> Result<Array> {
-    Ok(fast::rope(x, dims, false, base, 1.0, offset, None)?)
+/// at `offset`, an int32 scalar (MLX's fused kernel, non-traditional half-split layout as in
+/// LLaMA's HF weights). The offset is an array so that a traced decode step does not depend on
+/// its value.
+pub fn rope(x: &Array, dims: i32, base: f32, offset: &Array) -> Result<Array> {
+    Ok(fast::rope_dynamic(x, dims, false, base, 1.0, offset, None)?)
 }
 
 /// A scalar of `dtype`, for arithmetic that keeps its operand's precision.

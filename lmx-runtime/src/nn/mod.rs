@@ -5,6 +5,7 @@
 mod activation;
 mod column_sum;
 mod custom_vjp;
+mod dynamic;
 mod embedding_grad;
 mod extra;
 mod layer_norm_grad;
@@ -16,6 +17,7 @@ mod rope;
 pub use activation::*;
 pub use column_sum::column_sum;
 pub use custom_vjp::without_gradients;
+pub use dynamic::slice_update_dynamic;
 pub use extra::*;
 pub use layers::*;
 pub use loss::*;

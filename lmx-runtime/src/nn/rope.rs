@@ -4,7 +4,9 @@
 //! Each variant computes its per-pair periods `1 / inv_freq` on the host, exactly as
 //! transformers' `ROPE_INIT_FUNCTIONS` compute `inv_freq`, and hands them to MLX's fused kernel
 //! (its `freqs` are periods: the angle of pair `i` at position `p` is `p / freqs[i]`). The
-//! periods depend on static settings only, so a compiled step holds them as a constant.
+//! periods depend on static settings only, so a compiled step holds them as a constant. The
+//! position offset is an int32 scalar array (`fast::rope_dynamic`): a traced decode step reads
+//! it as an input instead of freezing one value.
 
 use crate::error::Result;
 use mlx_rs::{fast, Array};
@@ -22,10 +24,12 @@ fn periods(dims: i32, base: f64) -> Vec<f64> {
 }
 
 /// RoPE with MLX's fused kernel over the given periods.
-fn rope_periods(x: &Array, dims: i32, periods: &[f64], offset: i32) -> Result<Array> {
+fn rope_periods(x: &Array, dims: i32, periods: &[f64], offset: &Array) -> Result<Array> {
     let freqs: Vec<f32> = periods.iter().map(|&p| p as f32).collect();
     let freqs = Array::from_slice(&freqs, &[freqs.len() as i32]);
-    Ok(fast::rope(x, dims, false, None, 1.0, offset, &freqs)?)
+    Ok(fast::rope_dynamic(
+        x, dims, false, None, 1.0, offset, &freqs,
+    )?)
 }
 
 /// RoPE of the first `dims` features (all when `None`) with positions divided by `factor`
@@ -35,10 +39,10 @@ pub fn rope_linear(
     dims: Option<i32>,
     base: f32,
     factor: f32,
-    offset: i32,
+    offset: &Array,
 ) -> Result<Array> {
     let dims = rotated(x, dims);
-    Ok(fast::rope(
+    Ok(fast::rope_dynamic(
         x,
         dims,
         false,
@@ -95,7 +99,7 @@ pub fn rope_llama3(
     dims: Option<i32>,
     base: f32,
     scaling: Llama3Scaling,
-    offset: i32,
+    offset: &Array,
 ) -> Result<Array> {
     let dims = rotated(x, dims);
     rope_periods(
@@ -177,7 +181,7 @@ pub fn rope_yarn(
     dims: Option<i32>,
     base: f32,
     scaling: YarnScaling,
-    offset: i32,
+    offset: &Array,
 ) -> Result<Array> {
     let width = x.shape()[x.ndim() - 1];
     let dims = rotated(x, dims);
@@ -280,8 +284,8 @@ mod tests {
     fn linear_scaling_divides_positions_and_partial_yarn_keeps_the_tail() -> Result<()> {
         let key = mlx_rs::random::key(3)?;
         let x = mlx_rs::random::normal::<f32>(&[1, 2, 1, 8], None, None, &key)?;
-        let scaled = rope_linear(&x, None, 10000.0, 4.0, 12)?;
-        let plain = super::super::rope(&x, 8, 10000.0, 3)?;
+        let scaled = rope_linear(&x, None, 10000.0, 4.0, &Array::from_int(12))?;
+        let plain = super::super::rope(&x, 8, 10000.0, &Array::from_int(3))?;
         let gap = scaled
             .subtract(&plain)?
             .abs()?
@@ -297,7 +301,7 @@ mod tests {
             mscale: 1.0,
             mscale_all_dim: 0.0,
         };
-        let y = rope_yarn(&x, Some(4), 10000.0, scaling, 0)?;
+        let y = rope_yarn(&x, Some(4), 10000.0, scaling, &Array::from_int(0))?;
         let tail = |a: &Array| super::super::index(a, &rotary_part(4, 8));
         assert!(tail(&y)?.eq_values(&tail(&x)?)?);
         // At position 0 nothing turns: the rotated features are only scaled.

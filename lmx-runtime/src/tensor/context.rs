@@ -37,10 +37,12 @@ impl<'a> Context<'a> {
         }
     }
 
-    /// The position of this call's first token: `0` in training, the number of tokens already
-    /// in the cache during generation (where RoPE and learned positions start).
-    pub fn offset(&self) -> i32 {
-        self.inner.offset()
+    /// The position of this call's first token, an int32 scalar: `0` in training, the number of
+    /// tokens already in the cache during generation (where RoPE and learned positions start).
+    /// A tensor, not a host integer: a compiled decode step is traced once for many tokens, and
+    /// reads the offset as one of its inputs.
+    pub fn offset(&self) -> Tensor {
+        Tensor(self.inner.position())
     }
 
     /// Causal attention over `[B, heads, T, head_dim]` queries, keys and values (keys and

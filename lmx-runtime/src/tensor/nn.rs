@@ -61,9 +61,9 @@ pub fn merge_heads(x: &Tensor) -> Result<Tensor> {
 }
 
 /// Rotary position embedding over the first `dims` features of the last axis, positions from
-/// `offset` (a forward pass passes [`Context::offset`](super::Context::offset)).
-pub fn rope(x: &Tensor, dims: i32, base: f32, offset: i32) -> Result<Tensor> {
-    Ok(Tensor(nn::rope(&x.0, dims, base, offset)?))
+/// `offset`, an int32 scalar (a forward pass passes [`Context::offset`](super::Context::offset)).
+pub fn rope(x: &Tensor, dims: i32, base: f32, offset: &Tensor) -> Result<Tensor> {
+    Ok(Tensor(nn::rope(&x.0, dims, base, &offset.0)?))
 }
 
 /// Mean token cross-entropy, in float32.

@@ -47,10 +47,11 @@ impl Tensor {
         Tensor(Array::from_f32(value))
     }
 
-    /// The int32 positions `start, start + 1, ..., start + len - 1` (token positions from
-    /// [`Context::offset`](super::Context::offset), for a learned position embedding).
-    pub fn arange(start: i32, len: i32) -> Result<Tensor> {
-        Ok(Tensor(nn::arange(start, len)?))
+    /// The int32 positions `start, start + 1, ..., start + len - 1` for an int32 scalar `start`
+    /// (token positions from [`Context::offset`](super::Context::offset), for a learned position
+    /// embedding).
+    pub fn arange(start: &Tensor, len: i32) -> Result<Tensor> {
+        Ok(Tensor(nn::positions_after(&start.0, len)?))
     }
 
     /// The shape (static under compilation).

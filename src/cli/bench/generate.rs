@@ -6,7 +6,9 @@
 
 use lmx::models::{gpt2, llama};
 use lmx::runtime::data::rng::SplitMix64;
-use lmx::runtime::generate::{generate, BatchGenerator, BatchLimits, Request, Sampling};
+use lmx::runtime::generate::{
+    generate, speculative_generate, BatchGenerator, BatchLimits, Models, Request, Sampling,
+};
 use lmx::runtime::model::LanguageModel;
 use lmx::runtime::nn::Quantization;
 use lmx::runtime::quant;
@@ -56,6 +58,15 @@ pub struct GenerateBenchArgs {
     /// Also write the rows as JSON lines here.
     #[arg(long)]
     pub json: Option<PathBuf>,
+    /// Decode speculatively (batch 1), drafted by the model's first N layers with its embedding,
+    /// final norm and head: a truncated copy of the model, the same tokenizer by construction (with
+    /// random weights, the only kind of draft that agrees with the model often enough to
+    /// measure). The anchor, when given, decodes without a draft.
+    #[arg(long, value_name = "N")]
+    pub draft_layers: Option<usize>,
+    /// With --draft-layers: tokens the draft proposes at a time.
+    #[arg(long, default_value_t = 4)]
+    pub draft_tokens: usize,
 }
 
 /// One measurement (medians over the repeats), with the anchor's JSON fields.
@@ -94,6 +105,12 @@ pub struct Row {
     /// Decode tokens per second of each timed run, in order.
     #[serde(default)]
     pub decode_runs: Vec<f64>,
+    /// Layers of the speculative draft (none: no draft).
+    #[serde(default)]
+    pub draft_layers: Option<usize>,
+    /// The share of drafted tokens the model kept, over the timed runs.
+    #[serde(default)]
+    pub acceptance: Option<f64>,
 }
 
 fn one() -> usize {
@@ -204,7 +221,15 @@ pub fn bench(args: &GenerateBenchArgs) -> anyhow::Result<()> {
                         batch,
                         sizes: Sizes::gpt2(&config)?,
                     };
-                    measure::<gpt2::Gpt2>(args, &case, &config)?
+                    measure::<gpt2::Gpt2>(args, &case, &config, |params, config, layers| {
+                        let mut params = params.clone();
+                        params.h.truncate(layers);
+                        let config = gpt2::Config {
+                            n_layers: layers as i64,
+                            ..config.clone()
+                        };
+                        (params, config)
+                    })?
                 }
                 "llama" => {
                     let config = preset::<llama::Llama>(&args.llama_preset)?;
@@ -216,7 +241,15 @@ pub fn bench(args: &GenerateBenchArgs) -> anyhow::Result<()> {
                         batch,
                         sizes: Sizes::llama(&config)?,
                     };
-                    measure::<llama::Llama>(args, &case, &config)?
+                    measure::<llama::Llama>(args, &case, &config, |params, config, layers| {
+                        let mut params = params.clone();
+                        params.model.layers.truncate(layers);
+                        let config = llama::Config {
+                            n_layers: layers as i64,
+                            ..config.clone()
+                        };
+                        (params, config)
+                    })?
                 }
                 other => anyhow::bail!("unknown model `{other}`: use gpt2 or llama"),
             };
@@ -249,11 +282,17 @@ fn preset<M: LanguageModel>(name: &str) -> anyhow::Result<M::Config> {
 
 /// One row of lmx and, with `--anchor`, one of the anchor: a warm-up generation, then the timed
 /// generations of lmx, each followed by one run of the anchor; medians of each.
+/// `truncate` makes the draft of `--draft-layers` from the (cast, quantized) model.
 fn measure<M: LanguageModel>(
     args: &GenerateBenchArgs,
     case: &Case<'_>,
     config: &M::Config,
+    truncate: impl Fn(&M::Params, &M::Config, usize) -> (M::Params, M::Config),
 ) -> anyhow::Result<(Row, Option<Row>)> {
+    anyhow::ensure!(
+        args.draft_layers.is_none() || case.batch == 1 && args.draft_tokens > 0,
+        "--draft-layers decodes one sequence (--batch 1), drafting at least one token at a time"
+    );
     anyhow::ensure!(
         args.prompt + args.tokens <= M::context_len(config),
         "{} at {}: {} prompt and {} generated tokens do not fit its context of {}",
@@ -284,11 +323,34 @@ fn measure<M: LanguageModel>(
         max_tokens: args.tokens,
         ..Sampling::default()
     };
+    let draft = args
+        .draft_layers
+        .map(|layers| truncate(&params, config, layers));
+    let drafted = std::cell::Cell::new((0usize, 0usize));
     let run = || -> anyhow::Result<(f64, f64)> {
         if case.batch > 1 {
             return batched::<M>(&params, config, &prompts, &sampling);
         }
-        let generation = generate::<M>(&params, config, &prompts[0], &sampling, None, |_| ())?;
+        let generation = match &draft {
+            Some((draft_params, draft_config)) => {
+                let models = Models::<M, M> {
+                    target: (&params, config),
+                    draft: (draft_params, draft_config),
+                };
+                let speculation = speculative_generate(
+                    models,
+                    &prompts[0],
+                    &sampling,
+                    args.draft_tokens,
+                    None,
+                    |_| (),
+                )?;
+                let (kept, proposed) = drafted.get();
+                drafted.set((kept + speculation.accepted, proposed + speculation.drafted));
+                speculation.generation
+            }
+            None => generate::<M>(&params, config, &prompts[0], &sampling, None, |_| ())?,
+        };
         anyhow::ensure!(
             generation.tokens.len() == args.tokens,
             "lmx generated {} tokens, not {}",
@@ -301,6 +363,7 @@ fn measure<M: LanguageModel>(
         ))
     };
     run()?;
+    drafted.set((0, 0));
     let mut ours = Vec::new();
     let mut theirs = Vec::new();
     let mut anchor_name = String::from("python-mlx");
@@ -326,8 +389,17 @@ fn measure<M: LanguageModel>(
         device: device_name().into(),
         prompt_runs: samples.iter().map(|sample| sample.0).collect(),
         decode_runs: samples.iter().map(|sample| sample.1).collect(),
+        draft_layers: None,
+        acceptance: None,
     };
-    let ours = row("lmx", &ours);
+    let (kept, proposed) = drafted.get();
+    let ours = Row {
+        draft_layers: args.draft_layers,
+        acceptance: args
+            .draft_layers
+            .map(|_| kept as f64 / proposed.max(1) as f64),
+        ..row("lmx", &ours)
+    };
     eprintln!("{}", serde_json::to_string(&ours)?);
     let theirs = (!theirs.is_empty()).then(|| row(&anchor_name, &theirs));
     if let Some(theirs) = &theirs {
@@ -469,5 +541,12 @@ fn print_table(rows: &[(Row, Option<Row>)]) {
             decode,
             decode_ratio
         );
+        if let (Some(layers), Some(acceptance)) = (ours.draft_layers, ours.acceptance) {
+            println!(
+                "       speculative: drafted by the first {layers} layers, {:.1}% of the drafted \
+                 tokens kept",
+                100.0 * acceptance
+            );
+        }
     }
 }
