@@ -14,7 +14,9 @@ use lmx::runtime::generate::text::TextStream;
 use lmx::runtime::generate::{check_prompt, generate_cached, PromptCache, Sampling};
 use lmx::runtime::hf::{self, HfFolder};
 use lmx::runtime::model::{LanguageModel, TrainingStep};
-use lmx::runtime::train::{EarlyStopping, JsonlLog, ProgressBar, TrainConfig, TrainData, Trainer};
+use lmx::runtime::train::{
+    EarlyStopping, JsonlLog, Objective, ProgressBar, TrainConfig, TrainData, Trainer,
+};
 use lmx::runtime::tree::Tree;
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -243,15 +245,24 @@ where
             Some(params),
             rank.parallel.clone(),
         )?,
-        (None, None) => {
+        (None, None) if S::FROZEN.is_empty() => {
             Trainer::<S>::with_params(model_config, request.train.clone(), data, params)?
         }
+        (None, None) => {
+            // The step's own frozen models (`frozen reference = policy`), through the
+            // objective the command line's `--step dpo` also trains.
+            let start = run_start::<S>(&init, from_folder, &params)?;
+            let declared = Objective::declared::<S>(&start).expect("the step declares some");
+            Trainer::<S>::with_objective(
+                model_config,
+                request.train.clone(),
+                data,
+                params,
+                declared,
+            )?
+        }
         (None, Some(objective)) => {
-            // DPO's reference is the run's start, also when it resumes from a checkpoint.
-            let start = match (&init, &from_folder) {
-                (Some(folder), None) => hf::load_model::<S::Model>(folder, None)?.1,
-                _ => params.clone(),
-            };
+            let start = run_start::<S>(&init, from_folder, &params)?;
             let built = objective.build::<S::Model>(&model_config, &start)?;
             let mut config = request.train.clone();
             // A row holds a pair: two responses of seq_len tokens each.
@@ -396,6 +407,20 @@ where
 
 /// Fails on the settings `new` changes of the `recorded` run, or with `--allow-changes` warns of
 /// them; returns the recorded schedule where it changed.
+/// The parameters the run started from, which a frozen copy of the policy holds (DPO's
+/// reference), also when the run resumes from a checkpoint: `--init`'s weights, else the
+/// seed's initialisation (`params` when the run does not start from a folder's weights).
+fn run_start<S: TrainingStep>(
+    init: &Option<HfFolder>,
+    from_folder: Option<&HfFolder>,
+    params: &<S::Model as LanguageModel>::Params,
+) -> anyhow::Result<<S::Model as LanguageModel>::Params> {
+    Ok(match (init, from_folder) {
+        (Some(folder), None) => hf::load_model::<S::Model>(folder, None)?.1,
+        _ => params.clone(),
+    })
+}
+
 fn accept_changes(
     recorded: &RunFile,
     new: &RunFile,

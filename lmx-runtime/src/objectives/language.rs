@@ -4,24 +4,11 @@
 use super::{distillation_loss, dpo_loss, sequence_logprobs};
 use crate::error::{Error, Result};
 use crate::model::{Context, LanguageModel};
-use crate::train::Objective;
-use crate::tree::{self, Tree};
+use crate::train::{frozen_tree, Objective};
+use crate::tree;
 use mlx_rs::ops::indexing::IndexOp;
 use mlx_rs::Array;
 use std::rc::Rc;
-
-/// A tree shaped as `template` over `leaves` (a frozen model's inputs of the step).
-fn frozen_tree<P: Tree<Array>>(template: &P, leaves: &[Array]) -> Result<P> {
-    let count = tree::leaf_count(template);
-    if leaves.len() != count {
-        return Err(Error::Layout(format!(
-            "a frozen model of {count} leaves was given {} arrays",
-            leaves.len()
-        )));
-    }
-    let mut leaves = leaves.iter().cloned();
-    Ok(template.map_same(&mut |_| leaves.next().expect("counted above")))
-}
 
 /// DPO of model `M` against `reference`, a frozen copy of the policy (its parameters before
 /// training), over rows of preference pairs ([`PreferenceRows`](crate::data::PreferenceRows):

@@ -2,9 +2,10 @@
 //! and frozen models (DPO's reference, a distillation teacher), whose leaves are inputs of the
 //! compiled step and of validation, with no gradients and no optimizer state.
 
-use crate::error::Result;
-use crate::model::LanguageModel;
+use crate::error::{Error, Result};
+use crate::model::{LanguageModel, TrainingStep};
 use crate::train::Precision;
+use crate::tree::{self, Tree};
 use mlx_rs::{Array, Dtype};
 use std::rc::Rc;
 
@@ -32,6 +33,51 @@ pub struct Objective<M: LanguageModel> {
 }
 
 impl<M: LanguageModel> Objective<M> {
+    /// The objective of training step `S` over the frozen models it declares
+    /// ([`TrainingStep::FROZEN`]), each a copy of `start` (the run's starting parameters):
+    /// `S`'s [`frozen_loss`](TrainingStep::frozen_loss) over the trees rebuilt from the frozen
+    /// inputs of the compiled step, a mean over kept targets as a step's loss is. `None` when
+    /// the step declares none. The command line's objectives (`--step dpo`, `--teacher`) reach
+    /// the compiled step the same way, through [`Objective`].
+    pub fn declared<S: TrainingStep<Model = M>>(start: &M::Params) -> Option<Objective<M>> {
+        if S::FROZEN.is_empty() {
+            return None;
+        }
+        let leaves = tree::flatten(start);
+        let count = leaves.len();
+        let frozen = S::FROZEN
+            .iter()
+            .flat_map(|_| leaves.iter().cloned())
+            .collect();
+        let template = start.clone();
+        let loss = move |params: &M::Params,
+                         config: &M::Config,
+                         frozen: &[Array],
+                         batch: &[Array],
+                         key: Option<&Array>|
+              -> Result<Array> {
+            if frozen.len() != count * S::FROZEN.len() {
+                return Err(Error::Layout(format!(
+                    "step `{}` declares {} frozen models of {count} leaves, was given {} arrays",
+                    S::NAME,
+                    S::FROZEN.len(),
+                    frozen.len()
+                )));
+            }
+            let trees = frozen
+                .chunks(count.max(1))
+                .map(|leaves| frozen_tree(&template, leaves))
+                .collect::<Result<Vec<_>>>()?;
+            S::frozen_loss(params, config, &trees, batch, key)
+        };
+        Some(Objective {
+            name: S::NAME,
+            frozen,
+            loss: Rc::new(loss),
+            mean_over_targets: true,
+        })
+    }
+
     /// The frozen leaves as the run computes with them: floating-point leaves in `precision`'s
     /// compute dtype, cast once here rather than in every step.
     pub(crate) fn frozen_for(&self, precision: Precision) -> Result<Vec<Array>> {
@@ -51,4 +97,17 @@ impl<M: LanguageModel> Objective<M> {
             })
             .collect()
     }
+}
+
+/// A tree shaped as `template` over `leaves` (a frozen model's inputs of the step).
+pub(crate) fn frozen_tree<P: Tree<Array>>(template: &P, leaves: &[Array]) -> Result<P> {
+    let count = tree::leaf_count(template);
+    if leaves.len() != count {
+        return Err(Error::Layout(format!(
+            "a frozen model of {count} leaves was given {} arrays",
+            leaves.len()
+        )));
+    }
+    let mut leaves = leaves.iter().cloned();
+    Ok(template.map_same(&mut |_| leaves.next().expect("counted above")))
 }

@@ -208,6 +208,9 @@ where
             Some(params) => params,
             None => S::Model::init(&model, config.seed)?,
         };
+        // A step's declared frozen models are copies of the run's start unless the caller's
+        // objective says otherwise (a resumed run of the command line passes its start again).
+        let objective = objective.or_else(|| Objective::declared::<S>(&params));
         let params = config.precision.cast(&params)?;
         let optimizer = S::optimizer();
         let state = TrainState::new(params, &optimizer, config.seed)?;
