@@ -148,6 +148,22 @@ fn dpo_trains_against_a_frozen_copy_and_resumes_exactly() {
         recorded_objective(&run),
         serde_json::json!({"kind": "dpo", "beta": 0.5, "chat_template": null})
     );
+    // Each step logs its reward margin and preference accuracy with its loss: at the start the
+    // policy is its reference (margin 0, no pair preferred), then the margin grows.
+    let steps: Vec<serde_json::Value> = std::fs::read_to_string(run.join("metrics.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|line| serde_json::from_str::<serde_json::Value>(line).unwrap())
+        .filter(|value| value["kind"] == "step")
+        .collect();
+    assert_eq!(steps[0]["reward_margin"], 0.0, "{}", steps[0]);
+    assert_eq!(steps[0]["accuracy"], 0.0, "{}", steps[0]);
+    let last = &steps[steps.len() - 1];
+    assert!(last["reward_margin"].as_f64().unwrap() > 0.0, "{last}");
+    assert!(
+        (0.0..=1.0).contains(&last["accuracy"].as_f64().unwrap()),
+        "{last}"
+    );
 }
 
 #[test]

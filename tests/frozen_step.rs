@@ -82,20 +82,8 @@ fn the_declared_step_computes_the_command_lines_dpo() -> Result<()> {
     assert!(Objective::<Gpt2>::declared::<Train>(&start).is_none());
     let library = objectives::dpo::<Gpt2>(&start, 0.1);
     assert_eq!(declared.frozen.len(), library.frozen.len());
-    let ours = value(&(declared.loss)(
-        &policy,
-        &config,
-        &declared.frozen,
-        &batch,
-        None,
-    )?);
-    let theirs = value(&(library.loss)(
-        &policy,
-        &config,
-        &library.frozen,
-        &batch,
-        None,
-    )?);
+    let ours = value(&(declared.loss)(&policy, &config, &declared.frozen, &batch, None)?[0]);
+    let theirs = value(&(library.loss)(&policy, &config, &library.frozen, &batch, None)?[0]);
     assert!((ours - theirs).abs() <= 1e-5, "{ours} against {theirs}");
     assert!(
         (ours - std::f32::consts::LN_2).abs() > 1e-3,

@@ -435,6 +435,7 @@ where
         Ok(StepMetrics {
             loss: outputs[n].clone(),
             grad_norm: outputs[n + 1].clone(),
+            metrics: Vec::new(),
             outputs,
         })
     }

@@ -358,3 +358,95 @@ fn dpo_raises_held_out_preference_accuracy_and_resumes_exactly() {
 
     assert_exact_resume(&|dir| dpo_trainer(dir, &train, 16));
 }
+
+/// `log p(target | input)` under a bigram table, in f64: the row's log-softmax at the target.
+fn bigram_logprob(table: &[f32], vocab: usize, input: i32, target: i32) -> f64 {
+    let row = &table[input as usize * vocab..(input as usize + 1) * vocab];
+    let max = row.iter().fold(f64::MIN, |m, &x| m.max(f64::from(x)));
+    let norm = row
+        .iter()
+        .map(|&x| (f64::from(x) - max).exp())
+        .sum::<f64>()
+        .ln()
+        + max;
+    f64::from(row[target as usize]) - norm
+}
+
+/// DPO's reward margin and preference accuracy come out of the compiled step with its loss and
+/// are logged beside it (metrics.jsonl): on two hand-made pairs, against the margins computed
+/// by hand in f64 from the same tables and rows.
+#[test]
+fn dpo_logs_its_reward_margin_and_preference_accuracy_with_the_loss() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("pairs.jsonl");
+    std::fs::write(
+        &path,
+        "{\"prompt\": \"to be\", \"chosen\": \" or not\", \"rejected\": \" xq zzv\"}\n\
+         {\"prompt\": \"all the\", \"chosen\": \"qqqq\", \"rejected\": \" world\"}\n",
+    )
+    .unwrap();
+    let rows = preference_rows(&path);
+    let (policy, reference) = (
+        Bigram::init(&257, 3).unwrap(),
+        Bigram::init(&257, 4).unwrap(),
+    );
+    let mut config = config(dir.path(), 1, 40, 0.05);
+    config.batch_size = 2;
+    let mut trainer = Trainer::<Train>::with_objective(
+        257,
+        config,
+        TrainData {
+            train: Arc::new(rows.clone()),
+            validation: None,
+        },
+        policy.clone(),
+        dpo::<Bigram>(&reference, 0.1),
+    )
+    .unwrap();
+    trainer.add_callback(JsonlLog::append(dir.path().join("metrics.jsonl")).unwrap());
+    trainer.run().unwrap();
+    let log = std::fs::read_to_string(dir.path().join("metrics.jsonl")).unwrap();
+    let step: serde_json::Value = serde_json::from_str(log.lines().next().unwrap()).unwrap();
+
+    let table = |params: &EmbeddingParams| -> Vec<f32> {
+        params.weight.eval().unwrap();
+        params.weight.as_slice::<f32>().to_vec()
+    };
+    let (policy, reference) = (table(&policy), table(&reference));
+    let width = rows.seq_len();
+    let margins: Vec<f64> = (0..rows.count())
+        .map(|i| {
+            let (mut inputs, mut targets) = (vec![0; width], vec![0; width]);
+            rows.read(i, &mut inputs, &mut targets).unwrap();
+            let logprob = |table: &[f32], half: std::ops::Range<usize>| -> f64 {
+                half.filter(|&j| targets[j] >= 0)
+                    .map(|j| bigram_logprob(table, 257, inputs[j], targets[j]))
+                    .sum()
+            };
+            let (chosen, rejected) = (0..width / 2, width / 2..width);
+            let delta = |half: std::ops::Range<usize>| {
+                logprob(&policy, half.clone()) - logprob(&reference, half)
+            };
+            0.1 * (delta(chosen) - delta(rejected))
+        })
+        .collect();
+    let n = margins.len() as f64;
+    let margin = margins.iter().sum::<f64>() / n;
+    let accuracy = margins.iter().filter(|&&m| m > 0.0).count() as f64 / n;
+    let loss = margins
+        .iter()
+        .map(|&m| (1.0 + (-m).exp()).ln())
+        .sum::<f64>()
+        / n;
+    eprintln!("margins by hand: {margins:?}; logged: {step}");
+    assert!(margins.iter().any(|&m| m > 0.0) && margins.iter().any(|&m| m < 0.0));
+    assert!(
+        (step["loss"].as_f64().unwrap() - loss).abs() < 1e-5,
+        "{step}"
+    );
+    assert!(
+        (step["reward_margin"].as_f64().unwrap() - margin).abs() < 1e-5,
+        "{step}"
+    );
+    assert_eq!(step["accuracy"].as_f64().unwrap(), accuracy, "{step}");
+}

@@ -22,7 +22,7 @@ pub fn dpo<M: LanguageModel>(reference: &M::Params, beta: f32) -> Objective<M> {
                      frozen: &[Array],
                      batch: &[Array],
                      key: Option<&Array>|
-          -> Result<Array> {
+          -> Result<Vec<Array>> {
         let reference = frozen_tree(&template, frozen)?;
         let (tokens, targets) = (pairs_as_rows(&batch[0])?, pairs_as_rows(&batch[1])?);
         let policy = M::forward(params, config, &tokens, &mut Context::for_step(key))?;
@@ -34,19 +34,24 @@ pub fn dpo<M: LanguageModel>(reference: &M::Params, beta: f32) -> Objective<M> {
         };
         let (policy_chosen, policy_rejected) = halves(&policy)?;
         let (reference_chosen, reference_rejected) = halves(&reference)?;
-        Ok(dpo_loss(
+        let preference = dpo_loss(
             &policy_chosen,
             &policy_rejected,
             &reference_chosen,
             &reference_rejected,
             beta,
-        )?
-        .loss)
+        )?;
+        Ok(vec![
+            preference.loss,
+            preference.reward_margin,
+            preference.accuracy,
+        ])
     };
     Objective {
         name: "dpo",
         frozen: tree::flatten(reference),
         loss: Rc::new(loss),
+        metrics: &["reward_margin", "accuracy"],
         mean_over_targets: false,
     }
 }
@@ -94,7 +99,7 @@ pub fn distillation<M: LanguageModel, T: LanguageModel>(
                      frozen: &[Array],
                      batch: &[Array],
                      key: Option<&Array>|
-          -> Result<Array> {
+          -> Result<Vec<Array>> {
         let teacher_params = frozen_tree(&teacher, frozen)?;
         let student = M::forward(params, config, &batch[0], &mut Context::for_step(key))?;
         let teacher = T::forward(
@@ -103,12 +108,19 @@ pub fn distillation<M: LanguageModel, T: LanguageModel>(
             &batch[0],
             &mut Context::evaluation(),
         )?;
-        distillation_loss(&student, &teacher, &batch[1], temperature, alpha)
+        Ok(vec![distillation_loss(
+            &student,
+            &teacher,
+            &batch[1],
+            temperature,
+            alpha,
+        )?])
     };
     Ok(Objective {
         name: "distill",
         frozen,
         loss: Rc::new(loss),
+        metrics: &[],
         mean_over_targets: true,
     })
 }

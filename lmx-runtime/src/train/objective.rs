@@ -12,10 +12,12 @@ use std::rc::Rc;
 type Params<M> = <M as LanguageModel>::Params;
 type Config<M> = <M as LanguageModel>::Config;
 
-/// `(params, config, frozen, batch, key) -> loss`: `frozen` holds the objective's frozen leaves
-/// in the order [`Objective::frozen`] gives them; `key` is `None` in validation (dropout off).
+/// `(params, config, frozen, batch, key) -> [loss, metric...]`: `frozen` holds the objective's
+/// frozen leaves in the order [`Objective::frozen`] gives them; `key` is `None` in validation
+/// (dropout off); the metrics are scalars named by [`Objective::metrics`], computed with the
+/// loss in the same compiled step and never differentiated.
 pub type ObjectiveLoss<M> =
-    dyn Fn(&Params<M>, &Config<M>, &[Array], &[Array], Option<&Array>) -> Result<Array>;
+    dyn Fn(&Params<M>, &Config<M>, &[Array], &[Array], Option<&Array>) -> Result<Vec<Array>>;
 
 /// A loss over model `M`'s parameters that reads frozen models.
 #[derive(Clone)]
@@ -24,8 +26,10 @@ pub struct Objective<M: LanguageModel> {
     pub name: &'static str,
     /// Every frozen model's leaves, in the order the loss reads them.
     pub frozen: Vec<Array>,
-    /// The loss.
+    /// The loss, and its metrics.
     pub loss: Rc<ObjectiveLoss<M>>,
+    /// The names of the metrics the loss returns after itself, as runs log them.
+    pub metrics: &'static [&'static str],
     /// Whether the loss is a mean over the batch's kept targets (distillation), so that
     /// accumulated micro-batches and validation batches are weighed by their kept targets as
     /// the plain loss's are; a mean over rows (DPO's pairs) weighs them equally.
@@ -55,7 +59,7 @@ impl<M: LanguageModel> Objective<M> {
                          frozen: &[Array],
                          batch: &[Array],
                          key: Option<&Array>|
-              -> Result<Array> {
+              -> Result<Vec<Array>> {
             if frozen.len() != count * S::FROZEN.len() {
                 return Err(Error::Layout(format!(
                     "step `{}` declares {} frozen models of {count} leaves, was given {} arrays",
@@ -68,12 +72,13 @@ impl<M: LanguageModel> Objective<M> {
                 .chunks(count.max(1))
                 .map(|leaves| frozen_tree(&template, leaves))
                 .collect::<Result<Vec<_>>>()?;
-            S::frozen_loss(params, config, &trees, batch, key)
+            Ok(vec![S::frozen_loss(params, config, &trees, batch, key)?])
         };
         Some(Objective {
             name: S::NAME,
             frozen,
             loss: Rc::new(loss),
+            metrics: &[],
             mean_over_targets: true,
         })
     }

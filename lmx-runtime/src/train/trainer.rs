@@ -78,6 +78,8 @@ struct InFlight {
     started: Instant,
     loss: Array,
     grad_norm: Array,
+    /// The objective's own metrics, in the order of `Trainer::metric_names`.
+    metrics: Vec<Array>,
     lr: f32,
     build_s: f64,
     submit_s: f64,
@@ -112,6 +114,8 @@ pub struct Trainer<S: TrainingStep> {
     frozen: Vec<Array>,
     /// Whether validation weighs each batch by its kept targets (the loss is a mean over them).
     by_targets: bool,
+    /// The names of the objective's own metrics, which each step returns after its loss.
+    metric_names: &'static [&'static str],
     /// The ranks this process trains with, each on its part of every batch.
     parallel: Option<DataParallel>,
 }
@@ -234,6 +238,9 @@ where
             targets: options.targets.filter(|_| by_targets),
             ..options
         };
+        let metric_names = objective
+            .as_ref()
+            .map_or(&[][..], |objective| objective.metrics);
         let objective_loss = objective.map(|objective| objective.loss);
         let evaluate = evaluation::<S>(
             state.template(),
@@ -276,6 +283,7 @@ where
                         Some(key),
                     )
                 },
+                metric_names.len(),
                 options,
                 config.state_packing,
             )?,
@@ -299,6 +307,7 @@ where
             flops_per_token,
             frozen,
             by_targets,
+            metric_names,
             parallel,
         })
     }
@@ -436,6 +445,7 @@ where
                 started: building,
                 loss: metrics.loss,
                 grad_norm: metrics.grad_norm,
+                metrics: metrics.metrics,
                 lr,
                 build_s,
                 submit_s,
@@ -522,9 +532,19 @@ where
     ) -> Result<()> {
         let waiting = Instant::now();
         // Evaluated here so that a failed collective (a rank lost) is an error, not a panic.
-        eval([&step.loss, &step.grad_norm])?;
+        eval(
+            [&step.loss, &step.grad_norm]
+                .into_iter()
+                .chain(&step.metrics),
+        )?;
         let loss = step.loss.item_exact::<f32>();
         let grad_norm = step.grad_norm.item_exact::<f32>();
+        let metrics = self
+            .metric_names
+            .iter()
+            .copied()
+            .zip(step.metrics.iter().map(|metric| metric.item_exact::<f32>()))
+            .collect();
         if let Some(votes) = &step.stop_votes {
             eval([votes])?;
             if votes.item_exact::<i32>() > 0 {
@@ -550,6 +570,7 @@ where
             total_steps: self.config.steps,
             loss,
             grad_norm,
+            metrics,
             lr: step.lr,
             tokens_per_s,
             build_ms: step.build_s * 1e3,
@@ -753,7 +774,10 @@ where
                 None => S::loss(&params, &model, &args[n_params..], None),
                 Some((loss, n_frozen)) => {
                     let (frozen, batch) = args[n_params..].split_at(*n_frozen);
-                    loss(&params, &model, frozen, batch, None)
+                    let values = loss(&params, &model, frozen, batch, None)?;
+                    values.into_iter().next().ok_or_else(|| {
+                        Error::Layout("the objective's loss returned nothing".into())
+                    })
                 }
             }
         };
