@@ -450,3 +450,114 @@ fn dpo_logs_its_reward_margin_and_preference_accuracy_with_the_loss() {
     );
     assert_eq!(step["accuracy"].as_f64().unwrap(), accuracy, "{step}");
 }
+
+/// A byte-level decoding of a completion (the end-of-text id and beyond are dropped).
+fn bytes_text(ids: &[u32]) -> String {
+    let bytes: Vec<u8> = ids.iter().filter_map(|&id| u8::try_from(id).ok()).collect();
+    String::from_utf8_lossy(&bytes).into_owned()
+}
+
+/// GRPO end to end at tiny size: completions sampled from the current policy by the KV-cached
+/// generator (groups of 16 per prompt, temperature 1), rewarded by a built-in (the completion
+/// is one lowercase letter, about 1 in 10 at the start), normalised within their group and
+/// trained through the compiled step with the clipped surrogate and the KL to the frozen
+/// reference. The mean reward rises from about 0.14 to above 0.9 (0.997 over the last five steps); the step's loss is the one
+/// `grpo_loss` gives over the same log-probabilities; its KL starts at 0 and grows.
+#[test]
+fn grpo_raises_the_mean_reward_of_a_verifiable_task() {
+    use lmx_runtime::generate::Sampling;
+    use lmx_runtime::objectives::{grpo, grpo_loss, rollout, token_logprobs, Format, Prompt};
+    use lmx_runtime::state::TrainState;
+    use lmx_runtime::step::TrainStep;
+
+    let reference = Bigram::init(&257, 5).unwrap();
+    let optimizer = AdamW::default();
+    let mut state = TrainState::new(reference.clone(), &optimizer, 0).unwrap();
+    let objective = grpo::<Bigram>(&reference, 0.04, 0.2);
+    assert_eq!(objective.metrics, ["kl", "clip_fraction"]);
+    let loss = objective.loss.clone();
+    let mut step = TrainStep::with_frozen_metrics(
+        &state,
+        optimizer,
+        objective.frozen.clone(),
+        move |params: &EmbeddingParams, frozen: &[Array], batch: &[Array], key: &Array| {
+            loss(params, &257, frozen, batch, Some(key))
+        },
+        2,
+        StepOptions::default(),
+    )
+    .unwrap();
+    let prompts: Vec<Prompt> = ["The ", "and ", "is ", "of "]
+        .iter()
+        .map(|text| Prompt {
+            ids: text.bytes().map(u32::from).collect(),
+            answer: None,
+        })
+        .collect();
+    let reward = Format::new("[a-z]").unwrap();
+    let mut rewards = Vec::new();
+    let mut kls = Vec::new();
+    for index in 0..40u64 {
+        let sampling = Sampling {
+            temperature: 1.0,
+            top_k: None,
+            seed: index * 1_000,
+            max_tokens: 1,
+            ..Sampling::default()
+        };
+        let rollouts = rollout::sample::<Bigram>(
+            &state.params,
+            &257,
+            &prompts,
+            16,
+            &sampling,
+            None,
+            4,
+            &bytes_text,
+            &reward,
+        )
+        .unwrap();
+        if index == 0 {
+            // The compiled step's loss is grpo_loss over the same log-probabilities.
+            let logits =
+                |params: &EmbeddingParams| nn::embedding(params, &rollouts.tokens).unwrap();
+            let policy = token_logprobs(&logits(&state.params), &rollouts.targets).unwrap();
+            let frozen = token_logprobs(&logits(&reference), &rollouts.targets).unwrap();
+            let mask = rollouts.targets.ge(Array::from_int(0)).unwrap();
+            let want = grpo_loss(
+                &policy,
+                &policy,
+                &frozen,
+                &mask,
+                &rollouts.advantages,
+                0.04,
+                0.2,
+            )
+            .unwrap()
+            .loss;
+            let got = &(objective.loss)(
+                &state.params,
+                &257,
+                &objective.frozen,
+                &rollouts.batch(),
+                None,
+            )
+            .unwrap()[0];
+            lmx_runtime::mlx_rs::transforms::eval([&want, got]).unwrap();
+            let (want, got) = (want.item_exact::<f32>(), got.item_exact::<f32>());
+            assert!((want - got).abs() < 1e-6, "{got} against {want}");
+        }
+        let metrics = step.step(&mut state, 0.05, &rollouts.batch()).unwrap();
+        lmx_runtime::mlx_rs::transforms::eval(&metrics.outputs).unwrap();
+        rewards.push(rollouts.mean_reward());
+        kls.push(metrics.metrics[0].item_exact::<f32>());
+    }
+    let first = rewards[..5].iter().sum::<f32>() / 5.0;
+    let last = rewards[35..].iter().sum::<f32>() / 5.0;
+    eprintln!("GRPO mean reward: first five steps {first:.3}, last five {last:.3}; KL {kls:?}");
+    assert!(first < 0.3, "{rewards:?}");
+    assert!(last > 0.9, "{rewards:?}");
+    assert_eq!(kls[0], 0.0);
+    assert!(kls[39] > 0.0, "{kls:?}");
+    assert_eq!(step.traces(), 1);
+}
