@@ -561,3 +561,77 @@ fn grpo_raises_the_mean_reward_of_a_verifiable_task() {
     assert!(kls[39] > 0.0, "{kls:?}");
     assert_eq!(step.traces(), 1);
 }
+
+/// Records each GRPO update's loss and mean reward, and stops the run after `stop` updates.
+struct Updates(std::rc::Rc<std::cell::RefCell<Vec<(u64, f32, f32)>>>, u64);
+
+impl Callback for Updates {
+    fn on_step(&mut self, report: &StepReport) -> Result<Control> {
+        let reward = report.metrics["mean_reward"];
+        self.0.borrow_mut().push((report.step, report.loss, reward));
+        Ok(match report.step >= self.1 {
+            true => Control::Stop("interrupted".into()),
+            false => Control::Continue,
+        })
+    }
+}
+
+/// A GRPO run (rollouts from the current policy each update, checkpoints) continued from a
+/// checkpoint computes the uninterrupted run's losses and rewards, bit for bit.
+#[test]
+fn a_resumed_grpo_run_computes_the_uninterrupted_one() {
+    use lmx_runtime::objectives::{Format, GrpoConfig, GrpoRun, Prompt};
+    let run = |dir: &Path, stop: u64, resume: bool| -> Vec<(u64, f32, f32)> {
+        let prompts = ["The ", "and ", "is "]
+            .iter()
+            .map(|text| Prompt {
+                ids: text.bytes().map(u32::from).collect(),
+                answer: None,
+            })
+            .collect();
+        let config = GrpoConfig {
+            steps: 6,
+            prompts_per_step: 2,
+            group: 4,
+            temperature: 1.0,
+            max_tokens: 2,
+            stop: None,
+            beta: 0.04,
+            epsilon: 0.2,
+            schedule: Schedule::Constant {
+                lr: 0.05,
+                warmup_steps: 0,
+            },
+            seed: 1,
+            checkpoint_every: 3,
+            out_dir: dir.to_path_buf(),
+        };
+        let mut grpo = GrpoRun::<Bigram, AdamW>::new(
+            257,
+            config,
+            Bigram::init(&257, 5).unwrap(),
+            AdamW::default(),
+            StepOptions::default(),
+            prompts,
+            Box::new(Format::new("[a-z]+").unwrap()),
+            Box::new(bytes_text),
+        )
+        .unwrap();
+        if resume {
+            let latest = grpo.latest_checkpoint().unwrap().expect("a checkpoint");
+            grpo.resume(&latest).unwrap();
+        }
+        let seen = std::rc::Rc::new(std::cell::RefCell::new(Vec::new()));
+        grpo.add_callback(Updates(seen.clone(), stop));
+        grpo.run().unwrap();
+        let seen = seen.borrow().clone();
+        seen
+    };
+    let whole = tempfile::tempdir().unwrap();
+    let all = run(whole.path(), 6, false);
+    assert_eq!(all.len(), 6);
+    let parts = tempfile::tempdir().unwrap();
+    let first = run(parts.path(), 3, false);
+    let rest = run(parts.path(), 6, true);
+    assert_eq!([first, rest].concat(), all);
+}
