@@ -167,6 +167,50 @@ fn dpo_trains_against_a_frozen_copy_and_resumes_exactly() {
 }
 
 #[test]
+fn grpo_trains_on_sampled_completions_and_resumes_exactly() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("prompts.jsonl");
+    let lines: String = ["To be", "All the", "Once more", "Now is", "What is"]
+        .iter()
+        .map(|prompt| format!("{}\n", serde_json::json!({"prompt": prompt, "answer": "a"})))
+        .collect();
+    std::fs::write(&data, lines).unwrap();
+    let run = dir.path().join("grpo");
+    let data = data.display().to_string();
+    let flags = [
+        "--step",
+        "grpo",
+        "--data",
+        &data,
+        "--reward",
+        "regex:[a-z ]+",
+        "--group",
+        "4",
+        "--seq-len",
+        "3",
+    ];
+    assert_resumes_exactly(&run, &flags);
+    assert_eq!(
+        recorded_objective(&run),
+        serde_json::json!({"kind": "grpo", "reward": "regex:[a-z ]+", "group": 4,
+                           "temperature": 1.0, "beta": 0.04})
+    );
+    let step: serde_json::Value = serde_json::from_str(
+        std::fs::read_to_string(run.join("metrics.jsonl"))
+            .unwrap()
+            .lines()
+            .next()
+            .unwrap(),
+    )
+    .unwrap();
+    for metric in ["mean_reward", "kl", "clip_fraction"] {
+        assert!(step[metric].is_number(), "{step}");
+    }
+    // The policy starts as its reference.
+    assert_eq!(step["kl"], 0.0, "{step}");
+}
+
+#[test]
 fn distillation_from_a_larger_teacher_resumes_exactly() {
     let dir = tempfile::tempdir().unwrap();
     let teacher = dir.path().join("teacher");
@@ -221,12 +265,24 @@ fn wrong_objective_flags_are_refused_naming_them() {
     );
     assert_eq!(
         refused(&["--step", "ppo"]),
-        "error: unknown --step `ppo`: dpo or distill (leave it out to train with the model's \
-         own step)\n"
+        "error: unknown --step `ppo`: dpo, grpo or distill (leave it out to train with the \
+         model's own step)\n"
+    );
+    assert_eq!(
+        refused(&["--step", "grpo"]),
+        "error: --step grpo needs --reward: exact, regex:PATTERN or length\n"
+    );
+    assert_eq!(
+        refused(&["--step", "grpo", "--reward", "smile"]),
+        "error: unknown --reward `smile`: exact, regex:PATTERN, length or length:CHARS\n"
+    );
+    assert_eq!(
+        refused(&["--reward", "exact"]),
+        "error: --reward and --group apply to --step grpo\n"
     );
     assert_eq!(
         refused(&["--beta", "0.2"]),
-        "error: --beta applies to --step dpo\n"
+        "error: --beta applies to --step dpo and --step grpo\n"
     );
     let missing = dir.path().join("nowhere").display().to_string();
     assert_eq!(

@@ -6,6 +6,7 @@ pub mod decay;
 pub mod eval;
 pub mod export;
 pub mod folder_info;
+pub mod grpo;
 pub mod hf_model;
 pub mod interrupt;
 pub mod launch;
@@ -271,6 +272,14 @@ pub struct TrainArgs {
     /// With --teacher: the weight of the soft loss against the hard one (0.7).
     #[arg(long)]
     pub alpha: Option<f32>,
+    /// With --step grpo: the reward of a completion: `exact` (it is the prompt's `answer`),
+    /// `regex:PATTERN` (the whole completion matches) or `length[:CHARS]` (closeness to a length,
+    /// --seq-len characters by default).
+    #[arg(long, value_name = "REWARD")]
+    pub reward: Option<String>,
+    /// With --step grpo: completions sampled per prompt (8).
+    #[arg(long)]
+    pub group: Option<usize>,
     /// The ids of the options given on the command line (not defaulted): on --resume the
     /// others are the run's recorded ones.
     #[arg(skip)]
@@ -498,6 +507,8 @@ impl TrainArgs {
                 temperature: self.temperature,
                 alpha: self.alpha,
                 chat_template: self.chat_template.as_deref(),
+                reward: self.reward.as_deref(),
+                group: self.group,
             }
             .settings()?,
         };

@@ -136,6 +136,13 @@ where
         anyhow::bail!("--step dpo reads one JSONL file of preference pairs, not a folder");
     }
     let (data, data_tokens) = match (&request.sft, &request.objective) {
+        (None, Some(ObjectiveSettings::Grpo { .. })) => {
+            let (prompts, tokens) = super::grpo::prompts(&request.data, tokenizer.as_ref())?;
+            (Data::Prompts(prompts), tokens)
+        }
+        (Some(_), Some(ObjectiveSettings::Grpo { .. })) => {
+            anyhow::bail!("--step grpo reads one JSONL file of prompts, not a folder")
+        }
         (_, Some(ObjectiveSettings::Dpo { chat_template, .. })) => {
             let tokenizer_file = match &tokenizer_spec {
                 TokenizerSpec::HuggingFace { path, .. } => Some(path.as_path()),
@@ -209,6 +216,25 @@ where
             S::Model::vocab_size(&model_config),
         )?,
         Data::Rows(data) => data,
+        Data::Prompts(prompts) => {
+            if rank.is_some() {
+                anyhow::bail!("--step grpo does not train data-parallel yet");
+            }
+            // The reference is the run's start, also when it resumes.
+            let start = match &init {
+                Some(folder) => hf::load_model::<S::Model>(folder, None)?.1,
+                None => S::Model::init(&model_config, request.train.seed)?,
+            };
+            return super::grpo::train::<S>(super::grpo::Prepared {
+                request: &request,
+                model_config,
+                start,
+                prompts,
+                run_dir,
+                run_file,
+                tokenizer: prepared,
+            });
+        }
     };
     // A LoRA run over a folder reads its frozen base from there even when it resumes: its
     // checkpoints hold the adapters alone. (A resumed run whose folder's weights changed was
@@ -475,6 +501,8 @@ enum Data {
     Windows(Windows),
     /// Supervised examples: `train.jsonl`'s rows, validated on `valid.jsonl`'s.
     Rows(TrainData),
+    /// GRPO's prompts, whose completions each update samples.
+    Prompts(Vec<lmx::runtime::objectives::Prompt>),
 }
 
 /// The rows of the folder of supervised examples `request.data` names, and how many tokens its

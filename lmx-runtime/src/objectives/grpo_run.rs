@@ -147,6 +147,11 @@ where
         self.checkpoints.latest()
     }
 
+    /// The updates made so far.
+    pub fn steps_done(&self) -> u64 {
+        self.done
+    }
+
     /// The state after the last update.
     pub fn state(&self) -> &TrainState<M::Params, O> {
         &self.state
