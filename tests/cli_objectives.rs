@@ -293,3 +293,47 @@ fn wrong_objective_flags_are_refused_naming_them() {
         )
     );
 }
+
+/// `--length-stages`: the first steps train on the first 8 tokens of each window, the rest on
+/// 16, one compiled trace per length; misuse is refused naming the flags.
+#[test]
+fn length_stages_train_one_trace_per_length() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("run").display().to_string();
+    let args = |extra: &[&'static str]| {
+        let mut args = vec![
+            "train",
+            "--preset",
+            "tiny-bytes",
+            "--batch-size",
+            "4",
+            "--seq-len",
+            "16",
+            "--steps",
+            "4",
+            "--quiet",
+            "--sample",
+            "0",
+            "--out",
+            &out,
+        ];
+        args.extend(extra);
+        args.into_iter().map(str::to_owned).collect::<Vec<_>>()
+    };
+    let run = |extra: &[&'static str]| {
+        let args = args(extra);
+        lmx(&args.iter().map(String::as_str).collect::<Vec<_>>())
+    };
+    let output = run(&["--length-stages", "8,16", "--stage-steps", "2"]);
+    succeeded(&output);
+    let stdout = text(&output.stdout);
+    assert!(stdout.contains("traced 2 time(s)"), "{stdout}");
+    assert_eq!(
+        failed(&run(&["--stage-steps", "2", "--overwrite"])),
+        "error: --stage-steps applies to --length-stages\n"
+    );
+    assert_eq!(
+        failed(&run(&["--length-stages", "8,32", "--overwrite"])),
+        "error: configuration: the length stages reach 32 tokens, past seq_len 16\n"
+    );
+}

@@ -635,3 +635,31 @@ fn a_resumed_grpo_run_computes_the_uninterrupted_one() {
     let rest = run(parts.path(), 6, true);
     assert_eq!([first, rest].concat(), all);
 }
+
+/// A run by length stages (`TrainConfig::length_stages`: 8, then 16, then 32 tokens of each
+/// window) traces the compiled step once per declared length, and a resumed run (from inside
+/// the second stage) computes the uninterrupted one's losses, bit for bit.
+#[test]
+fn length_stages_trace_once_per_length_and_resume_exactly() {
+    use lmx_runtime::objectives::curriculum::LengthCurriculum;
+    let make = |dir: &Path| {
+        let mut config = config(dir, 16, 32, 0.01);
+        config.checkpoint_every = 6;
+        config.length_stages = Some(LengthCurriculum::new(vec![8, 16, 32], 5).unwrap());
+        Trainer::<Train>::with_data(257, config, windows()).unwrap()
+    };
+    let whole = tempfile::tempdir().unwrap();
+    let done = run(whole.path(), 16, false, &|| make(whole.path()));
+    assert_eq!(done.traces(), 3);
+    let parts = tempfile::tempdir().unwrap();
+    run(parts.path(), 6, false, &|| make(parts.path()));
+    let resumed = run(parts.path(), 16, true, &|| make(parts.path()));
+    assert_eq!(resumed.traces(), 2, "the stages of 16 and 32 tokens");
+    assert_eq!(logged_losses(parts.path()), logged_losses(whole.path()));
+    let mut config = config(whole.path(), 16, 32, 0.01);
+    config.length_stages = Some(LengthCurriculum::new(vec![8, 64], 5).unwrap());
+    assert_eq!(
+        config.validate().unwrap_err().to_string(),
+        "configuration: the length stages reach 64 tokens, past seq_len 32"
+    );
+}

@@ -34,6 +34,7 @@ pub use registry::Registry;
 use clap::{Args, Parser, Subcommand};
 use lmx::runtime::device::{self, DeviceKind};
 use lmx::runtime::generate::Sampling;
+use lmx::runtime::objectives::curriculum::LengthCurriculum;
 use lmx::runtime::schedule::Schedule;
 use lmx::runtime::train::{Overlap, Precision, StatePacking, TrainConfig};
 use std::path::PathBuf;
@@ -192,6 +193,14 @@ pub struct TrainArgs {
     /// Tokens per sequence.
     #[arg(long)]
     pub seq_len: Option<usize>,
+    /// A length curriculum: train the first steps on the first L1 tokens of each sequence, the
+    /// next on L2, ..., the last stage until the end (each at most --seq-len, non-decreasing;
+    /// one compiled trace per length).
+    #[arg(long, value_name = "L1,L2,...", value_delimiter = ',')]
+    pub length_stages: Option<Vec<usize>>,
+    /// With --length-stages: steps per stage (by default the run's steps over the stages).
+    #[arg(long)]
+    pub stage_steps: Option<usize>,
     /// Peak learning rate of the configured schedule (by default a cosine decay to a tenth
     /// after the warm-up), which keeps its kind and warm-up; its final rate scales with it.
     #[arg(long)]
@@ -643,6 +652,15 @@ impl TrainArgs {
         }
         config.compile &= !self.eager;
         config.schedule = adjusted(config.schedule, self.steps, self.lr, self.warmup);
+        match (&self.length_stages, self.stage_steps) {
+            (Some(lengths), per_stage) => {
+                let stages = lengths.len().max(1) as u64;
+                let per_stage = per_stage.unwrap_or(config.steps.div_ceil(stages) as usize);
+                config.length_stages = Some(LengthCurriculum::new(lengths.clone(), per_stage)?);
+            }
+            (None, Some(_)) => anyhow::bail!("--stage-steps applies to --length-stages"),
+            (None, None) => {}
+        }
         Ok(config)
     }
 

@@ -416,7 +416,7 @@ where
         while self.done < self.config.steps && progress.stopped.is_none() {
             let building = Instant::now();
             let lr = self.config.schedule.lr(self.done);
-            let batch = self.own_part(&next)?;
+            let batch = self.at_stage_length(self.own_part(&next)?)?;
             let metrics = self.stepper.step(lr, &batch)?;
             let stop_votes = self.stop_votes()?;
             let build_s = building.elapsed().as_secs_f64();
@@ -702,6 +702,19 @@ where
 
 impl<S: TrainingStep> Trainer<S> {
     /// This rank's rows of a batch of the whole run: all of them for a single process.
+    /// The batch of the next step at its length stage: the first `length(step)` tokens of each
+    /// row (every row when the run declares no stages).
+    fn at_stage_length(&self, batch: Vec<Array>) -> Result<Vec<Array>> {
+        let Some(stages) = &self.config.length_stages else {
+            return Ok(batch);
+        };
+        let length = stages.length(self.done as usize) as i32;
+        Ok(batch
+            .iter()
+            .map(|part| part.index((.., ..length)))
+            .collect())
+    }
+
     fn own_part(&self, batch: &(Array, Array)) -> Result<Vec<Array>> {
         let Some(parallel) = &self.parallel else {
             return Ok(vec![batch.0.clone(), batch.1.clone()]);
