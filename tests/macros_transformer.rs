@@ -404,7 +404,7 @@ fn a_step_reads_its_declared_frozen_copy_of_the_policy() -> Result<()> {
     let same = value(Anchored::frozen_loss(
         &params,
         &config,
-        &[params.clone()],
+        std::slice::from_ref(&params),
         &batch,
         None,
     )?)?;
@@ -418,7 +418,7 @@ fn a_step_reads_its_declared_frozen_copy_of_the_policy() -> Result<()> {
     let got = value(Anchored::frozen_loss(
         &params,
         &config,
-        &[other.clone()],
+        std::slice::from_ref(&other),
         &batch,
         None,
     )?)?;
@@ -427,7 +427,7 @@ fn a_step_reads_its_declared_frozen_copy_of_the_policy() -> Result<()> {
     let keyed = value(Anchored::frozen_loss(
         &params,
         &config,
-        &[params.clone()],
+        std::slice::from_ref(&params),
         &batch,
         Some(&key),
     )?)?;

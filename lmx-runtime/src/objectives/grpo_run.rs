@@ -20,6 +20,9 @@ use mlx_rs::Array;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
+/// How a run decodes a completion's ids into the text its reward scores.
+pub type Decode = Box<dyn Fn(&[u32]) -> String>;
+
 /// What a GRPO run does.
 #[derive(Clone, Debug, PartialEq)]
 pub struct GrpoConfig {
@@ -58,7 +61,7 @@ pub struct GrpoRun<M: LanguageModel, O: Optimizer> {
     prompts: Vec<Prompt>,
     width: usize,
     reward: Box<dyn Reward>,
-    decode: Box<dyn Fn(&[u32]) -> String>,
+    decode: Decode,
     checkpoints: Checkpoints,
     callbacks: Vec<Box<dyn Callback>>,
     done: u64,
@@ -83,7 +86,7 @@ where
         options: StepOptions,
         prompts: Vec<Prompt>,
         reward: Box<dyn Reward>,
-        decode: Box<dyn Fn(&[u32]) -> String>,
+        decode: Decode,
     ) -> Result<Self> {
         if prompts.is_empty() || run.prompts_per_step == 0 || run.group == 0 {
             return Err(Error::Config(
