@@ -564,7 +564,12 @@ where
         progress.last_loss = loss;
         let ended = ended.unwrap_or_else(Instant::now);
         let seconds = ended.duration_since(step.started).as_secs_f64();
-        let tokens_per_s = (self.config.batch_size * self.config.seq_len) as f64 / seconds;
+        // A length stage trains on fewer tokens of each window than `seq_len`.
+        let length = match &self.config.length_stages {
+            Some(stages) => stages.length(step.step as usize - 1),
+            None => self.config.seq_len,
+        };
+        let tokens_per_s = (self.config.batch_size * length) as f64 / seconds;
         let report = StepReport {
             step: step.step,
             total_steps: self.config.steps,
