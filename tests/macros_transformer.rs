@@ -170,6 +170,23 @@ pub fn train(
     cross_entropy(&pico(params, tokens, config, ctx)?, targets)
 }
 
+/// The next-token loss plus `0.1 ·` the mean squared distance of the logits to those of a
+/// frozen copy of the policy, which runs without dropout and without gradients.
+#[lmx::step(optimizer = AdamW, frozen(reference = policy))]
+pub fn anchored(
+    params: &Pico<Tensor>,
+    reference: &Pico<Tensor>,
+    tokens: &Tensor,
+    targets: &Tensor,
+    config: &PicoConfig,
+    ctx: &mut Context,
+) -> Result<Tensor> {
+    let logits = pico(params, tokens, config, ctx)?;
+    let anchor = Context::frozen(|frozen| pico(reference, tokens, config, frozen))?;
+    let pull = logits.subtract(&anchor)?.square()?.mean()?.scale(0.1)?;
+    cross_entropy(&logits, targets)?.add(&pull)
+}
+
 /// A stream with structure to learn: runs of a few tokens repeated with noise between.
 fn tokens() -> Vec<u32> {
     let mut rng = SplitMix64::new(5);
@@ -356,5 +373,94 @@ fn the_model_and_its_step_declare_what_a_lmx_model_declares() -> Result<()> {
         names[..3],
         ["wte.weight", "wpe.weight", "blocks.0.ln_1.weight"]
     );
+    Ok(())
+}
+
+/// A step under `#[lmx::step]` declares its frozen copy of the policy as a `.lmx` step does: it
+/// is in `FROZEN`, its loss needs it, `frozen_loss` reads it without dropout, and `Trainer`
+/// passes the run's start as it.
+#[test]
+fn a_step_reads_its_declared_frozen_copy_of_the_policy() -> Result<()> {
+    use lmx::runtime::mlx_rs::random;
+    use lmx::runtime::model::{Frozen, FrozenSource};
+    assert_eq!(
+        Anchored::FROZEN,
+        [Frozen {
+            name: "reference",
+            source: FrozenSource::Policy
+        }]
+    );
+    let config = PicoConfig::pico();
+    let (params, other) = (Pico::init(&config, 0)?, Pico::init(&config, 1)?);
+    let ids = random::randint::<_, i32>(0, 32, &[2, 8], &random::key(3)?)?;
+    let targets = random::randint::<_, i32>(0, 32, &[2, 8], &random::key(4)?)?;
+    let batch = [ids.clone(), targets.clone()];
+    assert!(matches!(
+        Anchored::loss(&params, &config, &batch, None),
+        Err(Error::FrozenModelsMissing {
+            step: "anchored",
+            name: "reference"
+        })
+    ));
+    let value = |loss: Array| -> Result<f32> {
+        loss.eval()?;
+        Ok(loss.item_exact::<f32>())
+    };
+    // Against itself the pull is 0, with the step's dropout on the policy only (a key given):
+    // the reference runs without dropout, so the two differ there.
+    let plain = value(Train::loss(&params, &config, &batch, None)?)?;
+    let same = value(Anchored::frozen_loss(
+        &params,
+        &config,
+        std::slice::from_ref(&params),
+        &batch,
+        None,
+    )?)?;
+    assert!((plain - same).abs() < 1e-6, "{plain} against {same}");
+    let logits = |p: &Pico| Pico::forward(p, &config, &ids, &mut model::Context::evaluation());
+    let pull = logits(&params)?
+        .subtract(logits(&other)?)?
+        .square()?
+        .mean(false)?;
+    let want = plain + 0.1 * value(pull)?;
+    let got = value(Anchored::frozen_loss(
+        &params,
+        &config,
+        std::slice::from_ref(&other),
+        &batch,
+        None,
+    )?)?;
+    assert!((got - want).abs() < 1e-5, "{got} against {want}");
+    let key = random::key(9)?;
+    let keyed = value(Anchored::frozen_loss(
+        &params,
+        &config,
+        std::slice::from_ref(&params),
+        &batch,
+        Some(&key),
+    )?)?;
+    assert!(keyed > value(Train::loss(&params, &config, &batch, Some(&key))?)?);
+
+    // Trained through `Trainer`, its reference is the run's start and has no optimizer state.
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let train_config = TrainConfig {
+        steps: 4,
+        batch_size: 2,
+        seq_len: 8,
+        eval_every: 0,
+        checkpoint_every: 0,
+        out_dir: dir.path().to_path_buf(),
+        ..TrainConfig::default()
+    };
+    let windows = Windows::new(Arc::new(tokens()), 8)?;
+    let mut trainer = Trainer::<Anchored>::new(config, train_config, windows)?;
+    trainer.run()?;
+    let state = trainer.state();
+    let moments = state
+        .declaration()
+        .iter()
+        .filter(|n| n.starts_with("opt."))
+        .count();
+    assert_eq!(moments, 2 * lmx::runtime::tree::leaf_count(&state.params));
     Ok(())
 }

@@ -329,6 +329,9 @@ pub enum StmtKind {
     Update(Expr),
     /// `metrics a, b`.
     Metrics(Vec<Ident>),
+    /// `frozen name = source`: a model the step runs without gradients (`policy`: a copy of the
+    /// policy as the run starts).
+    Frozen(Ident, Ident),
     /// An expression.
     Expr(Expr),
 }

@@ -294,8 +294,29 @@ pub struct StepIr {
     pub loss_metric: Option<String>,
     /// The metric naming the gradient norm, if any.
     pub norm_metric: Option<String>,
+    /// The frozen models the step declares, in the order of its compiled state.
+    pub frozen: Vec<FrozenIr>,
     /// The compiled state, in its fixed order.
     pub state: Vec<StateSlot>,
+}
+
+/// A frozen model a step declares: an input of the compiled step with no gradients and no
+/// optimizer state.
+#[derive(Debug, Clone, PartialEq)]
+pub struct FrozenIr {
+    /// The name the step calls it by.
+    pub name: String,
+    /// Where its parameters come from.
+    pub source: FrozenSourceIr,
+    /// The name where it is declared.
+    pub span: crate::span::Span,
+}
+
+/// Where a frozen model's parameters come from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FrozenSourceIr {
+    /// `policy`: a copy of the model's parameters as the run starts.
+    Policy,
 }
 
 /// An optimizer.
@@ -417,6 +438,8 @@ pub enum StateSlot {
     LearningRate,
     /// The random key (when the forward pass draws random numbers).
     Rng,
+    /// A frozen model's parameters (inputs only: no gradients, no optimizer state).
+    Frozen(String),
 }
 
 /// What the checker learned about expressions, read by the code generator (the role of rustc's

@@ -193,6 +193,7 @@ fn describe(rule: Rule) -> &'static str {
         | Rule::accumulate_statement
         | Rule::update_statement
         | Rule::metrics_statement
+        | Rule::frozen_statement
         | Rule::expression_statement => "a statement",
         Rule::preset_name => "a preset name",
         Rule::guard | Rule::IF => "`if`",
@@ -237,6 +238,7 @@ fn is_keyword(rule: Rule) -> bool {
             | Rule::ACCUMULATE
             | Rule::UPDATE
             | Rule::METRICS
+            | Rule::FROZEN
             | Rule::EOI
     )
 }
@@ -614,6 +616,10 @@ fn build_stmt(pair: Pair<'_, Rule>, depth: Depth) -> Result<Stmt> {
         }
         Rule::update_statement => StmtKind::Update(build_expr(take(&mut it, span)?, depth)?),
         Rule::metrics_statement => StmtKind::Metrics(it.map(ident).collect()),
+        Rule::frozen_statement => {
+            let name = ident(take(&mut it, span)?);
+            StmtKind::Frozen(name, ident(take(&mut it, span)?))
+        }
         _ => StmtKind::Expr(build_expr(take(&mut it, span)?, depth)?),
     };
     Ok(Stmt { kind, span })

@@ -9,7 +9,9 @@ use std::collections::HashMap;
 use std::fmt;
 
 use crate::eval::{eval, Env, Value};
-use crate::ir::{CheckedModel, FnFacts, LayerKind, OptimizerKind, ParamNode, ParamTree};
+use crate::ir::{
+    CheckedModel, FnFacts, FrozenSourceIr, LayerKind, OptimizerKind, ParamNode, ParamTree,
+};
 
 /// One parameter tensor.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -38,12 +40,14 @@ pub struct Memory {
     pub optimizer: u64,
     /// Every tensor the forward pass produces (an upper bound on what backward keeps).
     pub activations: u64,
+    /// The parameters of the first step's frozen models (inputs of the step, nothing more).
+    pub frozen: u64,
 }
 
 impl Memory {
     /// The sum (checked when the report is made: it fits 64 bits).
     pub fn total(&self) -> u64 {
-        self.parameters + self.gradients + self.optimizer + self.activations
+        self.parameters + self.gradients + self.optimizer + self.activations + self.frozen
     }
 }
 
@@ -69,6 +73,24 @@ pub struct Report {
     pub seq: u64,
     /// Memory to train at that batch size.
     pub memory: Memory,
+    /// Every step's frozen models, in the order of the steps and of their compiled state.
+    pub frozen: Vec<FrozenShape>,
+}
+
+/// A frozen model a step declares, as its compiled state holds it: parameters with no
+/// gradients and no optimizer state.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FrozenShape {
+    /// The step that declares it.
+    pub step: String,
+    /// Its name in the step.
+    pub name: String,
+    /// The model it is an instance of.
+    pub architecture: String,
+    /// Its number of parameters.
+    pub param_count: u64,
+    /// Its parameters' bytes, in f32.
+    pub bytes: u64,
 }
 
 /// Why a report cannot be made.
@@ -218,7 +240,33 @@ pub fn report_values(
             .and_then(|n| n.checked_mul(bytes))
             .ok_or_else(|| overflow(quantity))
     };
+    // A frozen copy of the policy holds every parameter of this preset.
+    let frozen: Vec<FrozenShape> = model
+        .steps
+        .iter()
+        .flat_map(|step| {
+            step.frozen.iter().map(|f| match f.source {
+                FrozenSourceIr::Policy => (step.name.clone(), f.name.clone()),
+            })
+        })
+        .map(|(step, name)| {
+            Ok(FrozenShape {
+                step,
+                name,
+                architecture: model.name.clone(),
+                param_count,
+                bytes: in_bytes(Some(param_count), "frozen model memory")?,
+            })
+        })
+        .collect::<Result<_, ReportError>>()?;
+    let first_step = model.steps.first().map(|s| s.name.as_str());
+    let frozen_bytes = frozen
+        .iter()
+        .filter(|f| Some(f.step.as_str()) == first_step)
+        .try_fold(0u64, |acc, f| acc.checked_add(f.bytes))
+        .ok_or_else(|| overflow("frozen model memory"))?;
     let memory = Memory {
+        frozen: frozen_bytes,
         parameters: in_bytes(Some(param_count), "parameter memory")?,
         gradients: in_bytes(Some(trainable_count), "gradient memory")?,
         optimizer: in_bytes(optimizer_elements, "optimizer memory")?,
@@ -229,6 +277,7 @@ pub fn report_values(
         .checked_add(memory.gradients)
         .and_then(|m| m.checked_add(memory.optimizer))
         .and_then(|m| m.checked_add(memory.activations))
+        .and_then(|m| m.checked_add(memory.frozen))
         .ok_or_else(|| overflow("training memory"))?;
     Ok(Report {
         preset: config.to_string(),
@@ -239,6 +288,7 @@ pub fn report_values(
         batch,
         seq,
         memory,
+        frozen,
         params: walk.params,
     })
 }

@@ -135,6 +135,9 @@ pub enum ModuleTy {
     BlockList(String),
     /// A group of parameters: its entries are reached with `.name`.
     Group(Vec<(String, Ty)>),
+    /// A frozen model a step declares (`frozen reference = policy`): callable with the model's
+    /// forward signature, and nothing else.
+    Frozen(String),
 }
 
 /// The type of an expression.
@@ -182,6 +185,7 @@ impl fmt::Display for Ty {
             Ty::Module(ModuleTy::Block(b)) => write!(f, "block `{b}`"),
             Ty::Module(ModuleTy::BlockList(b)) => write!(f, "list of `{b}`"),
             Ty::Module(ModuleTy::Group(_)) => f.write_str("parameter group"),
+            Ty::Module(ModuleTy::Frozen(n)) => write!(f, "frozen model `{n}`"),
             Ty::Tuple(t) => write!(f, "tuple of {}", t.len()),
             Ty::Grads => f.write_str("gradients"),
             Ty::Function(n) => write!(f, "function `{n}`"),

@@ -72,6 +72,17 @@ pub enum Error {
     /// The processes of a data-parallel run could not start or work together.
     #[error(transparent)]
     Distributed(#[from] crate::distributed::DistributedError),
+    /// A step that declares frozen models was asked for its loss without them.
+    #[error(
+        "step `{step}` reads the frozen model `{name}`: train it through its objective \
+         (`Objective::declared`), which passes its frozen models to the compiled step"
+    )]
+    FrozenModelsMissing {
+        /// The step.
+        step: &'static str,
+        /// The first frozen model it declares.
+        name: &'static str,
+    },
     /// A named setting is out of its range.
     #[error("{name} is {value}; it must be {expected}")]
     Setting {

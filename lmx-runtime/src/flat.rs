@@ -450,7 +450,7 @@ where
                 apply,
                 parts,
             } => {
-                let (grads, loss) = accumulate(
+                let (grads, loss, _) = accumulate(
                     micro,
                     &inputs,
                     &flat[n - 1],
@@ -477,6 +477,7 @@ where
         Ok(StepMetrics {
             loss: outputs[n].clone(),
             grad_norm: outputs[n + 1].clone(),
+            metrics: Vec::new(),
             outputs,
         })
     }

@@ -268,13 +268,52 @@ pub trait TrainingStep: 'static {
 
     /// The loss of one (micro-)batch: `batch` holds the declared inputs in order; `key` is the
     /// step's random key, which dropout draws its masks from, and `None` where the loss is only
-    /// evaluated (validation), with dropout off.
+    /// evaluated (validation), with dropout off. A step that declares frozen models computes its
+    /// loss with them, in [`frozen_loss`](Self::frozen_loss), and refuses to compute it here.
     fn loss(
         params: &<Self::Model as LanguageModel>::Params,
         config: &<Self::Model as LanguageModel>::Config,
         batch: &[Array],
         key: Option<&Array>,
     ) -> Result<Array>;
+
+    /// The frozen models the step declares (`frozen reference = policy` in a `.lmx` step,
+    /// `frozen(reference = policy)` under `#[lmx::step]`), in the order of its compiled state:
+    /// inputs of the compiled step with no gradients and no optimizer state. Most steps have none.
+    const FROZEN: &'static [Frozen] = &[];
+
+    /// The loss of one (micro-)batch over the frozen models: `frozen` holds one parameter tree
+    /// per entry of [`FROZEN`](Self::FROZEN), in order
+    /// ([`Objective::declared`](crate::train::Objective::declared) passes them). A step without
+    /// frozen models computes its [`loss`](Self::loss).
+    fn frozen_loss(
+        params: &<Self::Model as LanguageModel>::Params,
+        config: &<Self::Model as LanguageModel>::Config,
+        frozen: &[<Self::Model as LanguageModel>::Params],
+        batch: &[Array],
+        key: Option<&Array>,
+    ) -> Result<Array> {
+        debug_assert!(frozen.is_empty(), "a step without frozen models got some");
+        Self::loss(params, config, batch, key)
+    }
+}
+
+/// A frozen model a training step declares: a model its loss runs without gradients, whose
+/// parameters are inputs of the compiled step and have no optimizer state.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Frozen {
+    /// The name the step calls it by (`reference`).
+    pub name: &'static str,
+    /// Where its parameters come from.
+    pub source: FrozenSource,
+}
+
+/// Where a frozen model's parameters come from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FrozenSource {
+    /// A copy of the policy as the run starts (its initialisation or the weights it starts
+    /// from, also when it resumes): DPO's and GRPO's reference.
+    Policy,
 }
 
 #[cfg(test)]

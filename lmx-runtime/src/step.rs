@@ -36,6 +36,23 @@ pub trait FrozenLoss<P>: Fn(&P, &[Array], &[Array], &Array) -> Result<Array> + '
 
 impl<P, F: Fn(&P, &[Array], &[Array], &Array) -> Result<Array> + 'static> FrozenLoss<P> for F {}
 
+/// A loss over frozen models that also reports metrics of its own:
+/// `(params, frozen, batch, key) -> [loss, metric...]`, every value a scalar. The metrics are
+/// computed in the same compiled step as the loss, without gradients (DPO's reward margin and
+/// preference accuracy).
+pub trait MetricsLoss<P>:
+    Fn(&P, &[Array], &[Array], &Array) -> Result<Vec<Array>> + 'static
+{
+}
+
+impl<P, F: Fn(&P, &[Array], &[Array], &Array) -> Result<Vec<Array>> + 'static> MetricsLoss<P>
+    for F
+{
+}
+
+/// `(params, batch, key) -> [loss, metric...]`, the form every step function differentiates.
+type ValuesFn<P> = dyn Fn(&P, &[Array], &Array) -> Result<Vec<Array>>;
+
 /// How the step is run.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct StepOptions {
@@ -75,8 +92,11 @@ pub struct StepMetrics {
     pub loss: Array,
     /// The global gradient norm before clipping.
     pub grad_norm: Array,
-    /// Every array the step produced (the next state, the loss, the gradient norm): what the
-    /// evaluation boundary evaluates.
+    /// The loss's own metrics ([`TrainStep::with_frozen_metrics`]), averaged over
+    /// micro-batches as the loss is.
+    pub metrics: Vec<Array>,
+    /// Every array the step produced (the next state, the loss, the gradient norm, the
+    /// metrics): what the evaluation boundary evaluates.
     pub outputs: Vec<Array>,
 }
 
@@ -107,6 +127,8 @@ pub struct TrainStep<P: Tree<Array>, O: Optimizer> {
     frozen: Vec<Array>,
     /// The ranks whose gradients an accumulated step averages between its functions.
     group: Option<Group>,
+    /// How many metrics the loss reports beside itself.
+    metrics: usize,
 }
 
 enum Mode {
@@ -150,6 +172,20 @@ where
         options: StepOptions,
         parallel: Option<&DataParallel>,
     ) -> Result<Self> {
+        let values = move |params: &P, batch: &[Array], key: &Array| -> Result<Vec<Array>> {
+            Ok(vec![loss(params, batch, key)?])
+        };
+        Self::with_values(state, optimizer, Rc::new(values), 0, options, parallel)
+    }
+
+    fn with_values(
+        state: &TrainState<P, O>,
+        optimizer: O,
+        loss: Rc<ValuesFn<P>>,
+        metrics: usize,
+        options: StepOptions,
+        parallel: Option<&DataParallel>,
+    ) -> Result<Self> {
         let in_step = parallel.filter(|parallel| parallel.reduce == Reduce::InStep);
         let template = state.template();
         let traces = Rc::new(Cell::new(0));
@@ -163,7 +199,7 @@ where
             template: template.clone(),
             specs,
             optimizer,
-            loss: Rc::new(loss),
+            loss,
             clip_norm: options.clip_norm,
             traces: traces.clone(),
             group: in_step.map(|parallel| parallel.group.clone()),
@@ -194,6 +230,7 @@ where
             targets: options.targets,
             frozen: Vec::new(),
             group: parallel.map(|parallel| parallel.group.clone()),
+            metrics,
         })
     }
 
@@ -211,12 +248,39 @@ where
         loss: impl FrozenLoss<P>,
         options: StepOptions,
     ) -> Result<Self> {
+        let values = move |params: &P, frozen: &[Array], batch: &[Array], key: &Array| {
+            Ok(vec![loss(params, frozen, batch, key)?])
+        };
+        Self::with_frozen_metrics(state, optimizer, frozen, values, 0, options)
+    }
+
+    /// [`with_frozen`](Self::with_frozen) for a loss that reports `metrics` scalars of its own
+    /// after the loss: the step returns them after the gradient norm, in
+    /// [`StepMetrics::metrics`].
+    ///
+    /// # Errors
+    /// As [`TrainStep::new`].
+    pub fn with_frozen_metrics(
+        state: &TrainState<P, O>,
+        optimizer: O,
+        frozen: Vec<Array>,
+        loss: impl MetricsLoss<P>,
+        metrics: usize,
+        options: StepOptions,
+    ) -> Result<Self> {
         let count = frozen.len();
         let split = move |params: &P, inputs: &[Array], key: &Array| {
             let (frozen, batch) = inputs.split_at(count);
-            loss(params, frozen, batch, key)
+            let values = loss(params, frozen, batch, key)?;
+            if values.len() != metrics + 1 {
+                return Err(Error::Layout(format!(
+                    "the loss returned {} values, expected itself and {metrics} metrics",
+                    values.len()
+                )));
+            }
+            Ok(values)
         };
-        let mut step = TrainStep::new(state, optimizer, split, options)?;
+        let mut step = Self::with_values(state, optimizer, Rc::new(split), metrics, options, None)?;
         step.frozen = frozen;
         Ok(step)
     }
@@ -247,7 +311,7 @@ where
                 let parts = *parts;
                 let mut fixed = inputs[..self.template.layout().params].to_vec();
                 fixed.extend(self.frozen.iter().cloned());
-                let (grads, loss) = accumulate(
+                let (grads, loss, metrics) = accumulate(
                     micro,
                     &fixed,
                     &state.key,
@@ -261,14 +325,15 @@ where
                 inputs.extend(grads);
                 let mut outputs = apply(&inputs)?;
                 outputs.insert(n, loss.clone());
+                outputs.extend(metrics);
                 (outputs, Some(loss))
             }
         };
-        if outputs.len() != n + 2 {
+        if outputs.len() != n + 2 + self.metrics {
             return Err(Error::Layout(format!(
                 "the step returned {} arrays, expected {}",
                 outputs.len(),
-                n + 2
+                n + 2 + self.metrics
             )));
         }
         *state = self.template.state(&outputs)?;
@@ -276,6 +341,7 @@ where
         Ok(StepMetrics {
             loss,
             grad_norm: outputs[n + 1].clone(),
+            metrics: outputs[n + 2..].to_vec(),
             outputs,
         })
     }
@@ -286,8 +352,9 @@ where
     }
 }
 
-/// Runs the micro-step `[fixed..., micro-batch..., key] -> [grads..., loss]` (`n_grads` arrays
-/// of gradients) over `parts` slices of `batch` and returns the mean gradients and loss: the plain
+/// Runs the micro-step `[fixed..., micro-batch..., key] -> [grads..., loss, metrics...]`
+/// (`n_grads` arrays of gradients) over `parts` slices of `batch` and returns the mean gradients,
+/// loss and metrics: the plain
 /// mean, or with `targets` (the batch input of target ids) each micro-batch weighed by its share
 /// of the kept targets. `fixed` is what every micro-step reads whole (the parameters, frozen
 /// models); the micro-steps' keys come from `key`, the state's.
@@ -299,7 +366,7 @@ pub(crate) fn accumulate(
     parts: usize,
     n_grads: usize,
     targets: Option<usize>,
-) -> Result<(Vec<Array>, Array)> {
+) -> Result<(Vec<Array>, Array, Vec<Array>)> {
     let micro_batches = split_batch(batch, parts)?;
     let weights = match targets {
         Some(index) => Some(kept_shares(&micro_batches, index)?),
@@ -309,6 +376,7 @@ pub(crate) fn accumulate(
     let mut keys = random::split(key, 2)?.1;
     let mut sums: Option<Vec<Array>> = None;
     let mut loss_sum = Array::from_f32(0.0);
+    let mut metric_sums: Vec<Array> = Vec::new();
     for (part, micro_batch) in micro_batches.into_iter().enumerate() {
         let (carry, key) = random::split(&keys, 2)?;
         keys = carry;
@@ -316,9 +384,9 @@ pub(crate) fn accumulate(
         inputs.extend(micro_batch);
         inputs.push(key);
         let outputs = micro(&inputs)?;
-        if outputs.len() != n_grads + 1 {
+        if outputs.len() < n_grads + 1 {
             return Err(Error::Layout(format!(
-                "the micro-step returned {} arrays, expected {}",
+                "the micro-step returned {} arrays, expected at least {}",
                 outputs.len(),
                 n_grads + 1
             )));
@@ -331,6 +399,15 @@ pub(crate) fn accumulate(
             })
         };
         loss_sum = loss_sum.add(weigh(&loss[0])?)?;
+        let metrics = loss[1..].iter().map(weigh).collect::<Result<Vec<_>>>()?;
+        metric_sums = match metric_sums.is_empty() {
+            true => metrics,
+            false => metric_sums
+                .iter()
+                .zip(metrics)
+                .map(|(sum, metric)| Ok(sum.add(metric)?))
+                .collect::<Result<_>>()?,
+        };
         sums = Some(match sums {
             None => grads.iter().map(weigh).collect::<Result<_>>()?,
             Some(sums) => sums
@@ -346,7 +423,11 @@ pub(crate) fn accumulate(
         .iter()
         .map(|sum| Ok(sum.multiply(scale.as_dtype(sum.dtype())?)?))
         .collect::<Result<Vec<_>>>()?;
-    Ok((grads, loss_sum.multiply(&scale)?))
+    let metrics = metric_sums
+        .iter()
+        .map(|sum| Ok(sum.multiply(&scale)?))
+        .collect::<Result<Vec<_>>>()?;
+    Ok((grads, loss_sum.multiply(&scale)?, metrics))
 }
 
 /// Each micro-batch's weight `parts * kept / total kept` (lazy float32 scalars), where `kept`
@@ -407,7 +488,7 @@ struct StepBody<P: Tree<Array>, O: Optimizer> {
     /// (trainable, decay) per parameter leaf, in traversal order.
     specs: Vec<(bool, bool)>,
     optimizer: O,
-    loss: Rc<dyn Loss<P>>,
+    loss: Rc<ValuesFn<P>>,
     clip_norm: Option<f32>,
     traces: Rc<Cell<usize>>,
     /// The ranks the fused step averages its gradients and loss over.
@@ -421,7 +502,7 @@ where
     P: Tree<Array> + Clone + 'static,
     O: Optimizer,
 {
-    /// `[state..., lr, batch...] -> [state'..., loss, grad_norm]`.
+    /// `[state..., lr, batch...] -> [state'..., loss, grad_norm, metrics...]`.
     fn fused(&self, inputs: &[Array]) -> Result<Vec<Array>> {
         self.count_trace();
         let n_state = self.template.layout().len();
@@ -430,21 +511,23 @@ where
         let (key, subkey) = random::split(&state.key, 2)?;
         let params = &inputs[..self.template.layout().params];
         let batch = &inputs[n_state + 1..];
-        let (loss, grads) = self.loss_and_grads(params, batch, &subkey)?;
+        let (mut values, grads) = self.loss_and_grads(params, batch, &subkey)?;
+        let loss = values.remove(0);
         let (grads, loss) = across_ranks(self.group.as_ref(), self.targets, grads, loss, batch)?;
         let mut outputs = self.update(state, &inputs[n_state], grads, key)?;
         outputs.insert(n_state, loss);
+        outputs.extend(values);
         Ok(outputs)
     }
 
-    /// `[params..., batch..., key] -> [grads..., loss]`.
+    /// `[params..., batch..., key] -> [grads..., loss, metrics...]`.
     fn micro(&self, inputs: &[Array]) -> Result<Vec<Array>> {
         self.count_trace();
         let n_params = self.template.layout().params;
         self.check_inputs(inputs, n_params + 1)?;
         let (batch, key) = inputs[n_params..].split_at(inputs.len() - n_params - 1);
-        let (loss, mut grads) = self.loss_and_grads(&inputs[..n_params], batch, &key[0])?;
-        grads.push(loss);
+        let (values, mut grads) = self.loss_and_grads(&inputs[..n_params], batch, &key[0])?;
+        grads.extend(values);
         Ok(grads)
     }
 
@@ -520,15 +603,16 @@ where
         Ok(outputs)
     }
 
-    /// The loss and the gradients of the trainable parameters, in traversal order.
+    /// The loss and its metrics, and the gradients of the trainable parameters, in traversal
+    /// order.
     fn loss_and_grads(
         &self,
         params: &[Array],
         batch: &[Array],
         key: &Array,
-    ) -> Result<(Array, Vec<Array>)> {
+    ) -> Result<(Vec<Array>, Vec<Array>)> {
         let trainable: Vec<bool> = self.specs.iter().map(|(trainable, _)| *trainable).collect();
-        loss_and_grads(&self.template, &self.loss, &trainable, params, batch, key)
+        values_and_grads(&self.template, &*self.loss, &trainable, params, batch, key)
     }
 }
 
@@ -542,6 +626,31 @@ pub(crate) fn loss_and_grads<P: Tree<Array>, O: Optimizer>(
     batch: &[Array],
     key: &Array,
 ) -> Result<(Array, Vec<Array>)> {
+    let values = |params: &P, batch: &[Array], key: &Array| Ok(vec![loss(params, batch, key)?]);
+    let (values, grads) = values_and_grads(template, &values, trainable, params, batch, key)?;
+    let loss = values
+        .into_iter()
+        .next()
+        .ok_or_else(|| Error::Layout("the loss returned nothing".into()))?;
+    Ok((loss, grads))
+}
+
+/// The loss and its metrics (`[loss, metric...]`, MLX differentiating the first and stopping
+/// the gradient of the others) at `params`, and the loss's gradients with respect to the leaves
+/// that `trainable` marks, in traversal order.
+fn values_and_grads<P, O, F>(
+    template: &StateTemplate<P, O>,
+    loss: &F,
+    trainable: &[bool],
+    params: &[Array],
+    batch: &[Array],
+    key: &Array,
+) -> Result<(Vec<Array>, Vec<Array>)>
+where
+    P: Tree<Array>,
+    O: Optimizer,
+    F: Fn(&P, &[Array], &Array) -> Result<Vec<Array>> + ?Sized,
+{
     let argnums: Vec<i32> = trainable
         .iter()
         .enumerate()
@@ -551,7 +660,7 @@ pub(crate) fn loss_and_grads<P: Tree<Array>, O: Optimizer>(
     let n_params = params.len();
     let n_batch = batch.len();
     let objective = move |args: &[Array]| -> std::result::Result<Vec<Array>, Exception> {
-        let run = || -> Result<Array> {
+        let run = || -> Result<Vec<Array>> {
             let params = template.params(&args[..n_params])?;
             loss(
                 &params,
@@ -559,17 +668,16 @@ pub(crate) fn loss_and_grads<P: Tree<Array>, O: Optimizer>(
                 &args[n_params + n_batch],
             )
         };
-        run().map(|loss| vec![loss]).map_err(Error::into_exception)
+        run().map_err(Error::into_exception)
     };
     let mut args: Vec<Array> = params.to_vec();
     args.extend(batch.iter().cloned());
     args.push(key.clone());
     let (values, grads) = value_and_grad_with_argnums(objective, &argnums[..])(&args)?;
-    let loss = values
-        .into_iter()
-        .next()
-        .ok_or_else(|| Error::Layout("the loss returned nothing".into()))?;
-    Ok((loss, grads))
+    if values.is_empty() {
+        return Err(Error::Layout("the loss returned nothing".into()));
+    }
+    Ok((values, grads))
 }
 
 /// `grads` and `loss` averaged over the ranks of a data-parallel step (`group`), each rank weighed

@@ -122,6 +122,16 @@ fn print_report(report: &Report, shapes: bool) {
             group_digits(report.param_count - report.trainable_count)
         );
     }
+    for frozen in &report.frozen {
+        println!(
+            "frozen            {} (step {}): {}, {} parameters, {} (no gradients, no optimizer state)",
+            frozen.name,
+            frozen.step,
+            frozen.architecture,
+            group_digits(frozen.param_count),
+            bytes(frozen.bytes)
+        );
+    }
     println!(
         "FLOPs per token   {} (6N + 12LdT: {})",
         group_digits(report.flops_per_token),
@@ -129,14 +139,18 @@ fn print_report(report: &Report, shapes: bool) {
     );
     let memory = &report.memory;
     println!(
-        "training memory   {} at batch {} x {} (parameters {}, gradients {}, optimizer {}, activations {})",
+        "training memory   {} at batch {} x {} (parameters {}, gradients {}, optimizer {}, activations {}{})",
         bytes(memory.total()),
         report.batch,
         report.seq,
         bytes(memory.parameters),
         bytes(memory.gradients),
         bytes(memory.optimizer),
-        bytes(memory.activations)
+        bytes(memory.activations),
+        match memory.frozen {
+            0 => String::new(),
+            frozen => format!(", frozen models {}", bytes(frozen)),
+        }
     );
     if shapes {
         println!();

@@ -6,6 +6,7 @@ pub mod decay;
 pub mod eval;
 pub mod export;
 pub mod folder_info;
+pub mod grpo;
 pub mod hf_model;
 pub mod interrupt;
 pub mod launch;
@@ -33,6 +34,7 @@ pub use registry::Registry;
 use clap::{Args, Parser, Subcommand};
 use lmx::runtime::device::{self, DeviceKind};
 use lmx::runtime::generate::Sampling;
+use lmx::runtime::objectives::curriculum::LengthCurriculum;
 use lmx::runtime::schedule::Schedule;
 use lmx::runtime::train::{Overlap, Precision, StatePacking, TrainConfig};
 use std::path::PathBuf;
@@ -196,6 +198,14 @@ pub struct TrainArgs {
     /// of one part in memory, the update of the whole batch).
     #[arg(long, value_name = "N")]
     pub accumulate: Option<usize>,
+    /// A length curriculum: train the first steps on the first L1 tokens of each sequence, the
+    /// next on L2, ..., the last stage until the end (each at most --seq-len, non-decreasing;
+    /// one compiled trace per length).
+    #[arg(long, value_name = "L1,L2,...", value_delimiter = ',')]
+    pub length_stages: Option<Vec<usize>>,
+    /// With --length-stages: steps per stage (by default the run's steps over the stages).
+    #[arg(long)]
+    pub stage_steps: Option<usize>,
     /// Peak learning rate of the configured schedule (by default a cosine decay to a tenth
     /// after the warm-up), which keeps its kind and warm-up; its final rate scales with it.
     #[arg(long)]
@@ -276,6 +286,14 @@ pub struct TrainArgs {
     /// With --teacher: the weight of the soft loss against the hard one (0.7).
     #[arg(long)]
     pub alpha: Option<f32>,
+    /// With --step grpo: the reward of a completion: `exact` (it is the prompt's `answer`),
+    /// `regex:PATTERN` (the whole completion matches) or `length[:CHARS]` (closeness to a length,
+    /// --seq-len characters by default).
+    #[arg(long, value_name = "REWARD")]
+    pub reward: Option<String>,
+    /// With --step grpo: completions sampled per prompt (8).
+    #[arg(long)]
+    pub group: Option<usize>,
     /// The ids of the options given on the command line (not defaulted): on --resume the
     /// others are the run's recorded ones.
     #[arg(skip)]
@@ -512,6 +530,8 @@ impl TrainArgs {
                 temperature: self.temperature,
                 alpha: self.alpha,
                 chat_template: self.chat_template.as_deref(),
+                reward: self.reward.as_deref(),
+                group: self.group,
             }
             .settings()?,
         };
@@ -649,6 +669,15 @@ impl TrainArgs {
         }
         config.compile &= !self.eager;
         config.schedule = adjusted(config.schedule, self.steps, self.lr, self.warmup);
+        match (&self.length_stages, self.stage_steps) {
+            (Some(lengths), per_stage) => {
+                let stages = lengths.len().max(1) as u64;
+                let per_stage = per_stage.unwrap_or(config.steps.div_ceil(stages) as usize);
+                config.length_stages = Some(LengthCurriculum::new(lengths.clone(), per_stage)?);
+            }
+            (None, Some(_)) => anyhow::bail!("--stage-steps applies to --length-stages"),
+            (None, None) => {}
+        }
         Ok(config)
     }
 

@@ -26,6 +26,18 @@ pub enum ObjectiveSettings {
         /// The chat template's file (`--chat-template`); else the one beside the tokenizer.
         chat_template: Option<PathBuf>,
     },
+    /// GRPO on prompts, against a frozen copy of the starting parameters: each update samples
+    /// `group` completions of `--batch-size` prompts of up to `--seq-len` tokens.
+    Grpo {
+        /// `--reward`: `exact`, `regex:PATTERN` or `length[:CHARS]`.
+        reward: String,
+        /// `--group`, 8 by default.
+        group: usize,
+        /// `--temperature`, the sampling temperature, 1 by default.
+        temperature: f32,
+        /// `--beta`, the KL penalty's weight, 0.04 by default.
+        beta: f32,
+    },
     /// Distillation from the frozen teacher in `teacher` on the run's text.
     Distill {
         /// A run directory (its latest checkpoint) or a Hugging Face folder of the same model.
@@ -45,6 +57,8 @@ pub struct ObjectiveFlags<'a> {
     pub temperature: Option<f32>,
     pub alpha: Option<f32>,
     pub chat_template: Option<&'a Path>,
+    pub reward: Option<&'a str>,
+    pub group: Option<usize>,
 }
 
 impl ObjectiveFlags<'_> {
@@ -69,21 +83,44 @@ impl ObjectiveFlags<'_> {
             (Some("distill"), None) => {
                 anyhow::bail!("--step distill needs the teacher: --teacher DIR")
             }
-            (Some("grpo"), _) => anyhow::bail!(
-                "--step grpo is not available from the command line yet: its losses are in \
-                 the library (lmx::runtime::objectives::grpo)"
+            (Some("grpo"), None) => {
+                let reward = self.reward.ok_or_else(|| {
+                    anyhow::anyhow!("--step grpo needs --reward: exact, regex:PATTERN or length")
+                })?;
+                // Refused here, before anything is read or trained.
+                parse_reward(reward, 1)?;
+                Some(ObjectiveSettings::Grpo {
+                    reward: reward.to_owned(),
+                    group: self.group.unwrap_or(8),
+                    temperature: self.temperature.unwrap_or(1.0),
+                    beta: self.beta.unwrap_or(0.04),
+                })
+            }
+            (Some("grpo"), Some(_)) => anyhow::bail!(
+                "--teacher distils from a teacher, --step grpo trains against a frozen copy of \
+                 the model: give one of them"
             ),
             (Some(other), _) => anyhow::bail!(
-                "unknown --step `{other}`: dpo or distill (leave it out to train with the \
+                "unknown --step `{other}`: dpo, grpo or distill (leave it out to train with the \
                  model's own step)"
             ),
         };
+        let grpo = matches!(settings, Some(ObjectiveSettings::Grpo { .. }));
+        if (self.reward.is_some() || self.group.is_some()) && !grpo {
+            anyhow::bail!("--reward and --group apply to --step grpo");
+        }
+        if self.group == Some(0) {
+            anyhow::bail!("--group must be at least 1");
+        }
         let dpo = matches!(settings, Some(ObjectiveSettings::Dpo { .. }));
         let distill = matches!(settings, Some(ObjectiveSettings::Distill { .. }));
-        if self.beta.is_some() && !dpo {
-            anyhow::bail!("--beta applies to --step dpo");
+        if self.beta.is_some() && !dpo && !grpo {
+            anyhow::bail!("--beta applies to --step dpo and --step grpo");
         }
-        if distill_flags && !distill {
+        if self.alpha.is_some() && !distill {
+            anyhow::bail!("--temperature and --alpha apply to distillation (--teacher DIR)");
+        }
+        if distill_flags && !distill && !grpo {
             anyhow::bail!("--temperature and --alpha apply to distillation (--teacher DIR)");
         }
         Ok(settings)
@@ -104,6 +141,7 @@ impl ObjectiveSettings {
     ) -> anyhow::Result<Objective<M>> {
         Ok(match self {
             ObjectiveSettings::Dpo { beta, .. } => objectives::dpo::<M>(start, *beta),
+            ObjectiveSettings::Grpo { beta, .. } => objectives::grpo::<M>(start, *beta, 0.2),
             ObjectiveSettings::Distill {
                 teacher,
                 temperature,
@@ -120,6 +158,30 @@ impl ObjectiveSettings {
             }
         })
     }
+}
+
+/// The reward `spec` names (`--reward`): `exact`, `regex:PATTERN`, `length` (`default_length`
+/// characters) or `length:CHARS`.
+pub fn parse_reward(
+    spec: &str,
+    default_length: usize,
+) -> anyhow::Result<Box<dyn objectives::Reward>> {
+    Ok(match spec.split_once(':') {
+        None if spec == "exact" => Box::new(objectives::ExactAnswer),
+        None if spec == "length" => Box::new(objectives::Length {
+            target: default_length,
+        }),
+        Some(("regex", pattern)) => Box::new(objectives::Format::new(pattern)?),
+        Some(("length", chars)) => match chars.parse::<usize>() {
+            Ok(target) if target > 0 => Box::new(objectives::Length { target }),
+            _ => anyhow::bail!(
+                "--reward length:{chars}: the length is a positive number of characters"
+            ),
+        },
+        _ => {
+            anyhow::bail!("unknown --reward `{spec}`: exact, regex:PATTERN, length or length:CHARS")
+        }
+    })
 }
 
 /// `dir`, refused before anything is read or trained unless it is a run directory or a Hugging

@@ -16,7 +16,9 @@ use lmx::runtime::generate::{
 };
 use lmx::runtime::hf::{self, Family, HfFolder};
 use lmx::runtime::model::{LanguageModel, TrainingStep};
-use lmx::runtime::train::{EarlyStopping, JsonlLog, ProgressBar, TrainConfig, TrainData, Trainer};
+use lmx::runtime::train::{
+    EarlyStopping, JsonlLog, Objective, ProgressBar, TrainConfig, TrainData, Trainer,
+};
 use lmx::runtime::tree::Tree;
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -136,6 +138,13 @@ where
         anyhow::bail!("--step dpo reads one JSONL file of preference pairs, not a folder");
     }
     let (data, data_tokens) = match (&request.sft, &request.objective) {
+        (None, Some(ObjectiveSettings::Grpo { .. })) => {
+            let (prompts, tokens) = super::grpo::prompts(&request.data, tokenizer.as_ref())?;
+            (Data::Prompts(prompts), tokens)
+        }
+        (Some(_), Some(ObjectiveSettings::Grpo { .. })) => {
+            anyhow::bail!("--step grpo reads one JSONL file of prompts, not a folder")
+        }
         (_, Some(ObjectiveSettings::Dpo { chat_template, .. })) => {
             let tokenizer_file = match &tokenizer_spec {
                 TokenizerSpec::HuggingFace { path, .. } => Some(path.as_path()),
@@ -209,6 +218,25 @@ where
             S::Model::vocab_size(&model_config),
         )?,
         Data::Rows(data) => data,
+        Data::Prompts(prompts) => {
+            if rank.is_some() {
+                anyhow::bail!("--step grpo does not train data-parallel yet");
+            }
+            // The reference is the run's start, also when it resumes.
+            let start = match &init {
+                Some(folder) => hf::load_model::<S::Model>(folder, None)?.1,
+                None => S::Model::init(&model_config, request.train.seed)?,
+            };
+            return super::grpo::train::<S>(super::grpo::Prepared {
+                request: &request,
+                model_config,
+                start,
+                prompts,
+                run_dir,
+                run_file,
+                tokenizer: prepared,
+            });
+        }
     };
     // A LoRA run over a folder reads its frozen base from there even when it resumes: its
     // checkpoints hold the adapters alone. (A resumed run whose folder's weights changed was
@@ -245,15 +273,24 @@ where
             Some(params),
             rank.parallel.clone(),
         )?,
-        (None, None) => {
+        (None, None) if S::FROZEN.is_empty() => {
             Trainer::<S>::with_params(model_config, request.train.clone(), data, params)?
         }
+        (None, None) => {
+            // The step's own frozen models (`frozen reference = policy`), through the
+            // objective the command line's `--step dpo` also trains.
+            let start = run_start::<S>(&init, from_folder, &params)?;
+            let declared = Objective::declared::<S>(&start).expect("the step declares some");
+            Trainer::<S>::with_objective(
+                model_config,
+                request.train.clone(),
+                data,
+                params,
+                declared,
+            )?
+        }
         (None, Some(objective)) => {
-            // DPO's reference is the run's start, also when it resumes from a checkpoint.
-            let start = match (&init, &from_folder) {
-                (Some(folder), None) => hf::load_model::<S::Model>(folder, None)?.1,
-                _ => params.clone(),
-            };
+            let start = run_start::<S>(&init, from_folder, &params)?;
             let built = objective.build::<S::Model>(&model_config, &start)?;
             let mut config = request.train.clone();
             // A row holds a pair: two responses of seq_len tokens each.
@@ -399,6 +436,20 @@ where
 
 /// Fails on the settings `new` changes of the `recorded` run, or with `--allow-changes` warns of
 /// them; returns the recorded schedule where it changed.
+/// The parameters the run started from, which a frozen copy of the policy holds (DPO's
+/// reference), also when the run resumes from a checkpoint: `--init`'s weights, else the
+/// seed's initialisation (`params` when the run does not start from a folder's weights).
+fn run_start<S: TrainingStep>(
+    init: &Option<HfFolder>,
+    from_folder: Option<&HfFolder>,
+    params: &<S::Model as LanguageModel>::Params,
+) -> anyhow::Result<<S::Model as LanguageModel>::Params> {
+    Ok(match (init, from_folder) {
+        (Some(folder), None) => hf::load_model::<S::Model>(folder, None)?.1,
+        _ => params.clone(),
+    })
+}
+
 fn accept_changes(
     recorded: &RunFile,
     new: &RunFile,
@@ -453,6 +504,8 @@ enum Data {
     Windows(Windows),
     /// Supervised examples: `train.jsonl`'s rows, validated on `valid.jsonl`'s.
     Rows(TrainData),
+    /// GRPO's prompts, whose completions each update samples.
+    Prompts(Vec<lmx::runtime::objectives::Prompt>),
 }
 
 /// The rows of the folder of supervised examples `request.data` names, and how many tokens its

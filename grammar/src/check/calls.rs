@@ -126,6 +126,34 @@ impl Checker<'_> {
             ExprKind::Name(n) if scope.get(n).is_none() && is_builtin(n, ctx) => {
                 Ty::Function(n.clone())
             }
+            // A model a step calls besides its own is in the step's state only when declared.
+            ExprKind::Name(n)
+                if ctx == Context::Step
+                    && scope.get(n).is_none()
+                    && super::suggest::closest(n, scope.names()).is_none() =>
+            {
+                self.error(
+                    Diagnostic::new(
+                        "lmx::name::unknown",
+                        format!("cannot find `{n}` in this scope"),
+                        callee.span,
+                        "not found",
+                    )
+                    .with_help(format!(
+                        "a frozen copy of the model is declared at the step's top level: \
+                         `frozen {n} = policy`"
+                    )),
+                );
+                Ty::Unknown
+            }
+            // A frozen model is callable, and only that (`lookup` refuses it as a value).
+            ExprKind::Name(n)
+                if scope
+                    .get(n)
+                    .is_some_and(|b| matches!(b.ty, Ty::Module(ModuleTy::Frozen(_)))) =>
+            {
+                Ty::Module(ModuleTy::Frozen(n.clone()))
+            }
             _ => self.infer(callee, scope, ctx),
         };
         let tys: Vec<Ty> = args
@@ -144,6 +172,10 @@ impl Checker<'_> {
                 None => self.step_builtin(&name, e.span, &args),
             },
             Ty::Module(ModuleTy::Layer(layer)) => self.layer_call(&layer, callee, &args),
+            Ty::Module(ModuleTy::Frozen(name)) => match self.model_sig.clone() {
+                Some(sig) => self.signature_call(&sig, &name, e.span, &args),
+                None => Ty::Unknown,
+            },
             Ty::Module(ModuleTy::Block(block)) if self.broken_blocks.contains(&block) => {
                 Ty::Unknown
             }

@@ -103,6 +103,22 @@ impl Checker<'_> {
                     return Ty::Unknown;
                 }
             }
+            if let Ty::Module(ModuleTy::Frozen(_)) = &b.ty {
+                let decl = b.span;
+                self.error(
+                    Diagnostic::new(
+                        "lmx::step::frozen_value",
+                        format!("the frozen model `{name}` is used as a value"),
+                        span,
+                        "not called",
+                    )
+                    .with_label(decl, "declared frozen here")
+                    .with_help(format!(
+                        "a frozen model is only called, as `forward` is: `{name}(tokens)`"
+                    )),
+                );
+                return Ty::Unknown;
+            }
             return b.ty.clone();
         }
         if calls::is_builtin(name, ctx) {

@@ -9,6 +9,7 @@ mod bind;
 mod calls;
 mod config;
 mod exprs;
+mod frozen;
 mod params;
 mod scope;
 pub(crate) mod shape_rules;

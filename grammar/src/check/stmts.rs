@@ -265,7 +265,8 @@ impl Checker<'_> {
             StmtKind::Optimizer(_)
             | StmtKind::Accumulate(_)
             | StmtKind::Update(_)
-            | StmtKind::Metrics(_) => {
+            | StmtKind::Metrics(_)
+            | StmtKind::Frozen(..) => {
                 match ctx {
                     Context::Forward => self.error(Diagnostic::new(
                         "lmx::step::outside_step",
@@ -487,6 +488,7 @@ impl Checker<'_> {
             StmtKind::Optimizer(_) => "optimizer",
             StmtKind::Accumulate(_) => "accumulate",
             StmtKind::Update(_) => "update",
+            StmtKind::Frozen(..) => "frozen",
             _ => "metrics",
         };
         self.error(
@@ -496,10 +498,13 @@ impl Checker<'_> {
                 Span::new(s.span.start, s.span.start + keyword.len()),
                 "inside a loop or a branch, it would run zero or several times",
             )
-            .with_help(format!(
-                "a step declares `{keyword}` once, unconditionally: move it out of the loop or \
-                 branch; scale or mask values with `where(cond, a, b)` instead"
-            )),
+            .with_help(match keyword {
+                "frozen" => "declare each frozen model once, at the step's top level".to_string(),
+                _ => format!(
+                    "a step declares `{keyword}` once, unconditionally: move it out of the loop \
+                     or branch; scale or mask values with `where(cond, a, b)` instead"
+                ),
+            }),
         );
         if let Some(state) = self.step_state.as_mut() {
             match &s.kind {
@@ -519,12 +524,17 @@ impl Checker<'_> {
         let mut state = StepState::default();
         self.step_state = Some(StepState::default());
         let mut metric_origins = Vec::new();
+        let mut frozen = Vec::new();
         for s in &step.body.stmts {
             if self.repeated(s, &mut state) {
                 continue;
             }
             match &s.kind {
                 StmtKind::Optimizer(call) => self.optimizer(call, &mut state),
+                StmtKind::Frozen(name, source) => {
+                    self.frozen_declaration(name, source, &mut scope, &mut frozen)
+                }
+                StmtKind::Update(e) if self.frozen_update(e, &scope) => state.updated = true,
                 StmtKind::Accumulate(e) => {
                     let t = self.infer(e, &mut scope, Context::Step);
                     if self.expect_static(&t, &StaticTy::Int(None), e.span, "`accumulate`") {
@@ -622,6 +632,9 @@ impl Checker<'_> {
             state.optimizer_written |= nested.optimizer_written;
             state.grad = nested.grad;
         }
+        if let Some((grad, loss)) = &state.grad {
+            self.frozen_grad(&step.body, *grad, loss, &frozen);
+        }
         self.check_clipped_update(&state);
         let (loss_metric, norm_metric) = self.step_metrics(&state, &metric_origins);
         let end = Span::new(step.body.span.end.saturating_sub(1), step.body.span.end);
@@ -673,6 +686,7 @@ impl Checker<'_> {
         if self.model_uses_rng() {
             slots.push(StateSlot::Rng);
         }
+        slots.extend(frozen.iter().map(|f| StateSlot::Frozen(f.name.clone())));
         StepIr {
             name: step.name.name.clone(),
             inputs,
@@ -683,6 +697,7 @@ impl Checker<'_> {
             loss: state.grad,
             loss_metric,
             norm_metric,
+            frozen,
             state: slots,
         }
     }

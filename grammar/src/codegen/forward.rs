@@ -336,6 +336,8 @@ pub(crate) struct Fx<'g, 'm> {
     pub drops: bool,
     /// In a step: the context its `forward(..)` calls share (one dropout key stream per step).
     pub step_ctx: Option<String>,
+    /// In a step: its frozen models, each `.lmx` name with the Rust local of its parameters.
+    pub frozen: Vec<(String, String)>,
     /// Names that cannot be used for temporaries.
     pub taken: Vec<String>,
 }
@@ -354,6 +356,7 @@ impl<'g, 'm> Fx<'g, 'm> {
             attends: false,
             drops: false,
             step_ctx: None,
+            frozen: Vec::new(),
             taken: g.taken.clone(),
         }
     }
@@ -365,7 +368,7 @@ impl<'g, 'm> Fx<'g, 'm> {
     }
 
     /// A fresh name for a temporary: `base` itself while it is free, then `base2`, `base3`, ...
-    fn temp(&mut self, base: &str) -> String {
+    pub(crate) fn temp(&mut self, base: &str) -> String {
         let name = std::iter::once(base.to_string())
             .chain((2..).map(|n| format!("{base}{n}")))
             .find(|name| !self.taken.contains(name))
@@ -590,7 +593,8 @@ impl<'g, 'm> Fx<'g, 'm> {
             StmtKind::Optimizer(_)
             | StmtKind::Accumulate(_)
             | StmtKind::Update(_)
-            | StmtKind::Metrics(_) => Ok(()),
+            | StmtKind::Metrics(_)
+            | StmtKind::Frozen(..) => Ok(()),
         }
     }
 
@@ -1136,8 +1140,14 @@ impl<'g, 'm> Fx<'g, 'm> {
             return self.builtin_call(call, args, span);
         }
         if let ExprKind::Name(name) = &callee.kind {
-            if name == "forward" && self.site == Site::Step && self.env.get(name).is_none() {
-                return self.model_forward(args, span);
+            if self.site == Site::Step && self.env.get(name).is_none() {
+                if name == "forward" {
+                    return self.model_forward(args, span, None);
+                }
+                let frozen = self.frozen.iter().find(|(n, _)| n == name);
+                if let Some((_, local)) = frozen.cloned() {
+                    return self.model_forward(args, span, Some(&local));
+                }
             }
         }
         match self.expr(callee)? {
@@ -1261,7 +1271,9 @@ impl<'g, 'm> Fx<'g, 'm> {
     }
 
     /// `forward(..)` in a step: the model's forward pass, with one context for the whole step.
-    fn model_forward(&mut self, args: &[Arg], span: Span) -> R<X> {
+    /// `forward(..)` of the trained parameters, or of the frozen model whose parameters are
+    /// the local `frozen` (without dropout: a frozen model is evaluated, never trained).
+    fn model_forward(&mut self, args: &[Arg], span: Span, frozen: Option<&str>) -> R<X> {
         let n = self.g.model.forward.inputs.len();
         if args.len() != n {
             return Err(unsupported(span, "a `forward` call of another arity"));
@@ -1272,6 +1284,12 @@ impl<'g, 'm> Fx<'g, 'm> {
             inputs.push(self.tensor(x, a.value.span)?.r());
         }
         let config = self.config_place();
+        if let Some(local) = frozen {
+            let local = ident(local);
+            return Ok(X::Tensor(T::owned(quote!(
+                forward(#local, #config, #(#inputs,)* &mut Context::evaluation())?
+            ))));
+        }
         let ctx = match &self.step_ctx {
             Some(name) => name.clone(),
             None => {

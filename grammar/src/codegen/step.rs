@@ -8,7 +8,7 @@ use super::names::{camel, ident};
 use super::Gen;
 use crate::ast::{Expr, Step};
 use crate::eval::{eval, Value};
-use crate::ir::{OptimizerKind, SettingDefault, StepIr};
+use crate::ir::{FrozenSourceIr, OptimizerKind, SettingDefault, StepIr};
 
 /// Every step's struct and impl, and `TrainState` for the first step.
 pub(crate) fn steps(g: &Gen<'_>) -> R<TokenStream> {
@@ -208,6 +208,11 @@ fn step(g: &Gen<'_>, ir: &StepIr, ast: &Step) -> R<TokenStream> {
         .cloned()
         .collect();
     let mut fx = Fx::new(g, Site::Step, g.globals());
+    fx.frozen = ir
+        .frozen
+        .iter()
+        .map(|f| (f.name.clone(), fx.temp(&f.name)))
+        .collect();
     let inputs: Vec<(String, Vec<Expr>)> = ast
         .inputs
         .iter()
@@ -244,6 +249,50 @@ fn step(g: &Gen<'_>, ir: &StepIr, ast: &Step) -> R<TokenStream> {
     let step_name = &ir.name;
     let message = format!("step `{step_name}` takes {count} inputs, got {{}}");
     let doc = format!(" The training step `{step_name}` of `{}`.", g.model.name);
+    let body = quote! {
+        #context
+        let [#(#names),*] = batch else {
+            return Err(Error::Layout(format!(#message, batch.len())));
+        };
+        #prelude
+        #stmts
+        #loss
+    };
+    let loss_fns = match ir.frozen.first() {
+        None => quote! {
+            fn loss(params: &Params, #config: &Config, batch: &[Array], #key: Option<&Array>) -> Result<Array> {
+                #body
+            }
+        },
+        Some(first) => {
+            let first = &first.name;
+            let declared = ir.frozen.iter().map(|f| {
+                let name = &f.name;
+                let source = match f.source {
+                    FrozenSourceIr::Policy => quote!(::lmx::runtime::model::FrozenSource::Policy),
+                };
+                quote!(::lmx::runtime::model::Frozen { name: #name, source: #source })
+            });
+            let locals: Vec<_> = fx.frozen.iter().map(|(_, local)| ident(local)).collect();
+            let n_frozen = locals.len();
+            let frozen_message =
+                format!("step `{step_name}` declares {n_frozen} frozen models, got {{}}");
+            quote! {
+                const FROZEN: &'static [::lmx::runtime::model::Frozen] = &[#(#declared),*];
+
+                fn loss(_params: &Params, _config: &Config, _batch: &[Array], _key: Option<&Array>) -> Result<Array> {
+                    Err(Error::FrozenModelsMissing { step: #step_name, name: #first })
+                }
+
+                fn frozen_loss(params: &Params, #config: &Config, frozen: &[Params], batch: &[Array], #key: Option<&Array>) -> Result<Array> {
+                    let [#(#locals),*] = frozen else {
+                        return Err(Error::Layout(format!(#frozen_message, frozen.len())));
+                    };
+                    #body
+                }
+            }
+        }
+    };
     Ok(quote! {
         #[doc = #doc]
         #[derive(Clone, Copy, Debug, Default)]
@@ -263,15 +312,7 @@ fn step(g: &Gen<'_>, ir: &StepIr, ast: &Step) -> R<TokenStream> {
                 StepOptions { clip_norm: #clip, compile: true, accumulation: #accumulation, ..StepOptions::default() }
             }
 
-            fn loss(params: &Params, #config: &Config, batch: &[Array], #key: Option<&Array>) -> Result<Array> {
-                #context
-                let [#(#names),*] = batch else {
-                    return Err(Error::Layout(format!(#message, batch.len())));
-                };
-                #prelude
-                #stmts
-                #loss
-            }
+            #loss_fns
         }
     })
 }

@@ -25,6 +25,8 @@ struct StepArgs {
     optimizer: Option<Optimizer>,
     clip_norm: Option<Expr>,
     accumulate: Option<Expr>,
+    /// `frozen(reference = policy, ..)`: the frozen models, each a copy of the policy.
+    frozen: Vec<Ident>,
 }
 
 impl StepArgs {
@@ -34,6 +36,7 @@ impl StepArgs {
             optimizer: None,
             clip_norm: None,
             accumulate: None,
+            frozen: Vec::new(),
         };
         options::parse(args, attrs, |meta| {
             if meta.path.is_ident("crate") {
@@ -44,14 +47,43 @@ impl StepArgs {
                 out.clip_norm = Some(meta.value()?.parse()?);
             } else if meta.path.is_ident("accumulate") {
                 out.accumulate = Some(meta.value()?.parse()?);
+            } else if meta.path.is_ident("frozen") {
+                meta.parse_nested_meta(|model| {
+                    let name = model.path.require_ident()?.clone();
+                    let source: Ident = model.value()?.parse()?;
+                    if source != "policy" {
+                        return Err(syn::Error::new(
+                            source.span(),
+                            format!(
+                                "a frozen model is a copy of the policy: `frozen({name} = policy)`; \
+                                 a teacher is given to `lmx train --teacher DIR`"
+                            ),
+                        ));
+                    }
+                    if out.frozen.contains(&name) {
+                        return Err(syn::Error::new(
+                            name.span(),
+                            format!("frozen model `{name}` is declared twice"),
+                        ));
+                    }
+                    out.frozen.push(name);
+                    Ok(())
+                })?;
             } else {
                 return Err(meta.error(
-                    "expected `crate = \"path\"`, `optimizer = Type`, `clip_norm = number` or `accumulate = count`",
+                    "expected `crate = \"path\"`, `optimizer = Type`, `clip_norm = number`, `accumulate = count` \
+                     or `frozen(name = policy)`",
                 ));
             }
             Ok(())
         })?;
         if out.optimizer.is_none() {
+            if let Some(frozen) = out.frozen.first() {
+                return Err(syn::Error::new(
+                    frozen.span(),
+                    "frozen models belong to a training step: name its `optimizer`",
+                ));
+            }
             if let Some(setting) = out.clip_norm.as_ref().or(out.accumulate.as_ref()) {
                 return Err(syn::Error::new_spanned(
                     setting,
@@ -67,8 +99,9 @@ impl StepArgs {
 pub fn expand(args: TokenStream, item: TokenStream) -> syn::Result<TokenStream> {
     let mut item: ItemFn = syn::parse2(item)?;
     let args = StepArgs::parse(args, &mut item.attrs)?;
-    let signature = Signature::analyze(&mut item, args.optimizer.is_some())?;
+    let signature = Signature::analyze(&mut item, args.optimizer.is_some(), &args.frozen)?;
     let mut tensors = vec![signature.params.ident.clone()];
+    tensors.extend(signature.frozen.iter().map(|arg| arg.ident.clone()));
     tensors.extend(signature.batch.iter().map(|arg| arg.ident.clone()));
     let errors = taint::check(&tensors, &item.block);
     if let Some(err) = errors.into_iter().reduce(|mut all, err| {
@@ -95,12 +128,14 @@ struct Signature {
     params_ty: Type,
     batch: Vec<Arg>,
     config: Vec<Arg>,
+    /// The frozen models, in the order `frozen(..)` declares them.
+    frozen: Vec<Arg>,
     /// The forward pass's context, `ctx: &mut Context`.
     context: Option<Ident>,
 }
 
 impl Signature {
-    fn analyze(item: &mut ItemFn, training: bool) -> syn::Result<Signature> {
+    fn analyze(item: &mut ItemFn, training: bool, frozen: &[Ident]) -> syn::Result<Signature> {
         let sig = &mut item.sig;
         if !sig.generics.params.is_empty() {
             return Err(syn::Error::new(
@@ -187,9 +222,39 @@ impl Signature {
             params_ty,
             batch: Vec::new(),
             config: Vec::new(),
+            frozen: Vec::new(),
             context,
         };
         for arg in args {
+            // A second parameter tree is in the step's state only as a declared frozen model.
+            if array_leaves(&arg.ty).is_some() {
+                if !frozen.contains(&arg.ident) {
+                    return Err(syn::Error::new(
+                        arg.ident.span(),
+                        format!(
+                            "`{0}` is a second parameter tree, which the step's declared state does not \
+                             hold: a step trains one tree, its first argument\nhelp: declare a frozen copy \
+                             of the policy, read without gradients or optimizer state: \
+                             `#[lmx::step(frozen({0} = policy), ..)]`",
+                            arg.ident
+                        ),
+                    ));
+                }
+                if !arg.by_ref || arg.ty != signature.params.ty {
+                    let (params, ty) = (&signature.params.ty, &arg.ty);
+                    return Err(syn::Error::new(
+                        arg.ty.span(),
+                        format!(
+                            "a frozen copy of the policy is read as the policy is: `&{}`, not `{}{}`",
+                            quote!(#params),
+                            if arg.by_ref { "&" } else { "" },
+                            quote!(#ty)
+                        ),
+                    ));
+                }
+                signature.frozen.push(arg);
+                continue;
+            }
             match (is_named(&arg.ty, "Tensor"), arg.by_ref) {
                 (true, true) => signature.batch.push(arg),
                 (true, false) => {
@@ -208,6 +273,26 @@ impl Signature {
                 (false, _) => signature.config.push(arg),
             }
         }
+        if let Some(missing) = frozen
+            .iter()
+            .find(|name| !signature.frozen.iter().any(|arg| arg.ident == **name))
+        {
+            return Err(syn::Error::new(
+                missing.span(),
+                format!(
+                    "frozen model `{missing}` is declared but the step takes no argument `{missing}`\n\
+                     help: read it beside the policy: `{missing}: &{}`",
+                    {
+                        let ty = &signature.params.ty;
+                        quote!(#ty)
+                    }
+                ),
+            ));
+        }
+        // In the order of the declaration, which is the order of the step's state.
+        signature
+            .frozen
+            .sort_by_key(|arg| frozen.iter().position(|name| *name == arg.ident));
         Ok(signature)
     }
 
@@ -235,7 +320,7 @@ impl Signature {
                     unreachable!("patterns were rejected")
                 };
                 let ident = &pat.ident;
-                if index == 0 {
+                if index == 0 || self.frozen.iter().any(|arg| arg.ident == *ident) {
                     quote!(#ident)
                 } else if self.context.as_ref() == Some(ident) {
                     quote!(ctx)
@@ -255,13 +340,22 @@ impl Signature {
             Some(_) => quote!(ctx),
             None => quote!(_),
         };
+        let frozen: Vec<&Ident> = self.frozen.iter().map(|arg| &arg.ident).collect();
+        let mut call = quote!(#function(#(#call_args),*));
+        if !frozen.is_empty() {
+            // The frozen trees reach the function over tensors, as the policy does.
+            call = quote!({
+                #(let #frozen = &#rt::tensor::graph(#frozen);)*
+                #call
+            });
+        }
         let run = quote! {
             #rt::tensor::host::loss::<_, #batch_len>(
                 #function_name,
                 #params,
                 batch,
                 key,
-                |#params, [#(#batch),*], #ctx| #function(#(#call_args),*),
+                |#params, [#(#batch),*], #ctx| #call,
             )
         };
 
@@ -351,6 +445,60 @@ impl Signature {
             };
         };
 
+        let loss_fns = match frozen.first() {
+            None => quote! {
+                fn loss(
+                    #params: &#params_ty,
+                    #config_binding: &<#params_ty as #rt::model::LanguageModel>::Config,
+                    batch: &[#rt::Array],
+                    key: ::std::option::Option<&#rt::Array>,
+                ) -> #rt::Result<#rt::Array> {
+                    #run
+                }
+            },
+            Some(first) => {
+                let first = first.to_string();
+                let names: Vec<String> = frozen.iter().map(|name| name.to_string()).collect();
+                let message = format!(
+                    "step `{function_name}` declares {} frozen models, got {{}}",
+                    names.len()
+                );
+                quote! {
+                    const FROZEN: &'static [#rt::model::Frozen] = &[#(#rt::model::Frozen {
+                        name: #names,
+                        source: #rt::model::FrozenSource::Policy,
+                    }),*];
+
+                    fn loss(
+                        _: &#params_ty,
+                        _: &<#params_ty as #rt::model::LanguageModel>::Config,
+                        _: &[#rt::Array],
+                        _: ::std::option::Option<&#rt::Array>,
+                    ) -> #rt::Result<#rt::Array> {
+                        ::std::result::Result::Err(#rt::Error::FrozenModelsMissing {
+                            step: #function_name,
+                            name: #first,
+                        })
+                    }
+
+                    fn frozen_loss(
+                        #params: &#params_ty,
+                        #config_binding: &<#params_ty as #rt::model::LanguageModel>::Config,
+                        frozen: &[#params_ty],
+                        batch: &[#rt::Array],
+                        key: ::std::option::Option<&#rt::Array>,
+                    ) -> #rt::Result<#rt::Array> {
+                        let [#(#frozen),*] = frozen else {
+                            return ::std::result::Result::Err(#rt::Error::Layout(
+                                ::std::format!(#message, frozen.len()),
+                            ));
+                        };
+                        #run
+                    }
+                }
+            }
+        };
+
         quote! {
             #fn_item
 
@@ -379,14 +527,7 @@ impl Signature {
                     }
                 }
 
-                fn loss(
-                    #params: &#params_ty,
-                    #config_binding: &<#params_ty as #rt::model::LanguageModel>::Config,
-                    batch: &[#rt::Array],
-                    key: ::std::option::Option<&#rt::Array>,
-                ) -> #rt::Result<#rt::Array> {
-                    #run
-                }
+                #loss_fns
             }
         }
     }
@@ -551,6 +692,78 @@ mod tests {
         .err()
         .unwrap();
         assert!(err.to_string().contains("parameter tree"));
+    }
+
+    const FROZEN: &str = "fn dpo(params: &Mlp<Tensor>, reference: &Mlp<Tensor>, x: &Tensor, \
+                          config: &Config) -> Result<Tensor> { x }";
+
+    #[test]
+    fn a_frozen_copy_of_the_policy_is_in_the_declared_state() {
+        let out = expand_str(
+            quote!(optimizer = AdamW, frozen(reference = policy)),
+            FROZEN,
+        )
+        .unwrap();
+        assert!(
+            out.contains("const FROZEN: &'static [::lmx::runtime::model::Frozen]"),
+            "{out}"
+        );
+        assert!(out.contains("name: \"reference\""), "{out}");
+        assert!(out.contains("fn frozen_loss("), "{out}");
+        assert!(out.contains("let [reference] = frozen else"), "{out}");
+        assert!(out.contains("FrozenModelsMissing"), "{out}");
+        assert!(out.contains("dpo(params, reference, &x, config)"), "{out}");
+    }
+
+    #[test]
+    fn frozen_models_are_declared_and_read_as_declared() {
+        let error =
+            |args: TokenStream, item: &str| expand_str(args, item).err().unwrap().to_string();
+        let undeclared = error(quote!(optimizer = AdamW), FROZEN);
+        assert!(
+            undeclared.starts_with("`reference` is a second parameter tree, which the step's declared state does not hold"),
+            "{undeclared}"
+        );
+        assert!(
+            undeclared.contains("`#[lmx::step(frozen(reference = policy), ..)]`"),
+            "{undeclared}"
+        );
+        let missing = error(
+            quote!(optimizer = AdamW, frozen(teacher = policy)),
+            "fn s(params: &Mlp<Tensor>, x: &Tensor) -> Result<Tensor> { x }",
+        );
+        assert!(
+            missing.starts_with(
+                "frozen model `teacher` is declared but the step takes no argument `teacher`"
+            ),
+            "{missing}"
+        );
+        let source = error(
+            quote!(optimizer = AdamW, frozen(reference = checkpoint)),
+            FROZEN,
+        );
+        assert!(
+            source.starts_with("a frozen model is a copy of the policy"),
+            "{source}"
+        );
+        let twice = error(
+            quote!(
+                optimizer = AdamW,
+                frozen(reference = policy, reference = policy)
+            ),
+            FROZEN,
+        );
+        assert_eq!(twice, "frozen model `reference` is declared twice");
+        let evaluation = error(quote!(frozen(reference = policy)), FROZEN);
+        assert!(evaluation.contains("name its `optimizer`"), "{evaluation}");
+        let other = error(
+            quote!(optimizer = AdamW, frozen(reference = policy)),
+            "fn s(params: &Mlp<Tensor>, reference: &Big<Tensor>, x: &Tensor) -> Result<Tensor> { x }",
+        );
+        assert_eq!(
+            other,
+            "a frozen copy of the policy is read as the policy is: `&Mlp < Tensor >`, not `&Big < Tensor >`"
+        );
     }
 
     #[test]

@@ -53,7 +53,8 @@ impl DifficultyCurriculum {
 /// Sequence length growing by declared stages: stage `s` (batches `s · per_stage ..`) trains at
 /// `lengths[s]`, the last stage until the run ends. The lengths are fixed before the run, so the
 /// compiled step is traced once per declared length and never for another.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct LengthCurriculum {
     lengths: Vec<usize>,
     per_stage: usize,
@@ -102,6 +103,11 @@ impl LengthCurriculum {
     /// The declared lengths, in order.
     pub fn lengths(&self) -> &[usize] {
         &self.lengths
+    }
+
+    /// Batches per stage.
+    pub fn per_stage(&self) -> usize {
+        self.per_stage
     }
 
     /// The sequence length of batch `index`.

@@ -4,24 +4,11 @@
 use super::{distillation_loss, dpo_loss, sequence_logprobs};
 use crate::error::{Error, Result};
 use crate::model::{Context, LanguageModel};
-use crate::train::Objective;
-use crate::tree::{self, Tree};
+use crate::train::{frozen_tree, Objective};
+use crate::tree;
 use mlx_rs::ops::indexing::IndexOp;
 use mlx_rs::Array;
 use std::rc::Rc;
-
-/// A tree shaped as `template` over `leaves` (a frozen model's inputs of the step).
-fn frozen_tree<P: Tree<Array>>(template: &P, leaves: &[Array]) -> Result<P> {
-    let count = tree::leaf_count(template);
-    if leaves.len() != count {
-        return Err(Error::Layout(format!(
-            "a frozen model of {count} leaves was given {} arrays",
-            leaves.len()
-        )));
-    }
-    let mut leaves = leaves.iter().cloned();
-    Ok(template.map_same(&mut |_| leaves.next().expect("counted above")))
-}
 
 /// DPO of model `M` against `reference`, a frozen copy of the policy (its parameters before
 /// training), over rows of preference pairs ([`PreferenceRows`](crate::data::PreferenceRows):
@@ -35,7 +22,7 @@ pub fn dpo<M: LanguageModel>(reference: &M::Params, beta: f32) -> Objective<M> {
                      frozen: &[Array],
                      batch: &[Array],
                      key: Option<&Array>|
-          -> Result<Array> {
+          -> Result<Vec<Array>> {
         let reference = frozen_tree(&template, frozen)?;
         let (tokens, targets) = (pairs_as_rows(&batch[0])?, pairs_as_rows(&batch[1])?);
         let policy = M::forward(params, config, &tokens, &mut Context::for_step(key))?;
@@ -47,19 +34,24 @@ pub fn dpo<M: LanguageModel>(reference: &M::Params, beta: f32) -> Objective<M> {
         };
         let (policy_chosen, policy_rejected) = halves(&policy)?;
         let (reference_chosen, reference_rejected) = halves(&reference)?;
-        Ok(dpo_loss(
+        let preference = dpo_loss(
             &policy_chosen,
             &policy_rejected,
             &reference_chosen,
             &reference_rejected,
             beta,
-        )?
-        .loss)
+        )?;
+        Ok(vec![
+            preference.loss,
+            preference.reward_margin,
+            preference.accuracy,
+        ])
     };
     Objective {
         name: "dpo",
         frozen: tree::flatten(reference),
         loss: Rc::new(loss),
+        metrics: &["reward_margin", "accuracy"],
         mean_over_targets: false,
     }
 }
@@ -107,7 +99,7 @@ pub fn distillation<M: LanguageModel, T: LanguageModel>(
                      frozen: &[Array],
                      batch: &[Array],
                      key: Option<&Array>|
-          -> Result<Array> {
+          -> Result<Vec<Array>> {
         let teacher_params = frozen_tree(&teacher, frozen)?;
         let student = M::forward(params, config, &batch[0], &mut Context::for_step(key))?;
         let teacher = T::forward(
@@ -116,12 +108,19 @@ pub fn distillation<M: LanguageModel, T: LanguageModel>(
             &batch[0],
             &mut Context::evaluation(),
         )?;
-        distillation_loss(&student, &teacher, &batch[1], temperature, alpha)
+        Ok(vec![distillation_loss(
+            &student,
+            &teacher,
+            &batch[1],
+            temperature,
+            alpha,
+        )?])
     };
     Ok(Objective {
         name: "distill",
         frozen,
         loss: Rc::new(loss),
+        metrics: &[],
         mean_over_targets: true,
     })
 }

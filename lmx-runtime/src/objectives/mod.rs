@@ -1,5 +1,6 @@
 //! Training objectives beyond next-token cross-entropy, after lmxlab's training API: preference
-//! optimisation ([`dpo`]), group-relative policy optimisation ([`grpo`]), distillation from a
+//! optimisation ([`dpo`]), group-relative policy optimisation ([`grpo`], its rollouts from the
+//! generator in [`rollout`]), distillation from a
 //! frozen teacher ([`distill`]) and data curricula ([`curriculum`]).
 //!
 //! Each loss is a function of arrays (log-probabilities, logits, rewards), so that a step's loss
@@ -11,16 +12,20 @@ pub mod curriculum;
 pub mod distill;
 pub mod dpo;
 pub mod grpo;
+pub mod grpo_run;
 pub mod language;
 pub mod logprobs;
 pub mod rewards;
+pub mod rollout;
 
 pub use distill::{distillation_loss, soft_target_loss};
 pub use dpo::{dpo_loss, Preference};
 pub use grpo::{group_advantages, grpo_loss, PolicyGradient};
+pub use grpo_run::{GrpoConfig, GrpoRun};
 pub use language::{distillation, dpo};
 pub use logprobs::{sequence_logprobs, token_logprobs};
 pub use rewards::{ExactAnswer, Format, Length, Reward};
+pub use rollout::{grpo, Prompt, Rollouts};
 
 use crate::error::Result;
 use mlx_rs::Array;

@@ -37,6 +37,14 @@ impl<'a> Context<'a> {
         }
     }
 
+    /// `f` over a context of its own, without dropout or cache: how a step runs a frozen model
+    /// it declares (`#[lmx::step(frozen(reference = policy))]`), which is evaluated, never
+    /// trained.
+    pub fn frozen<R>(f: impl FnOnce(&mut Context<'_>) -> R) -> R {
+        let mut inner = model::Context::evaluation();
+        f(&mut Context::new(&mut inner))
+    }
+
     /// The position of this call's first token, an int32 scalar: `0` in training, the number of
     /// tokens already in the cache during generation (where RoPE and learned positions start).
     /// A tensor, not a host integer: a compiled decode step is traced once for many tokens, and

@@ -21,6 +21,10 @@ pub struct StepReport {
     pub loss: f32,
     /// The gradient norm before clipping.
     pub grad_norm: f32,
+    /// The objective's own metrics by name (DPO's `reward_margin` and `accuracy`), computed in
+    /// the step with the loss; logged beside it.
+    #[serde(flatten)]
+    pub metrics: std::collections::BTreeMap<&'static str, f32>,
     /// The learning rate of this update.
     pub lr: f32,
     /// Tokens per second over this step: its tokens over the time since the previous report.

@@ -56,6 +56,11 @@ pub struct TrainConfig {
     /// before one update.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub accumulation: Option<usize>,
+    /// Sequence length by declared stages (a length curriculum): each batch of step `i` trains
+    /// on the first `length(i)` tokens of its windows; `None` trains every step at `seq_len`.
+    /// The compiled step is traced once per declared length.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub length_stages: Option<crate::objectives::curriculum::LengthCurriculum>,
 }
 
 impl Default for TrainConfig {
@@ -87,6 +92,7 @@ impl Default for TrainConfig {
             peak_tflops: 0.0,
             decay: DecayScope::Weights,
             accumulation: None,
+            length_stages: None,
         }
     }
 }
@@ -120,6 +126,20 @@ impl TrainConfig {
                 "validation_fraction must be in [0, 1), not {}",
                 self.validation_fraction
             )));
+        }
+        if let Some(stages) = &self.length_stages {
+            // Deserialized stages are checked as constructed ones are.
+            let stages = crate::objectives::curriculum::LengthCurriculum::new(
+                stages.lengths().to_vec(),
+                stages.per_stage(),
+            )?;
+            let longest = stages.lengths().last().copied().unwrap_or(0);
+            if longest > self.seq_len {
+                return Err(Error::Config(format!(
+                    "the length stages reach {longest} tokens, past seq_len {}",
+                    self.seq_len
+                )));
+            }
         }
         self.schedule.validate()
     }

@@ -20,6 +20,7 @@ mod trainer;
 
 pub use callbacks::{Callback, Control, EarlyStopping, EvalReport, JsonlLog, StepReport};
 pub use config::TrainConfig;
+pub(crate) use objective::frozen_tree;
 pub use objective::{Objective, ObjectiveLoss};
 pub use overlap::Overlap;
 pub use packing::StatePacking;

@@ -50,8 +50,11 @@ impl Callback for ProgressBar {
             Display::Bar(bar) => {
                 bar.set_position(report.step);
                 bar.set_message(format!(
-                    "loss {:.4}  lr {:.2e}  {:.0} tok/s",
-                    report.loss, report.lr, report.tokens_per_s
+                    "loss {:.4}{}  lr {:.2e}  {:.0} tok/s",
+                    report.loss,
+                    metrics_text(report),
+                    report.lr,
+                    report.tokens_per_s
                 ));
             }
         }
@@ -151,10 +154,11 @@ impl<W: Write> Callback for ProgressLines<W> {
         self.steps = 0;
         self.seconds_per_token = 0.0;
         let text = format!(
-            "step {}/{}  loss {:.4}  lr {:.2e}  {tokens_per_s:.0} tok/s  elapsed {}  left {}",
+            "step {}/{}  loss {:.4}{}  lr {:.2e}  {tokens_per_s:.0} tok/s  elapsed {}  left {}",
             report.step,
             report.total_steps,
             report.loss,
+            metrics_text(report),
             report.lr,
             clock(report.elapsed_s),
             clock(self.seconds_left(report))
@@ -171,6 +175,15 @@ impl<W: Write> Callback for ProgressLines<W> {
         self.line(&text);
         Ok(Control::Continue)
     }
+}
+
+/// The step's own metrics after its loss: `  reward_margin 0.0123  accuracy 0.7500`.
+fn metrics_text(report: &StepReport) -> String {
+    report
+        .metrics
+        .iter()
+        .map(|(name, value)| format!("  {name} {value:.4}"))
+        .collect()
 }
 
 /// `m:ss`, or `h:mm:ss` from an hour on.
@@ -196,6 +209,7 @@ mod tests {
             total_steps: total,
             loss: 8.0 / step as f32,
             grad_norm: 1.0,
+            metrics: Default::default(),
             lr: 1e-3,
             tokens_per_s,
             build_ms: 0.0,
@@ -255,6 +269,19 @@ mod tests {
             ]
         );
         assert_eq!(lines(25, 0, 0), ["step 20/25  validation loss 0.5000"]);
+    }
+
+    #[test]
+    fn an_objectives_metrics_follow_the_loss() {
+        let mut progress = ProgressLines::new(Vec::new(), 1, 0, 1);
+        let mut step = report(1, 1, 1000.0);
+        step.metrics = [("reward_margin", 0.0123), ("accuracy", 0.75)].into();
+        progress.on_step(&step).unwrap();
+        assert_eq!(
+            String::from_utf8(progress.into_inner()).unwrap(),
+            "step 1/1  loss 8.0000  accuracy 0.7500  reward_margin 0.0123  lr 1.00e-3  1000 tok/s  \
+             elapsed 0:05  left 0:00\n"
+        );
     }
 
     #[test]

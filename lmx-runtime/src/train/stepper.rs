@@ -6,7 +6,7 @@ use crate::error::{Error, Result};
 use crate::flat::FlatStep;
 use crate::optim::Optimizer;
 use crate::state::TrainState;
-use crate::step::{FrozenLoss, Loss, StepMetrics, StepOptions, TrainStep};
+use crate::step::{Loss, MetricsLoss, StepMetrics, StepOptions, TrainStep};
 use crate::tree::Tree;
 use mlx_rs::Array;
 use std::cell::OnceCell;
@@ -93,13 +93,15 @@ where
         })
     }
 
-    /// The step of a loss that reads `frozen` leaves besides the parameters
-    /// ([`TrainStep::with_frozen`]): per-parameter state, as a flat step has no frozen inputs.
+    /// The step of a loss that reads `frozen` leaves besides the parameters and reports
+    /// `metrics` values after itself ([`TrainStep::with_frozen_metrics`]): per-parameter state,
+    /// as a flat step has no frozen inputs.
     pub(super) fn with_frozen(
         state: TrainState<P, O>,
         optimizer: O,
         frozen: Vec<Array>,
-        loss: impl FrozenLoss<P>,
+        loss: impl MetricsLoss<P>,
+        metrics: usize,
         options: StepOptions,
         packing: StatePacking,
     ) -> Result<Self> {
@@ -110,7 +112,9 @@ where
             ));
         }
         Ok(Stepper::PerParameter {
-            step: TrainStep::with_frozen(&state, optimizer, frozen, loss, options)?,
+            step: TrainStep::with_frozen_metrics(
+                &state, optimizer, frozen, loss, metrics, options,
+            )?,
             state,
         })
     }

@@ -78,6 +78,8 @@ struct InFlight {
     started: Instant,
     loss: Array,
     grad_norm: Array,
+    /// The objective's own metrics, in the order of `Trainer::metric_names`.
+    metrics: Vec<Array>,
     lr: f32,
     build_s: f64,
     submit_s: f64,
@@ -112,6 +114,8 @@ pub struct Trainer<S: TrainingStep> {
     frozen: Vec<Array>,
     /// Whether validation weighs each batch by its kept targets (the loss is a mean over them).
     by_targets: bool,
+    /// The names of the objective's own metrics, which each step returns after its loss.
+    metric_names: &'static [&'static str],
     /// The ranks this process trains with, each on its part of every batch.
     parallel: Option<DataParallel>,
 }
@@ -208,6 +212,9 @@ where
             Some(params) => params,
             None => S::Model::init(&model, config.seed)?,
         };
+        // A step's declared frozen models are copies of the run's start unless the caller's
+        // objective says otherwise (a resumed run of the command line passes its start again).
+        let objective = objective.or_else(|| Objective::declared::<S>(&params));
         let params = config.precision.cast(&params)?;
         let optimizer = S::optimizer();
         let state = TrainState::new(params, &optimizer, config.seed)?;
@@ -233,6 +240,9 @@ where
             targets: options.targets.filter(|_| by_targets),
             ..options
         };
+        let metric_names = objective
+            .as_ref()
+            .map_or(&[][..], |objective| objective.metrics);
         let objective_loss = objective.map(|objective| objective.loss);
         let evaluate = evaluation::<S>(
             state.template(),
@@ -275,6 +285,7 @@ where
                         Some(key),
                     )
                 },
+                metric_names.len(),
                 options,
                 config.state_packing,
             )?,
@@ -298,6 +309,7 @@ where
             flops_per_token,
             frozen,
             by_targets,
+            metric_names,
             parallel,
         })
     }
@@ -406,7 +418,7 @@ where
         while self.done < self.config.steps && progress.stopped.is_none() {
             let building = Instant::now();
             let lr = self.config.schedule.lr(self.done);
-            let batch = self.own_part(&next)?;
+            let batch = self.at_stage_length(self.own_part(&next)?)?;
             let metrics = self.stepper.step(lr, &batch)?;
             let stop_votes = self.stop_votes()?;
             let build_s = building.elapsed().as_secs_f64();
@@ -435,6 +447,7 @@ where
                 started: building,
                 loss: metrics.loss,
                 grad_norm: metrics.grad_norm,
+                metrics: metrics.metrics,
                 lr,
                 build_s,
                 submit_s,
@@ -521,9 +534,19 @@ where
     ) -> Result<()> {
         let waiting = Instant::now();
         // Evaluated here so that a failed collective (a rank lost) is an error, not a panic.
-        eval([&step.loss, &step.grad_norm])?;
+        eval(
+            [&step.loss, &step.grad_norm]
+                .into_iter()
+                .chain(&step.metrics),
+        )?;
         let loss = step.loss.item_exact::<f32>();
         let grad_norm = step.grad_norm.item_exact::<f32>();
+        let metrics = self
+            .metric_names
+            .iter()
+            .copied()
+            .zip(step.metrics.iter().map(|metric| metric.item_exact::<f32>()))
+            .collect();
         if let Some(votes) = &step.stop_votes {
             eval([votes])?;
             if votes.item_exact::<i32>() > 0 {
@@ -543,12 +566,18 @@ where
         progress.last_loss = loss;
         let ended = ended.unwrap_or_else(Instant::now);
         let seconds = ended.duration_since(step.started).as_secs_f64();
-        let tokens_per_s = (self.config.batch_size * self.config.seq_len) as f64 / seconds;
+        // A length stage trains on fewer tokens of each window than `seq_len`.
+        let length = match &self.config.length_stages {
+            Some(stages) => stages.length(step.step as usize - 1),
+            None => self.config.seq_len,
+        };
+        let tokens_per_s = (self.config.batch_size * length) as f64 / seconds;
         let report = StepReport {
             step: step.step,
             total_steps: self.config.steps,
             loss,
             grad_norm,
+            metrics,
             lr: step.lr,
             tokens_per_s,
             build_ms: step.build_s * 1e3,
@@ -680,6 +709,19 @@ where
 
 impl<S: TrainingStep> Trainer<S> {
     /// This rank's rows of a batch of the whole run: all of them for a single process.
+    /// The batch of the next step at its length stage: the first `length(step)` tokens of each
+    /// row (every row when the run declares no stages).
+    fn at_stage_length(&self, batch: Vec<Array>) -> Result<Vec<Array>> {
+        let Some(stages) = &self.config.length_stages else {
+            return Ok(batch);
+        };
+        let length = stages.length(self.done as usize) as i32;
+        Ok(batch
+            .iter()
+            .map(|part| part.index((.., ..length)))
+            .collect())
+    }
+
     fn own_part(&self, batch: &(Array, Array)) -> Result<Vec<Array>> {
         let Some(parallel) = &self.parallel else {
             return Ok(vec![batch.0.clone(), batch.1.clone()]);
@@ -752,7 +794,10 @@ where
                 None => S::loss(&params, &model, &args[n_params..], None),
                 Some((loss, n_frozen)) => {
                     let (frozen, batch) = args[n_params..].split_at(*n_frozen);
-                    loss(&params, &model, frozen, batch, None)
+                    let values = loss(&params, &model, frozen, batch, None)?;
+                    values.into_iter().next().ok_or_else(|| {
+                        Error::Layout("the objective's loss returned nothing".into())
+                    })
                 }
             }
         };

@@ -1017,7 +1017,7 @@ fn body_exprs<'a>(body: &'a Body, out: &mut Vec<&'a Expr>) {
                 body_exprs(inner, out);
             }
             StmtKind::Optimizer(call) => call.args.iter().for_each(|a| expr_tree(&a.value, out)),
-            StmtKind::Metrics(_) => {}
+            StmtKind::Metrics(_) | StmtKind::Frozen(..) => {}
         }
     }
 }

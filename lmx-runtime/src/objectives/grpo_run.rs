@@ -1,0 +1,253 @@
+//! A GRPO run: each update samples its rollouts from the current policy
+//! ([`rollout::sample`](super::rollout::sample)), scores them and trains the compiled GRPO step
+//! on them ([`grpo`](super::grpo())), with checkpoints. What an update draws (its prompts and
+//! its sampling seed) is a function of its index, so a run resumed from a checkpoint computes
+//! exactly what the uninterrupted one does.
+
+use super::grpo;
+use super::rewards::Reward;
+use super::rollout::{sample, Prompt};
+use crate::checkpoint::{self, Checkpoints};
+use crate::error::{Error, Result};
+use crate::generate::Sampling;
+use crate::model::LanguageModel;
+use crate::optim::Optimizer;
+use crate::schedule::Schedule;
+use crate::state::TrainState;
+use crate::step::{StepOptions, TrainStep};
+use crate::train::{Callback, Control, StepReport};
+use mlx_rs::Array;
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+/// How a run decodes a completion's ids into the text its reward scores.
+pub type Decode = Box<dyn Fn(&[u32]) -> String>;
+
+/// What a GRPO run does.
+#[derive(Clone, Debug, PartialEq)]
+pub struct GrpoConfig {
+    /// Updates to make.
+    pub steps: u64,
+    /// Prompts per update, taken in order (wrapping around).
+    pub prompts_per_step: usize,
+    /// Completions sampled per prompt (lmxlab's group size G).
+    pub group: usize,
+    /// The sampling temperature.
+    pub temperature: f32,
+    /// Tokens per completion at most.
+    pub max_tokens: usize,
+    /// The id that ends a completion, if any.
+    pub stop: Option<u32>,
+    /// The KL penalty's weight (lmxlab's `beta`).
+    pub beta: f32,
+    /// The ratio's clip range (lmxlab's `epsilon`).
+    pub epsilon: f32,
+    /// The learning rate by update.
+    pub schedule: Schedule,
+    /// Seeds the optimizer state's key and the sampling.
+    pub seed: u64,
+    /// A checkpoint every this many updates (0: none).
+    pub checkpoint_every: u64,
+    /// Where checkpoints go (`checkpoints/` inside).
+    pub out_dir: PathBuf,
+}
+
+/// A GRPO run of model `M` with optimizer `O`.
+pub struct GrpoRun<M: LanguageModel, O: Optimizer> {
+    config: M::Config,
+    run: GrpoConfig,
+    state: TrainState<M::Params, O>,
+    step: TrainStep<M::Params, O>,
+    prompts: Vec<Prompt>,
+    width: usize,
+    reward: Box<dyn Reward>,
+    decode: Decode,
+    checkpoints: Checkpoints,
+    callbacks: Vec<Box<dyn Callback>>,
+    done: u64,
+}
+
+impl<M: LanguageModel, O: Optimizer> GrpoRun<M, O>
+where
+    M::Params: Clone + 'static,
+    <M::Params as crate::tree::Tree<Array>>::Of<Option<O::Leaf>>: Clone + 'static,
+{
+    /// A run from `params`, which are also the frozen reference, over `prompts`, rewarded by
+    /// `reward` on completions decoded by `decode`.
+    ///
+    /// # Errors
+    /// [`Error::Config`] for no prompts, no group or no update; the step's errors.
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        config: M::Config,
+        run: GrpoConfig,
+        params: M::Params,
+        optimizer: O,
+        options: StepOptions,
+        prompts: Vec<Prompt>,
+        reward: Box<dyn Reward>,
+        decode: Decode,
+    ) -> Result<Self> {
+        if prompts.is_empty() || run.prompts_per_step == 0 || run.group == 0 {
+            return Err(Error::Config(
+                "GRPO needs prompts, at least one per update, and groups of at least one".into(),
+            ));
+        }
+        // Every batch is as wide as the longest prompt and completion, so one trace serves all.
+        let longest = prompts.iter().map(|p| p.ids.len()).max().unwrap_or(0);
+        let width = longest + run.max_tokens;
+        let objective = grpo::<M>(&params, run.beta, run.epsilon);
+        let state = TrainState::new(params, &optimizer, run.seed)?;
+        let loss = objective.loss.clone();
+        let model = config.clone();
+        let step = TrainStep::with_frozen_metrics(
+            &state,
+            optimizer,
+            objective.frozen.clone(),
+            move |params: &M::Params, frozen: &[Array], batch: &[Array], key: &Array| {
+                loss(params, &model, frozen, batch, Some(key))
+            },
+            objective.metrics.len(),
+            options,
+        )?;
+        let checkpoints = Checkpoints::new(run.out_dir.join("checkpoints"));
+        Ok(GrpoRun {
+            config,
+            run,
+            state,
+            step,
+            prompts,
+            width,
+            reward,
+            decode,
+            checkpoints,
+            callbacks: Vec::new(),
+            done: 0,
+        })
+    }
+
+    /// Adds a callback: each update's [`StepReport`] carries `mean_reward`, `kl` and
+    /// `clip_fraction` in its metrics.
+    pub fn add_callback(&mut self, callback: impl Callback + 'static) {
+        self.callbacks.push(Box::new(callback));
+    }
+
+    /// Continues from the checkpoint in `dir`.
+    ///
+    /// # Errors
+    /// The checkpoint's errors; [`Error::Checkpoint`] when it records no step.
+    pub fn resume(&mut self, dir: &Path) -> Result<()> {
+        let trainer = checkpoint::load(dir, &mut self.state)?;
+        self.done = trainer["step"].as_u64().ok_or_else(|| Error::Checkpoint {
+            path: dir.to_owned(),
+            message: "trainer.json records no `step`".into(),
+        })?;
+        Ok(())
+    }
+
+    /// The latest checkpoint of the run's directory, if any.
+    pub fn latest_checkpoint(&self) -> Result<Option<PathBuf>> {
+        self.checkpoints.latest()
+    }
+
+    /// The updates made so far.
+    pub fn steps_done(&self) -> u64 {
+        self.done
+    }
+
+    /// The state after the last update.
+    pub fn state(&self) -> &TrainState<M::Params, O> {
+        &self.state
+    }
+
+    /// The prompts of update `index`: the next `prompts_per_step`, wrapping around.
+    fn prompts_of(&self, index: u64) -> Vec<Prompt> {
+        let per = self.run.prompts_per_step;
+        (0..per)
+            .map(|i| self.prompts[(index as usize * per + i) % self.prompts.len()].clone())
+            .collect()
+    }
+
+    /// Makes the remaining updates, or stops where a callback says so (after a checkpoint).
+    ///
+    /// # Errors
+    /// [`Error::Diverged`] when the loss stops being finite; the generator's, step's and
+    /// checkpoints' errors.
+    pub fn run(&mut self) -> Result<()> {
+        let started = Instant::now();
+        while self.done < self.run.steps {
+            let index = self.done;
+            let sampling = Sampling {
+                temperature: self.run.temperature,
+                top_k: None,
+                seed: self
+                    .run
+                    .seed
+                    .wrapping_mul(1 << 32)
+                    .wrapping_add(index << 16),
+                max_tokens: self.run.max_tokens,
+                ..Sampling::default()
+            };
+            let building = Instant::now();
+            let rollouts = sample::<M>(
+                &self.state.params,
+                &self.config,
+                &self.prompts_of(index),
+                self.run.group,
+                &sampling,
+                self.run.stop,
+                self.width,
+                &*self.decode,
+                &*self.reward,
+            )?;
+            let lr = self.run.schedule.lr(index);
+            let metrics = self.step.step(&mut self.state, lr, &rollouts.batch())?;
+            mlx_rs::transforms::eval(&metrics.outputs)?;
+            self.done += 1;
+            let loss = metrics.loss.item_exact::<f32>();
+            if !loss.is_finite() {
+                return Err(Error::Diverged {
+                    loss,
+                    step: self.done,
+                    resume_from: None,
+                });
+            }
+            let seconds = building.elapsed().as_secs_f64();
+            let mut values = std::collections::BTreeMap::new();
+            values.insert("mean_reward", rollouts.mean_reward());
+            values.insert("kl", metrics.metrics[0].item_exact::<f32>());
+            values.insert("clip_fraction", metrics.metrics[1].item_exact::<f32>());
+            let report = StepReport {
+                step: self.done,
+                total_steps: self.run.steps,
+                loss,
+                grad_norm: metrics.grad_norm.item_exact::<f32>(),
+                metrics: values,
+                lr,
+                tokens_per_s: rollouts.rewards.len() as f64 * self.width as f64 / seconds,
+                build_ms: seconds * 1e3,
+                submit_ms: 0.0,
+                wait_ms: 0.0,
+                mfu: None,
+                peak_memory_mib: mlx_rs::memory::peak_memory()? as f64 / (1024.0 * 1024.0),
+                elapsed_s: started.elapsed().as_secs_f64(),
+            };
+            let mut stop = false;
+            for callback in &mut self.callbacks {
+                stop |= matches!(callback.on_step(&report)?, Control::Stop(_));
+            }
+            let due = self.run.checkpoint_every > 0 && self.done % self.run.checkpoint_every == 0;
+            if due || (stop && self.run.checkpoint_every > 0) {
+                let trainer = serde_json::json!({ "step": self.done });
+                self.checkpoints.save(self.done, &self.state, &trainer)?;
+            }
+            if stop {
+                break;
+            }
+        }
+        for callback in &mut self.callbacks {
+            callback.on_end()?;
+        }
+        Ok(())
+    }
+}
