@@ -176,7 +176,11 @@ pub fn report_values(
                 None => continue,
             }
         };
-        let (a, act) = sizes.facts(facts, env, block)?;
+        let (a, act, gathered) = sizes.facts(facts, env, block)?;
+        walk.matmul_weights = walk
+            .matmul_weights
+            .zip(gathered)
+            .and_then(|(w, g)| w.checked_add(g));
         layers += facts.attention.len() as u64;
         attention = attention.zip(a).and_then(|(x, y)| x.checked_add(y));
         activations = activations.zip(act).and_then(|(x, y)| x.checked_add(y));
@@ -513,14 +517,15 @@ impl Sizes {
         Sizes { bound }
     }
 
-    /// Attention FLOPs per token and activation elements of one forward pass (`None` where they
-    /// do not fit 64 bits); fails on a dropout probability outside `[0, 1)`.
+    /// Attention FLOPs per token, activation elements and gathered expert weights per token of
+    /// one forward pass (`None` where they do not fit 64 bits); fails on a dropout probability
+    /// outside `[0, 1)`.
     fn facts(
         &mut self,
         facts: &FnFacts,
         env: &Env,
         block: &str,
-    ) -> Result<(Option<u64>, Option<u64>), ReportError> {
+    ) -> Result<(Option<u64>, Option<u64>, Option<u64>), ReportError> {
         for p in &facts.dropout {
             let value = eval(p, env).map_err(|d| ReportError::Eval(d.message))?;
             if !value.as_f64().is_some_and(|p| (0.0..1.0).contains(&p)) {
@@ -599,7 +604,12 @@ impl Sizes {
                 .try_fold(1u64, |n, d| n.checked_mul(size(d).unwrap_or(1)));
             activations = activations.zip(n).and_then(|(a, n)| a.checked_add(n));
         }
-        Ok((attention, activations))
+        let mut gathered = Some(0u64);
+        for weights in &facts.gathered_weights {
+            let w = size(weights)?;
+            gathered = gathered.and_then(|g| g.checked_add(w));
+        }
+        Ok((attention, activations, gathered))
     }
 }
 

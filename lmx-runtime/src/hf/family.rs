@@ -247,6 +247,12 @@ impl Family {
                             0.into(),
                             "the bundled mixtral model's router adds no noise",
                         )?;
+                        // transformers adds the balancing loss only with `output_router_logits`.
+                        let aux = match hf.get("output_router_logits").and_then(Value::as_bool) {
+                            Some(true) => hf.float_or("router_aux_loss_coef", 0.001)?,
+                            _ => 0.0,
+                        };
+                        set("router_aux_coef", aux.into());
                     }
                     _ => {}
                 }
@@ -420,6 +426,9 @@ impl Family {
                         object.insert("num_local_experts".into(), get("n_experts"));
                         object.insert("num_experts_per_tok".into(), get("experts_per_token"));
                         object.insert("router_jitter_noise".into(), 0.0.into());
+                        let aux = get("router_aux_coef").as_f64().unwrap_or(0.0);
+                        object.insert("output_router_logits".into(), (aux != 0.0).into());
+                        object.insert("router_aux_loss_coef".into(), aux.into());
                     }
                     _ => {}
                 }

@@ -18,6 +18,7 @@
 
 mod config;
 mod error;
+mod experts;
 mod export;
 mod family;
 mod load;

@@ -5,6 +5,7 @@
 mod activation;
 mod column_sum;
 mod custom_vjp;
+mod experts;
 mod extra;
 mod layer_norm_grad;
 mod layers;
@@ -15,6 +16,7 @@ mod rope;
 pub use activation::*;
 pub use column_sum::column_sum;
 pub use custom_vjp::without_gradients;
+pub use experts::*;
 pub use extra::*;
 pub use layers::*;
 pub use loss::*;
