@@ -24,6 +24,20 @@ fn endings(family: Family) -> &'static [(&'static str, &'static str)] {
                 ".block_sparse_moe.experts.{}.w2.weight",
             ),
         ],
+        Family::DeepseekV2 => &[
+            (
+                ".mlp.switch_mlp.gate_proj.weight",
+                ".mlp.experts.{}.gate_proj.weight",
+            ),
+            (
+                ".mlp.switch_mlp.up_proj.weight",
+                ".mlp.experts.{}.up_proj.weight",
+            ),
+            (
+                ".mlp.switch_mlp.down_proj.weight",
+                ".mlp.experts.{}.down_proj.weight",
+            ),
+        ],
         _ => &[],
     }
 }

@@ -17,6 +17,7 @@
 //! ```
 
 mod config;
+mod deepseek;
 mod error;
 mod experts;
 mod export;
