@@ -213,3 +213,45 @@ fn a_compiled_step_differentiates_the_gathered_experts_and_the_balancing_loss() 
         assert!(max_difference(c, e) <= 1e-5);
     }
 }
+
+#[test]
+fn routing_by_hand_picks_the_top_two_and_weighs_them_renormalised() {
+    // Three experts of one hidden unit over two features. Expert e's gate sees 10 (x0 + x1),
+    // its up projection (e + 1) x0, its down projection 0.01 * [1, -1]: for x = [s, s] the
+    // hidden unit is silu(20 s) (e + 1) s, about 20 s^2 (e + 1), and the output
+    // 0.2 s^2 (e + 1) [1, -1].
+    let gate = Array::from_slice(&[10.0f32, 10.0, 10.0, 10.0, 10.0, 10.0], &[3, 1, 2]);
+    let up = Array::from_slice(&[1.0f32, 0.0, 2.0, 0.0, 3.0, 0.0], &[3, 1, 2]);
+    let down = Array::from_slice(&[0.01f32, -0.01, 0.01, -0.01, 0.01, -0.01], &[3, 2, 1]);
+    let x = Array::from_slice(&[1.0f32, 1.0, 2.0, 2.0], &[1, 2, 2]);
+    // Token 0 prefers experts 1 and 2 (0.6, 0.3: weights 2/3, 1/3); token 1 experts 0 and 2
+    // (0.5, 0.3: weights 5/8, 3/8).
+    let probs = Array::from_slice(&[0.1f32, 0.6, 0.3, 0.5, 0.2, 0.3], &[1, 2, 3]);
+    let (top, idx) = nn::top_k(&probs, 2).unwrap();
+    let mut chosen: Vec<Vec<i32>> = idx
+        .as_dtype(Dtype::Int32)
+        .unwrap()
+        .contiguous()
+        .unwrap()
+        .as_slice::<i32>()
+        .chunks(2)
+        .map(|c| c.to_vec())
+        .collect();
+    chosen.iter_mut().for_each(|c| c.sort());
+    assert_eq!(chosen, vec![vec![1, 2], vec![0, 2]]);
+    let weights = top.divide(top.sum_axis(-1, true).unwrap()).unwrap();
+    let y = nn::switch_glu(&x, &idx, &gate, &up, &down).unwrap();
+    assert_eq!(y.shape(), &[1, 2, 2, 2]);
+    let y = y
+        .multiply(weights.expand_dims(-1).unwrap())
+        .unwrap()
+        .sum_axis(-2, false)
+        .unwrap()
+        .contiguous()
+        .unwrap();
+    // Token 0: 2/3 * 0.4 + 1/3 * 0.6; token 1 (s = 2): 5/8 * 0.8 + 3/8 * 2.4.
+    let expected = [0.466_666_7f32, -0.466_666_7, 1.4, -1.4];
+    for (got, want) in y.as_slice::<f32>().iter().zip(expected) {
+        assert!((got - want).abs() < 1e-5, "{:?}", y.as_slice::<f32>());
+    }
+}
