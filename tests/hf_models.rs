@@ -188,6 +188,12 @@ fn phi3_matches_transformers_and_round_trips() -> Result<()> {
 }
 
 #[test]
+fn qwen2_with_yarn_matches_transformers_and_round_trips() -> Result<()> {
+    round_trip::<qwen2::Qwen2>("qwen2-yarn", hf::DEFAULT_MAX_SHARD_BYTES)?;
+    cache_matches_full_forward::<qwen2::Qwen2>("qwen2-yarn")
+}
+
+#[test]
 fn deepseek_v2_lite_shaped_matches_transformers_and_round_trips() -> Result<()> {
     // Latent attention with direct queries, YaRN, a dense layer, then routed and shared experts
     // (transformers' per-expert tensors stacked on load and split again on export).
