@@ -458,6 +458,33 @@ fn rewritten<M: LanguageModel>(
 }
 
 #[test]
+fn a_missing_or_misshapen_expert_of_a_stacked_leaf_is_named() -> Result<()> {
+    let temp = tempfile::tempdir().unwrap();
+    let expert = "model.layers.1.block_sparse_moe.experts.2.w3.weight";
+    let missing = rewritten::<mixtral::Mixtral>("mixtral", &temp.path().join("missing"), |t| {
+        t.retain(|(name, _)| name != expert)
+    })?;
+    assert_eq!(
+        load_error::<mixtral::Mixtral>(&missing),
+        format!("DIR/model.safetensors: tensor `{expert}` is missing")
+    );
+    let misshapen = rewritten::<mixtral::Mixtral>("mixtral", &temp.path().join("shape"), |t| {
+        for (name, array) in t.iter_mut() {
+            if name == expert {
+                *array = Array::zeros::<f32>(&[64, 16]).unwrap();
+            }
+        }
+    })?;
+    assert_eq!(
+        load_error::<mixtral::Mixtral>(&misshapen),
+        format!(
+            "DIR/model.safetensors: tensor `{expert}` has shape [64, 16], the model expects [64, 32]"
+        )
+    );
+    Ok(())
+}
+
+#[test]
 fn a_missing_or_unexpected_tensor_is_named() -> Result<()> {
     let temp = tempfile::tempdir().unwrap();
     let missing = rewritten::<gpt2::Gpt2>("gpt2", &temp.path().join("missing"), |tensors| {

@@ -496,6 +496,10 @@ impl Walk<'_> {
     }
 }
 
+/// One forward pass's attention FLOPs per token, activation elements and gathered expert weights
+/// per token (`None` where one does not fit 64 bits).
+type FnCosts = (Option<u64>, Option<u64>, Option<u64>);
+
 /// Evaluates symbolic sizes with the batch and sequence bound.
 struct Sizes {
     bound: HashMap<String, i64>,
@@ -520,12 +524,7 @@ impl Sizes {
     /// Attention FLOPs per token, activation elements and gathered expert weights per token of
     /// one forward pass (`None` where they do not fit 64 bits); fails on a dropout probability
     /// outside `[0, 1)`.
-    fn facts(
-        &mut self,
-        facts: &FnFacts,
-        env: &Env,
-        block: &str,
-    ) -> Result<(Option<u64>, Option<u64>, Option<u64>), ReportError> {
+    fn facts(&mut self, facts: &FnFacts, env: &Env, block: &str) -> Result<FnCosts, ReportError> {
         for p in &facts.dropout {
             let value = eval(p, env).map_err(|d| ReportError::Eval(d.message))?;
             if !value.as_f64().is_some_and(|p| (0.0..1.0).contains(&p)) {

@@ -35,7 +35,7 @@ fn dense(
 ) -> lmx_runtime::Result<Array> {
     let mut y: Option<Array> = None;
     for e in 0..EXPERTS {
-        let pick = |w: &Array| w.take_axis(&Array::from_int(e), 0);
+        let pick = |w: &Array| w.take_axis(Array::from_int(e), 0);
         let h = nn::silu(&x.matmul(pick(gate)?.t())?)?.multiply(x.matmul(pick(up)?.t())?)?;
         // [.., D_OUT] for every token, broadcast over its k choices and masked.
         let out = h.matmul(pick(down)?.t())?.expand_dims(-2)?;
@@ -111,14 +111,14 @@ fn sparse_equals_dense(lead: &[i32], k: i32) {
 #[test]
 fn few_tokens_gathered_in_place_equal_the_masked_dense_experts() {
     // 3 x 2 = 6 rows: below `SORT_FROM`, the rows are gathered unsorted.
-    assert!(6 < nn::SORT_FROM);
+    const { assert!(6 < nn::SORT_FROM) };
     sparse_equals_dense(&[1, 3], 2);
 }
 
 #[test]
 fn many_tokens_sorted_by_expert_equal_the_masked_dense_experts() {
     // 2 x 40 x 2 = 160 rows: sorted by expert, then put back in order.
-    assert!(160 >= nn::SORT_FROM);
+    const { assert!(160 >= nn::SORT_FROM) };
     sparse_equals_dense(&[2, 40], 2);
     sparse_equals_dense(&[2, 40], 1);
 }
@@ -148,7 +148,8 @@ fn balance_is_the_identity_whose_gradient_adds_the_balancing_loss() {
             nn::balance_loss(&a[0], &i).map_err(Error::into_exception)?
         ])
     };
-    let (_, reference) = value_and_grad_with_argnums(loss, &[0])(&[probs.clone()]).unwrap();
+    let (_, reference) =
+        value_and_grad_with_argnums(loss, &[0])(std::slice::from_ref(&probs)).unwrap();
     let expected = reference[0].multiply(Array::from_f32(coef)).unwrap();
     assert!(max_difference(&grads[1], &expected) <= 1e-7);
     assert!(

@@ -57,13 +57,15 @@ pub fn load_into<R: Tree<Array>>(
     for (spec, leaf) in specs.iter().zip(leaves) {
         let candidates = family.stored_names(&spec.name, tied);
         let experts = leaf.shape().first().map_or(0, |&n| n as usize);
-        let per_expert = per_expert_names(family, &candidates[0], experts)
-            .filter(|names| names.iter().all(|name| weights.contains(name)));
+        let per_expert = per_expert_names(family, &candidates[0], experts);
         let Some(stored_name) = candidates.iter().find(|name| weights.contains(name)) else {
-            if let Some(names) = per_expert {
-                let array = stacked(weights, &names, &leaf, options)?;
-                used.extend(names);
-                loaded.push(array);
+            // A stacked experts' leaf that the file stores per expert (transformers' layout).
+            let missing = per_expert
+                .as_ref()
+                .and_then(|names| names.iter().find(|name| !weights.contains(name)));
+            if let (Some(names), None) = (&per_expert, missing) {
+                loaded.push(stacked(weights, names, &leaf, options)?);
+                used.extend(names.iter().cloned());
                 continue;
             }
             if (options.optional)(spec) {
@@ -72,7 +74,7 @@ pub fn load_into<R: Tree<Array>>(
             }
             return Err(HfError::MissingTensor {
                 path: weights.source().to_owned(),
-                tensor: candidates[0].clone(),
+                tensor: missing.unwrap_or(&candidates[0]).clone(),
             }
             .into());
         };
