@@ -10,7 +10,7 @@
 //! with bit-identical tensors and the same logits; bad folders fail with exact messages.
 
 use lmx::models::{
-    gemma, gemma2, gemma3_text, gpt2, llama, mistral, mixtral, mpt, phi3, qwen2, qwen3,
+    deepseek_v2, gemma, gemma2, gemma3_text, gpt2, llama, mistral, mixtral, mpt, phi3, qwen2, qwen3,
 };
 use lmx::runtime::hf::{self, HfFolder};
 use lmx::runtime::mlx_rs::Dtype;
@@ -187,6 +187,47 @@ fn phi3_matches_transformers_and_round_trips() -> Result<()> {
     cache_matches_full_forward::<phi3::Phi3>("phi3")
 }
 
+#[test]
+fn qwen2_with_yarn_matches_transformers_and_round_trips() -> Result<()> {
+    round_trip::<qwen2::Qwen2>("qwen2-yarn", hf::DEFAULT_MAX_SHARD_BYTES)?;
+    cache_matches_full_forward::<qwen2::Qwen2>("qwen2-yarn")
+}
+
+#[test]
+fn deepseek_v2_lite_shaped_matches_transformers_and_round_trips() -> Result<()> {
+    // Latent attention with direct queries, YaRN, a dense layer, then routed and shared experts
+    // (transformers' per-expert tensors stacked on load and split again on export).
+    round_trip::<deepseek_v2::DeepseekV2>("deepseek_v2", hf::DEFAULT_MAX_SHARD_BYTES)?;
+    cache_matches_full_forward::<deepseek_v2::DeepseekV2>("deepseek_v2")
+}
+
+#[test]
+fn deepseek_v2_with_low_rank_queries_matches_transformers() -> Result<()> {
+    // V2's low-rank queries, and YaRN's attention factor (mscale over mscale_all_dim).
+    round_trip::<deepseek_v2::DeepseekV2>("deepseek_v2-q", hf::DEFAULT_MAX_SHARD_BYTES)?;
+    cache_matches_full_forward::<deepseek_v2::DeepseekV2>("deepseek_v2-q")
+}
+
+#[test]
+fn deepseek_v2_names_the_settings_it_cannot_express() {
+    let dir = edited("deepseek_v2", |config| {
+        config["topk_method"] = "group_limited_greedy".into()
+    });
+    assert_eq!(
+        load_error::<deepseek_v2::DeepseekV2>(dir.path()),
+        "DIR/config.json: `topk_method` = \"group_limited_greedy\": the bundled deepseek_v2 \
+         model routes greedily (top-k over every expert)"
+    );
+    let dir = edited("deepseek_v2", |config| {
+        config["rope_parameters"]["rope_type"] = "llama3".into()
+    });
+    assert_eq!(
+        load_error::<deepseek_v2::DeepseekV2>(dir.path()),
+        "DIR/config.json: `rope_parameters.rope_type` = \"llama3\": the bundled deepseek_v2 \
+         model applies RoPE unscaled or with YaRN's scaling (yarn)"
+    );
+}
+
 /// Decodes fixture `name`'s tokens with the key-value cache, 1 token, then 5 (queries after
 /// cached keys), then 1 at a time, and checks every position's logits against the full forward
 /// pass (within the transformers tolerance: the cached path is the same computation).
@@ -249,7 +290,8 @@ fn an_unknown_model_type_names_the_supported_ones() {
     assert_eq!(
         load_error::<gpt2::Gpt2>(dir.path()),
         "DIR/config.json: model_type `bert` is not supported; the supported ones are gpt2, \
-         llama, mistral, mixtral, gemma, mpt, qwen2, qwen3, gemma2, gemma3_text, phi3"
+         llama, mistral, mixtral, gemma, mpt, qwen2, qwen3, gemma2, gemma3_text, phi3, \
+         deepseek_v2"
     );
 }
 
@@ -413,6 +455,33 @@ fn rewritten<M: LanguageModel>(
     let out = dir.join("changed");
     hf::write_folder(&out, folder.config(), &tensors, &[], u64::MAX)?;
     Ok(out)
+}
+
+#[test]
+fn a_missing_or_misshapen_expert_of_a_stacked_leaf_is_named() -> Result<()> {
+    let temp = tempfile::tempdir().unwrap();
+    let expert = "model.layers.1.block_sparse_moe.experts.2.w3.weight";
+    let missing = rewritten::<mixtral::Mixtral>("mixtral", &temp.path().join("missing"), |t| {
+        t.retain(|(name, _)| name != expert)
+    })?;
+    assert_eq!(
+        load_error::<mixtral::Mixtral>(&missing),
+        format!("DIR/model.safetensors: tensor `{expert}` is missing")
+    );
+    let misshapen = rewritten::<mixtral::Mixtral>("mixtral", &temp.path().join("shape"), |t| {
+        for (name, array) in t.iter_mut() {
+            if name == expert {
+                *array = Array::zeros::<f32>(&[64, 16]).unwrap();
+            }
+        }
+    })?;
+    assert_eq!(
+        load_error::<mixtral::Mixtral>(&misshapen),
+        format!(
+            "DIR/model.safetensors: tensor `{expert}` has shape [64, 16], the model expects [64, 32]"
+        )
+    );
+    Ok(())
 }
 
 #[test]

@@ -3,7 +3,7 @@
 //! training steps on one batch lower the loss.
 
 use lmx::models::{
-    gemma, gemma2, gemma3_text, gpt2, llama, mistral, mixtral, mpt, phi3, qwen2, qwen3,
+    deepseek_v2, gemma, gemma2, gemma3_text, gpt2, llama, mistral, mixtral, mpt, phi3, qwen2, qwen3,
 };
 use lmx::runtime::model::{LanguageModel, TrainingStep};
 use lmx::runtime::state::TrainState;
@@ -47,7 +47,9 @@ fn parameter_names_shapes_and_counts_match_the_report() -> Result<()> {
     names_match_report::<qwen3::Qwen3>("qwen3.lmx", "tiny")?;
     names_match_report::<gemma2::Gemma2>("gemma2.lmx", "tiny")?;
     names_match_report::<gemma3_text::Gemma3Text>("gemma3_text.lmx", "tiny")?;
-    names_match_report::<phi3::Phi3>("phi3.lmx", "tiny")
+    names_match_report::<phi3::Phi3>("phi3.lmx", "tiny")?;
+    names_match_report::<deepseek_v2::DeepseekV2>("deepseek_v2.lmx", "tiny")?;
+    names_match_report::<deepseek_v2::DeepseekV2>("deepseek_v2.lmx", "tiny-q-rank")
 }
 
 /// Trains 8 compiled steps of `$step` at `tiny` (or `$preset`) on one fixed batch at rate `$lr` and checks that
@@ -166,4 +168,9 @@ fn gemma3_text_trains() -> Result<()> {
 #[test]
 fn phi3_trains() -> Result<()> {
     assert_learns!(phi3::Train, 1e-2)
+}
+
+#[test]
+fn deepseek_v2_trains() -> Result<()> {
+    assert_learns!(deepseek_v2::Train, 1e-2)
 }

@@ -254,6 +254,9 @@ pub struct FnFacts {
     pub dropout: Vec<Expr>,
     /// The declared input shapes.
     pub inputs: Vec<TensorTy>,
+    /// The weights each token multiplies by in gathered expert products (`switch_glu`: only
+    /// the chosen experts' matrices, unlike a linear layer's whole weight).
+    pub gathered_weights: Vec<Dim>,
 }
 
 /// One attention call: `q [.., heads, q_len, head_dim]`, `k [.., kv_heads, kv_len, head_dim]`.

@@ -198,7 +198,11 @@ pub fn report_values(
                 None => continue,
             }
         };
-        let (a, act) = sizes.facts(facts, env, block)?;
+        let (a, act, gathered) = sizes.facts(facts, env, block)?;
+        walk.matmul_weights = walk
+            .matmul_weights
+            .zip(gathered)
+            .and_then(|(w, g)| w.checked_add(g));
         layers += facts.attention.len() as u64;
         attention = attention.zip(a).and_then(|(x, y)| x.checked_add(y));
         activations = activations.zip(act).and_then(|(x, y)| x.checked_add(y));
@@ -542,6 +546,10 @@ impl Walk<'_> {
     }
 }
 
+/// One forward pass's attention FLOPs per token, activation elements and gathered expert weights
+/// per token (`None` where one does not fit 64 bits).
+type FnCosts = (Option<u64>, Option<u64>, Option<u64>);
+
 /// Evaluates symbolic sizes with the batch and sequence bound.
 struct Sizes {
     bound: HashMap<String, i64>,
@@ -563,14 +571,10 @@ impl Sizes {
         Sizes { bound }
     }
 
-    /// Attention FLOPs per token and activation elements of one forward pass (`None` where they
-    /// do not fit 64 bits); fails on a dropout probability outside `[0, 1)`.
-    fn facts(
-        &mut self,
-        facts: &FnFacts,
-        env: &Env,
-        block: &str,
-    ) -> Result<(Option<u64>, Option<u64>), ReportError> {
+    /// Attention FLOPs per token, activation elements and gathered expert weights per token of
+    /// one forward pass (`None` where they do not fit 64 bits); fails on a dropout probability
+    /// outside `[0, 1)`.
+    fn facts(&mut self, facts: &FnFacts, env: &Env, block: &str) -> Result<FnCosts, ReportError> {
         for p in &facts.dropout {
             let value = eval(p, env).map_err(|d| ReportError::Eval(d.message))?;
             if !value.as_f64().is_some_and(|p| (0.0..1.0).contains(&p)) {
@@ -649,7 +653,12 @@ impl Sizes {
                 .try_fold(1u64, |n, d| n.checked_mul(size(d).unwrap_or(1)));
             activations = activations.zip(n).and_then(|(a, n)| a.checked_add(n));
         }
-        Ok((attention, activations))
+        let mut gathered = Some(0u64);
+        for weights in &facts.gathered_weights {
+            let w = size(weights)?;
+            gathered = gathered.and_then(|g| g.checked_add(w));
+        }
+        Ok((attention, activations, gathered))
     }
 }
 

@@ -87,6 +87,33 @@ fn newer_families_published_counts() {
     assert_eq!(count("phi3.lmx", "phi-3-mini"), 3_821_079_552);
 }
 
+/// DeepSeek-V2-Lite: transformers' `DeepseekV2ForCausalLM` for its published `config.json`
+/// holds 15,706,484,224 parameters (the model card's 15.7B), of which a token uses 2.4B-odd:
+/// the report's FLOPs count only the 6 routed experts a token goes through.
+#[test]
+fn deepseek_v2_lite_published_count_and_active_flops() {
+    let r = report_of("deepseek_v2.lmx", "v2-lite");
+    assert_eq!(r.param_count, 15_706_484_224);
+    let (d, layers, vocab, ctx) = (2048u64, 27u64, 102_400u64, 163_840u64);
+    let attention_weights = d * 16 * 192 + d * (512 + 64) + 512 * 16 * 256 + 16 * 128 * d;
+    let dense = 3 * d * 10_944;
+    let routed = 6 * 3 * d * 1408 + 3 * d * 2 * 1408 + 64 * d;
+    let weights = layers * attention_weights + dense + (layers - 1) * routed + vocab * d;
+    let attention = layers * 4 * 16 * 192 * ctx;
+    assert_eq!(r.flops_per_token, 3 * (2 * weights + attention));
+}
+
+/// Mixtral's gathered experts count two of eight experts' weights per token.
+#[test]
+fn sparse_mixtral_flops_count_the_chosen_experts() {
+    let r = report_of("mixtral.lmx", "8x7b");
+    let (d, layers, vocab, ctx) = (4096u64, 32u64, 32_000u64, 32_768u64);
+    let per_layer = 2 * d * d + 2 * d * 1024 + d * 8 + 2 * 3 * d * 14_336;
+    let weights = layers * per_layer + vocab * d;
+    let attention = layers * 4 * 32 * 128 * ctx;
+    assert_eq!(r.flops_per_token, 3 * (2 * weights + attention));
+}
+
 #[test]
 fn gpt2_names_shapes_and_costs() {
     let r = report_of("gpt2.lmx", "124m");

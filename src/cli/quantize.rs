@@ -6,7 +6,7 @@ use super::run_file::RunFile;
 use super::tokenizer::TRAINED_FILE;
 use clap::Args;
 use lmx::models::{
-    gemma, gemma2, gemma3_text, gpt2, llama, mistral, mixtral, mpt, phi3, qwen2, qwen3,
+    deepseek_v2, gemma, gemma2, gemma3_text, gpt2, llama, mistral, mixtral, mpt, phi3, qwen2, qwen3,
 };
 use lmx::runtime::checkpoint::MODEL_FILE;
 use lmx::runtime::hf::{self, Family, HfFolder, CONFIG_FILE};
@@ -129,6 +129,7 @@ pub fn run(args: QuantizeArgs) -> anyhow::Result<()> {
         gemma2::Gemma2::NAME => quantize::<gemma2::Gemma2>(request),
         gemma3_text::Gemma3Text::NAME => quantize::<gemma3_text::Gemma3Text>(request),
         phi3::Phi3::NAME => quantize::<phi3::Phi3>(request),
+        deepseek_v2::DeepseekV2::NAME => quantize::<deepseek_v2::DeepseekV2>(request),
         other => anyhow::bail!("{other} models have no Hugging Face layout to write"),
     }
 }

@@ -155,26 +155,33 @@ class GatedMlp(nn.Module):
         return self.down_proj(self.activation(self.gate_proj(x)) * self.up_proj(x))
 
 
-class MixtralExpert(nn.Module):
+class MixtralSwitchGlu(nn.Module):
+    """The experts' weights stacked `[experts, out, in]`, as mlx-lm's `SwitchGLU` holds them."""
+
     def __init__(self, args: Args):
         super().__init__()
-        self.w1 = nn.Linear(args.d_model, args.d_ff, bias=False)
-        self.w2 = nn.Linear(args.d_ff, args.d_model, bias=False)
-        self.w3 = nn.Linear(args.d_model, args.d_ff, bias=False)
+        e, d, f = args.n_experts, args.d_model, args.d_ff
+        self.gate_proj = {"weight": mx.zeros((e, f, d))}
+        self.up_proj = {"weight": mx.zeros((e, f, d))}
+        self.down_proj = {"weight": mx.zeros((e, d, f))}
 
-    def __call__(self, x: mx.array) -> mx.array:
-        return self.w2(nn.silu(self.w1(x)) * self.w3(x))
+    def expert(self, e: int, x: mx.array) -> mx.array:
+        gate = x @ self.gate_proj["weight"][e].T
+        up = x @ self.up_proj["weight"][e].T
+        return (nn.silu(gate) * up) @ self.down_proj["weight"][e].T
 
 
 class MixtralSparseMoe(nn.Module):
     """mlx-lm's routing: top-k gate logits by argpartition, softmax over the k chosen, and the
-    experts' outputs weighted by it (dense over experts here, instead of mlx-lm's gather_mm)."""
+    experts' outputs weighted by it (dense over experts here, every expert on every token with
+    the unchosen ones masked, instead of mlx-lm's gather_mm)."""
 
     def __init__(self, args: Args):
         super().__init__()
         self.k = args.experts_per_token
+        self.n_experts = args.n_experts
         self.gate = nn.Linear(args.d_model, args.n_experts, bias=False)
-        self.experts = [MixtralExpert(args) for _ in range(args.n_experts)]
+        self.switch_mlp = MixtralSwitchGlu(args)
         # The smallest gap between the k-th and (k+1)-th gate logit of the last call: how far
         # the routing is from a tie that rounding could flip.
         self.margin = None
@@ -186,9 +193,9 @@ class MixtralSparseMoe(nn.Module):
         ranked = mx.sort(gates, axis=-1)
         self.margin = (ranked[..., -self.k] - ranked[..., -self.k - 1]).min().item()
         y = mx.zeros_like(x)
-        for e, expert in enumerate(self.experts):
+        for e in range(self.n_experts):
             weight = (scores * (inds == e)).sum(axis=-1, keepdims=True)
-            y = y + weight * expert(x)
+            y = y + weight * self.switch_mlp.expert(e, x)
         return y
 
 

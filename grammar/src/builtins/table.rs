@@ -6,6 +6,7 @@ use super::statics as s;
 use super::Default::{Absent, Bool, Float, Int, Required};
 use super::Slot::{Axes, Axis, Count, Operand, Shape, Tensor, Tensors};
 use super::{param as p, Builtin, Param, Site, Slot, StaticForm, TensorForm};
+use crate::check::expert_rules as experts;
 use crate::check::shape_rules as r;
 use crate::eval::Value;
 use crate::types::StaticTy;
@@ -779,6 +780,54 @@ pub static TABLE: &[Builtin] = &[
         statik: None,
         result: "`indices`' shape",
         doc: "elements gathered along an axis",
+    },
+    Builtin {
+        name: "switch_glu",
+        site: Site::Anywhere,
+        tensor: Some(TensorForm {
+            params: &[
+                p("x", Tensor, Required),
+                p("indices", Tensor, Required),
+                p("gate", Tensor, Required),
+                p("up", Tensor, Required),
+                p("down", Tensor, Required),
+            ],
+            rule: experts::switch_glu,
+            lower: |c| {
+                let [x, i, g, u, d] = [
+                    c.tensor_ref(0)?,
+                    c.tensor_ref(1)?,
+                    c.tensor_ref(2)?,
+                    c.tensor_ref(3)?,
+                    c.tensor_ref(4)?,
+                ];
+                Ok(c.tensor(quote!(nn::switch_glu(#x, #i, #g, #u, #d)?)))
+            },
+        }),
+        statik: None,
+        result: "`indices`' shape plus `[d_out]`: one row per chosen expert",
+        doc: "gathered sparse experts (mlx-lm's `SwitchGLU`): `down(silu(gate(x)) * up(x))` of each token `x [.., d]` through only the experts `indices [.., k]` chose, the experts' weights stacked `[experts, out, in]` (`gate`, `up` `[experts, hidden, d]`, `down` `[experts, d_out, hidden]`); MLX's `gather_mm`, rows sorted by expert from 64 on",
+    },
+    Builtin {
+        name: "balance",
+        site: Site::Anywhere,
+        tensor: Some(TensorForm {
+            params: &[
+                p("y", Tensor, Required),
+                p("probs", Tensor, Required),
+                p("indices", Tensor, Required),
+                p("coef", Slot::Float, Required),
+            ],
+            rule: experts::balance,
+            lower: |c| {
+                let [y, probs, i] = [c.tensor_ref(0)?, c.tensor_ref(1)?, c.tensor_ref(2)?];
+                let coef = c.f32(3)?;
+                Ok(c.tensor(quote!(nn::balance(#y, #probs, #i, #coef)?)))
+            },
+        }),
+        statik: None,
+        result: "`y`",
+        doc: "`y` unchanged, while training adds `coef` times the Switch Transformer's load-balancing loss of the router's probabilities `probs [.., experts]` and choices `indices [.., k]` (transformers' `load_balancing_loss_func`) to the gradient; the reported loss stays the model's",
     },
     Builtin {
         name: "cross_entropy",

@@ -8,6 +8,7 @@
 mod bind;
 mod calls;
 mod config;
+pub(crate) mod expert_rules;
 mod exprs;
 mod frozen;
 mod params;

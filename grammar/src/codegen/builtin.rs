@@ -146,9 +146,12 @@ impl LowerCx<'_, '_, '_> {
                     cast(&s, &ty, to)
                 })
             }
+            // A default is typed as the parameter: an unsuffixed float would be inferred as
+            // `f64` where a lowering widens it (`f64::from(1.0)`, a useless conversion).
             None => match self.default(i) {
-                Default::Int(n) if to == "f32" => Ok(float_lit(n as f64).ts),
+                Default::Int(n) if to == "f32" => Ok(f32_lit(n as f32)),
                 Default::Int(n) => Ok(int_lit(n).ts),
+                Default::Float(x) if to == "f32" => Ok(f32_lit(x as f32)),
                 Default::Float(x) => Ok(float_lit(x).ts),
                 Default::Bool(b) => Ok(quote!(#b)),
                 Default::Required | Default::Absent => {
@@ -298,5 +301,15 @@ impl Fx<'_, '_> {
             },
             ty,
         ))
+    }
+}
+
+/// `x` as an `f32` literal (`1.0f32`, `-0.5f32`).
+fn f32_lit(x: f32) -> TokenStream {
+    let lit = proc_macro2::Literal::f32_suffixed(x.abs());
+    if x < 0.0 {
+        quote!((-#lit))
+    } else {
+        quote!(#lit)
     }
 }

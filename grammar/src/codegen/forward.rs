@@ -934,6 +934,14 @@ impl<'g, 'm> Fx<'g, 'm> {
                         } else {
                             quote!(#place.#f)
                         };
+                        // A raw tensor of a nested group (`switch_mlp.gate_proj.weight`).
+                        if matches!(entry.node, crate::ir::ParamNode::Tensor { .. }) {
+                            return Ok(X::Tensor(T {
+                                ts: place,
+                                is_ref: false,
+                                simple: true,
+                            }));
+                        }
                         Ok(X::Module(Box::new(
                             self.g.module(entry, place, &decl, e.span)?,
                         )))

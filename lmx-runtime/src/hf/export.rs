@@ -6,12 +6,14 @@
 //! renamed into place: it appears complete or not at all.
 
 use super::error::HfError;
+use super::experts::per_expert_names;
 use super::family::Family;
 use super::weights::{INDEX_FILE, WEIGHTS_FILE};
 use crate::checkpoint::atomic::TEMP_PREFIX;
 use crate::error::Result;
 use crate::tree::{self, Tree};
 use half::{bf16, f16};
+use mlx_rs::ops::indexing::IndexOp;
 use mlx_rs::transforms::eval;
 use mlx_rs::{Array, ArrayElement, Dtype};
 use safetensors::Dtype as FileDtype;
@@ -51,7 +53,17 @@ pub fn hf_tensors<R: Tree<Array>>(
         if family.transposed(&name) {
             array = array.t();
         }
-        tensors.push((family.hf_name(&name), array.contiguous()?));
+        let hf_name = family.hf_name(&name);
+        let experts = array.shape().first().map_or(0, |&n| n as usize);
+        match per_expert_names(family, &hf_name, experts) {
+            Some(names) => {
+                for (e, name) in names.into_iter().enumerate() {
+                    let expert = array.index(e as i32);
+                    tensors.push((name, expert.contiguous()?));
+                }
+            }
+            None => tensors.push((hf_name, array.contiguous()?)),
+        }
     }
     eval(tensors.iter().map(|(_, array)| array))?;
     Ok(tensors)

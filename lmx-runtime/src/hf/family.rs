@@ -36,10 +36,12 @@ pub enum Family {
     Gemma3Text,
     /// `phi3`: `models/phi3.lmx`.
     Phi3,
+    /// `deepseek_v2`: `models/deepseek_v2.lmx`.
+    DeepseekV2,
 }
 
 /// Every family, in the order errors list them.
-pub const FAMILIES: [Family; 11] = [
+pub const FAMILIES: [Family; 12] = [
     Family::Gpt2,
     Family::Llama,
     Family::Mistral,
@@ -51,6 +53,7 @@ pub const FAMILIES: [Family; 11] = [
     Family::Gemma2,
     Family::Gemma3Text,
     Family::Phi3,
+    Family::DeepseekV2,
 ];
 
 /// GPT-2's `Conv1D` layers, whose weights transformers stores `[in, out]` (MLX's are `[out, in]`).
@@ -76,6 +79,7 @@ impl Family {
             Family::Gemma2 => "gemma2",
             Family::Gemma3Text => "gemma3_text",
             Family::Phi3 => "phi3",
+            Family::DeepseekV2 => "deepseek_v2",
         }
     }
 
@@ -98,6 +102,7 @@ impl Family {
             Family::Gemma2 => "Gemma2ForCausalLM",
             Family::Gemma3Text => "Gemma3ForCausalLM",
             Family::Phi3 => "Phi3ForCausalLM",
+            Family::DeepseekV2 => "DeepseekV2ForCausalLM",
         }
     }
 
@@ -247,6 +252,12 @@ impl Family {
                             0.into(),
                             "the bundled mixtral model's router adds no noise",
                         )?;
+                        // transformers adds the balancing loss only with `output_router_logits`.
+                        let aux = match hf.get("output_router_logits").and_then(Value::as_bool) {
+                            Some(true) => hf.float_or("router_aux_loss_coef", 0.001)?,
+                            _ => 0.0,
+                        };
+                        set("router_aux_coef", aux.into());
                     }
                     _ => {}
                 }
@@ -292,6 +303,7 @@ impl Family {
             Family::Qwen2 | Family::Qwen3 | Family::Gemma2 | Family::Gemma3Text | Family::Phi3 => {
                 return super::newer::lmx_config(self, &hf, self.tied(config));
             }
+            Family::DeepseekV2 => return super::deepseek::lmx_config(&hf, self.tied(config)),
             Family::Mpt => {
                 set("vocab", hf.size_or("vocab_size", 50368)?.into());
                 set("ctx", hf.size_or("max_seq_len", 2048)?.into());
@@ -420,6 +432,9 @@ impl Family {
                         object.insert("num_local_experts".into(), get("n_experts"));
                         object.insert("num_experts_per_tok".into(), get("experts_per_token"));
                         object.insert("router_jitter_noise".into(), 0.0.into());
+                        let aux = get("router_aux_coef").as_f64().unwrap_or(0.0);
+                        object.insert("output_router_logits".into(), (aux != 0.0).into());
+                        object.insert("router_aux_loss_coef".into(), aux.into());
                     }
                     _ => {}
                 }
@@ -445,6 +460,7 @@ impl Family {
             Family::Qwen2 | Family::Qwen3 | Family::Gemma2 | Family::Gemma3Text | Family::Phi3 => {
                 super::newer::hf_config(self, lmx)?
             }
+            Family::DeepseekV2 => super::deepseek::hf_config(lmx)?,
             Family::Mpt => json!({
                 "vocab_size": get("vocab"),
                 "max_seq_len": get("ctx"),
@@ -533,7 +549,8 @@ impl Family {
             | Family::Mixtral
             | Family::Qwen2
             | Family::Qwen3
-            | Family::Phi3 => stored.ends_with(".rotary_emb.inv_freq"),
+            | Family::Phi3
+            | Family::DeepseekV2 => stored.ends_with(".rotary_emb.inv_freq"),
             Family::Gemma | Family::Mpt | Family::Gemma2 | Family::Gemma3Text => false,
         }
     }

@@ -5,12 +5,13 @@
 //! loads the same way, as long as its leaves are named as the file's tensors.
 
 use super::error::HfError;
+use super::experts::per_expert_names;
 use super::family::Family;
 use super::weights::Weights;
 use crate::error::Result;
 use crate::tree::{self, LeafSpec, Tree};
 use mlx_rs::transforms::eval;
-use mlx_rs::{Array, Dtype};
+use mlx_rs::{ops, Array, Dtype};
 use std::collections::HashSet;
 
 /// Which leaves to read, and as what.
@@ -55,14 +56,25 @@ pub fn load_into<R: Tree<Array>>(
     let mut loaded = Vec::with_capacity(leaves.len());
     for (spec, leaf) in specs.iter().zip(leaves) {
         let candidates = family.stored_names(&spec.name, tied);
+        let experts = leaf.shape().first().map_or(0, |&n| n as usize);
+        let per_expert = per_expert_names(family, &candidates[0], experts);
         let Some(stored_name) = candidates.iter().find(|name| weights.contains(name)) else {
+            // A stacked experts' leaf that the file stores per expert (transformers' layout).
+            let missing = per_expert
+                .as_ref()
+                .and_then(|names| names.iter().find(|name| !weights.contains(name)));
+            if let (Some(names), None) = (&per_expert, missing) {
+                loaded.push(stacked(weights, names, &leaf, options)?);
+                used.extend(names.iter().cloned());
+                continue;
+            }
             if (options.optional)(spec) {
                 loaded.push(leaf);
                 continue;
             }
             return Err(HfError::MissingTensor {
                 path: weights.source().to_owned(),
-                tensor: candidates[0].clone(),
+                tensor: missing.unwrap_or(&candidates[0]).clone(),
             }
             .into());
         };
@@ -111,4 +123,36 @@ pub fn load_into<R: Tree<Array>>(
     }
     let mut loaded = loaded.into_iter();
     Ok(template.map_same(&mut |_| loaded.next().expect("one array per leaf")))
+}
+
+/// The experts' tensors `names` stacked into one `[experts, out, in]` leaf shaped as `leaf`.
+fn stacked(
+    weights: &Weights,
+    names: &[String],
+    leaf: &Array,
+    options: LoadOptions,
+) -> Result<Array> {
+    let expected: Vec<usize> = leaf.shape()[1..].iter().map(|&dim| dim as usize).collect();
+    let want = options.dtype.unwrap_or(leaf.dtype());
+    let mut experts = Vec::with_capacity(names.len());
+    for name in names {
+        let stored = weights.get(name)?;
+        if stored.shape != expected {
+            return Err(HfError::WrongShape {
+                path: stored.path.to_owned(),
+                tensor: name.clone(),
+                expected,
+                found: stored.shape,
+            }
+            .into());
+        }
+        let mut array = stored.to_array()?;
+        if is_float(array.dtype()) && is_float(want) && array.dtype() != want {
+            array = array.as_dtype(want)?;
+        }
+        experts.push(array);
+    }
+    let array = ops::stack(&experts, 0)?;
+    eval([&array])?;
+    Ok(array)
 }

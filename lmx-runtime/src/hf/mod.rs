@@ -17,7 +17,9 @@
 //! ```
 
 mod config;
+mod deepseek;
 mod error;
+mod experts;
 mod export;
 mod family;
 mod load;

@@ -40,7 +40,9 @@ pub(crate) fn lmx_config(
     let no_bias = format!("the bundled {model} model's projections have no bias");
     match family {
         Family::Qwen2 | Family::Qwen3 => {
-            out.insert("rope_base".into(), rope_base(hf, 10000.0)?.into());
+            for (key, value) in qwen_rope(hf, model)? {
+                out.insert(key.into(), value);
+            }
             out.insert("tie".into(), tied.into());
             silu(hf, model)?;
             hf.require(
@@ -198,6 +200,42 @@ fn require_layer_types(
     hf.require("layer_types", json!(expected), reason)
 }
 
+/// Qwen's RoPE: the base, and YaRN's scaling when `config.json` asks for it (its attention
+/// factor derived from the factor alone, as transformers does without `mscale`).
+fn qwen_rope(hf: &ConfigReader, model: &str) -> Result<Vec<(&'static str, Value)>, HfError> {
+    let reason =
+        format!("the bundled {model} model applies RoPE unscaled or with YaRN's scaling (yarn)");
+    let rope = rope(hf, 10000.0, &["yarn"], &reason)?;
+    let mut settings = vec![("rope_base", rope.base.into())];
+    if rope.kind != "yarn" {
+        settings.push(("rope_scaling", "off".into()));
+        return Ok(settings);
+    }
+    let p = &rope.params;
+    for key in ["attention_factor", "mscale", "mscale_all_dim"] {
+        if let Some(value) = p.get(key) {
+            return Err(p.error(
+                key,
+                value,
+                format!(
+                    "the bundled {model} model derives YaRN's attention factor from its factor"
+                ),
+            ));
+        }
+    }
+    settings.extend([
+        ("rope_scaling", "yarn".into()),
+        ("rope_factor", p.float_or("factor", 1.0)?.into()),
+        (
+            "rope_original_ctx",
+            p.size_or("original_max_position_embeddings", 32768)?.into(),
+        ),
+        ("rope_beta_fast", p.float_or("beta_fast", 32.0)?.into()),
+        ("rope_beta_slow", p.float_or("beta_slow", 1.0)?.into()),
+    ]);
+    Ok(settings)
+}
+
 fn silu(hf: &ConfigReader, model: &str) -> Result<(), HfError> {
     hf.one_of(
         "hidden_act",
@@ -246,6 +284,19 @@ pub(crate) fn hf_config(family: Family, lmx: &Value) -> Result<Value, Inexpressi
     let n_layers = int("n_layers");
     match family {
         Family::Qwen2 | Family::Qwen3 => {
+            if get("rope_scaling").as_str() == Some("yarn") {
+                set(
+                    "rope_scaling",
+                    json!({
+                        "type": "yarn",
+                        "rope_type": "yarn",
+                        "factor": get("rope_factor"),
+                        "original_max_position_embeddings": get("rope_original_ctx"),
+                        "beta_fast": get("rope_beta_fast"),
+                        "beta_slow": get("rope_beta_slow"),
+                    }),
+                );
+            }
             set("hidden_act", "silu".into());
             set("tie_word_embeddings", get("tie"));
             set("use_sliding_window", false.into());

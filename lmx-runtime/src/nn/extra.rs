@@ -51,10 +51,12 @@ pub fn softplus(x: &Array) -> Result<Array> {
 }
 
 /// The `k` largest values along the last axis and their indices (in no particular order).
+/// Gradients reach `x` through the values; the indices are constants to differentiation (MLX
+/// cannot differentiate a gather with respect to its indices, as mlx-lm's routers also stop them).
 pub fn top_k(x: &Array, k: i32) -> Result<(Array, Array)> {
     let last = x.ndim() as i32 - 1;
     let width = x.shape()[x.ndim() - 1];
-    let order = ops::argpartition_axis(x.negative()?, k - 1, last)?;
+    let order = mlx_rs::stop_gradient(&ops::argpartition_axis(x.negative()?, k - 1, last)?)?;
     let indices = order.take_axis(Array::arange::<_, i32>(None, k.min(width), None)?, last)?;
     let values = x.take_along_axis(&indices, last)?;
     Ok((values, indices))

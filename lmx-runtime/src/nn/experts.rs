@@ -1,0 +1,154 @@
+//! Gathered sparse experts and router balancing.
+//!
+//! [`switch_glu`] runs each token through only the experts its router chose, as mlx-lm's
+//! `SwitchGLU` does: the experts' weights are stacked (`[experts, out, in]`, each expert a linear
+//! layer's weight) and MLX's `gather_mm` multiplies every (token, choice) row by its expert's
+//! matrix. With many rows they are first sorted by expert (mlx-lm's `_gather_sort`), so the
+//! product walks each expert's rows together, and put back in order afterwards. MLX
+//! differentiates `gather_mm` with respect to both operands, so the experts train.
+//!
+//! [`balance`] adds the gradient of the Switch Transformer's auxiliary load-balancing loss (as
+//! transformers' `load_balancing_loss_func` computes it for Mixtral) without adding the loss
+//! itself to the model's output: it is the identity on the layer's output, and its gradient with
+//! respect to the router's probabilities is the loss's, times its coefficient (Megatron-LM's
+//! `MoEAuxLossAutoScaler` does the same). So a forward pass that returns logits trains its router
+//! towards balance, and the reported loss stays the language model's.
+
+use super::custom_vjp::{self, WithGradient};
+use super::{scalar, silu};
+use crate::error::{Error, Result};
+use mlx_rs::{ops, Array, Dtype};
+
+/// From this many (token, choice) rows on, [`switch_glu`] sorts the rows by expert (mlx-lm's
+/// threshold).
+pub const SORT_FROM: usize = 64;
+
+/// The experts' SwiGLU, `down(silu(gate(x)) * up(x))`, of each token through each expert that
+/// `indices` chose for it: `x [..., d]`, `indices [..., k]` (ints below the number of experts),
+/// `gate` and `up` `[experts, hidden, d]`, `down` `[experts, d_out, hidden]`; the result is
+/// `[..., k, d_out]`, one row per choice, as mlx-lm's `SwitchGLU` returns it.
+pub fn switch_glu(
+    x: &Array,
+    indices: &Array,
+    gate: &Array,
+    up: &Array,
+    down: &Array,
+) -> Result<Array> {
+    let width = *x
+        .shape()
+        .last()
+        .ok_or_else(|| Error::Layout("switch_glu takes x of rank 1 or more".into()))?;
+    let indices = indices.as_dtype(Dtype::Uint32)?;
+    let idx_shape = indices.shape().to_vec();
+    let k = *idx_shape
+        .last()
+        .ok_or_else(|| Error::Layout("switch_glu takes indices of rank 1 or more".into()))?;
+    // Each token a [1, d] matrix, broadcast over its k choices: [..., 1, 1, d].
+    let rows = x.expand_dims(-2)?.expand_dims(-2)?;
+    let sort = indices.size() >= SORT_FROM;
+    let (rows, idx, inverse) = if sort {
+        let flat = indices.flatten(None, None)?;
+        let order = ops::argsort_axis(&flat, 0)?;
+        let inverse = ops::argsort_axis(&order, 0)?;
+        let token = order.floor_divide(Array::from_int(k))?;
+        let rows = rows.reshape(&[-1, 1, width])?.take_axis(&token, 0)?;
+        (rows, flat.take_axis(&order, 0)?, Some(inverse))
+    } else {
+        (rows, indices, None)
+    };
+    let product = |a: &Array, w: &Array| -> Result<Array> {
+        Ok(ops::gather_mm(a, w.swap_axes(-1, -2)?, None, &idx, sort)?)
+    };
+    let hidden = silu(&product(&rows, gate)?)?.multiply(product(&rows, up)?)?;
+    let y = product(&hidden, down)?;
+    let y = match inverse {
+        Some(inverse) => {
+            let out = *y.shape().last().unwrap_or(&1);
+            let mut shape = idx_shape.clone();
+            shape.extend([1, out]);
+            y.take_axis(&inverse, 0)?.reshape(&shape)?
+        }
+        None => y,
+    };
+    Ok(y.squeeze_axes(&[-2])?)
+}
+
+/// The Switch Transformer's load-balancing loss over `probs [..., experts]` (the router's
+/// softmax) and `indices [..., k]` (its choices), as transformers' `load_balancing_loss_func`:
+/// `experts * sum_e f_e P_e`, where `f_e` is the fraction of choices that picked expert `e` per
+/// choice slot and `P_e` the mean probability of `e`. `f` comes from the choices and carries no
+/// gradient.
+pub fn balance_loss(probs: &Array, indices: &Array) -> Result<Array> {
+    let (loads, tokens, experts) = loads(probs, indices)?;
+    let mean_prob = probs.reshape(&[-1, experts])?.mean_axis(0, false)?;
+    let scale = scalar(experts as f32 / tokens as f32, Dtype::Float32)?;
+    Ok(loads
+        .multiply(&mean_prob.as_dtype(Dtype::Float32)?)?
+        .sum(false)?
+        .multiply(&scale)?)
+}
+
+/// How many choices picked each expert (float32 `[experts]`), the token count and the expert
+/// count.
+fn loads(probs: &Array, indices: &Array) -> Result<(Array, usize, i32)> {
+    let experts = *probs
+        .shape()
+        .last()
+        .ok_or_else(|| Error::Layout("the router's probabilities have no expert axis".into()))?;
+    let tokens = probs.size() / experts.max(1) as usize;
+    let classes = Array::arange::<_, i32>(None, experts, None)?;
+    let picks = indices
+        .as_dtype(Dtype::Int32)?
+        .reshape(&[-1, 1])?
+        .eq(&classes)?
+        .as_dtype(Dtype::Float32)?;
+    Ok((picks.sum_axis(0, false)?, tokens.max(1), experts))
+}
+
+/// `y` unchanged; in the backward pass the router's probabilities also receive `coef` times the
+/// gradient of [`balance_loss`]`(probs, indices)`.
+pub fn balance(y: &Array, probs: &Array, indices: &Array, coef: f32) -> Result<Array> {
+    let inputs = [y.clone(), probs.clone(), indices.clone()];
+    custom_vjp::apply(&Balance { coef }, &inputs)?
+        .pop()
+        .ok_or_else(|| Error::Layout("the balancing loss returned nothing".into()))
+}
+
+/// [`balance`]'s custom function over `[y, probs, indices]`.
+#[derive(Clone, Copy, Debug, PartialEq)]
+struct Balance {
+    coef: f32,
+}
+
+impl WithGradient for Balance {
+    const NAME: &'static str = "the router's balancing loss";
+
+    fn forward(&self, inputs: &[Array]) -> Result<Vec<Array>> {
+        let y = inputs.first().ok_or_else(|| arity(inputs.len()))?;
+        Ok(vec![y.clone()])
+    }
+
+    /// `dy` passes through; `d loss / d probs[t, e] = experts * load_e / tokens^2`, where
+    /// `load_e` counts the choices of `e` (the loss is linear in the mean probabilities).
+    fn vjp(&self, primals: &[Array], cotangents: &[Array]) -> Result<Vec<Array>> {
+        let [_, probs, indices] = primals else {
+            return Err(arity(primals.len()));
+        };
+        let dy = cotangents
+            .first()
+            .ok_or_else(|| Error::Layout("the balancing loss got no cotangent".into()))?;
+        let (loads, tokens, experts) = loads(probs, indices)?;
+        let scale = self.coef * experts as f32 / (tokens as f32 * tokens as f32);
+        let dprobs = loads
+            .multiply(scalar(scale, Dtype::Float32)?)?
+            .as_dtype(probs.dtype())?;
+        let dprobs = ops::broadcast_to(&dprobs, probs.shape())?;
+        Ok(vec![dy.clone(), dprobs, ops::zeros_like(indices)?])
+    }
+}
+
+fn arity(count: usize) -> Error {
+    Error::Layout(format!(
+        "the balancing loss takes [y, probs, indices], got {count} arrays"
+    ))
+}
