@@ -87,6 +87,16 @@ fn newer_families_published_counts() {
     assert_eq!(count("phi3.lmx", "phi-3-mini"), 3_821_079_552);
 }
 
+/// Mamba-2 at the published sizes (state-spaces/mamba2-130m, -370m, -780m: vocabulary padded to
+/// 50,288, state 128, head width 64, one group, the head tied): transformers' `Mamba2ForCausalLM`
+/// built from those settings holds these counts.
+#[test]
+fn mamba2_published_counts() {
+    assert_eq!(count("mamba2.lmx", "mamba2-130m"), 128_989_632);
+    assert_eq!(count("mamba2.lmx", "mamba2-370m"), 368_346_624);
+    assert_eq!(count("mamba2.lmx", "mamba2-780m"), 780_161_280);
+}
+
 #[test]
 fn gpt2_names_shapes_and_costs() {
     let r = report_of("gpt2.lmx", "124m");

@@ -332,6 +332,8 @@ pub(crate) struct Fx<'g, 'm> {
     pub uses_offset: bool,
     /// Whether it attends.
     pub attends: bool,
+    /// Whether it runs a recurrence (`ssd`, `causal_conv1d`), whose state the cache holds.
+    pub recurs: bool,
     /// Whether it draws dropout masks (from `pass.ctx`'s key).
     pub drops: bool,
     /// In a step: the context its `forward(..)` calls share (one dropout key stream per step).
@@ -352,6 +354,7 @@ impl<'g, 'm> Fx<'g, 'm> {
             uses_config: false,
             uses_offset: false,
             attends: false,
+            recurs: false,
             drops: false,
             step_ctx: None,
             taken: g.taken.clone(),

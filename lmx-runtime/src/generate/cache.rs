@@ -7,7 +7,11 @@
 //! before its `start` are masked out of every query's view. Attention depends only on how far
 //! apart a query and a key are (rotary embeddings, ALiBi, no positions at all), so a sequence's
 //! logits are the same whatever slot it starts at.
+//!
+//! Beside the keys and values it holds the states of recurrent layers ([`super::state`]), which
+//! the same rows and slots index.
 
+use super::state::RecurrentStates;
 use crate::error::Result;
 use mlx_rs::ops::indexing::{IndexOp, TryIndexMutOp};
 use mlx_rs::{ops, Array};
@@ -22,6 +26,8 @@ pub(crate) struct KvCache {
     starts: Option<Vec<i32>>,
     /// The last mask built, for `(query length, key length)`: every layer of a pass shares it.
     mask: Option<((i32, i32), Array)>,
+    /// The recurrent layers' states after the `len` filled slots.
+    pub(crate) states: RecurrentStates,
 }
 
 impl KvCache {
@@ -36,6 +42,7 @@ impl KvCache {
             len,
             starts: Some(starts),
             mask: None,
+            states: RecurrentStates::default(),
         }
     }
 
@@ -88,13 +95,32 @@ impl KvCache {
         Ok(Some(mask))
     }
 
+    /// Which of the next `t_len` slots each row's sequence fills, `[B, T]` bool: `None` where
+    /// no row is padded. (Recurrent layers zero their inputs on a row's padding, so that its
+    /// state starts as an unpadded row's does.)
+    pub(crate) fn valid(&self, t_len: i32) -> Result<Option<Array>> {
+        let Some(starts) = &self.starts else {
+            return Ok(None);
+        };
+        let slots = Array::arange::<_, i32>(self.len, self.len + t_len, None)?.reshape(&[1, t_len])?;
+        let starts = Array::from_slice(starts, &[starts.len() as i32, 1]);
+        Ok(Some(slots.ge(&starts)?))
+    }
+
     /// Every buffer, to evaluate the cache without the logits (a prefill chunk).
     pub(crate) fn arrays(&self) -> Vec<&Array> {
         self.layers
             .iter()
             .flatten()
             .flat_map(|(k, v)| [k, v])
+            .chain(self.states.arrays())
             .collect()
+    }
+
+    /// Whether [`truncate`](Self::truncate) can cut the cache back to `len` slots: recurrent
+    /// states hold no earlier position, so a cache that has them can only keep all it holds.
+    pub(crate) fn can_truncate(&self, len: i32) -> bool {
+        len >= self.len || self.states.is_empty()
     }
 
     /// Forgets the slots from `len` on: the next pass writes over them (a prompt that shares
@@ -113,6 +139,7 @@ impl KvCache {
             *keys = keys.take_axis(&index, 0)?;
             *values = values.take_axis(&index, 0)?;
         }
+        self.states.take_rows(&index)?;
         if let Some(starts) = &mut self.starts {
             *starts = rows.iter().map(|&row| starts[row]).collect();
         }
@@ -154,6 +181,7 @@ impl KvCache {
         }
         self.starts = Some(starts);
         self.mask = None;
+        self.states.append_rows(other.states)?;
         Ok(())
     }
 }

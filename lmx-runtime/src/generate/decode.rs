@@ -67,6 +67,14 @@ impl PromptCache {
             .take_while(|(a, b)| a == b)
             .count()
             .min(prompt.len() - 1);
+        // A recurrent state cannot go back to a shorter prefix: feed the prompt from the start.
+        let rewinds = self.ctx.cache_mut().is_none_or(|cache| cache.can_truncate(shared as i32));
+        let shared = if rewinds {
+            shared
+        } else {
+            self.ctx = Context::generation();
+            0
+        };
         self.tokens.truncate(shared);
         if let Some(cache) = self.ctx.cache_mut() {
             cache.truncate(shared as i32);

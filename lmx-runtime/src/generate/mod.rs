@@ -10,6 +10,7 @@ mod decode;
 pub mod sampler;
 mod search;
 mod speculative;
+pub(crate) mod state;
 pub mod text;
 
 pub use batch::{BatchGenerator, BatchLimits, Event, FinishReason, Request, SeqId};

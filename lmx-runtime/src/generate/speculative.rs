@@ -182,6 +182,9 @@ pub fn speculative_generate<M: LanguageModel, D: LanguageModel>(
         // The target keeps the fed tokens that were kept; the draft, which was not fed its
         // last proposal, catches up on it when all were kept.
         if let Some(cache) = target_ctx.cache_mut() {
+            if !cache.can_truncate(base + 1 + kept as i32) {
+                return Err(Error::RecurrentRewind { model: M::NAME });
+            }
             cache.truncate(base + 1 + kept as i32);
         }
         draft_input = if k == 0 {
@@ -190,6 +193,9 @@ pub fn speculative_generate<M: LanguageModel, D: LanguageModel>(
             vec![kept_tokens[k - 1], token]
         } else {
             if let Some(cache) = draft_ctx.cache_mut() {
+                if !cache.can_truncate(base + 1 + kept as i32) {
+                    return Err(Error::RecurrentRewind { model: D::NAME });
+                }
                 cache.truncate(base + 1 + kept as i32);
             }
             vec![token]

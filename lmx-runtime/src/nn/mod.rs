@@ -11,6 +11,7 @@ mod layers;
 mod linear_grad;
 mod loss;
 mod rope;
+mod scan;
 
 pub use activation::*;
 pub use column_sum::column_sum;
@@ -19,3 +20,4 @@ pub use extra::*;
 pub use layers::*;
 pub use loss::*;
 pub use rope::*;
+pub use scan::*;
