@@ -109,7 +109,8 @@ impl Registry {
     /// The bundled models of `models/`: what the stock `lmx` binary knows.
     pub fn bundled() -> Registry {
         use lmx::models::{
-            gemma, gemma2, gemma3_text, gpt2, llama, mistral, mixtral, mpt, phi3, qwen2, qwen3,
+            gemma, gemma2, gemma3_text, gpt2, llama, mamba2, mistral, mixtral, mpt, phi3, qwen2,
+            qwen3,
         };
         Registry::new()
             .sources(lmx::models::SOURCES)
@@ -124,6 +125,7 @@ impl Registry {
             .model::<gemma2::Train>()
             .model::<gemma3_text::Train>()
             .model::<phi3::Train>()
+            .model::<mamba2::Train>()
     }
 
     /// Adds the model that training step `S` trains, under its name: a `.lmx` model's generated

@@ -15,7 +15,7 @@ use super::names::{ident, snake};
 use super::Gen;
 use crate::ast::{Arg, BinaryOp, Body, Expr, ExprKind, StmtKind, Subscript, UnaryOp};
 use crate::diag::Diagnostic;
-use crate::ir::{LayerKind, ParamTree};
+use crate::ir::{LayerKind, ParamNode, ParamTree};
 use crate::span::Span;
 
 pub(crate) type R<T> = Result<T, Diagnostic>;
@@ -926,6 +926,14 @@ impl<'g, 'm> Fx<'g, 'm> {
                         } else {
                             quote!(#place.#f)
                         };
+                        // A raw tensor of a group (`conv1d.weight`): the leaf itself.
+                        if matches!(entry.node, ParamNode::Tensor { .. }) {
+                            return Ok(X::Tensor(T {
+                                ts: place,
+                                is_ref: false,
+                                simple: true,
+                            }));
+                        }
                         Ok(X::Module(Box::new(
                             self.g.module(entry, place, &decl, e.span)?,
                         )))

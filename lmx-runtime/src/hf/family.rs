@@ -36,10 +36,12 @@ pub enum Family {
     Gemma3Text,
     /// `phi3`: `models/phi3.lmx`.
     Phi3,
+    /// `mamba2`: `models/mamba2.lmx`.
+    Mamba2,
 }
 
 /// Every family, in the order errors list them.
-pub const FAMILIES: [Family; 11] = [
+pub const FAMILIES: [Family; 12] = [
     Family::Gpt2,
     Family::Llama,
     Family::Mistral,
@@ -51,6 +53,7 @@ pub const FAMILIES: [Family; 11] = [
     Family::Gemma2,
     Family::Gemma3Text,
     Family::Phi3,
+    Family::Mamba2,
 ];
 
 /// GPT-2's `Conv1D` layers, whose weights transformers stores `[in, out]` (MLX's are `[out, in]`).
@@ -76,6 +79,7 @@ impl Family {
             Family::Gemma2 => "gemma2",
             Family::Gemma3Text => "gemma3_text",
             Family::Phi3 => "phi3",
+            Family::Mamba2 => "mamba2",
         }
     }
 
@@ -98,6 +102,7 @@ impl Family {
             Family::Gemma2 => "Gemma2ForCausalLM",
             Family::Gemma3Text => "Gemma3ForCausalLM",
             Family::Phi3 => "Phi3ForCausalLM",
+            Family::Mamba2 => "Mamba2ForCausalLM",
         }
     }
 
@@ -292,6 +297,7 @@ impl Family {
             Family::Qwen2 | Family::Qwen3 | Family::Gemma2 | Family::Gemma3Text | Family::Phi3 => {
                 return super::newer::lmx_config(self, &hf, self.tied(config));
             }
+            Family::Mamba2 => return super::recurrent::mamba2_config(&hf, self.tied(config)),
             Family::Mpt => {
                 set("vocab", hf.size_or("vocab_size", 50368)?.into());
                 set("ctx", hf.size_or("max_seq_len", 2048)?.into());
@@ -445,6 +451,7 @@ impl Family {
             Family::Qwen2 | Family::Qwen3 | Family::Gemma2 | Family::Gemma3Text | Family::Phi3 => {
                 super::newer::hf_config(self, lmx)?
             }
+            Family::Mamba2 => super::recurrent::mamba2_hf_config(lmx),
             Family::Mpt => json!({
                 "vocab_size": get("vocab"),
                 "max_seq_len": get("ctx"),
@@ -523,7 +530,9 @@ impl Family {
             | Family::Qwen2
             | Family::Qwen3
             | Family::Phi3 => stored.ends_with(".rotary_emb.inv_freq"),
-            Family::Gemma | Family::Mpt | Family::Gemma2 | Family::Gemma3Text => false,
+            Family::Gemma | Family::Mpt | Family::Gemma2 | Family::Gemma3Text | Family::Mamba2 => {
+                false
+            }
         }
     }
 }
