@@ -39,14 +39,19 @@ run() {  # name, then the command
 
 for size in $sizes; do
     IFS=: read -r preset d_model layers <<< "$size"
-    # The tiny preset's own shape (state 16, heads 16 wide, two groups, chunks of 16).
+    # The tiny preset's own shape (state 16, heads 16 wide, two groups, chunks of 16), its
+    # vocabulary widened to the byte tokenizer's 257 ids in both.
     shape=()
-    [ "$preset" = tiny ] && shape=(--vocab 256 --state 16 --head-dim 16 --groups 2)
+    settings=()
+    if [ "$preset" = tiny ]; then
+        shape=(--vocab 257 --state 16 --head-dim 16 --groups 2)
+        settings=(--set vocab=257)
+    fi
     precision=$([ "$dtype" = bfloat16 ] && echo bfloat16 || echo float32)
     run "lmx-$preset" "$lmx" train --device "$device" --model mamba2 --preset "$preset" \
         --tokenizer byte --data data/shakespeare.txt --seq-len "$seq" --batch-size "$batch" \
         --precision "$precision" --steps "$steps" --eval-every 0 --checkpoint-every 0 --quiet \
-        --sample 0 --out "$work/$preset"
+        --sample 0 "${settings[@]}" --out "$work/$preset"
     cp "$work/$preset/metrics.jsonl" "$out/lmx-$preset.jsonl" 2>/dev/null
     run "anchor-$preset" "$python" "$here/ssm_anchor_mlx.py" --d-model "$d_model" \
         --layers "$layers" "${shape[@]}" --batch "$batch" --seq "$seq" --steps "$((steps - 10))" \

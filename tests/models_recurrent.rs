@@ -5,6 +5,9 @@
 //! the scan's chunk boundaries, gives the full forward pass's logits.
 
 use lmx::models::{hybrid, mamba2};
+use lmx::runtime::generate::{
+    generate, generate_cached, speculative_generate, Models, PromptCache, Sampling,
+};
 use lmx::runtime::model::{Context, LanguageModel, TrainingStep};
 use lmx::runtime::state::TrainState;
 use lmx::runtime::step::TrainStep;
@@ -132,4 +135,68 @@ fn hybrid_trains_through_the_compiled_step() -> Result<()> {
 fn hybrid_decoding_through_both_caches_matches_the_full_forward() -> Result<()> {
     // Layers 1 and 3 attend (KV cache), 0 and 2 are mixers (recurrent states).
     recurrent_decoding_matches_full::<hybrid::Hybrid>("tiny", &[0, 17, 18, 19, 33, 34])
+}
+
+/// A prompt cache of a recurrent model: a prompt that extends what it holds continues from its
+/// states; one that shares only a prefix (the states hold no earlier position) is fed from the
+/// start. Either way the tokens are those of a fresh generation.
+#[test]
+fn mamba2_prompt_cache_continues_or_starts_over() -> Result<()> {
+    type M = mamba2::Mamba2;
+    let config = mamba2::Config::preset("tiny").expect("tiny");
+    let params = M::init(&config, 0)?;
+    let greedy = Sampling {
+        temperature: 0.0,
+        max_tokens: 6,
+        ..Sampling::default()
+    };
+    let ids = |len: i32, seed: u64| -> Result<Vec<u32>> {
+        let key = mlx_rs::random::key(seed)?;
+        let ids = mlx_rs::random::randint::<_, i32>(0, 256, &[len][..], &key)?;
+        Ok(ids.as_slice::<i32>().iter().map(|&id| id as u32).collect())
+    };
+    let mut cache = PromptCache::new();
+    let mut run = |prompt: &[u32]| -> Result<(Vec<u32>, Vec<u32>)> {
+        let cached = generate_cached::<M>(&params, &config, &mut cache, prompt, &greedy, None, |_| true)?;
+        let fresh = generate::<M>(&params, &config, prompt, &greedy, None, |_| ())?;
+        Ok((cached.tokens, fresh.tokens))
+    };
+    let first = ids(20, 1)?;
+    let (cached, fresh) = run(&first)?;
+    assert_eq!(cached, fresh);
+    // Everything the cache holds, then more: its states carry on.
+    let mut longer = [&first[..], &cached[..5]].concat();
+    longer.extend(ids(4, 2)?);
+    let (cached, fresh) = run(&longer)?;
+    assert_eq!(cached, fresh, "continued from the cached states");
+    // Only the first 12 tokens shared: fed again from the start.
+    let mut other = first[..12].to_vec();
+    other.extend(ids(3, 3)?);
+    let (cached, fresh) = run(&other)?;
+    assert_eq!(cached, fresh, "a prefix of the cached tokens");
+    Ok(())
+}
+
+/// Speculative decoding must drop the tokens the target rejects, which a recurrent state cannot:
+/// with a Mamba-2 target it fails with the error naming the model, not with wrong tokens.
+#[test]
+fn speculative_decoding_with_a_recurrent_target_is_refused() -> Result<()> {
+    let config = mamba2::Config::preset("tiny").expect("tiny");
+    let (target, draft) = (mamba2::Mamba2::init(&config, 0)?, mamba2::Mamba2::init(&config, 1)?);
+    let models = Models::<mamba2::Mamba2, mamba2::Mamba2> {
+        target: (&target, &config),
+        draft: (&draft, &config),
+    };
+    let greedy = Sampling {
+        temperature: 0.0,
+        max_tokens: 20,
+        ..Sampling::default()
+    };
+    let error = speculative_generate(models, &[1, 2, 3, 4], &greedy, 4, None, |_| ()).unwrap_err();
+    assert_eq!(
+        error.to_string(),
+        "speculative decoding needs caches that can drop rejected tokens; mamba2's recurrent \
+         layers keep states that cannot (generate without a draft model)"
+    );
+    Ok(())
 }
