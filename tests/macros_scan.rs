@@ -66,16 +66,29 @@ impl Ssm {
     }
 }
 
-fn forward(params: &Ssm<Tensor>, tokens: &Tensor, config: &Config, ctx: &mut Pass) -> Result<Tensor> {
+fn forward(
+    params: &Ssm<Tensor>,
+    tokens: &Tensor,
+    config: &Config,
+    ctx: &mut Pass,
+) -> Result<Tensor> {
     let (b, t) = (tokens.dim(0), tokens.dim(1));
     let inner = config.heads * config.head_dim;
     let projected = linear(&params.in_proj, &embedding(&params.embed, tokens)?)?;
     let channels = config.channels();
     let xbc = silu(&ctx.causal_conv1d(&projected.slice(-1, 0..channels)?, &params.conv, None)?)?;
-    let dt = projected.slice(-1, channels..channels + config.heads)?.exp()?;
-    let x = xbc.slice(-1, 0..inner)?.reshape(&[b, t, config.heads, config.head_dim])?;
-    let bm = xbc.slice(-1, inner..inner + config.state)?.reshape(&[b, t, 1, config.state])?;
-    let cm = xbc.slice(-1, inner + config.state..channels)?.reshape(&[b, t, 1, config.state])?;
+    let dt = projected
+        .slice(-1, channels..channels + config.heads)?
+        .exp()?;
+    let x = xbc
+        .slice(-1, 0..inner)?
+        .reshape(&[b, t, config.heads, config.head_dim])?;
+    let bm = xbc
+        .slice(-1, inner..inner + config.state)?
+        .reshape(&[b, t, 1, config.state])?;
+    let cm = xbc
+        .slice(-1, inner + config.state..channels)?
+        .reshape(&[b, t, 1, config.state])?;
     let a = params.a_log.exp()?.negative()?;
     let y = ctx.ssd(&x, &dt, &a, &bm, &cm, config.chunk)?;
     linear(&params.out_proj, &y.reshape(&[b, t, inner])?)
@@ -92,7 +105,12 @@ fn rust_front_end_scan_decodes_as_its_full_forward() -> Result<()> {
     let mut pieces = Vec::new();
     for (from, to) in [(0, 6), (6, 7), (7, 8), (8, 11)] {
         let picked = Array::arange::<_, i32>(from, to, None)?;
-        pieces.push(Ssm::forward(&params, &config, &tokens.take_axis(&picked, 1)?, &mut ctx)?);
+        pieces.push(Ssm::forward(
+            &params,
+            &config,
+            &tokens.take_axis(&picked, 1)?,
+            &mut ctx,
+        )?);
     }
     let decoded = mlx_rs::ops::concatenate(&pieces, 1)?;
     let error = decoded

@@ -38,7 +38,12 @@ fn names_match_report<M: LanguageModel>(file: &str, preset: &str) -> Result<()> 
 /// Random tokens `[2, len]` below `vocab`.
 fn tokens(vocab: usize, len: i32) -> Result<Array> {
     let key = mlx_rs::random::key(3)?;
-    Ok(mlx_rs::random::randint::<_, i32>(0, vocab as i32, &[2, len], &key)?)
+    Ok(mlx_rs::random::randint::<_, i32>(
+        0,
+        vocab as i32,
+        &[2, len],
+        &key,
+    )?)
 }
 
 /// Feeds `tokens` through a generation context in the pieces `bounds` cut, and compares the
@@ -59,7 +64,11 @@ fn recurrent_decoding_matches_full<M: LanguageModel>(preset: &str, bounds: &[i32
     let decoded = mlx_rs::ops::concatenate(&pieces, 1)?;
     let error = max_error(&decoded, &full);
     println!("{}: max |recurrent - full| = {error:.2e}", M::NAME);
-    assert!(error <= 1e-4, "{}: recurrent decoding differs by {error:e}", M::NAME);
+    assert!(
+        error <= 1e-4,
+        "{}: recurrent decoding differs by {error:e}",
+        M::NAME
+    );
     Ok(())
 }
 
@@ -157,7 +166,10 @@ fn mamba2_prompt_cache_continues_or_starts_over() -> Result<()> {
     };
     let mut cache = PromptCache::new();
     let mut run = |prompt: &[u32]| -> Result<(Vec<u32>, Vec<u32>)> {
-        let cached = generate_cached::<M>(&params, &config, &mut cache, prompt, &greedy, None, |_| true)?;
+        let cached =
+            generate_cached::<M>(&params, &config, &mut cache, prompt, &greedy, None, |_| {
+                true
+            })?;
         let fresh = generate::<M>(&params, &config, prompt, &greedy, None, |_| ())?;
         Ok((cached.tokens, fresh.tokens))
     };
@@ -182,7 +194,10 @@ fn mamba2_prompt_cache_continues_or_starts_over() -> Result<()> {
 #[test]
 fn speculative_decoding_with_a_recurrent_target_is_refused() -> Result<()> {
     let config = mamba2::Config::preset("tiny").expect("tiny");
-    let (target, draft) = (mamba2::Mamba2::init(&config, 0)?, mamba2::Mamba2::init(&config, 1)?);
+    let (target, draft) = (
+        mamba2::Mamba2::init(&config, 0)?,
+        mamba2::Mamba2::init(&config, 1)?,
+    );
     let models = Models::<mamba2::Mamba2, mamba2::Mamba2> {
         target: (&target, &config),
         draft: (&draft, &config),

@@ -921,7 +921,10 @@ pub fn cross_entropy(c: &mut RuleCx<'_, '_>) -> Ty {
 
 /// The shapes of a recurrent call's tensor arguments `which`, each of the rank its layout in
 /// `layouts` names (`None` when one is unknown or of another rank, after reporting it).
-fn scan_shapes(c: &mut RuleCx<'_, '_>, layouts: &[(usize, &str)]) -> Option<Vec<(TensorTy, Vec<Dim>)>> {
+fn scan_shapes(
+    c: &mut RuleCx<'_, '_>,
+    layouts: &[(usize, &str)],
+) -> Option<Vec<(TensorTy, Vec<Dim>)>> {
     let mut out = Vec::new();
     for &(i, layout) in layouts {
         let t = c.tensor(i)?;
@@ -935,7 +938,10 @@ fn scan_shapes(c: &mut RuleCx<'_, '_>, layouts: &[(usize, &str)]) -> Option<Vec<
             let (name, param) = (c.name, c.param_name(i));
             c.error(Diagnostic::new(
                 "lmx::type::scan_input",
-                format!("`{param}` of `{name}` must be a float tensor, not {}", t.dtype.name()),
+                format!(
+                    "`{param}` of `{name}` must be a float tensor, not {}",
+                    t.dtype.name()
+                ),
                 span,
                 "not float",
             ));
@@ -1075,7 +1081,8 @@ pub fn causal_conv1d(c: &mut RuleCx<'_, '_>) -> Ty {
             return Ty::Unknown;
         }
     }
-    if sw[1].as_constant().is_some_and(|one| one != 1) || sw[2].as_constant().is_some_and(|k| k < 1) {
+    if sw[1].as_constant().is_some_and(|one| one != 1) || sw[2].as_constant().is_some_and(|k| k < 1)
+    {
         let span = c.arg_span(1);
         c.error(Diagnostic::new(
             "lmx::shape::scan_state",

@@ -102,7 +102,8 @@ impl KvCache {
         let Some(starts) = &self.starts else {
             return Ok(None);
         };
-        let slots = Array::arange::<_, i32>(self.len, self.len + t_len, None)?.reshape(&[1, t_len])?;
+        let slots =
+            Array::arange::<_, i32>(self.len, self.len + t_len, None)?.reshape(&[1, t_len])?;
         let starts = Array::from_slice(starts, &[starts.len() as i32, 1]);
         Ok(Some(slots.ge(&starts)?))
     }

@@ -68,7 +68,10 @@ impl PromptCache {
             .count()
             .min(prompt.len() - 1);
         // A recurrent state cannot go back to a shorter prefix: feed the prompt from the start.
-        let rewinds = self.ctx.cache_mut().is_none_or(|cache| cache.can_truncate(shared as i32));
+        let rewinds = self
+            .ctx
+            .cache_mut()
+            .is_none_or(|cache| cache.can_truncate(shared as i32));
         let shared = if rewinds {
             shared
         } else {

@@ -103,10 +103,16 @@ pub fn speculative_generate<M: LanguageModel, D: LanguageModel>(
     }
     // A model with recurrent layers now holds states, which no rejection could cut back: refused
     // before any token (with a one-token prompt, at the first rejection below).
-    if target_ctx.cache_mut().is_some_and(|cache| !cache.can_truncate(0)) {
+    if target_ctx
+        .cache_mut()
+        .is_some_and(|cache| !cache.can_truncate(0))
+    {
         return Err(Error::RecurrentRewind { model: M::NAME });
     }
-    if draft_ctx.cache_mut().is_some_and(|cache| !cache.can_truncate(0)) {
+    if draft_ctx
+        .cache_mut()
+        .is_some_and(|cache| !cache.can_truncate(0))
+    {
         return Err(Error::RecurrentRewind { model: D::NAME });
     }
     // The token the target is fed next, and the tokens the draft is fed next.

@@ -19,19 +19,37 @@ pub(crate) fn mamba2_config(hf: &ConfigReader, tied: bool) -> Result<Map<String,
     )?;
     out.insert("vocab".into(), hf.size_or("vocab_size", 32768)?.into());
     out.insert("d_model".into(), d_model.into());
-    out.insert("n_layers".into(), hf.size_or("num_hidden_layers", 64)?.into());
+    out.insert(
+        "n_layers".into(),
+        hf.size_or("num_hidden_layers", 64)?.into(),
+    );
     out.insert("d_state".into(), hf.size_or("state_size", 128)?.into());
     out.insert("d_conv".into(), hf.size_or("conv_kernel", 4)?.into());
     out.insert("expand".into(), expand.into());
     out.insert("head_dim".into(), head_dim.into());
     out.insert("n_groups".into(), hf.size_or("n_groups", 8)?.into());
     out.insert("chunk".into(), hf.size_or("chunk_size", 256)?.into());
-    out.insert("eps".into(), hf.float_or("layer_norm_epsilon", 1e-5)?.into());
+    out.insert(
+        "eps".into(),
+        hf.float_or("layer_norm_epsilon", 1e-5)?.into(),
+    );
     out.insert("tie".into(), tied.into());
     let model = "the bundled mamba2 model";
-    hf.one_of("hidden_act", &["silu"], &format!("{model}'s convolution is followed by SiLU"))?;
-    hf.require("use_bias", false.into(), &format!("{model}'s projections have no bias"))?;
-    hf.require("use_conv_bias", true.into(), &format!("{model}'s convolution has a bias"))?;
+    hf.one_of(
+        "hidden_act",
+        &["silu"],
+        &format!("{model}'s convolution is followed by SiLU"),
+    )?;
+    hf.require(
+        "use_bias",
+        false.into(),
+        &format!("{model}'s projections have no bias"),
+    )?;
+    hf.require(
+        "use_conv_bias",
+        true.into(),
+        &format!("{model}'s convolution has a bias"),
+    )?;
     if let Some(limit) = hf.get("time_step_limit") {
         if !unclamped(limit) {
             return Err(hf.error(

@@ -18,9 +18,12 @@ use mlx_rs::{ops, Array, Dtype};
 
 /// `x`'s sizes as `[d0, d1, ...]`, checked to have `rank` axes.
 fn dims<const N: usize>(x: &Array, what: &str) -> Result<[i32; N]> {
-    x.shape()
-        .try_into()
-        .map_err(|_| Error::Layout(format!("{what} must have {N} axes, not shape {:?}", x.shape())))
+    x.shape().try_into().map_err(|_| {
+        Error::Layout(format!(
+            "{what} must have {N} axes, not shape {:?}",
+            x.shape()
+        ))
+    })
 }
 
 /// The checked sizes of an SSD call: batch, positions, heads, head width, groups, state width.
@@ -92,9 +95,18 @@ pub fn ssd_chunked(
     chunk: i32,
     state: Option<&Array>,
 ) -> Result<(Array, Array)> {
-    let SsdDims { b: bs, t, h, p, g, n } = ssd_dims(x, dt, a, b, c)?;
+    let SsdDims {
+        b: bs,
+        t,
+        h,
+        p,
+        g,
+        n,
+    } = ssd_dims(x, dt, a, b, c)?;
     if chunk < 1 {
-        return Err(Error::Layout(format!("ssd's chunk must be positive, not {chunk}")));
+        return Err(Error::Layout(format!(
+            "ssd's chunk must be positive, not {chunk}"
+        )));
     }
     let r = h / g;
     let l = chunk.min(t.max(1));
@@ -123,8 +135,8 @@ pub fn ssd_chunked(
     let bg = bm.transpose_axes(&[0, 1, 3, 2, 4])?; // [B, nc, G, L, N]
     let scores = cg.matmul(bg.swap_axes(-1, -2)?)?; // [B, nc, G, L, L]
     let gap = acs.expand_dims(-1)?.subtract(acs.expand_dims(-2)?)?; // [B, nc, H, L, L]
-    // Masked before the exponential: above the diagonal the gap is positive and could overflow,
-    // and a masked infinity would give NaN gradients.
+                                                                    // Masked before the exponential: above the diagonal the gap is positive and could overflow,
+                                                                    // and a masked infinity would give NaN gradients.
     let causal = ops::tril(Array::ones::<bool>(&[l, l])?, 0)?;
     let neg_inf = Array::from_f32(f32::NEG_INFINITY);
     let decay = ops::exp(ops::select(&causal, &gap, &neg_inf)?)?;
@@ -192,7 +204,14 @@ pub fn ssd_steps(
     c: &Array,
     state: Option<&Array>,
 ) -> Result<(Array, Array)> {
-    let SsdDims { b: bs, t, h, p, g, n } = ssd_dims(x, dt, a, b, c)?;
+    let SsdDims {
+        b: bs,
+        t,
+        h,
+        p,
+        g,
+        n,
+    } = ssd_dims(x, dt, a, b, c)?;
     let r = h / g;
     let mut s = match state {
         Some(s) => f32(s)?.reshape(&[bs, g, r, p, n])?,
@@ -244,7 +263,7 @@ pub fn causal_conv1d(
         None => ops::zeros_dtype(&[bs, k - 1, ch], x.dtype())?,
     };
     let full = ops::concatenate(&[&history, x], 1)?; // [B, K - 1 + T, C]
-    // Shifted products summed: K is small (4 in Mamba-2), and each term is one fused multiply.
+                                                     // Shifted products summed: K is small (4 in Mamba-2), and each term is one fused multiply.
     let taps = weight.reshape(&[ch, k])?.transpose()?; // [K, C]
     let mut y = full.index((.., 0..t)).multiply(taps.index(0))?;
     for j in 1..k {
@@ -339,7 +358,10 @@ mod tests {
         let (bs, h, p, g, n) = (2, 4, 3, 2, 5);
         let x = normal(&[bs, t, h, p], seed);
         let dt = mlx_rs::nn::softplus(normal(&[bs, t, h], seed + 1)).unwrap();
-        let a = ops::exp(normal(&[h], seed + 2)).unwrap().negative().unwrap();
+        let a = ops::exp(normal(&[h], seed + 2))
+            .unwrap()
+            .negative()
+            .unwrap();
         let b = normal(&[bs, t, g, n], seed + 3);
         let c = normal(&[bs, t, g, n], seed + 4);
         [x, dt, a, b, c]
@@ -405,11 +427,15 @@ mod tests {
             let (y, _) = ssd_chunked(&args[0], &args[1], &args[2], &args[3], &args[4], 2, None)?;
             Ok(y.multiply(&w)?.sum(None)?)
         };
-        let objective = |args: &[Array]| -> std::result::Result<Vec<Array>, mlx_rs::error::Exception> {
-            Ok(vec![loss(args).map_err(Error::into_exception)?])
-        };
+        let objective =
+            |args: &[Array]| -> std::result::Result<Vec<Array>, mlx_rs::error::Exception> {
+                Ok(vec![loss(args).map_err(Error::into_exception)?])
+            };
         let inputs = [x, dt, a, b, c];
-        let (_, grads) = mlx_rs::transforms::value_and_grad_with_argnums(objective, &[0, 1, 2, 3, 4][..])(&inputs)?;
+        let (_, grads) = mlx_rs::transforms::value_and_grad_with_argnums(
+            objective,
+            &[0, 1, 2, 3, 4][..],
+        )(&inputs)?;
         let eps = 1e-3;
         for (which, grad) in grads.iter().enumerate() {
             let flat = inputs[which].flatten(None, None)?;
@@ -442,18 +468,43 @@ mod tests {
         let mut outputs = Vec::new();
         for r in [0..4, 4..5, 5..6] {
             let part = |v: &Array| v.index((.., r.clone()));
-            outputs.push(ssd(&mut ctx, 0, &part(&x), &part(&dt), &a, &part(&b), &part(&c), 4)?);
+            outputs.push(ssd(
+                &mut ctx,
+                0,
+                &part(&x),
+                &part(&dt),
+                &a,
+                &part(&b),
+                &part(&c),
+                4,
+            )?);
             ctx.advance(r.len() as i32);
         }
         assert!(max_gap(&whole, &ops::concatenate(&outputs, 1)?) < 1e-5);
         // Row 1 left-padded by two slots of garbage: its outputs after them are row 1's own.
         let shift = |v: &Array| -> Result<Array> {
-            let junk = normal(&[2, 2].iter().chain(&v.shape()[2..]).copied().collect::<Vec<_>>(), 30);
+            let junk = normal(
+                &[2, 2]
+                    .iter()
+                    .chain(&v.shape()[2..])
+                    .copied()
+                    .collect::<Vec<_>>(),
+                30,
+            );
             Ok(ops::concatenate(&[&junk, v], 1)?)
         };
         let dt_padded = ops::abs(shift(&dt)?)?;
         let mut ctx = crate::model::Context::with_cache(KvCache::padded(vec![2, 2], 0));
-        let y = ssd(&mut ctx, 0, &shift(&x)?, &dt_padded, &a, &shift(&b)?, &shift(&c)?, 4)?;
+        let y = ssd(
+            &mut ctx,
+            0,
+            &shift(&x)?,
+            &dt_padded,
+            &a,
+            &shift(&b)?,
+            &shift(&c)?,
+            4,
+        )?;
         assert!(max_gap(&whole, &y.index((.., 2..))) < 1e-5);
         Ok(())
     }
