@@ -282,7 +282,7 @@ pub struct ScanSite {
     /// What it computes.
     pub kind: ScanKind,
     /// The state's shape after the batch axis: `[H, P, N]` for `ssd`, `[K - 1, C]` for
-    /// `causal_conv1d`.
+    /// `causal_conv1d`, `[H, Dk, Dv]` for `gated_delta`.
     pub state: Vec<Dim>,
     /// The state's dtype: float32 for `ssd` whatever its inputs', the input's for a convolution.
     pub dtype: crate::ast::Dtype,
@@ -297,6 +297,8 @@ pub enum ScanKind {
     Ssd,
     /// `causal_conv1d(x, weight, bias)`: the last `K - 1` inputs.
     Conv,
+    /// `gated_delta(q, k, v, g, beta, chunk)`: Gated DeltaNet's delta rule.
+    GatedDelta,
 }
 
 /// A checked training step.

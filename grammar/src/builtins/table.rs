@@ -580,6 +580,31 @@ pub static TABLE: &[Builtin] = &[
         doc: "Mamba-2's selective state space recurrence `S_t = exp(dt_t a) S_{t-1} + dt_t x_t b_t^T`, `y_t = S_t c_t` per head (`dt [B, T, heads]` positive, `a [heads]` negative, `b` and `c [B, T, groups, state]` shared by groups of heads): chunked over a sequence (`chunk` positions, quadratic within), one step per token in generation with the state `[B, heads, head_dim, state]` in the cache",
     },
     Builtin {
+        name: "gated_delta",
+        site: Site::Recurrent,
+        tensor: Some(TensorForm {
+            params: &[
+            p("q", Tensor, Required),
+            p("k", Tensor, Required),
+            p("v", Tensor, Required),
+            p("g", Tensor, Required),
+            p("beta", Tensor, Required),
+            p("chunk", Slot::Int, Int(64)),
+        ],
+            rule: r::gated_delta,
+            lower: |c| {
+            let [q, k, v, g, beta] = [0, 1, 2, 3, 4].map(|i| c.hoisted(i, "delta_in"));
+            let (q, k, v, g, beta) = (q?, k?, v?, g?, beta?);
+            let chunk = c.i32(5)?;
+            let pass = c.scan_pass();
+            Ok(c.tensor(quote!(#pass.gated_delta(#q, #k, #v, #g, #beta, #chunk)?)))
+        },
+        }),
+        statik: None,
+        result: "`[B, T, heads, v_dim]` of `q`'s heads and `v`'s width",
+        doc: "Gated DeltaNet's delta rule `S_t = exp(g_t) S_{t-1} + beta_t k_t (v_t - exp(g_t) S_{t-1}^T k_t)^T`, `o_t = S_t^T q_t` per head (`q`, `k [B, T, heads, k_dim]`, `v [B, T, heads, v_dim]`, log decays `g` and strengths `beta [B, T, heads]`): chunked over a sequence (`chunk` positions, the UT transform within), one step per token in generation with the state `[B, heads, k_dim, v_dim]` in the cache",
+    },
+    Builtin {
         name: "causal_conv1d",
         site: Site::Recurrent,
         tensor: Some(TensorForm {

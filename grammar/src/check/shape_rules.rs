@@ -1061,6 +1061,73 @@ pub fn ssd(c: &mut RuleCx<'_, '_>) -> Ty {
     Ty::Tensor(TensorTy::new(x.dtype, sx.clone(), c.span))
 }
 
+/// `gated_delta(q, k, v, g, beta, chunk)`: `q` and `k [B, T, H, Dk]`, `v [B, T, H, Dv]`, `g` and
+/// `beta [B, T, H]`; the result is `[B, T, H, Dv]`, the state `[B, H, Dk, Dv]`.
+pub fn gated_delta(c: &mut RuleCx<'_, '_>) -> Ty {
+    let layouts = [
+        (0, "[B, T, heads, k_dim]"),
+        (1, "[B, T, heads, k_dim]"),
+        (2, "[B, T, heads, v_dim]"),
+        (3, "[B, T, heads]"),
+        (4, "[B, T, heads]"),
+    ];
+    let Some(args) = scan_shapes(c, &layouts) else {
+        return Ty::Unknown;
+    };
+    let [(q, sq), (k, sk), (v, sv), (g, sg), (b, sb)] = &args[..] else {
+        return Ty::Unknown;
+    };
+    let mut pairs = Vec::new();
+    for (what, axis) in [
+        ("batch", 0),
+        ("length", 1),
+        ("head count", 2),
+        ("key width", 3),
+    ] {
+        pairs.push((what, (k, sk, axis)));
+    }
+    for (what, axis) in [("batch", 0), ("length", 1), ("head count", 2)] {
+        pairs.push((what, (v, sv, axis)));
+        pairs.push((what, (g, sg, axis)));
+        pairs.push((what, (b, sb, axis)));
+    }
+    for (what, other) in pairs {
+        if scan_mismatch(c, what, (q, sq, other.2), (other.0, other.1, other.2)) {
+            return Ty::Unknown;
+        }
+    }
+    if c.constant(5).is_some_and(|n| n < 1) {
+        let span = c.arg_span(5);
+        c.error(Diagnostic::new(
+            "lmx::call::argument_range",
+            "`chunk` of `gated_delta` must be a positive number of positions",
+            span,
+            "not positive",
+        ));
+        return Ty::Unknown;
+    }
+    let (heads, dk, dv) = (&sq[2], &sq[3], &sv[3]);
+    // Per token: the chunk's scores and UT system (2 x 2 L Dk), its solve (L^2 for the chunk's
+    // share of the squarings' first), values and decayed keys through it (2 L (Dv + Dk)), the
+    // state read and written (3 x 2 Dk Dv).
+    let chunk = c.dim(5);
+    let two = Dim::constant(2);
+    let per_head = Dim::constant(4)
+        .mul(&chunk)
+        .mul(dk)
+        .add(&chunk.mul(&chunk), 1)
+        .add(&two.mul(&chunk).mul(&dv.add(dk, 1)), 1)
+        .add(&Dim::constant(6).mul(dk).mul(dv), 1);
+    c.facts().scans.push(ScanSite {
+        kind: ScanKind::GatedDelta,
+        state: vec![heads.clone(), dk.clone(), dv.clone()],
+        dtype: Dtype::Float,
+        flops: heads.mul(&per_head),
+    });
+    let shape = vec![sq[0].clone(), sq[1].clone(), heads.clone(), dv.clone()];
+    Ty::Tensor(TensorTy::new(v.dtype, shape, c.span))
+}
+
 /// `causal_conv1d(x, weight, bias)`: `x [B, T, C]`, `weight [C, 1, K]`, `bias [C]`; the result is
 /// `x`'s shape, the state the last `K - 1` inputs `[B, K - 1, C]`.
 pub fn causal_conv1d(c: &mut RuleCx<'_, '_>) -> Ty {

@@ -910,38 +910,7 @@ impl<'g, 'm> Fx<'g, 'm> {
             },
             ExprKind::Binary(op, _, a, b) => self.binary(*op, a, b, e.span),
             ExprKind::Call(callee, args) => self.call(callee, args, e.span),
-            ExprKind::Member(target, field) => match self.expr(target)? {
-                X::Module(m) => match *m {
-                    Module::Group { tree, place, decl } => {
-                        let idx = tree
-                            .entries
-                            .iter()
-                            .position(|en| en.name == field.name)
-                            .ok_or_else(|| unsupported(field.span, "this member"))?;
-                        let fields = super::field_names(&tree);
-                        let f = &fields[idx];
-                        let entry = &tree.entries[idx];
-                        let place = if entry.guard.is_some() {
-                            guarded(quote!(#place.#f), &entry.name)
-                        } else {
-                            quote!(#place.#f)
-                        };
-                        // A raw tensor of a group (`conv1d.weight`): the leaf itself.
-                        if matches!(entry.node, ParamNode::Tensor { .. }) {
-                            return Ok(X::Tensor(T {
-                                ts: place,
-                                is_ref: false,
-                                simple: true,
-                            }));
-                        }
-                        Ok(X::Module(Box::new(
-                            self.g.module(entry, place, &decl, e.span)?,
-                        )))
-                    }
-                    _ => Err(unsupported(e.span, "this member access")),
-                },
-                _ => Err(unsupported(e.span, "this member access")),
-            },
+            ExprKind::Member(target, field) => self.member(target, field, e.span),
             ExprKind::Index(target, subs) => self.index(target, subs, e.span),
             ExprKind::If(cond, then, otherwise) => {
                 let (c, _) = self.static_expr(cond)?;
@@ -981,6 +950,44 @@ impl<'g, 'm> Fx<'g, 'm> {
                     }
                 }
             }
+        }
+    }
+
+    /// `group.entry`: a module of a parameter group, or one of its raw tensors. (Apart from
+    /// `expr`, whose frame every level of a deeply nested expression pays for.)
+    #[inline(never)]
+    fn member(&mut self, target: &Expr, field: &crate::ast::Ident, span: Span) -> R<X> {
+        match self.expr(target)? {
+            X::Module(m) => match *m {
+                Module::Group { tree, place, decl } => {
+                    let idx = tree
+                        .entries
+                        .iter()
+                        .position(|en| en.name == field.name)
+                        .ok_or_else(|| unsupported(field.span, "this member"))?;
+                    let fields = super::field_names(&tree);
+                    let f = &fields[idx];
+                    let entry = &tree.entries[idx];
+                    let place = if entry.guard.is_some() {
+                        guarded(quote!(#place.#f), &entry.name)
+                    } else {
+                        quote!(#place.#f)
+                    };
+                    // A raw tensor of a group (`conv1d.weight`): the leaf itself.
+                    if matches!(entry.node, ParamNode::Tensor { .. }) {
+                        return Ok(X::Tensor(T {
+                            ts: place,
+                            is_ref: false,
+                            simple: true,
+                        }));
+                    }
+                    Ok(X::Module(Box::new(
+                        self.g.module(entry, place, &decl, span)?,
+                    )))
+                }
+                _ => Err(unsupported(span, "this member access")),
+            },
+            _ => Err(unsupported(span, "this member access")),
         }
     }
 

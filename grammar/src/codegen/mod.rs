@@ -616,6 +616,13 @@ impl<'m> Gen<'m> {
                         self.recurrent += 1;
                         nn::ssd(self.ctx, slot, x, dt, a, b, c, chunk)
                     }
+                    /// The gated delta rule, its state in the next recurrent slot.
+                    #[allow(clippy::too_many_arguments)]
+                    fn gated_delta(&mut self, q: &Array, k: &Array, v: &Array, g: &Array, beta: &Array, chunk: i32) -> Result<Array> {
+                        let slot = self.recurrent;
+                        self.recurrent += 1;
+                        nn::gated_delta(self.ctx, slot, q, k, v, g, beta, chunk)
+                    }
                     /// A causal convolution, its last inputs in the next recurrent slot.
                     fn causal_conv1d(&mut self, x: &Array, weight: &Array, bias: Option<&Array>) -> Result<Array> {
                         let slot = self.recurrent;

@@ -1,5 +1,6 @@
 //! Recurrences whose state a generation cache carries: Mamba-2's selective state space (SSD,
-//! Dao and Gu, 2024) and the short causal convolution in front of it.
+//! Dao and Gu, 2024), the short causal convolution in front of it, and the gated delta rule
+//! (Gated DeltaNet, Yang et al., 2024).
 //!
 //! Each is written once as a recurrence and computed in two forms: over a sequence, the chunked
 //! parallel form (quadratic inside chunks of `chunk` positions, a linear recurrence across them),
@@ -276,6 +277,161 @@ pub fn causal_conv1d(
     Ok((y, next))
 }
 
+/// Checks the layouts of a gated delta rule call: `q` and `k [B, T, H, Dk]`, `v [B, T, H, Dv]`,
+/// `g` and `beta [B, T, H]`.
+fn delta_dims(q: &Array, k: &Array, v: &Array, g: &Array, beta: &Array) -> Result<[i32; 5]> {
+    let [bs, t, h, dk] = dims(q, "gated_delta's q")?;
+    let [_, _, _, dv] = dims(v, "gated_delta's v")?;
+    let ok = k.shape() == q.shape()
+        && v.shape()[..3] == [bs, t, h]
+        && g.shape() == [bs, t, h]
+        && beta.shape() == [bs, t, h];
+    if !ok {
+        return Err(Error::Layout(format!(
+            "gated_delta needs q and k [B, T, H, Dk], v [B, T, H, Dv], g and beta [B, T, H]; got \
+             q {:?}, k {:?}, v {:?}, g {:?}, beta {:?}",
+            q.shape(),
+            k.shape(),
+            v.shape(),
+            g.shape(),
+            beta.shape()
+        )));
+    }
+    Ok([bs, t, h, dk, dv])
+}
+
+/// The gated delta rule (Gated DeltaNet, Yang et al., 2024) in its step form: per head, with the
+/// state `S [Dk, Dv]`, `S_t = exp(g_t) S_{t-1} + beta_t k_t (v_t - exp(g_t) S_{t-1}^T k_t)^T` and
+/// `o_t = S_t^T q_t`. `g` is the log of the decay (at most 0), `beta` the write strength.
+pub fn gated_delta_steps(
+    q: &Array,
+    k: &Array,
+    v: &Array,
+    g: &Array,
+    beta: &Array,
+    state: Option<&Array>,
+) -> Result<(Array, Array)> {
+    let [bs, t, h, dk, dv] = delta_dims(q, k, v, g, beta)?;
+    let mut s = match state {
+        Some(s) => f32(s)?,
+        None => ops::zeros::<f32>(&[bs, h, dk, dv])?,
+    };
+    let (q32, k32, v32, g32, b32) = (f32(q)?, f32(k)?, f32(v)?, f32(g)?, f32(beta)?);
+    let mut outs = Vec::with_capacity(t as usize);
+    for i in 0..t {
+        let ki = k32.index((.., i)).expand_dims(-1)?; // [B, H, Dk, 1]
+        s = s.multiply(ops::exp(g32.index((.., i)))?.reshape(&[bs, h, 1, 1])?)?;
+        let remembered = s.multiply(&ki)?.sum_axis(-2, None)?; // [B, H, Dv]
+        let delta = v32
+            .index((.., i))
+            .subtract(&remembered)?
+            .multiply(b32.index((.., i)).expand_dims(-1)?)?;
+        s = s.add(ki.multiply(delta.expand_dims(-2)?)?)?;
+        let o = s
+            .multiply(q32.index((.., i)).expand_dims(-1)?)?
+            .sum_axis(-2, None)?; // [B, H, Dv]
+        outs.push(o.expand_dims(1)?);
+    }
+    Ok((ops::concatenate(&outs, 1)?.as_dtype(v.dtype())?, s))
+}
+
+/// The gated delta rule of [`gated_delta_steps`] in its chunked form: within each chunk of
+/// `chunk` positions the delta updates are folded into one triangular system (the UT transform),
+/// solved as a product of `log2(chunk)` matrix squares (its strictly lower part is nilpotent),
+/// then the chunks run one after another through the state.
+#[allow(clippy::too_many_arguments)]
+pub fn gated_delta_chunked(
+    q: &Array,
+    k: &Array,
+    v: &Array,
+    g: &Array,
+    beta: &Array,
+    chunk: i32,
+    state: Option<&Array>,
+) -> Result<(Array, Array)> {
+    let [bs, t, h, dk, dv] = delta_dims(q, k, v, g, beta)?;
+    if chunk < 1 {
+        return Err(Error::Layout(format!(
+            "gated_delta's chunk must be positive, not {chunk}"
+        )));
+    }
+    let l = chunk.min(t.max(1));
+    let nc = (t + l - 1) / l;
+    let pad = nc * l - t;
+    // [B, T, H, ..] -> [B, H, nc, L, ..], padded with zeros (no write, no decay).
+    let chunked = |x: &Array, width: Option<i32>| -> Result<Array> {
+        let x = f32(x)?;
+        let x = if pad > 0 {
+            let mut w = vec![(0, 0); x.ndim()];
+            w[1] = (0, pad);
+            ops::pad(&x, w.as_slice(), None, None)?
+        } else {
+            x
+        };
+        Ok(match width {
+            Some(d) => x
+                .reshape(&[bs, nc, l, h, d])?
+                .transpose_axes(&[0, 3, 1, 2, 4])?,
+            None => x.reshape(&[bs, nc, l, h])?.transpose_axes(&[0, 3, 1, 2])?,
+        })
+    };
+    let (qc, kc, vc) = (
+        chunked(q, Some(dk))?,
+        chunked(k, Some(dk))?,
+        chunked(v, Some(dv))?,
+    );
+    let (gc, bc) = (chunked(g, None)?, chunked(beta, None)?);
+    let cum = ops::cumsum(&gc, -1, None, None)?; // [B, H, nc, L]
+    let gap = cum.expand_dims(-1)?.subtract(cum.expand_dims(-2)?)?;
+    let lower = ops::tril(Array::ones::<bool>(&[l, l])?, 0)?;
+    let neg_inf = Array::from_f32(f32::NEG_INFINITY);
+    let decay = ops::exp(ops::select(&lower, &gap, &neg_inf)?)?; // [B, H, nc, L, L]
+    let k_beta = kc.multiply(bc.expand_dims(-1)?)?;
+    let v_beta = vc.multiply(bc.expand_dims(-1)?)?;
+    let kt = kc.swap_axes(-1, -2)?;
+    let strict = ops::tril(Array::ones::<f32>(&[l, l])?, -1)?;
+    let n = k_beta
+        .matmul(&kt)?
+        .multiply(&decay)?
+        .multiply(&strict)?
+        .negative()?;
+    // (I - N)^-1 with N strictly lower: I + N + N^2 + ... = prod_j (I + N^(2^j)).
+    let eye = ops::eye::<f32>(l, None, None)?;
+    let mut inverse = eye.add(&n)?;
+    let mut power = n;
+    let mut reach = 2;
+    while reach < l {
+        power = power.matmul(&power)?;
+        inverse = inverse.add(inverse.matmul(&power)?)?;
+        reach *= 2;
+    }
+    let new_values = inverse.matmul(&v_beta)?; // [B, H, nc, L, Dv]
+    let k_cumdecay = inverse.matmul(k_beta.multiply(ops::exp(&cum)?.expand_dims(-1)?)?)?;
+    let intra = qc.matmul(&kt)?.multiply(&decay)?; // [B, H, nc, L, L]
+    let q_decayed = qc.multiply(ops::exp(&cum)?.expand_dims(-1)?)?;
+    let last = cum.index((.., .., .., l - 1..l)); // [B, H, nc, 1]
+    let k_decayed = kc.multiply(ops::exp(last.subtract(&cum)?)?.expand_dims(-1)?)?;
+    let chunk_decay = ops::exp(&last)?; // [B, H, nc, 1]
+    let mut s = match state {
+        Some(s) => f32(s)?,
+        None => ops::zeros::<f32>(&[bs, h, dk, dv])?,
+    };
+    let mut outs = Vec::with_capacity(nc as usize);
+    for c in 0..nc {
+        let at = |x: &Array| x.index((.., .., c));
+        let v_new = at(&new_values).subtract(at(&k_cumdecay).matmul(&s)?)?; // [B, H, L, Dv]
+        let out = at(&q_decayed).matmul(&s)?.add(at(&intra).matmul(&v_new)?)?;
+        outs.push(out);
+        s = s
+            .multiply(at(&chunk_decay).expand_dims(-1)?)?
+            .add(at(&k_decayed).swap_axes(-1, -2)?.matmul(&v_new)?)?;
+    }
+    let o = ops::concatenate(&outs, 2)? // [B, H, nc * L, Dv]
+        .transpose_axes(&[0, 2, 1, 3])?;
+    let o = if pad > 0 { o.index((.., ..t)) } else { o };
+    Ok((o.as_dtype(v.dtype())?, s))
+}
+
 /// [`ssd_chunked`] or [`ssd_steps`] in recurrent slot `slot` of `ctx`: with a generation cache, the
 /// state it holds for the slot is the initial state and the final one replaces it, one position
 /// runs the step form and more the chunked form; positions a row's left padding holds take no
@@ -307,6 +463,43 @@ pub fn ssd(
     };
     cache.states.set(slot, state);
     Ok(y)
+}
+
+/// [`gated_delta_chunked`] or [`gated_delta_steps`] in recurrent slot `slot` of `ctx`, as
+/// [`ssd`] runs its forms: a row's left padding neither decays nor writes its state.
+#[allow(clippy::too_many_arguments)]
+pub fn gated_delta(
+    ctx: &mut Context,
+    slot: usize,
+    q: &Array,
+    k: &Array,
+    v: &Array,
+    g: &Array,
+    beta: &Array,
+    chunk: i32,
+) -> Result<Array> {
+    let Some(cache) = ctx.cache_mut() else {
+        return Ok(gated_delta_chunked(q, k, v, g, beta, chunk, None)?.0);
+    };
+    let t = q.dim(1);
+    let (g, beta) = match cache.valid(t)? {
+        Some(valid) => {
+            let valid = valid.expand_dims(-1)?;
+            (
+                g.multiply(valid.as_dtype(g.dtype())?)?,
+                beta.multiply(valid.as_dtype(beta.dtype())?)?,
+            )
+        }
+        None => (g.clone(), beta.clone()),
+    };
+    let held = cache.states.get(slot);
+    let (o, state) = if t == 1 {
+        gated_delta_steps(q, k, v, &g, &beta, held.as_ref())?
+    } else {
+        gated_delta_chunked(q, k, v, &g, &beta, chunk, held.as_ref())?
+    };
+    cache.states.set(slot, state);
+    Ok(o)
 }
 
 /// [`causal_conv1d`] in recurrent slot `slot` of `ctx`: with a generation cache, the history it
@@ -506,6 +699,40 @@ mod tests {
             4,
         )?;
         assert!(max_gap(&whole, &y.index((.., 2..))) < 1e-5);
+        Ok(())
+    }
+
+    #[test]
+    fn gated_delta_chunked_and_step_forms_agree() -> Result<()> {
+        for (t, chunk) in [(1, 4), (7, 4), (13, 5), (16, 8)] {
+            let (bs, h, dk, dv) = (2, 3, 4, 5);
+            let unit = |x: Array| -> Array {
+                let norm = x
+                    .square()
+                    .unwrap()
+                    .sum_axis(-1, true)
+                    .unwrap()
+                    .sqrt()
+                    .unwrap();
+                x.divide(&norm).unwrap()
+            };
+            let q = normal(&[bs, t, h, dk], 40 + t as u64);
+            let k = unit(normal(&[bs, t, h, dk], 41 + t as u64));
+            let v = normal(&[bs, t, h, dv], 42);
+            let g = mlx_rs::nn::log_sigmoid(normal(&[bs, t, h], 43)).unwrap();
+            let beta = ops::sigmoid(normal(&[bs, t, h], 44)).unwrap();
+            let start = normal(&[bs, h, dk, dv], 45);
+            for state in [None, Some(&start)] {
+                let (o1, s1) = gated_delta_chunked(&q, &k, &v, &g, &beta, chunk, state)?;
+                let (o2, s2) = gated_delta_steps(&q, &k, &v, &g, &beta, state)?;
+                assert!(
+                    max_gap(&o1, &o2) < 1e-5,
+                    "o, T = {t}, chunk {chunk}: {}",
+                    max_gap(&o1, &o2)
+                );
+                assert!(max_gap(&s1, &s2) < 1e-5, "state, T = {t}, chunk {chunk}");
+            }
+        }
         Ok(())
     }
 }

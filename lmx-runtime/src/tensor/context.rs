@@ -105,6 +105,25 @@ impl<'a> Context<'a> {
         )?))
     }
 
+    /// The gated delta rule (see [`crate::nn::gated_delta_steps`]): `q` and `k [B, T, H, Dk]`,
+    /// `v [B, T, H, Dv]`, log decays `g` and write strengths `beta [B, T, H]`; chunked over a
+    /// sequence, its state `[B, H, Dk, Dv]` in the cache's next recurrent slot in generation.
+    #[allow(clippy::too_many_arguments)]
+    pub fn gated_delta(
+        &mut self,
+        q: &Tensor,
+        k: &Tensor,
+        v: &Tensor,
+        g: &Tensor,
+        beta: &Tensor,
+        chunk: i32,
+    ) -> Result<Tensor> {
+        let slot = self.next_recurrent();
+        Ok(Tensor(crate::nn::gated_delta(
+            self.inner, slot, &q.0, &k.0, &v.0, &g.0, &beta.0, chunk,
+        )?))
+    }
+
     /// A depthwise causal convolution of `x [B, T, C]` (`weight [C, 1, K]`, `bias [C]`), whose last
     /// `K - 1` inputs the cache's next recurrent slot keeps during generation.
     pub fn causal_conv1d(
