@@ -572,7 +572,10 @@ pub static TABLE: &[Builtin] = &[
             let (x, dt, a, b, cc) = (x?, dt?, a?, b?, cc?);
             let chunk = c.i32(5)?;
             let pass = c.scan_pass();
-            Ok(c.tensor(quote!(#pass.ssd(#x, #dt, #a, #b, #cc, #chunk)?)))
+            Ok(c.tensor(quote!({
+                let (ctx, slot) = #pass.recurrent();
+                nn::ssd(ctx, slot, #x, #dt, #a, #b, #cc, #chunk)?
+            })))
         },
         }),
         statik: None,
@@ -597,7 +600,10 @@ pub static TABLE: &[Builtin] = &[
             let (q, k, v, g, beta) = (q?, k?, v?, g?, beta?);
             let chunk = c.i32(5)?;
             let pass = c.scan_pass();
-            Ok(c.tensor(quote!(#pass.gated_delta(#q, #k, #v, #g, #beta, #chunk)?)))
+            Ok(c.tensor(quote!({
+                let (ctx, slot) = #pass.recurrent();
+                nn::gated_delta(ctx, slot, #q, #k, #v, #g, #beta, #chunk)?
+            })))
         },
         }),
         statik: None,
@@ -624,7 +630,10 @@ pub static TABLE: &[Builtin] = &[
                 quote!(None)
             };
             let pass = c.scan_pass();
-            Ok(c.tensor(quote!(#pass.causal_conv1d(#x, #w, #bias)?)))
+            Ok(c.tensor(quote!({
+                let (ctx, slot) = #pass.recurrent();
+                nn::conv_causal(ctx, slot, #x, #w, #bias)?
+            })))
         },
         }),
         statik: None,

@@ -610,24 +610,11 @@ impl<'m> Gen<'m> {
             });
             let scan = has_scan.then(|| {
                 quote! {
-                    /// Mamba-2's state space recurrence, its state in the next recurrent slot.
-                    fn ssd(&mut self, x: &Array, dt: &Array, a: &Array, b: &Array, c: &Array, chunk: i32) -> Result<Array> {
-                        let slot = self.recurrent;
+                    /// The runtime context and the next recurrent slot, for a recurrence's call
+                    /// (`ssd`, `gated_delta`, `causal_conv1d`) to keep its state in.
+                    fn recurrent(&mut self) -> (&mut Context, usize) {
                         self.recurrent += 1;
-                        nn::ssd(self.ctx, slot, x, dt, a, b, c, chunk)
-                    }
-                    /// The gated delta rule, its state in the next recurrent slot.
-                    #[allow(clippy::too_many_arguments)]
-                    fn gated_delta(&mut self, q: &Array, k: &Array, v: &Array, g: &Array, beta: &Array, chunk: i32) -> Result<Array> {
-                        let slot = self.recurrent;
-                        self.recurrent += 1;
-                        nn::gated_delta(self.ctx, slot, q, k, v, g, beta, chunk)
-                    }
-                    /// A causal convolution, its last inputs in the next recurrent slot.
-                    fn causal_conv1d(&mut self, x: &Array, weight: &Array, bias: Option<&Array>) -> Result<Array> {
-                        let slot = self.recurrent;
-                        self.recurrent += 1;
-                        nn::conv_causal(self.ctx, slot, x, weight, bias)
+                        (&mut *self.ctx, self.recurrent - 1)
                     }
                 }
             });
