@@ -3,7 +3,7 @@
 //! the batch to drain, per-sequence stop tokens, lengths and sampling settings; and a prompt
 //! cache reused for a longer prompt gives the tokens of a fresh generation.
 
-use lmx::models::{llama, mistral};
+use lmx::models::{hybrid, llama, mamba2, mistral};
 use lmx::runtime::generate::{
     generate, generate_cached, BatchGenerator, BatchLimits, Event, FinishReason, PromptCache,
     Request, Sampling, SeqId,
@@ -165,6 +165,14 @@ fn llama_batched_generation_matches_one_at_a_time() -> Result<()> {
 fn mistral_batched_generation_matches_one_at_a_time() -> Result<()> {
     let config = mistral::Config::preset("tiny").expect("mistral has a tiny preset");
     batch_matches_alone::<mistral::Mistral>(&config)
+}
+
+/// Recurrent states zero a row's padding out: rows of other lengths, and rows joining a running
+/// batch (their states appended to the batch's), decode as alone.
+#[test]
+fn mamba2_and_hybrid_batched_generation_match_one_at_a_time() -> Result<()> {
+    batch_matches_alone::<mamba2::Mamba2>(&mamba2::Config::preset("tiny").expect("tiny"))?;
+    batch_matches_alone::<hybrid::Hybrid>(&hybrid::Config::preset("tiny").expect("tiny"))
 }
 
 /// A cancelled sequence, running or waiting, reports nothing more and frees its row; the others

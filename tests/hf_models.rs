@@ -10,7 +10,8 @@
 //! with bit-identical tensors and the same logits; bad folders fail with exact messages.
 
 use lmx::models::{
-    deepseek_v2, gemma, gemma2, gemma3_text, gpt2, llama, mistral, mixtral, mpt, phi3, qwen2, qwen3,
+    deepseek_v2, gemma, gemma2, gemma3_text, gpt2, llama, mamba2, mistral, mixtral, mpt, phi3, qwen2,
+    qwen3,
 };
 use lmx::runtime::hf::{self, HfFolder};
 use lmx::runtime::mlx_rs::Dtype;
@@ -291,7 +292,7 @@ fn an_unknown_model_type_names_the_supported_ones() {
         load_error::<gpt2::Gpt2>(dir.path()),
         "DIR/config.json: model_type `bert` is not supported; the supported ones are gpt2, \
          llama, mistral, mixtral, gemma, mpt, qwen2, qwen3, gemma2, gemma3_text, phi3, \
-         deepseek_v2"
+         deepseek_v2, mamba2"
     );
 }
 
@@ -603,4 +604,24 @@ fn a_setting_transformers_cannot_express_fails_the_export_before_anything_is_wri
     );
     assert!(!out.exists());
     Ok(())
+}
+
+/// Mamba-2 (transformers' torch path: the chunked scan over chunks of 5, the last one partial),
+/// and decoding through the cache's recurrent states, one token at a time past the prefill.
+#[test]
+fn mamba2_matches_transformers_and_round_trips() -> Result<()> {
+    round_trip::<mamba2::Mamba2>("mamba2", hf::DEFAULT_MAX_SHARD_BYTES)?;
+    cache_matches_full_forward::<mamba2::Mamba2>("mamba2")
+}
+
+#[test]
+fn mamba2_clamped_steps_are_named() {
+    let dir = edited("mamba2", |config| {
+        config["time_step_limit"] = serde_json::json!([0.001, 100.0])
+    });
+    assert_eq!(
+        load_error::<mamba2::Mamba2>(dir.path()),
+        "DIR/config.json: `time_step_limit` = [0.001,100.0]: the bundled mamba2 model does not \
+         clamp its step sizes (the limit must be [0, inf])"
+    );
 }

@@ -246,6 +246,8 @@ pub struct Init {
 pub struct FnFacts {
     /// Every `attention(...)` call.
     pub attention: Vec<AttentionSite>,
+    /// Every recurrent call (`ssd`, `causal_conv1d`): each holds a state in the generation cache.
+    pub scans: Vec<ScanSite>,
     /// The shape of every tensor the forward pass produces (an upper bound on saved activations).
     pub activations: Vec<Vec<Dim>>,
     /// Whether it draws random numbers (dropout).
@@ -274,6 +276,32 @@ pub struct AttentionSite {
     pub head_dim: Dim,
     /// Whether it is causal (halves the work).
     pub causal: bool,
+}
+
+/// A recurrent call, whose state a generation cache carries from one call to the next (one
+/// recurrent slot per call, in order).
+#[derive(Debug, Clone)]
+pub struct ScanSite {
+    /// What it computes.
+    pub kind: ScanKind,
+    /// The state's shape after the batch axis: `[H, P, N]` for `ssd`, `[K - 1, C]` for
+    /// `causal_conv1d`, `[H, Dk, Dv]` for `gated_delta`.
+    pub state: Vec<Dim>,
+    /// The state's dtype: float32 for `ssd` whatever its inputs', the input's for a convolution.
+    pub dtype: crate::ast::Dtype,
+    /// Forward FLOPs per token of the chunked (training) form.
+    pub flops: Dim,
+}
+
+/// The recurrences of the built-in table.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ScanKind {
+    /// `ssd(x, dt, a, b, c, chunk)`: Mamba-2's state space recurrence.
+    Ssd,
+    /// `causal_conv1d(x, weight, bias)`: the last `K - 1` inputs.
+    Conv,
+    /// `gated_delta(q, k, v, g, beta, chunk)`: Gated DeltaNet's delta rule.
+    GatedDelta,
 }
 
 /// A checked training step.

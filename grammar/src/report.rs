@@ -63,7 +63,8 @@ pub struct Report {
     /// The parameters that train: the adapters where the model has any (the rest is frozen),
     /// else all of them.
     pub trainable_count: u64,
-    /// Training FLOPs per token: 3 x (2 x weights used in matrix products + attention scores and mixing).
+    /// Training FLOPs per token: 3 x (2 x weights used in matrix products + attention scores and mixing
+    /// + the recurrences' chunked forms).
     pub flops_per_token: u64,
     /// The conventional estimate `6 N + 12 L d T` (as the benchmark anchors compute MFU).
     pub flops_per_token_6n: u64,
@@ -634,6 +635,11 @@ impl Sizes {
                         .checked_mul(4)?,
                 )
             });
+        }
+        // A recurrence's chunked form, per token.
+        for site in &facts.scans {
+            let flops = size(&site.flops)?;
+            attention = attention.and_then(|a| a.checked_add(flops));
         }
         let mut activations = Some(0u64);
         for shape in &facts.activations {

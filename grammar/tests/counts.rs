@@ -114,6 +114,29 @@ fn sparse_mixtral_flops_count_the_chosen_experts() {
     assert_eq!(r.flops_per_token, 3 * (2 * weights + attention));
 }
 
+/// Mamba-2 at the published sizes (state-spaces/mamba2-130m, -370m, -780m: vocabulary padded to
+/// 50,288, state 128, head width 64, one group, the head tied): transformers' `Mamba2ForCausalLM`
+/// built from those settings holds these counts.
+#[test]
+fn mamba2_published_counts() {
+    assert_eq!(count("mamba2.lmx", "mamba2-130m"), 128_989_632);
+    assert_eq!(count("mamba2.lmx", "mamba2-370m"), 368_346_624);
+    assert_eq!(count("mamba2.lmx", "mamba2-780m"), 780_161_280);
+}
+
+/// `lmx info`'s FLOPs of Mamba-2 130M: 3 x (2 x the weights of its matrix products + each
+/// layer's scan in its chunked form), the scan counted by hand: per token, the chunk's `C.B`
+/// scores (2 G L N) and mixing (2 H L P), the state in and out (4 H P N), and the convolution
+/// (2 C K), with G = 1 group, L = 256, N = 128, H = 24 heads of P = 64, C = 1,792 channels, K = 4.
+#[test]
+fn mamba2_flops_count_the_scan() {
+    let r = report_of("mamba2.lmx", "mamba2-130m");
+    let layer_weights = 768 * 3352 + 1536 * 768;
+    let weights: u64 = 24 * layer_weights + 768 * 50288;
+    let scan: u64 = 2 * 256 * 128 + 2 * 24 * 256 * 64 + 4 * 24 * 64 * 128 + 2 * 1792 * 4;
+    assert_eq!(r.flops_per_token, 3 * (2 * weights + 24 * scan));
+}
+
 #[test]
 fn gpt2_names_shapes_and_costs() {
     let r = report_of("gpt2.lmx", "124m");

@@ -93,6 +93,13 @@ pub enum Error {
         /// What it must be.
         expected: &'static str,
     },
+    /// Speculative decoding with a model whose recurrent layers (a scan's state) cannot go back
+    /// to the last accepted token.
+    #[error("speculative decoding needs caches that can drop rejected tokens; {model}'s recurrent layers keep states that cannot (generate without a draft model)")]
+    RecurrentRewind {
+        /// The model (`LanguageModel::NAME`).
+        model: &'static str,
+    },
 }
 
 impl Error {

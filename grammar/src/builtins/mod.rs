@@ -125,6 +125,9 @@ pub enum Site {
     Anywhere,
     /// In forward passes only (`dropout` draws from the forward pass's random key).
     Forward,
+    /// In forward passes only, where a generation cache can hold the call's state between calls
+    /// (the recurrences: `ssd`, `causal_conv1d`).
+    Recurrent,
 }
 
 /// A lowered static argument: a Rust expression (parenthesised where needed) and its type

@@ -556,6 +556,92 @@ pub static TABLE: &[Builtin] = &[
         doc: "scaled dot-product attention over `[B, heads, T, head_dim]` inputs (fused; grouped-query when `k` has fewer heads; reads and extends the KV cache in generation); `softcap` caps the scaled scores as `softcap` does before the mask (Gemma 2)",
     },
     Builtin {
+        name: "ssd",
+        site: Site::Recurrent,
+        tensor: Some(TensorForm {
+            params: &[
+            p("x", Tensor, Required),
+            p("dt", Tensor, Required),
+            p("a", Tensor, Required),
+            p("b", Tensor, Required),
+            p("c", Tensor, Required),
+            p("chunk", Slot::Int, Int(256)),
+        ],
+            rule: r::ssd,
+            lower: |c| {
+            let [x, dt, a, b, cc] = [0, 1, 2, 3, 4].map(|i| c.hoisted(i, "ssd_in"));
+            let (x, dt, a, b, cc) = (x?, dt?, a?, b?, cc?);
+            let chunk = c.i32(5)?;
+            let pass = c.scan_pass();
+            Ok(c.tensor(quote!({
+                let (ctx, slot) = #pass.recurrent();
+                nn::ssd(ctx, slot, #x, #dt, #a, #b, #cc, #chunk)?
+            })))
+        },
+        }),
+        statik: None,
+        result: "`x`'s shape `[B, T, heads, head_dim]`",
+        doc: "Mamba-2's selective state space recurrence `S_t = exp(dt_t a) S_{t-1} + dt_t x_t b_t^T`, `y_t = S_t c_t` per head (`dt [B, T, heads]` positive, `a [heads]` negative, `b` and `c [B, T, groups, state]` shared by groups of heads): chunked over a sequence (`chunk` positions, quadratic within), one step per token in generation with the state `[B, heads, head_dim, state]` in the cache",
+    },
+    Builtin {
+        name: "gated_delta",
+        site: Site::Recurrent,
+        tensor: Some(TensorForm {
+            params: &[
+            p("q", Tensor, Required),
+            p("k", Tensor, Required),
+            p("v", Tensor, Required),
+            p("g", Tensor, Required),
+            p("beta", Tensor, Required),
+            p("chunk", Slot::Int, Int(64)),
+        ],
+            rule: r::gated_delta,
+            lower: |c| {
+            let [q, k, v, g, beta] = [0, 1, 2, 3, 4].map(|i| c.hoisted(i, "delta_in"));
+            let (q, k, v, g, beta) = (q?, k?, v?, g?, beta?);
+            let chunk = c.i32(5)?;
+            let pass = c.scan_pass();
+            Ok(c.tensor(quote!({
+                let (ctx, slot) = #pass.recurrent();
+                nn::gated_delta(ctx, slot, #q, #k, #v, #g, #beta, #chunk)?
+            })))
+        },
+        }),
+        statik: None,
+        result: "`[B, T, heads, v_dim]` of `q`'s heads and `v`'s width",
+        doc: "Gated DeltaNet's delta rule `S_t = exp(g_t) S_{t-1} + beta_t k_t (v_t - exp(g_t) S_{t-1}^T k_t)^T`, `o_t = S_t^T q_t` per head (`q`, `k [B, T, heads, k_dim]`, `v [B, T, heads, v_dim]`, log decays `g` and strengths `beta [B, T, heads]`): chunked over a sequence (`chunk` positions, the UT transform within), one step per token in generation with the state `[B, heads, k_dim, v_dim]` in the cache",
+    },
+    Builtin {
+        name: "causal_conv1d",
+        site: Site::Recurrent,
+        tensor: Some(TensorForm {
+            params: &[
+            p("x", Tensor, Required),
+            p("weight", Tensor, Required),
+            p("bias", Tensor, Absent),
+        ],
+            rule: r::causal_conv1d,
+            lower: |c| {
+            let x = c.hoisted(0, "conv_in")?;
+            let w = c.hoisted(1, "conv_weight")?;
+            let bias = if c.given(2) {
+                let b = c.hoisted(2, "conv_bias")?;
+                quote!(Some(#b))
+            } else {
+                quote!(None)
+            };
+            let pass = c.scan_pass();
+            Ok(c.tensor(quote!({
+                let (ctx, slot) = #pass.recurrent();
+                nn::conv_causal(ctx, slot, #x, #w, #bias)?
+            })))
+        },
+        }),
+        statik: None,
+        result: "`x`'s shape `[B, T, channels]`",
+        doc: "depthwise causal convolution over positions (`weight [channels, 1, kernel]`, transformers' `Conv1d` layout): output `t` sees inputs `t - kernel + 1 ..= t`; in generation the last `kernel - 1` inputs are kept in the cache",
+    },
+    Builtin {
         name: "rope",
         site: Site::Anywhere,
         tensor: Some(TensorForm {

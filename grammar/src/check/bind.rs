@@ -232,6 +232,23 @@ impl Checker<'_> {
             );
             return Ty::Unknown;
         }
+        if b.site == Site::Recurrent && ctx == Context::Step {
+            self.error(
+                Diagnostic::new(
+                    "lmx::step::scan",
+                    format!(
+                        "`{}` is a recurrence whose state only a forward pass's cache can hold, not a step",
+                        b.name
+                    ),
+                    span,
+                    "in a step",
+                )
+                .with_help(
+                    "call it inside the model's or a block's `forward`: generation then carries its state beside the KV cache",
+                ),
+            );
+            return Ty::Unknown;
+        }
         if tys.contains(&Ty::Unknown) {
             return Ty::Unknown;
         }

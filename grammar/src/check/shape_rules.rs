@@ -6,7 +6,7 @@ use super::exprs::broadcast;
 use crate::ast::Dtype;
 use crate::diag::Diagnostic;
 use crate::dim::{shape_text, Dim};
-use crate::ir::AttentionSite;
+use crate::ir::{AttentionSite, ScanKind, ScanSite};
 use crate::types::{StaticTy, TensorTy, Ty};
 
 /// The dtype of an elementwise result.
@@ -917,4 +917,257 @@ pub fn cross_entropy(c: &mut RuleCx<'_, '_>) -> Ty {
         }
     }
     Ty::Tensor(TensorTy::new(Dtype::Float, Vec::new(), c.span))
+}
+
+/// The shapes of a recurrent call's tensor arguments `which`, each of the rank its layout in
+/// `layouts` names (`None` when one is unknown or of another rank, after reporting it).
+fn scan_shapes(
+    c: &mut RuleCx<'_, '_>,
+    layouts: &[(usize, &str)],
+) -> Option<Vec<(TensorTy, Vec<Dim>)>> {
+    let mut out = Vec::new();
+    for &(i, layout) in layouts {
+        let t = c.tensor(i)?;
+        let rank = layout.matches(',').count() + 1;
+        if t.rank().is_some_and(|r| r != rank) {
+            c.rank_error(layout, &t);
+            return None;
+        }
+        if t.dtype != Dtype::Float {
+            let span = c.arg_span(i);
+            let (name, param) = (c.name, c.param_name(i));
+            c.error(Diagnostic::new(
+                "lmx::type::scan_input",
+                format!(
+                    "`{param}` of `{name}` must be a float tensor, not {}",
+                    t.dtype.name()
+                ),
+                span,
+                "not float",
+            ));
+            return None;
+        }
+        let shape = t.shape.clone()?;
+        out.push((t, shape));
+    }
+    Some(out)
+}
+
+/// Reports that size `what` of argument `a` (axis `ia`) differs from argument `b`'s (axis `ib`):
+/// the recurrence's state could not be laid out.
+fn scan_mismatch(
+    c: &mut RuleCx<'_, '_>,
+    what: &str,
+    a: (&TensorTy, &[Dim], usize),
+    b: (&TensorTy, &[Dim], usize),
+) -> bool {
+    if a.1[a.2] == b.1[b.2] {
+        return false;
+    }
+    let span = c.span;
+    let name = c.name;
+    c.error(
+        Diagnostic::new(
+            "lmx::shape::scan_state",
+            format!(
+                "`{name}`'s {what} differs between its arguments: `{}` and `{}`",
+                a.1[a.2], b.1[b.2]
+            ),
+            span,
+            "its state cannot be laid out",
+        )
+        .with_label(a.0.origin, format!("this has shape {}", a.0.shape_text()))
+        .with_label(b.0.origin, format!("this has shape {}", b.0.shape_text())),
+    );
+    true
+}
+
+/// `ssd(x, dt, a, b, c, chunk)`: `x [B, T, H, P]`, `dt [B, T, H]`, `a [H]`, `b` and
+/// `c [B, T, G, N]` with `G` dividing `H`; the result is `x`'s shape, the state `[B, H, P, N]`.
+pub fn ssd(c: &mut RuleCx<'_, '_>) -> Ty {
+    let layouts = [
+        (0, "[B, T, heads, head_dim]"),
+        (1, "[B, T, heads]"),
+        (2, "[heads]"),
+        (3, "[B, T, groups, state]"),
+        (4, "[B, T, groups, state]"),
+    ];
+    let Some(args) = scan_shapes(c, &layouts) else {
+        return Ty::Unknown;
+    };
+    let [(x, sx), (dt, sdt), (a, sa), (b, sb), (cc, sc)] = &args[..] else {
+        return Ty::Unknown;
+    };
+    let pairs = [
+        ("batch", (x, sx, 0), (dt, sdt, 0)),
+        ("length", (x, sx, 1), (dt, sdt, 1)),
+        ("head count", (x, sx, 2), (dt, sdt, 2)),
+        ("head count", (x, sx, 2), (a, sa, 0)),
+        ("batch", (x, sx, 0), (b, sb, 0)),
+        ("length", (x, sx, 1), (b, sb, 1)),
+        ("batch", (b, sb, 0), (cc, sc, 0)),
+        ("length", (b, sb, 1), (cc, sc, 1)),
+        ("group count", (b, sb, 2), (cc, sc, 2)),
+        ("state width", (b, sb, 3), (cc, sc, 3)),
+    ];
+    for (what, l, r) in pairs {
+        if scan_mismatch(c, what, (l.0, l.1, l.2), (r.0, r.1, r.2)) {
+            return Ty::Unknown;
+        }
+    }
+    let (heads, groups) = (&sx[2], &sb[2]);
+    if let (Some(h), Some(g)) = (heads.as_constant(), groups.as_constant()) {
+        if g == 0 || h % g != 0 {
+            let span = c.span;
+            c.error(
+                Diagnostic::new(
+                    "lmx::shape::heads",
+                    format!("`ssd` needs whole groups of heads per `b`/`c` group: {h} heads over {g} groups"),
+                    span,
+                    "in this scan",
+                )
+                .with_label(x.origin, format!("this has shape {}", x.shape_text()))
+                .with_label(b.origin, format!("this has shape {}", b.shape_text())),
+            );
+            return Ty::Unknown;
+        }
+    }
+    if c.constant(5).is_some_and(|n| n < 1) {
+        let span = c.arg_span(5);
+        c.error(Diagnostic::new(
+            "lmx::call::argument_range",
+            "`chunk` of `ssd` must be a positive number of positions",
+            span,
+            "not positive",
+        ));
+        return Ty::Unknown;
+    }
+    let (p, n) = (&sx[3], &sb[3]);
+    // Per token: C.B scores and mixing within the chunk, then the chunk's state in and out.
+    let chunk = c.dim(5);
+    let two = Dim::constant(2);
+    let flops = two
+        .mul(groups)
+        .mul(&chunk)
+        .mul(n)
+        .add(&two.mul(heads).mul(&chunk).mul(p), 1)
+        .add(&Dim::constant(4).mul(heads).mul(p).mul(n), 1);
+    c.facts().scans.push(ScanSite {
+        kind: ScanKind::Ssd,
+        state: vec![heads.clone(), p.clone(), n.clone()],
+        dtype: Dtype::Float,
+        flops,
+    });
+    Ty::Tensor(TensorTy::new(x.dtype, sx.clone(), c.span))
+}
+
+/// `gated_delta(q, k, v, g, beta, chunk)`: `q` and `k [B, T, H, Dk]`, `v [B, T, H, Dv]`, `g` and
+/// `beta [B, T, H]`; the result is `[B, T, H, Dv]`, the state `[B, H, Dk, Dv]`.
+pub fn gated_delta(c: &mut RuleCx<'_, '_>) -> Ty {
+    let layouts = [
+        (0, "[B, T, heads, k_dim]"),
+        (1, "[B, T, heads, k_dim]"),
+        (2, "[B, T, heads, v_dim]"),
+        (3, "[B, T, heads]"),
+        (4, "[B, T, heads]"),
+    ];
+    let Some(args) = scan_shapes(c, &layouts) else {
+        return Ty::Unknown;
+    };
+    let [(q, sq), (k, sk), (v, sv), (g, sg), (b, sb)] = &args[..] else {
+        return Ty::Unknown;
+    };
+    let mut pairs = Vec::new();
+    for (what, axis) in [
+        ("batch", 0),
+        ("length", 1),
+        ("head count", 2),
+        ("key width", 3),
+    ] {
+        pairs.push((what, (k, sk, axis)));
+    }
+    for (what, axis) in [("batch", 0), ("length", 1), ("head count", 2)] {
+        pairs.push((what, (v, sv, axis)));
+        pairs.push((what, (g, sg, axis)));
+        pairs.push((what, (b, sb, axis)));
+    }
+    for (what, other) in pairs {
+        if scan_mismatch(c, what, (q, sq, other.2), (other.0, other.1, other.2)) {
+            return Ty::Unknown;
+        }
+    }
+    if c.constant(5).is_some_and(|n| n < 1) {
+        let span = c.arg_span(5);
+        c.error(Diagnostic::new(
+            "lmx::call::argument_range",
+            "`chunk` of `gated_delta` must be a positive number of positions",
+            span,
+            "not positive",
+        ));
+        return Ty::Unknown;
+    }
+    let (heads, dk, dv) = (&sq[2], &sq[3], &sv[3]);
+    // Per token: the chunk's scores and UT system (2 x 2 L Dk), its solve (L^2 for the chunk's
+    // share of the squarings' first), values and decayed keys through it (2 L (Dv + Dk)), the
+    // state read and written (3 x 2 Dk Dv).
+    let chunk = c.dim(5);
+    let two = Dim::constant(2);
+    let per_head = Dim::constant(4)
+        .mul(&chunk)
+        .mul(dk)
+        .add(&chunk.mul(&chunk), 1)
+        .add(&two.mul(&chunk).mul(&dv.add(dk, 1)), 1)
+        .add(&Dim::constant(6).mul(dk).mul(dv), 1);
+    c.facts().scans.push(ScanSite {
+        kind: ScanKind::GatedDelta,
+        state: vec![heads.clone(), dk.clone(), dv.clone()],
+        dtype: Dtype::Float,
+        flops: heads.mul(&per_head),
+    });
+    let shape = vec![sq[0].clone(), sq[1].clone(), heads.clone(), dv.clone()];
+    Ty::Tensor(TensorTy::new(v.dtype, shape, c.span))
+}
+
+/// `causal_conv1d(x, weight, bias)`: `x [B, T, C]`, `weight [C, 1, K]`, `bias [C]`; the result is
+/// `x`'s shape, the state the last `K - 1` inputs `[B, K - 1, C]`.
+pub fn causal_conv1d(c: &mut RuleCx<'_, '_>) -> Ty {
+    let mut layouts = vec![(0, "[B, T, channels]"), (1, "[channels, 1, kernel]")];
+    if c.given(2) {
+        layouts.push((2, "[channels]"));
+    }
+    let Some(args) = scan_shapes(c, &layouts) else {
+        return Ty::Unknown;
+    };
+    let (x, sx) = &args[0];
+    let (w, sw) = &args[1];
+    if scan_mismatch(c, "channel count", (x, sx, 2), (w, sw, 0)) {
+        return Ty::Unknown;
+    }
+    if let Some((bias, sb)) = args.get(2) {
+        if scan_mismatch(c, "channel count", (x, sx, 2), (bias, sb, 0)) {
+            return Ty::Unknown;
+        }
+    }
+    if sw[1].as_constant().is_some_and(|one| one != 1) || sw[2].as_constant().is_some_and(|k| k < 1)
+    {
+        let span = c.arg_span(1);
+        c.error(Diagnostic::new(
+            "lmx::shape::scan_state",
+            format!(
+                "`causal_conv1d`'s weight must be `[channels, 1, kernel]` (depthwise, a kernel of at least 1), not {}",
+                w.shape_text()
+            ),
+            span,
+            "not a depthwise kernel",
+        ));
+        return Ty::Unknown;
+    }
+    let kernel = &sw[2];
+    c.facts().scans.push(ScanSite {
+        kind: ScanKind::Conv,
+        state: vec![kernel.add(&Dim::constant(1), -1), sx[2].clone()],
+        dtype: x.dtype,
+        flops: Dim::constant(2).mul(&sx[2]).mul(kernel),
+    });
+    Ty::Tensor(TensorTy::new(x.dtype, sx.clone(), c.span))
 }

@@ -233,6 +233,15 @@ impl LowerCx<'_, '_, '_> {
         quote!(pass)
     }
 
+    /// The forward pass's state, through which a recurrence reads and replaces its state in the
+    /// generation cache.
+    pub fn scan_pass(&mut self) -> TokenStream {
+        self.fx.uses_pass = true;
+        self.fx.pass_mut = true;
+        self.fx.recurs = true;
+        quote!(pass)
+    }
+
     /// A tensor-valued result.
     pub fn tensor(&self, ts: TokenStream) -> X {
         X::Tensor(T::owned(ts))

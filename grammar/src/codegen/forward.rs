@@ -15,7 +15,7 @@ use super::names::{ident, snake};
 use super::Gen;
 use crate::ast::{Arg, BinaryOp, Body, Expr, ExprKind, StmtKind, Subscript, UnaryOp};
 use crate::diag::Diagnostic;
-use crate::ir::{LayerKind, ParamTree};
+use crate::ir::{LayerKind, ParamNode, ParamTree};
 use crate::span::Span;
 
 pub(crate) type R<T> = Result<T, Diagnostic>;
@@ -332,6 +332,8 @@ pub(crate) struct Fx<'g, 'm> {
     pub uses_offset: bool,
     /// Whether it attends.
     pub attends: bool,
+    /// Whether it runs a recurrence (`ssd`, `causal_conv1d`), whose state the cache holds.
+    pub recurs: bool,
     /// Whether it draws dropout masks (from `pass.ctx`'s key).
     pub drops: bool,
     /// In a step: the context its `forward(..)` calls share (one dropout key stream per step).
@@ -354,6 +356,7 @@ impl<'g, 'm> Fx<'g, 'm> {
             uses_config: false,
             uses_offset: false,
             attends: false,
+            recurs: false,
             drops: false,
             step_ctx: None,
             frozen: Vec::new(),
@@ -918,38 +921,7 @@ impl<'g, 'm> Fx<'g, 'm> {
             },
             ExprKind::Binary(op, _, a, b) => self.binary(*op, a, b, e.span),
             ExprKind::Call(callee, args) => self.call(callee, args, e.span),
-            ExprKind::Member(target, field) => match self.expr(target)? {
-                X::Module(m) => match *m {
-                    Module::Group { tree, place, decl } => {
-                        let idx = tree
-                            .entries
-                            .iter()
-                            .position(|en| en.name == field.name)
-                            .ok_or_else(|| unsupported(field.span, "this member"))?;
-                        let fields = super::field_names(&tree);
-                        let f = &fields[idx];
-                        let entry = &tree.entries[idx];
-                        let place = if entry.guard.is_some() {
-                            guarded(quote!(#place.#f), &entry.name)
-                        } else {
-                            quote!(#place.#f)
-                        };
-                        // A raw tensor of a nested group (`switch_mlp.gate_proj.weight`).
-                        if matches!(entry.node, crate::ir::ParamNode::Tensor { .. }) {
-                            return Ok(X::Tensor(T {
-                                ts: place,
-                                is_ref: false,
-                                simple: true,
-                            }));
-                        }
-                        Ok(X::Module(Box::new(
-                            self.g.module(entry, place, &decl, e.span)?,
-                        )))
-                    }
-                    _ => Err(unsupported(e.span, "this member access")),
-                },
-                _ => Err(unsupported(e.span, "this member access")),
-            },
+            ExprKind::Member(target, field) => self.member(target, field, e.span),
             ExprKind::Index(target, subs) => self.index(target, subs, e.span),
             ExprKind::If(cond, then, otherwise) => {
                 let (c, _) = self.static_expr(cond)?;
@@ -989,6 +961,44 @@ impl<'g, 'm> Fx<'g, 'm> {
                     }
                 }
             }
+        }
+    }
+
+    /// `group.entry`: a module of a parameter group, or one of its raw tensors. (Apart from
+    /// `expr`, whose frame every level of a deeply nested expression pays for.)
+    #[inline(never)]
+    fn member(&mut self, target: &Expr, field: &crate::ast::Ident, span: Span) -> R<X> {
+        match self.expr(target)? {
+            X::Module(m) => match *m {
+                Module::Group { tree, place, decl } => {
+                    let idx = tree
+                        .entries
+                        .iter()
+                        .position(|en| en.name == field.name)
+                        .ok_or_else(|| unsupported(field.span, "this member"))?;
+                    let fields = super::field_names(&tree);
+                    let f = &fields[idx];
+                    let entry = &tree.entries[idx];
+                    let place = if entry.guard.is_some() {
+                        guarded(quote!(#place.#f), &entry.name)
+                    } else {
+                        quote!(#place.#f)
+                    };
+                    // A raw tensor of a group (`conv1d.weight`): the leaf itself.
+                    if matches!(entry.node, ParamNode::Tensor { .. }) {
+                        return Ok(X::Tensor(T {
+                            ts: place,
+                            is_ref: false,
+                            simple: true,
+                        }));
+                    }
+                    Ok(X::Module(Box::new(
+                        self.g.module(entry, place, &decl, span)?,
+                    )))
+                }
+                _ => Err(unsupported(span, "this member access")),
+            },
+            _ => Err(unsupported(span, "this member access")),
         }
     }
 

@@ -99,6 +99,8 @@ pub(crate) struct BlockInfo {
     pub uses_offset: bool,
     /// Whether it attends.
     pub attends: bool,
+    /// Whether it runs a recurrence.
+    pub recurs: bool,
     /// Whether it draws dropout masks.
     pub drops: bool,
     /// The `impl` with its forward method.
@@ -416,6 +418,7 @@ impl<'m> Gen<'m> {
                     uses_config: false,
                     uses_offset: false,
                     attends: false,
+                    recurs: false,
                     drops: false,
                     code: TokenStream::new(),
                 }
@@ -504,6 +507,7 @@ impl<'m> Gen<'m> {
             uses_config: fx.uses_config,
             uses_offset: fx.uses_offset,
             attends: fx.attends,
+            recurs: fx.recurs,
             drops: fx.drops,
             code,
         })
@@ -538,8 +542,9 @@ impl<'m> Gen<'m> {
         let has_config = self.any_block(|b| b.uses_config);
         let has_offset = fx.uses_offset || self.any_block(|b| b.uses_offset);
         let has_attention = fx.attends || self.any_block(|b| b.attends);
+        let has_scan = fx.recurs || self.any_block(|b| b.recurs);
         let has_dropout = fx.drops || self.any_block(|b| b.drops);
-        let has_ctx = has_attention || has_dropout;
+        let has_ctx = has_attention || has_scan || has_dropout;
         let any_pass = fx.uses_pass || self.any_block(|b| b.needs_pass);
         let first_input = inputs_names(ast).into_iter().next().unwrap_or_default();
         let first = ident(&first_input);
@@ -559,7 +564,7 @@ impl<'m> Gen<'m> {
             pass_init.push(quote!(positions: ctx.positions(#first.dim(-1)),));
         }
         if has_ctx {
-            let doc = match (has_attention, has_dropout) {
+            let doc = match (has_attention || has_scan, has_dropout) {
                 (true, true) => {
                     " The runtime context: the key-value cache during generation, the dropout key \
                      in training."
@@ -573,6 +578,10 @@ impl<'m> Gen<'m> {
         if has_attention {
             pass_fields.push(quote!(#[doc = " Attention calls so far: the cache slot of the next one."] attention: usize,));
             pass_init.push(quote!(attention: 0,));
+        }
+        if has_scan {
+            pass_fields.push(quote!(#[doc = " Recurrent calls so far: the cache slot of the next one's state."] recurrent: usize,));
+            pass_init.push(quote!(recurrent: 0,));
         }
         let lifetime = if has_config || has_ctx {
             quote!(<'a>)
@@ -598,8 +607,18 @@ impl<'m> Gen<'m> {
                     }
                 }
             });
+            let scan = has_scan.then(|| {
+                quote! {
+                    /// The runtime context and the next recurrent slot, for a recurrence's call
+                    /// (`ssd`, `gated_delta`, `causal_conv1d`) to keep its state in.
+                    fn recurrent(&mut self) -> (&mut Context, usize) {
+                        self.recurrent += 1;
+                        (&mut *self.ctx, self.recurrent - 1)
+                    }
+                }
+            });
             let methods = if has_ctx {
-                quote!(impl Pass<'_> { #attend #dropout })
+                quote!(impl Pass<'_> { #attend #scan #dropout })
             } else {
                 TokenStream::new()
             };

@@ -17,8 +17,12 @@
 //! A single sequence's cache ([`KvCache::rotating`]) keeps only the window of a sliding-window
 //! layer, in a ring ([`super::ring`]); a batch's, which joins and reorders rows, and a
 //! speculative decoder's, which cuts rejected tokens back, keep every position.
+//!
+//! Beside the keys and values it holds the states of recurrent layers ([`super::state`]), which
+//! the same rows and slots index.
 
 use super::ring;
+use super::state::RecurrentStates;
 use crate::error::{Error, Result};
 use crate::nn;
 use mlx_rs::ops::indexing::{IndexOp, TryIndexMutOp};
@@ -41,6 +45,8 @@ pub(crate) struct KvCache {
     rotating: bool,
     /// Per layer, the window of a layer whose buffers are a ring.
     windows: Vec<Option<i32>>,
+    /// The recurrent layers' states after the `len` filled slots.
+    pub(crate) states: RecurrentStates,
 }
 
 impl KvCache {
@@ -58,6 +64,7 @@ impl KvCache {
             traced: None,
             rotating: false,
             windows: Vec::new(),
+            states: RecurrentStates::default(),
         }
     }
 
@@ -81,6 +88,7 @@ impl KvCache {
             traced: Some(offset),
             rotating: true,
             windows,
+            states: RecurrentStates::default(),
         }
     }
 
@@ -289,13 +297,33 @@ impl KvCache {
         Ok(Some(mask))
     }
 
+    /// Which of the next `t_len` slots each row's sequence fills, `[B, T]` bool: `None` where
+    /// no row is padded. (Recurrent layers zero their inputs on a row's padding, so that its
+    /// state starts as an unpadded row's does.)
+    pub(crate) fn valid(&self, t_len: i32) -> Result<Option<Array>> {
+        let Some(starts) = &self.starts else {
+            return Ok(None);
+        };
+        let slots =
+            Array::arange::<_, i32>(self.len, self.len + t_len, None)?.reshape(&[1, t_len])?;
+        let starts = Array::from_slice(starts, &[starts.len() as i32, 1]);
+        Ok(Some(slots.ge(&starts)?))
+    }
+
     /// Every buffer, to evaluate the cache without the logits (a prefill chunk).
     pub(crate) fn arrays(&self) -> Vec<&Array> {
         self.layers
             .iter()
             .flatten()
             .flat_map(|(k, v)| [k, v])
+            .chain(self.states.arrays())
             .collect()
+    }
+
+    /// Whether [`truncate`](Self::truncate) can cut the cache back to `len` slots: recurrent
+    /// states hold no earlier position, so a cache that has them can only keep all it holds.
+    pub(crate) fn can_truncate(&self, len: i32) -> bool {
+        len >= self.len || self.states.is_empty()
     }
 
     /// Forgets the slots from `len` on: the next pass writes over them (a prompt that shares
@@ -325,6 +353,7 @@ impl KvCache {
             *keys = keys.take_axis(&index, 0)?;
             *values = values.take_axis(&index, 0)?;
         }
+        self.states.take_rows(&index)?;
         if let Some(starts) = &mut self.starts {
             *starts = rows.iter().map(|&row| starts[row]).collect();
         }
@@ -366,6 +395,7 @@ impl KvCache {
         }
         self.starts = Some(starts);
         self.mask = None;
+        self.states.append_rows(other.states)?;
         Ok(())
     }
 }

@@ -72,6 +72,17 @@ impl PromptCache {
             .take_while(|(a, b)| a == b)
             .count()
             .min(prompt.len() - 1);
+        // A recurrent state cannot go back to a shorter prefix: feed the prompt from the start.
+        let rewinds = self
+            .ctx
+            .cache_mut()
+            .is_none_or(|cache| cache.can_truncate(shared as i32));
+        let shared = if rewinds {
+            shared
+        } else {
+            self.ctx = Context::generation();
+            0
+        };
         let kept = match self.ctx.cache_mut() {
             Some(cache) => cache.truncate(shared as i32) as usize,
             None => shared,
@@ -155,7 +166,11 @@ pub fn generate_cached<M: LanguageModel>(
         .cache_mut()
         .map(|cache| cache.windows())
         .unwrap_or_default();
-    let mut decoder = DecodeStep::new::<M>(params, config, &sampler, windows);
+    let recurrent = cache
+        .ctx
+        .cache_mut()
+        .map_or(0, |cache| cache.states.len());
+    let mut decoder = DecodeStep::new::<M>(params, config, &sampler, windows, recurrent);
     let decode_started = Instant::now();
     loop {
         let more = tokens.len() + 1 < limit;

@@ -11,6 +11,7 @@ mod ring;
 pub mod sampler;
 mod search;
 mod speculative;
+pub(crate) mod state;
 mod step;
 pub mod text;
 

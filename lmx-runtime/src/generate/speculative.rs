@@ -101,6 +101,20 @@ pub fn speculative_generate<M: LanguageModel, D: LanguageModel>(
         prefill_cache::<M>(target, target_config, &mut target_ctx, head)?;
         prefill_cache::<D>(draft, draft_config, &mut draft_ctx, head)?;
     }
+    // A model with recurrent layers now holds states, which no rejection could cut back: refused
+    // before any token (with a one-token prompt, at the first rejection below).
+    if target_ctx
+        .cache_mut()
+        .is_some_and(|cache| !cache.can_truncate(0))
+    {
+        return Err(Error::RecurrentRewind { model: M::NAME });
+    }
+    if draft_ctx
+        .cache_mut()
+        .is_some_and(|cache| !cache.can_truncate(0))
+    {
+        return Err(Error::RecurrentRewind { model: D::NAME });
+    }
     // The token the target is fed next, and the tokens the draft is fed next.
     let mut next = last;
     let mut draft_input = vec![last];
@@ -182,6 +196,9 @@ pub fn speculative_generate<M: LanguageModel, D: LanguageModel>(
         // The target keeps the fed tokens that were kept; the draft, which was not fed its
         // last proposal, catches up on it when all were kept.
         if let Some(cache) = target_ctx.cache_mut() {
+            if !cache.can_truncate(base + 1 + kept as i32) {
+                return Err(Error::RecurrentRewind { model: M::NAME });
+            }
             cache.truncate(base + 1 + kept as i32);
         }
         draft_input = if k == 0 {
@@ -190,6 +207,9 @@ pub fn speculative_generate<M: LanguageModel, D: LanguageModel>(
             vec![kept_tokens[k - 1], token]
         } else {
             if let Some(cache) = draft_ctx.cache_mut() {
+                if !cache.can_truncate(base + 1 + kept as i32) {
+                    return Err(Error::RecurrentRewind { model: D::NAME });
+                }
                 cache.truncate(base + 1 + kept as i32);
             }
             vec![token]

@@ -6,10 +6,11 @@
 //! token on an H100). The step is instead traced once per shape bucket and replayed:
 //!
 //! - inputs: the parameters' leaves, the token `[1, 1]`, its position (an int32 scalar), the
-//!   sampler's state (its random key, then the recent tokens its penalties look at) and every
-//!   attention layer's key and value buffers `[1, heads, capacity, head_dim]`;
-//! - outputs: the next token, the sampler's next state and the buffers with this token's keys and
-//!   values written at its position.
+//!   sampler's state (its random key, then the recent tokens its penalties look at), every
+//!   attention layer's key and value buffers `[1, heads, capacity, head_dim]` and every recurrent
+//!   slot's state ([`super::state`]);
+//! - outputs: the next token, the sampler's next state, the buffers with this token's keys and
+//!   values written at its position and the recurrent states after it.
 //!
 //! Nothing in the trace depends on the position's value: RoPE reads it as an array, learned
 //! positions are gathered at it, the keys and values are written with a dynamic-offset update and
@@ -26,6 +27,7 @@
 
 use super::cache::KvCache;
 use super::sampler::Sampler;
+use super::state::RecurrentStates;
 use crate::error::{Error, Result};
 use crate::model::{Context, LanguageModel};
 use crate::nn;
@@ -46,6 +48,8 @@ pub(crate) struct DecodeStep {
     params: Vec<Array>,
     /// How many arrays the sampler's state holds.
     state_len: usize,
+    /// How many recurrent slots the model's forward pass runs (their states are the last inputs).
+    recurrent: usize,
     /// Times the step was traced.
     traces: Rc<Cell<usize>>,
 }
@@ -53,12 +57,14 @@ pub(crate) struct DecodeStep {
 impl DecodeStep {
     /// The step of `M` with `params` and `config`, sampling as `sampler` does (its settings; its
     /// state is an input of every call).
-    /// The layers whose buffers are rings are those of `windows` (the prefilled cache's).
+    /// The layers whose buffers are rings are those of `windows`, and `recurrent` is the number
+    /// of recurrent slots (both the prefilled cache's).
     pub(crate) fn new<M: LanguageModel>(
         params: &M::Params,
         config: &M::Config,
         sampler: &Sampler,
         windows: Vec<Option<i32>>,
+        recurrent: usize,
     ) -> DecodeStep {
         let leaves = flatten(params);
         let leaf_count = leaves.len();
@@ -80,19 +86,20 @@ impl DecodeStep {
                 }
             });
             let (token, position) = (&rest[0], &rest[1]);
-            let (state, buffers) = rest[2..].split_at(state_len);
-            let cache = KvCache::traced(buffers.to_vec(), position.clone(), windows.clone());
+            let (state, rest) = rest[2..].split_at(state_len);
+            let (buffers, states) = rest.split_at(rest.len() - recurrent);
+            let mut cache = KvCache::traced(buffers.to_vec(), position.clone(), windows.clone());
+            cache.states = RecurrentStates::from_arrays(states.to_vec());
             let mut ctx = Context::with_cache(cache);
             let logits = nn::without_gradients(|| M::forward(&params, &config, token, &mut ctx))?;
             let mut sampler = sampler.clone();
             sampler.set_state(state);
             let mut outputs = vec![sampler.next(&logits.index((0, -1)))?];
             outputs.extend(sampler.state());
-            outputs.extend(
-                ctx.cache_mut()
-                    .map(KvCache::take_buffers)
-                    .unwrap_or_default(),
-            );
+            if let Some(cache) = ctx.cache_mut() {
+                outputs.extend(cache.take_buffers());
+                outputs.extend(cache.states.take_all());
+            }
             Ok(outputs)
         };
         let pure = move |inputs: &[Array]| body(inputs).map_err(Error::into_exception);
@@ -100,6 +107,7 @@ impl DecodeStep {
             function: Box::new(compile(pure, false)),
             params: leaves,
             state_len,
+            recurrent,
             traces,
         }
     }
@@ -122,11 +130,14 @@ impl DecodeStep {
         inputs.push(Array::from_int(cache.len));
         inputs.extend(sampler.state());
         inputs.extend(cache.take_buffers());
+        inputs.extend(cache.states.take_all());
         let called = (self.function)(&inputs);
         let mut outputs = match called {
             Ok(outputs) => outputs,
             Err(err) => {
-                let buffers = inputs.split_off(self.params.len() + 2 + self.state_len);
+                let mut buffers = inputs.split_off(self.params.len() + 2 + self.state_len);
+                let states = buffers.split_off(buffers.len() - self.recurrent);
+                cache.states = RecurrentStates::from_arrays(states);
                 cache.put_buffers(buffers, 0);
                 return Err(err.into());
             }
@@ -134,6 +145,8 @@ impl DecodeStep {
         // The cache's old buffers are now held by the step's graph alone, which may then write
         // this token's keys and values into them in place.
         drop(inputs);
+        let states = outputs.split_off(outputs.len() - self.recurrent);
+        cache.states = RecurrentStates::from_arrays(states);
         cache.put_buffers(outputs.split_off(1 + self.state_len), 1);
         sampler.set_state(&outputs[1..]);
         async_eval(&outputs)?;

@@ -38,10 +38,12 @@ pub enum Family {
     Phi3,
     /// `deepseek_v2`: `models/deepseek_v2.lmx`.
     DeepseekV2,
+    /// `mamba2`: `models/mamba2.lmx`.
+    Mamba2,
 }
 
 /// Every family, in the order errors list them.
-pub const FAMILIES: [Family; 12] = [
+pub const FAMILIES: [Family; 13] = [
     Family::Gpt2,
     Family::Llama,
     Family::Mistral,
@@ -54,6 +56,7 @@ pub const FAMILIES: [Family; 12] = [
     Family::Gemma3Text,
     Family::Phi3,
     Family::DeepseekV2,
+    Family::Mamba2,
 ];
 
 /// GPT-2's `Conv1D` layers, whose weights transformers stores `[in, out]` (MLX's are `[out, in]`).
@@ -80,6 +83,7 @@ impl Family {
             Family::Gemma3Text => "gemma3_text",
             Family::Phi3 => "phi3",
             Family::DeepseekV2 => "deepseek_v2",
+            Family::Mamba2 => "mamba2",
         }
     }
 
@@ -103,6 +107,7 @@ impl Family {
             Family::Gemma3Text => "Gemma3ForCausalLM",
             Family::Phi3 => "Phi3ForCausalLM",
             Family::DeepseekV2 => "DeepseekV2ForCausalLM",
+            Family::Mamba2 => "Mamba2ForCausalLM",
         }
     }
 
@@ -304,6 +309,7 @@ impl Family {
                 return super::newer::lmx_config(self, &hf, self.tied(config));
             }
             Family::DeepseekV2 => return super::deepseek::lmx_config(&hf, self.tied(config)),
+            Family::Mamba2 => return super::recurrent::mamba2_config(&hf, self.tied(config)),
             Family::Mpt => {
                 set("vocab", hf.size_or("vocab_size", 50368)?.into());
                 set("ctx", hf.size_or("max_seq_len", 2048)?.into());
@@ -461,6 +467,7 @@ impl Family {
                 super::newer::hf_config(self, lmx)?
             }
             Family::DeepseekV2 => super::deepseek::hf_config(lmx)?,
+            Family::Mamba2 => super::recurrent::mamba2_hf_config(lmx),
             Family::Mpt => json!({
                 "vocab_size": get("vocab"),
                 "max_seq_len": get("ctx"),
@@ -551,7 +558,9 @@ impl Family {
             | Family::Qwen3
             | Family::Phi3
             | Family::DeepseekV2 => stored.ends_with(".rotary_emb.inv_freq"),
-            Family::Gemma | Family::Mpt | Family::Gemma2 | Family::Gemma3Text => false,
+            Family::Gemma | Family::Mpt | Family::Gemma2 | Family::Gemma3Text | Family::Mamba2 => {
+                false
+            }
         }
     }
 }

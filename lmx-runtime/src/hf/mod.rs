@@ -25,6 +25,7 @@ mod family;
 mod load;
 mod model;
 mod newer;
+mod recurrent;
 mod tokenizer_config;
 mod weights;
 

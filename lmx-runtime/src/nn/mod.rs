@@ -14,6 +14,7 @@ mod layers;
 mod linear_grad;
 mod loss;
 mod rope;
+mod scan;
 
 pub use activation::*;
 pub use column_sum::column_sum;
@@ -24,3 +25,4 @@ pub use extra::*;
 pub use layers::*;
 pub use loss::*;
 pub use rope::*;
+pub use scan::*;

@@ -22,10 +22,12 @@ pub struct AttentionOptions<'a> {
 
 /// What a forward pass over tensors threads through its layers: the runtime's
 /// [`model::Context`] (the key-value cache during generation, the dropout key in a training
-/// step) and the number of attention calls so far, which decides each call's cache slot.
+/// step) and the number of attention and recurrent calls so far, which decide each call's cache
+/// slot.
 pub struct Context<'a> {
     inner: &'a mut model::Context,
     attention: usize,
+    recurrent: usize,
 }
 
 impl<'a> Context<'a> {
@@ -34,6 +36,7 @@ impl<'a> Context<'a> {
         Context {
             inner,
             attention: 0,
+            recurrent: 0,
         }
     }
 
@@ -91,6 +94,68 @@ impl<'a> Context<'a> {
     fn next_layer(&mut self) -> usize {
         self.attention += 1;
         self.attention - 1
+    }
+
+    /// Mamba-2's selective state space recurrence (see [`crate::nn::ssd_chunked`]): `x [B, T, H,
+    /// P]`, positive steps `dt [B, T, H]`, negative rates `a [H]`, `b` and `c [B, T, G, N]`.
+    /// Chunked over a sequence; during generation its state lives in the cache's next recurrent
+    /// slot and one new position runs the step form.
+    pub fn ssd(
+        &mut self,
+        x: &Tensor,
+        dt: &Tensor,
+        a: &Tensor,
+        b: &Tensor,
+        c: &Tensor,
+        chunk: i32,
+    ) -> Result<Tensor> {
+        let slot = self.next_recurrent();
+        Ok(Tensor(crate::nn::ssd(
+            self.inner, slot, &x.0, &dt.0, &a.0, &b.0, &c.0, chunk,
+        )?))
+    }
+
+    /// The gated delta rule (see [`crate::nn::gated_delta_steps`]): `q` and `k [B, T, H, Dk]`,
+    /// `v [B, T, H, Dv]`, log decays `g` and write strengths `beta [B, T, H]`; chunked over a
+    /// sequence, its state `[B, H, Dk, Dv]` in the cache's next recurrent slot in generation.
+    #[allow(clippy::too_many_arguments)]
+    pub fn gated_delta(
+        &mut self,
+        q: &Tensor,
+        k: &Tensor,
+        v: &Tensor,
+        g: &Tensor,
+        beta: &Tensor,
+        chunk: i32,
+    ) -> Result<Tensor> {
+        let slot = self.next_recurrent();
+        Ok(Tensor(crate::nn::gated_delta(
+            self.inner, slot, &q.0, &k.0, &v.0, &g.0, &beta.0, chunk,
+        )?))
+    }
+
+    /// A depthwise causal convolution of `x [B, T, C]` (`weight [C, 1, K]`, `bias [C]`), whose last
+    /// `K - 1` inputs the cache's next recurrent slot keeps during generation.
+    pub fn causal_conv1d(
+        &mut self,
+        x: &Tensor,
+        weight: &Tensor,
+        bias: Option<&Tensor>,
+    ) -> Result<Tensor> {
+        let slot = self.next_recurrent();
+        Ok(Tensor(crate::nn::conv_causal(
+            self.inner,
+            slot,
+            &x.0,
+            &weight.0,
+            bias.map(|b| &b.0),
+        )?))
+    }
+
+    /// The cache slot of the next recurrent call.
+    fn next_recurrent(&mut self) -> usize {
+        self.recurrent += 1;
+        self.recurrent - 1
     }
 
     /// Dropout with probability `p` in `[0, 1)`: in a training step each call draws a fresh mask
