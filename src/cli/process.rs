@@ -8,6 +8,7 @@ pub fn main(registry: &Registry) -> std::process::ExitCode {
     #[cfg(unix)]
     end_quietly_on_a_closed_pipe();
     one_blas_thread_on_few_cores();
+    no_lifetime_cache_fuse();
     match super::run(super::Cli::parse_noting_given(), registry) {
         Ok(()) => std::process::ExitCode::SUCCESS,
         // A run stopped by a signal is no error: it says where it stopped, and exits as the
@@ -41,6 +42,19 @@ fn end_quietly_on_a_closed_pipe() {
 /// (or `OMP_NUM_THREADS`) says otherwise. OpenBLAS starts a worker per core, whose spinning
 /// competes with MLX's own threads: on two cores `gpt2.lmx`'s `bytes` model trained at 2,288
 /// tokens a second with one thread and 405 with two (docs/benchmarks.md).
+/// Turns off the check of MLX's CUDA caches (cuDNN attention graphs, CUDA graphs, convolutions)
+/// that throws once a cache has ever missed twice its capacity: a lifetime count, never reset,
+/// so a long generation or server whose shapes vary (speculative decoding's drafts, prompts of
+/// every length) ended with "Cache thrashing is happening" after a few hundred distinct shapes
+/// however often the cache hit. The caches themselves keep their sizes and evict as before. A
+/// value the user set is left alone. Done first in `main`: MLX reads it when a cache is made.
+fn no_lifetime_cache_fuse() {
+    const CHECK: &str = "MLX_ENABLE_CACHE_THRASHING_CHECK";
+    if std::env::var_os(CHECK).is_none() {
+        std::env::set_var(CHECK, "0");
+    }
+}
+
 fn one_blas_thread_on_few_cores() {
     let set = ["OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS"]
         .iter()
