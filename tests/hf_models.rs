@@ -10,8 +10,8 @@
 //! with bit-identical tensors and the same logits; bad folders fail with exact messages.
 
 use lmx::models::{
-    deepseek_v2, gemma, gemma2, gemma3_text, gpt2, llama, mamba2, mistral, mixtral, mpt, phi3, qwen2,
-    qwen3,
+    deepseek_v2, gemma, gemma2, gemma3_text, gpt2, llama, mamba2, mistral, mixtral, mpt, phi3,
+    qwen2, qwen3,
 };
 use lmx::runtime::hf::{self, HfFolder};
 use lmx::runtime::mlx_rs::Dtype;

@@ -109,8 +109,8 @@ impl Registry {
     /// The bundled models of `models/`: what the stock `lmx` binary knows.
     pub fn bundled() -> Registry {
         use lmx::models::{
-            deepseek_v2, gemma, gemma2, gemma3_text, gpt2, hybrid, llama, mamba2, mistral, mixtral, mpt,
-            phi3, qwen2, qwen3,
+            deepseek_v2, gemma, gemma2, gemma3_text, gpt2, hybrid, llama, mamba2, mistral, mixtral,
+            mpt, phi3, qwen2, qwen3,
         };
         Registry::new()
             .sources(lmx::models::SOURCES)

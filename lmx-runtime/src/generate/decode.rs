@@ -166,10 +166,7 @@ pub fn generate_cached<M: LanguageModel>(
         .cache_mut()
         .map(|cache| cache.windows())
         .unwrap_or_default();
-    let recurrent = cache
-        .ctx
-        .cache_mut()
-        .map_or(0, |cache| cache.states.len());
+    let recurrent = cache.ctx.cache_mut().map_or(0, |cache| cache.states.len());
     let mut decoder = DecodeStep::new::<M>(params, config, &sampler, windows, recurrent);
     let decode_started = Instant::now();
     loop {

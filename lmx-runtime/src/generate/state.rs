@@ -42,7 +42,10 @@ impl RecurrentStates {
     /// Takes every slot's state out, in slot order, for a traced decode step's inputs (after a
     /// prefill, which runs every slot).
     pub(crate) fn take_all(&mut self) -> Vec<Array> {
-        std::mem::take(&mut self.slots).into_iter().flatten().collect()
+        std::mem::take(&mut self.slots)
+            .into_iter()
+            .flatten()
+            .collect()
     }
 
     /// The states of `arrays`, one per slot in order (a traced decode step's).
