@@ -82,7 +82,7 @@ mod tests {
             let y = lookup(&args[0], &ids).map_err(Error::into_exception)?;
             Ok(vec![y.multiply(&r)?.sum(false)?])
         };
-        let (values, grads) = value_and_grad(objective, &[0])(&[table.clone()]).unwrap();
+        let (values, grads) = value_and_grad(objective, &[0])(std::slice::from_ref(table)).unwrap();
         (values[0].clone(), grads[0].clone())
     }
 
