@@ -22,7 +22,7 @@ use crate::distributed::{self, DataParallel, Shard};
 use crate::error::{Error, Result};
 use crate::optim::{DecayScope, Optimizer, StepScalars};
 use crate::state::{StateTemplate, TrainState};
-use crate::step::{accumulate, loss_and_grads, prepare, Loss, PureFn, StepMetrics, StepOptions};
+use crate::step::{accumulate, loss_and_grads, prepare, Loss, Mode, StepMetrics, StepOptions};
 use crate::tree::{self, Tree};
 use mlx_rs::ops::indexing::IndexOp;
 use mlx_rs::{ops, random, Array, Dtype};
@@ -486,18 +486,6 @@ where
     pub fn traces(&self) -> usize {
         self.traces.get()
     }
-}
-
-/// The flat step's compiled functions.
-enum Mode {
-    /// Loss, gradients and update in one function.
-    Fused(PureFn),
-    /// `micro` per micro-batch, then `apply`.
-    Accumulate {
-        micro: PureFn,
-        apply: PureFn,
-        parts: usize,
-    },
 }
 
 /// The flat step's pure functions and what they need, captured by value.

@@ -131,7 +131,9 @@ pub struct TrainStep<P: Tree<Array>, O: Optimizer> {
     metrics: usize,
 }
 
-enum Mode {
+/// A step's compiled functions, per-parameter ([`TrainStep`]) or flat
+/// ([`FlatStep`](crate::flat::FlatStep)).
+pub(crate) enum Mode {
     /// Loss, gradients and update in one function.
     Fused(PureFn),
     /// `micro` per micro-batch, then `apply`.
