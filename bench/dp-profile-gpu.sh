@@ -20,16 +20,7 @@ export NCCL_NVLS_ENABLE=0
 nccl=$(find -L /tmp/mlxcuda/nvidia /usr/local/lib /usr/lib -name 'libnccl.so*' 2>/dev/null | head -1)
 [ -n "$nccl" ] && export LD_LIBRARY_PATH=$(dirname "$nccl"):$LD_LIBRARY_PATH
 
-nvidia=$("$python" -c "import nvidia, os; print(list(nvidia.__path__)[0])") \
-    || { echo "no Python package nvidia (PyTorch's CUDA libraries) to take CUPTI from"; exit 1; }
-include=$(dirname "$(find -L "$nvidia/" -name cupti_activity.h | head -1)")
-cupti=$(cd "$include/../lib" && pwd)
-library=$(find "$cupti/" -maxdepth 1 -name 'libcupti.so*' | sort | head -1)
-cuda_include=$(dirname "$(find /usr/local/cuda*/ /usr/include "$nvidia/" -path '*crt/host_defines.h' \
-    2>/dev/null | head -1)")/..
-gcc -shared -fPIC -O2 -I"$include" -I"$cuda_include" "$here/cupti_trace.c" -o "$work/trace.so" \
-    "$library" || { echo "cannot build the tracer"; exit 1; }
-export LD_LIBRARY_PATH=$cupti${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+source "$here/cupti-build.sh"
 
 gpt="--device gpu --preset gpt2 --tokenizer byte --seq-len 1024 --precision bfloat16 --steps 25
      --eval-every 0 --checkpoint-every 0 --quiet --sample 0 --data data/shakespeare.txt"
