@@ -1,7 +1,7 @@
 //! Layers: parameter structs and the pure functions that apply them.
 
 use super::extra::literal;
-use super::linear_grad::linear_with_row_major_grad;
+use super::padded_product;
 use crate::error::Result;
 use crate::model::Context;
 use mlx_rs::fast::{self, ScaledDotProductAttentionMask};
@@ -175,7 +175,7 @@ pub fn linear(params: &LinearParams, x: &Array) -> Result<Array> {
                 None => y,
             }
         }
-        None => linear_with_row_major_grad(x, &params.weight, params.bias.as_ref())?,
+        None => padded_product::linear(x, &params.weight, params.bias.as_ref())?,
     };
     match (&params.lora_a, &params.lora_b, params.lora) {
         (Some(a), Some(b), Some(lora)) => {
@@ -227,7 +227,7 @@ pub fn embedding_as_linear(params: &EmbeddingParams, x: &Array) -> Result<Array>
             q.group_size,
             q.bits,
         )?),
-        None => linear_with_row_major_grad(x, &params.weight, None),
+        None => padded_product::linear(x, &params.weight, None),
     }
 }
 
