@@ -170,7 +170,7 @@ impl Context {
     /// cache first and the queries attend to every position it holds.
     pub fn attend(&mut self, layer: usize, q: &Array, k: &Array, v: &Array) -> Result<Array> {
         let Some(cache) = self.cache.as_mut() else {
-            return crate::nn::attention(q, k, v, crate::nn::AttentionMask::Causal);
+            return crate::nn::causal_attention(q, k, v);
         };
         let (k, v) = cache.extend(layer, k, v)?;
         if let Some(mask) = cache.mask(q.dim(2), k.dim(2))? {

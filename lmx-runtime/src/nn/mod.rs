@@ -13,8 +13,10 @@ mod layer_norm_grad;
 mod layers;
 mod linear_grad;
 mod loss;
+mod padded_product;
 mod rope;
 mod scan;
+mod tiled_attention;
 
 pub use activation::*;
 pub use column_sum::column_sum;
@@ -26,3 +28,4 @@ pub use layers::*;
 pub use loss::*;
 pub use rope::*;
 pub use scan::*;
+pub use tiled_attention::causal_attention;
