@@ -82,12 +82,27 @@ fn the_declared_step_computes_the_command_lines_dpo() -> Result<()> {
     assert!(Objective::<Gpt2>::declared::<Train>(&start).is_none());
     let library = objectives::dpo::<Gpt2>(&start, 0.1);
     assert_eq!(declared.frozen.len(), library.frozen.len());
-    let ours = value(&(declared.loss)(&policy, &config, &declared.frozen, &batch, None)?[0]);
-    let theirs = value(&(library.loss)(&policy, &config, &library.frozen, &batch, None)?[0]);
-    assert!((ours - theirs).abs() <= 1e-5, "{ours} against {theirs}");
+    // The step's own metrics (`metrics loss, reward_margin, accuracy`) are the library's.
+    assert_eq!(Dpo::METRICS, ["reward_margin", "accuracy"]);
+    assert_eq!(declared.metrics, library.metrics);
+    let ours = (declared.loss)(&policy, &config, &declared.frozen, &batch, None)?;
+    let theirs = (library.loss)(&policy, &config, &library.frozen, &batch, None)?;
+    assert_eq!(ours.len(), 3);
+    assert_eq!(theirs.len(), 3);
+    for (name, (ours, theirs)) in ["loss", "reward_margin", "accuracy"]
+        .iter()
+        .zip(ours.iter().zip(&theirs))
+    {
+        let (ours, theirs) = (value(ours), value(theirs));
+        assert!(
+            (ours - theirs).abs() <= 1e-5,
+            "{name}: {ours} against {theirs}"
+        );
+    }
+    let loss = value(&ours[0]);
     assert!(
-        (ours - std::f32::consts::LN_2).abs() > 1e-3,
-        "{ours}: policy and reference differ"
+        (loss - std::f32::consts::LN_2).abs() > 1e-3,
+        "{loss}: policy and reference differ"
     );
     Ok(())
 }
@@ -122,6 +137,9 @@ struct Losses(Rc<RefCell<Vec<(u64, f32)>>>, u64);
 
 impl Callback for Losses {
     fn on_step(&mut self, report: &StepReport) -> Result<Control> {
+        // Every step reports the step's own metrics by name.
+        let names: Vec<&str> = report.metrics.keys().copied().collect();
+        assert_eq!(names, ["accuracy", "reward_margin"]);
         self.0.borrow_mut().push((report.step, report.loss));
         Ok(match report.step >= self.1 {
             true => Control::Stop("interrupted".into()),

@@ -171,8 +171,9 @@ pub fn train(
 }
 
 /// The next-token loss plus `0.1 ·` the mean squared distance of the logits to those of a
-/// frozen copy of the policy, which runs without dropout and without gradients.
-#[lmx::step(optimizer = AdamW, frozen(reference = policy))]
+/// frozen copy of the policy, which runs without dropout and without gradients; the step
+/// reports that pull as a metric of its own.
+#[lmx::step(optimizer = AdamW, frozen(reference = policy), metrics(pull))]
 pub fn anchored(
     params: &Pico<Tensor>,
     reference: &Pico<Tensor>,
@@ -180,11 +181,11 @@ pub fn anchored(
     targets: &Tensor,
     config: &PicoConfig,
     ctx: &mut Context,
-) -> Result<Tensor> {
+) -> Result<(Tensor, Tensor)> {
     let logits = pico(params, tokens, config, ctx)?;
     let anchor = Context::frozen(|frozen| pico(reference, tokens, config, frozen))?;
     let pull = logits.subtract(&anchor)?.square()?.mean()?.scale(0.1)?;
-    cross_entropy(&logits, targets)?.add(&pull)
+    Ok((cross_entropy(&logits, targets)?.add(&pull)?, pull))
 }
 
 /// A stream with structure to learn: runs of a few tokens repeated with noise between.
@@ -422,7 +423,8 @@ fn a_step_reads_its_declared_frozen_copy_of_the_policy() -> Result<()> {
         .subtract(logits(&other)?)?
         .square()?
         .mean(false)?;
-    let want = plain + 0.1 * value(pull)?;
+    let pull = 0.1 * value(pull)?;
+    let want = plain + pull;
     let got = value(Anchored::frozen_loss(
         &params,
         &config,
@@ -431,6 +433,17 @@ fn a_step_reads_its_declared_frozen_copy_of_the_policy() -> Result<()> {
         None,
     )?)?;
     assert!((got - want).abs() < 1e-5, "{got} against {want}");
+    // The loss and then the declared metric, in one computation.
+    assert_eq!(Anchored::METRICS, ["pull"]);
+    assert!(Train::METRICS.is_empty());
+    let values =
+        Anchored::loss_and_metrics(&params, &config, std::slice::from_ref(&other), &batch, None)?;
+    assert_eq!(values.len(), 2);
+    let [loss, reported] = [values[0].clone(), values[1].clone()].map(value);
+    assert!((loss? - want).abs() < 1e-5);
+    let reported = reported?;
+    assert!((reported - pull).abs() < 1e-6, "{reported} against {pull}");
+    assert!(pull > 1e-4, "{pull}: the two models differ");
     let key = random::key(9)?;
     let keyed = value(Anchored::frozen_loss(
         &params,
@@ -454,7 +467,14 @@ fn a_step_reads_its_declared_frozen_copy_of_the_policy() -> Result<()> {
     };
     let windows = Windows::new(Arc::new(tokens()), 8)?;
     let mut trainer = Trainer::<Anchored>::new(config, train_config, windows)?;
+    let pulls = Arc::new(Mutex::new(Vec::new()));
+    trainer.add_callback(Pulls(pulls.clone()));
     trainer.run()?;
+    // Every step reports its pull: a mean of squares, which the policy's dropout and updates
+    // move away from its start.
+    let pulls = pulls.lock().unwrap().clone();
+    assert_eq!(pulls.len(), 4);
+    assert!(pulls.iter().all(|p| p.is_finite() && *p > 0.0), "{pulls:?}");
     let state = trainer.state();
     let moments = state
         .declaration()
@@ -463,4 +483,18 @@ fn a_step_reads_its_declared_frozen_copy_of_the_policy() -> Result<()> {
         .count();
     assert_eq!(moments, 2 * lmx::runtime::tree::leaf_count(&state.params));
     Ok(())
+}
+
+/// Collects each step's `pull` metric.
+struct Pulls(Arc<Mutex<Vec<f32>>>);
+
+impl Callback for Pulls {
+    fn on_step(&mut self, report: &StepReport) -> Result<Control> {
+        let pull = report.metrics.get("pull").copied();
+        self.0
+            .lock()
+            .unwrap()
+            .push(pull.expect("the step reports `pull`"));
+        Ok(Control::Continue)
+    }
 }

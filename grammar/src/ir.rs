@@ -325,6 +325,9 @@ pub struct StepIr {
     pub loss_metric: Option<String>,
     /// The metric naming the gradient norm, if any.
     pub norm_metric: Option<String>,
+    /// The step's own metrics (neither the loss nor the gradient norm), in the order listed:
+    /// scalars the loss's computation returns after the loss.
+    pub reported: Vec<String>,
     /// The frozen models the step declares, in the order of its compiled state.
     pub frozen: Vec<FrozenIr>,
     /// The compiled state, in its fixed order.

@@ -296,6 +296,25 @@ pub trait TrainingStep: 'static {
         debug_assert!(frozen.is_empty(), "a step without frozen models got some");
         Self::loss(params, config, batch, key)
     }
+
+    /// The names of the metrics the step reports beside its loss and gradient norm
+    /// (`metrics loss, kl, grad_norm` in a `.lmx` step reports `kl`; `metrics(kl)` under
+    /// `#[lmx::step]`), in the order [`loss_and_metrics`](Self::loss_and_metrics) returns them.
+    /// Most steps have none.
+    const METRICS: &'static [&'static str] = &[];
+
+    /// The loss of one (micro-)batch followed by the [`METRICS`](Self::METRICS), every value a
+    /// scalar computed in the same compiled step; only the loss is differentiated. `frozen` is
+    /// as for [`frozen_loss`](Self::frozen_loss), which a step without metrics computes here.
+    fn loss_and_metrics(
+        params: &<Self::Model as LanguageModel>::Params,
+        config: &<Self::Model as LanguageModel>::Config,
+        frozen: &[<Self::Model as LanguageModel>::Params],
+        batch: &[Array],
+        key: Option<&Array>,
+    ) -> Result<Vec<Array>> {
+        Ok(vec![Self::frozen_loss(params, config, frozen, batch, key)?])
+    }
 }
 
 /// A frozen model a training step declares: a model its loss runs without gradients, whose

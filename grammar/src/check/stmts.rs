@@ -636,7 +636,7 @@ impl Checker<'_> {
             self.frozen_grad(&step.body, *grad, loss, &frozen);
         }
         self.check_clipped_update(&state);
-        let (loss_metric, norm_metric) = self.step_metrics(&state, &metric_origins);
+        let (loss_metric, norm_metric, reported) = self.step_metrics(&state, &metric_origins);
         let end = Span::new(step.body.span.end.saturating_sub(1), step.body.span.end);
         let optimizer = state.optimizer.take().unwrap_or_else(|| {
             if !state.optimizer_written {
@@ -697,49 +697,58 @@ impl Checker<'_> {
             loss: state.grad,
             loss_metric,
             norm_metric,
+            reported,
             frozen,
             state: slots,
         }
     }
 
-    /// Sorts the step's metrics into the two the compiled step returns: the loss (the name given
-    /// to `grad`) and the gradient norm (from `clip_grad_norm`); any other is reported.
+    /// Sorts the step's metrics into the loss (the name given to `grad`), the gradient norm
+    /// (from `clip_grad_norm`) and the step's own metrics, which the loss's computation returns
+    /// beside the loss: each must be computed before the statement holding `grad(..)`, or the
+    /// compiled loss has not computed it.
     fn step_metrics(
         &mut self,
         state: &StepState,
         metrics: &[(ast::Ident, Span)],
-    ) -> (Option<String>, Option<String>) {
+    ) -> (Option<String>, Option<String>, Vec<String>) {
         // Without a `grad(..)`, the step has an error of its own already.
-        let Some((_, loss)) = &state.grad else {
-            return (None, None);
+        let Some((grad, loss)) = &state.grad else {
+            return (None, None, Vec::new());
         };
         let loss_name = match &loss.kind {
             ExprKind::Name(n) => Some(n.as_str()),
             _ => None,
         };
-        let (mut loss, mut norm) = (None, None);
+        let (mut loss, mut norm, mut reported) = (None, None, Vec::new());
         for (name, origin) in metrics {
             if Some(name.name.as_str()) == loss_name {
                 loss = Some(name.name.clone());
             } else if state.clip_at == Some(*origin) {
                 norm = Some(name.name.clone());
+            } else if origin.end <= grad.start {
+                reported.push(name.name.clone());
             } else {
-                let help = "a step reports the loss it differentiates, named in `grad(loss)`, and the gradient norm from `clip_grad_norm`";
                 self.error(
                     Diagnostic::new(
                         "lmx::step::metric",
                         format!(
-                            "metric `{}` is neither the differentiated loss nor the gradient norm",
+                            "metric `{}` is computed after the loss is differentiated",
                             name.name
                         ),
                         name.span,
                         "not returned by the compiled step",
                     )
-                    .with_help(help),
+                    .with_label(*origin, "computed here")
+                    .with_label(*grad, "after `grad(..)`")
+                    .with_help(
+                        "the compiled step returns the loss, the gradient norm and what the loss's \
+                         computation computes: compute the metric before `grad(loss)`",
+                    ),
                 );
             }
         }
-        (loss, norm)
+        (loss, norm, reported)
     }
 
     /// Whether `s` repeats a step statement (`optimizer`, `accumulate`, `update`, `metrics`)

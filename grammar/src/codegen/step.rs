@@ -6,7 +6,7 @@ use quote::{format_ident, quote};
 use super::forward::{unsupported, Fx, Site, R};
 use super::names::{camel, ident};
 use super::Gen;
-use crate::ast::{Expr, Step};
+use crate::ast::{Expr, ExprKind, Step};
 use crate::eval::{eval, Value};
 use crate::ir::{FrozenSourceIr, OptimizerKind, SettingDefault, StepIr};
 
@@ -227,7 +227,22 @@ fn step(g: &Gen<'_>, ir: &StepIr, ast: &Step) -> R<TokenStream> {
     fx.stmts(&body)?;
     let loss = fx.expr(&loss_expr)?;
     let loss = fx.owned_tensor(loss, loss_expr.span)?;
-    let loss = fx.ok(loss);
+    // The step's own metrics, returned after the loss (the checker found each computed before
+    // `grad(..)`, so each is a name in scope here).
+    let mut reported = Vec::new();
+    for name in &ir.reported {
+        let name = Expr {
+            kind: ExprKind::Name(name.clone()),
+            span: grad_call,
+        };
+        let value = fx.expr(&name)?;
+        reported.push(fx.owned_tensor(value, grad_call)?);
+    }
+    let loss = if ir.reported.is_empty() {
+        fx.ok(loss)
+    } else {
+        quote!(Ok(vec![#loss, #(#reported),*]))
+    };
     let stmts = super::forward::render(fx.bodies.pop().unwrap_or_default());
     // One context for every `forward(..)` of the step, so that each dropout draws a new mask.
     let (key, context) = match &fx.step_ctx {
@@ -258,41 +273,76 @@ fn step(g: &Gen<'_>, ir: &StepIr, ast: &Step) -> R<TokenStream> {
         #stmts
         #loss
     };
-    let loss_fns = match ir.frozen.first() {
-        None => quote! {
-            fn loss(params: &Params, #config: &Config, batch: &[Array], #key: Option<&Array>) -> Result<Array> {
-                #body
-            }
-        },
-        Some(first) => {
-            let first = &first.name;
-            let declared = ir.frozen.iter().map(|f| {
-                let name = &f.name;
-                let source = match f.source {
-                    FrozenSourceIr::Policy => quote!(::lmx::runtime::model::FrozenSource::Policy),
-                };
-                quote!(::lmx::runtime::model::Frozen { name: #name, source: #source })
-            });
-            let locals: Vec<_> = fx.frozen.iter().map(|(_, local)| ident(local)).collect();
-            let n_frozen = locals.len();
-            let frozen_message =
-                format!("step `{step_name}` declares {n_frozen} frozen models, got {{}}");
-            quote! {
-                const FROZEN: &'static [::lmx::runtime::model::Frozen] = &[#(#declared),*];
-
-                fn loss(_params: &Params, _config: &Config, _batch: &[Array], _key: Option<&Array>) -> Result<Array> {
-                    Err(Error::FrozenModelsMissing { step: #step_name, name: #first })
-                }
-
-                fn frozen_loss(params: &Params, #config: &Config, frozen: &[Params], batch: &[Array], #key: Option<&Array>) -> Result<Array> {
-                    let [#(#locals),*] = frozen else {
-                        return Err(Error::Layout(format!(#frozen_message, frozen.len())));
-                    };
-                    #body
-                }
-            }
+    let declared = ir.frozen.iter().map(|f| {
+        let name = &f.name;
+        let source = match f.source {
+            FrozenSourceIr::Policy => quote!(::lmx::runtime::model::FrozenSource::Policy),
+        };
+        quote!(::lmx::runtime::model::Frozen { name: #name, source: #source })
+    });
+    let locals: Vec<_> = fx.frozen.iter().map(|(_, local)| ident(local)).collect();
+    let n_frozen = locals.len();
+    let frozen_message = format!("step `{step_name}` declares {n_frozen} frozen models, got {{}}");
+    let frozen_arg = if locals.is_empty() {
+        quote!(_frozen)
+    } else {
+        quote!(frozen)
+    };
+    let take_frozen = (!locals.is_empty()).then(|| {
+        quote! {
+            let [#(#locals),*] = frozen else {
+                return Err(Error::Layout(format!(#frozen_message, frozen.len())));
+            };
+        }
+    });
+    // The one function holding the body; the others call it.
+    let (body_fn, returns) = match (ir.frozen.is_empty(), ir.reported.is_empty()) {
+        (true, true) => (quote!(loss), quote!(Array)),
+        (false, true) => (quote!(frozen_loss), quote!(Array)),
+        (_, false) => (quote!(loss_and_metrics), quote!(Vec<Array>)),
+    };
+    let body_signature = if ir.frozen.is_empty() && ir.reported.is_empty() {
+        quote!((params: &Params, #config: &Config, batch: &[Array], #key: Option<&Array>))
+    } else {
+        quote!((params: &Params, #config: &Config, #frozen_arg: &[Params], batch: &[Array], #key: Option<&Array>))
+    };
+    let mut loss_fns = quote! {
+        fn #body_fn #body_signature -> Result<#returns> {
+            #take_frozen
+            #body
         }
     };
+    if !ir.reported.is_empty() {
+        let names = &ir.reported;
+        loss_fns.extend(quote! {
+            const METRICS: &'static [&'static str] = &[#(#names),*];
+        });
+        // The loss alone is the first value (validation reads it so; MLX computes nothing of
+        // the metrics nobody evaluates).
+        loss_fns.extend(if ir.frozen.is_empty() {
+            quote! {
+                fn loss(params: &Params, config: &Config, batch: &[Array], key: Option<&Array>) -> Result<Array> {
+                    Ok(Self::loss_and_metrics(params, config, &[], batch, key)?.swap_remove(0))
+                }
+            }
+        } else {
+            quote! {
+                fn frozen_loss(params: &Params, config: &Config, frozen: &[Params], batch: &[Array], key: Option<&Array>) -> Result<Array> {
+                    Ok(Self::loss_and_metrics(params, config, frozen, batch, key)?.swap_remove(0))
+                }
+            }
+        });
+    }
+    if let Some(first) = ir.frozen.first() {
+        let first = &first.name;
+        loss_fns.extend(quote! {
+            const FROZEN: &'static [::lmx::runtime::model::Frozen] = &[#(#declared),*];
+
+            fn loss(_params: &Params, _config: &Config, _batch: &[Array], _key: Option<&Array>) -> Result<Array> {
+                Err(Error::FrozenModelsMissing { step: #step_name, name: #first })
+            }
+        });
+    }
     Ok(quote! {
         #[doc = #doc]
         #[derive(Clone, Copy, Debug, Default)]

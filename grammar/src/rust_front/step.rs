@@ -27,6 +27,8 @@ struct StepArgs {
     accumulate: Option<Expr>,
     /// `frozen(reference = policy, ..)`: the frozen models, each a copy of the policy.
     frozen: Vec<Ident>,
+    /// `metrics(kl, ..)`: the step's own metrics, which the function returns after its loss.
+    metrics: Vec<Ident>,
 }
 
 impl StepArgs {
@@ -37,6 +39,7 @@ impl StepArgs {
             clip_norm: None,
             accumulate: None,
             frozen: Vec::new(),
+            metrics: Vec::new(),
         };
         options::parse(args, attrs, |meta| {
             if meta.path.is_ident("crate") {
@@ -69,10 +72,24 @@ impl StepArgs {
                     out.frozen.push(name);
                     Ok(())
                 })?;
+            } else if meta.path.is_ident("metrics") {
+                meta.parse_nested_meta(|metric| {
+                    let name = metric.path.require_ident()?.clone();
+                    if name == "loss" || out.metrics.contains(&name) {
+                        return Err(syn::Error::new(
+                            name.span(),
+                            format!(
+                                "metric `{name}` is declared twice (the loss is always reported)"
+                            ),
+                        ));
+                    }
+                    out.metrics.push(name);
+                    Ok(())
+                })?;
             } else {
                 return Err(meta.error(
-                    "expected `crate = \"path\"`, `optimizer = Type`, `clip_norm = number`, `accumulate = count` \
-                     or `frozen(name = policy)`",
+                    "expected `crate = \"path\"`, `optimizer = Type`, `clip_norm = number`, `accumulate = count`, \
+                     `frozen(name = policy)` or `metrics(name, ..)`",
                 ));
             }
             Ok(())
@@ -82,6 +99,12 @@ impl StepArgs {
                 return Err(syn::Error::new(
                     frozen.span(),
                     "frozen models belong to a training step: name its `optimizer`",
+                ));
+            }
+            if let Some(metric) = out.metrics.first() {
+                return Err(syn::Error::new(
+                    metric.span(),
+                    "metrics belong to a training step: name its `optimizer`",
                 ));
             }
             if let Some(setting) = out.clip_norm.as_ref().or(out.accumulate.as_ref()) {
@@ -349,14 +372,34 @@ impl Signature {
                 #call
             });
         }
-        let run = quote! {
-            #rt::tensor::host::loss::<_, #batch_len>(
-                #function_name,
-                #params,
-                batch,
-                key,
-                |#params, [#(#batch),*], #ctx| #call,
-            )
+        let run = if args.metrics.is_empty() {
+            quote! {
+                #rt::tensor::host::loss::<_, #batch_len>(
+                    #function_name,
+                    #params,
+                    batch,
+                    key,
+                    |#params, [#(#batch),*], #ctx| #call,
+                )
+            }
+        } else {
+            // The function returns `(loss, metric, ..)`, in the declared order.
+            let metrics = &args.metrics;
+            let tuple = quote_spanned! {item.sig.output.span()=>
+                (__loss, #(#metrics),*)
+            };
+            quote! {
+                #rt::tensor::host::loss_and_metrics::<_, #batch_len>(
+                    #function_name,
+                    #params,
+                    batch,
+                    key,
+                    |#params, [#(#batch),*], #ctx| {
+                        let #tuple = #call?;
+                        ::std::result::Result::Ok(::std::vec![__loss, #(#metrics),*])
+                    },
+                )
+            }
         };
 
         let mut fn_item = item.clone();
@@ -445,59 +488,120 @@ impl Signature {
             };
         };
 
-        let loss_fns = match frozen.first() {
-            None => quote! {
+        let config_ty = quote!(<#params_ty as #rt::model::LanguageModel>::Config);
+        let frozen_message = format!(
+            "step `{function_name}` declares {} frozen models, got {{}}",
+            frozen.len()
+        );
+        let take_frozen = (!frozen.is_empty()).then(|| {
+            quote! {
+                let [#(#frozen),*] = frozen else {
+                    return ::std::result::Result::Err(#rt::Error::Layout(
+                        ::std::format!(#frozen_message, frozen.len()),
+                    ));
+                };
+            }
+        });
+        let mut loss_fns = match (frozen.is_empty(), args.metrics.is_empty()) {
+            (true, true) => quote! {
                 fn loss(
                     #params: &#params_ty,
-                    #config_binding: &<#params_ty as #rt::model::LanguageModel>::Config,
+                    #config_binding: &#config_ty,
                     batch: &[#rt::Array],
                     key: ::std::option::Option<&#rt::Array>,
                 ) -> #rt::Result<#rt::Array> {
                     #run
                 }
             },
-            Some(first) => {
-                let first = first.to_string();
-                let names: Vec<String> = frozen.iter().map(|name| name.to_string()).collect();
-                let message = format!(
-                    "step `{function_name}` declares {} frozen models, got {{}}",
-                    names.len()
-                );
-                quote! {
-                    const FROZEN: &'static [#rt::model::Frozen] = &[#(#rt::model::Frozen {
-                        name: #names,
-                        source: #rt::model::FrozenSource::Policy,
-                    }),*];
-
-                    fn loss(
-                        _: &#params_ty,
-                        _: &<#params_ty as #rt::model::LanguageModel>::Config,
-                        _: &[#rt::Array],
-                        _: ::std::option::Option<&#rt::Array>,
-                    ) -> #rt::Result<#rt::Array> {
-                        ::std::result::Result::Err(#rt::Error::FrozenModelsMissing {
-                            step: #function_name,
-                            name: #first,
-                        })
+            (false, true) => quote! {
+                fn frozen_loss(
+                    #params: &#params_ty,
+                    #config_binding: &#config_ty,
+                    frozen: &[#params_ty],
+                    batch: &[#rt::Array],
+                    key: ::std::option::Option<&#rt::Array>,
+                ) -> #rt::Result<#rt::Array> {
+                    #take_frozen
+                    #run
+                }
+            },
+            (_, false) => {
+                let names: Vec<String> = args.metrics.iter().map(|m| m.to_string()).collect();
+                let frozen_arg = if frozen.is_empty() {
+                    quote!(_)
+                } else {
+                    quote!(frozen)
+                };
+                // The loss alone is the first value; MLX computes nothing of the metrics that
+                // nobody evaluates (validation).
+                let loss_alone = if frozen.is_empty() {
+                    quote! {
+                        fn loss(
+                            params: &#params_ty,
+                            config: &#config_ty,
+                            batch: &[#rt::Array],
+                            key: ::std::option::Option<&#rt::Array>,
+                        ) -> #rt::Result<#rt::Array> {
+                            ::std::result::Result::Ok(
+                                Self::loss_and_metrics(params, config, &[], batch, key)?.swap_remove(0),
+                            )
+                        }
                     }
+                } else {
+                    quote! {
+                        fn frozen_loss(
+                            params: &#params_ty,
+                            config: &#config_ty,
+                            frozen: &[#params_ty],
+                            batch: &[#rt::Array],
+                            key: ::std::option::Option<&#rt::Array>,
+                        ) -> #rt::Result<#rt::Array> {
+                            ::std::result::Result::Ok(
+                                Self::loss_and_metrics(params, config, frozen, batch, key)?.swap_remove(0),
+                            )
+                        }
+                    }
+                };
+                quote! {
+                    const METRICS: &'static [&'static str] = &[#(#names),*];
 
-                    fn frozen_loss(
+                    fn loss_and_metrics(
                         #params: &#params_ty,
-                        #config_binding: &<#params_ty as #rt::model::LanguageModel>::Config,
-                        frozen: &[#params_ty],
+                        #config_binding: &#config_ty,
+                        #frozen_arg: &[#params_ty],
                         batch: &[#rt::Array],
                         key: ::std::option::Option<&#rt::Array>,
-                    ) -> #rt::Result<#rt::Array> {
-                        let [#(#frozen),*] = frozen else {
-                            return ::std::result::Result::Err(#rt::Error::Layout(
-                                ::std::format!(#message, frozen.len()),
-                            ));
-                        };
+                    ) -> #rt::Result<::std::vec::Vec<#rt::Array>> {
+                        #take_frozen
                         #run
                     }
+
+                    #loss_alone
                 }
             }
         };
+        if let Some(first) = frozen.first() {
+            let first = first.to_string();
+            let names: Vec<String> = frozen.iter().map(|name| name.to_string()).collect();
+            loss_fns.extend(quote! {
+                const FROZEN: &'static [#rt::model::Frozen] = &[#(#rt::model::Frozen {
+                    name: #names,
+                    source: #rt::model::FrozenSource::Policy,
+                }),*];
+
+                fn loss(
+                    _: &#params_ty,
+                    _: &#config_ty,
+                    _: &[#rt::Array],
+                    _: ::std::option::Option<&#rt::Array>,
+                ) -> #rt::Result<#rt::Array> {
+                    ::std::result::Result::Err(#rt::Error::FrozenModelsMissing {
+                        step: #function_name,
+                        name: #first,
+                    })
+                }
+            });
+        }
 
         quote! {
             #fn_item
@@ -763,6 +867,34 @@ mod tests {
         assert_eq!(
             other,
             "a frozen copy of the policy is read as the policy is: `&Mlp < Tensor >`, not `&Big < Tensor >`"
+        );
+    }
+
+    const METRICS: &str = "fn s(params: &Mlp<Tensor>, x: &Tensor, config: &Config) \
+                           -> Result<(Tensor, Tensor)> { x }";
+
+    #[test]
+    fn metrics_are_returned_after_the_loss() {
+        let out = expand_str(quote!(optimizer = AdamW, metrics(kl)), METRICS).unwrap();
+        assert!(
+            out.contains("const METRICS: &'static [&'static str] = &[\"kl\"]"),
+            "{out}"
+        );
+        assert!(out.contains("fn loss_and_metrics("), "{out}");
+        assert!(out.contains("host::loss_and_metrics"), "{out}");
+        let error =
+            |args: TokenStream, item: &str| expand_str(args, item).err().unwrap().to_string();
+        assert_eq!(
+            error(quote!(optimizer = AdamW, metrics(kl, kl)), METRICS),
+            "metric `kl` is declared twice (the loss is always reported)"
+        );
+        assert_eq!(
+            error(quote!(optimizer = AdamW, metrics(loss)), METRICS),
+            "metric `loss` is declared twice (the loss is always reported)"
+        );
+        assert_eq!(
+            error(quote!(metrics(kl)), METRICS),
+            "metrics belong to a training step: name its `optimizer`"
         );
     }
 

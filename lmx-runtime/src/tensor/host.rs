@@ -36,7 +36,29 @@ pub fn loss<P: Tree<Array>, const N: usize>(
     key: Option<&Array>,
     loss: impl FnOnce(&P::Of<Tensor>, [Tensor; N], &mut Context<'_>) -> Result<Tensor>,
 ) -> Result<Array> {
-    let batch: [Tensor; N] = batch
+    let batch = tensors::<N>(step, batch)?;
+    let mut ctx = model::Context::for_step(key);
+    Ok(loss(&graph(params), batch, &mut Context::new(&mut ctx))?.0)
+}
+
+/// [`loss`] for a step that reports metrics of its own: `loss` returns the loss and then the
+/// metrics, in the order the step declares them.
+pub fn loss_and_metrics<P: Tree<Array>, const N: usize>(
+    step: &str,
+    params: &P,
+    batch: &[Array],
+    key: Option<&Array>,
+    loss: impl FnOnce(&P::Of<Tensor>, [Tensor; N], &mut Context<'_>) -> Result<Vec<Tensor>>,
+) -> Result<Vec<Array>> {
+    let batch = tensors::<N>(step, batch)?;
+    let mut ctx = model::Context::for_step(key);
+    let values = loss(&graph(params), batch, &mut Context::new(&mut ctx))?;
+    Ok(values.into_iter().map(|value| value.0).collect())
+}
+
+/// The `N` arrays of a step's batch as tensors.
+fn tensors<const N: usize>(step: &str, batch: &[Array]) -> Result<[Tensor; N]> {
+    batch
         .iter()
         .cloned()
         .map(Tensor)
@@ -47,7 +69,5 @@ pub fn loss<P: Tree<Array>, const N: usize>(
                 "step `{step}` takes {N} inputs, got {}",
                 batch.len()
             ))
-        })?;
-    let mut ctx = model::Context::for_step(key);
-    Ok(loss(&graph(params), batch, &mut Context::new(&mut ctx))?.0)
+        })
 }

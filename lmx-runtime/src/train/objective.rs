@@ -38,13 +38,14 @@ pub struct Objective<M: LanguageModel> {
 
 impl<M: LanguageModel> Objective<M> {
     /// The objective of training step `S` over the frozen models it declares
-    /// ([`TrainingStep::FROZEN`]), each a copy of `start` (the run's starting parameters):
-    /// `S`'s [`frozen_loss`](TrainingStep::frozen_loss) over the trees rebuilt from the frozen
-    /// inputs of the compiled step, a mean over kept targets as a step's loss is. `None` when
-    /// the step declares none. The command line's objectives (`--step dpo`, `--teacher`) reach
-    /// the compiled step the same way, through [`Objective`].
+    /// ([`TrainingStep::FROZEN`]), each a copy of `start` (the run's starting parameters), and
+    /// with the metrics it reports ([`TrainingStep::METRICS`]): `S`'s
+    /// [`loss_and_metrics`](TrainingStep::loss_and_metrics) over the trees rebuilt from the
+    /// frozen inputs of the compiled step, a mean over kept targets as a step's loss is. `None`
+    /// when the step declares neither. The command line's objectives (`--step dpo`,
+    /// `--teacher`) reach the compiled step the same way, through [`Objective`].
     pub fn declared<S: TrainingStep<Model = M>>(start: &M::Params) -> Option<Objective<M>> {
-        if S::FROZEN.is_empty() {
+        if S::FROZEN.is_empty() && S::METRICS.is_empty() {
             return None;
         }
         let leaves = tree::flatten(start);
@@ -72,13 +73,22 @@ impl<M: LanguageModel> Objective<M> {
                 .chunks(count.max(1))
                 .map(|leaves| frozen_tree(&template, leaves))
                 .collect::<Result<Vec<_>>>()?;
-            Ok(vec![S::frozen_loss(params, config, &trees, batch, key)?])
+            let values = S::loss_and_metrics(params, config, &trees, batch, key)?;
+            if values.len() != S::METRICS.len() + 1 {
+                return Err(Error::Layout(format!(
+                    "step `{}` reports {} metrics, its loss returned {} values",
+                    S::NAME,
+                    S::METRICS.len(),
+                    values.len()
+                )));
+            }
+            Ok(values)
         };
         Some(Objective {
             name: S::NAME,
             frozen,
             loss: Rc::new(loss),
-            metrics: &[],
+            metrics: S::METRICS,
             mean_over_targets: true,
         })
     }

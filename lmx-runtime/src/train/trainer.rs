@@ -269,7 +269,9 @@ where
             )?,
             Some(_) if parallel.is_some() => {
                 return Err(Error::Config(
-                    "an objective over frozen models does not train data-parallel yet".into(),
+                    "a loss that reads frozen models or reports metrics of its own does not \
+                     train data-parallel yet"
+                        .into(),
                 ))
             }
             Some(loss) => Stepper::with_frozen(
