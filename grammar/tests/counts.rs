@@ -177,3 +177,12 @@ fn mistral_layer_pattern_varies_per_layer() {
         .iter()
         .any(|p| p.name == "model.layers.3.self_attn.q_proj.weight"));
 }
+
+/// Qwen3-Next-80B-A3B: transformers' `Qwen3NextForCausalLM` built on the meta device from the
+/// published `config.json` (48 layers, 3 Gated DeltaNet to 1 gated attention, 512 experts of
+/// which 10 route, one shared) holds 79,674,391,296 parameters (the model card's 80B; the
+/// checkpoint's multi-token-prediction head, which transformers leaves out, is not counted).
+#[test]
+fn qwen3_next_published_count() {
+    assert_eq!(count("qwen3_next.lmx", "80b-a3b"), 79_674_391_296);
+}

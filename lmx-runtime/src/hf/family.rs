@@ -40,10 +40,12 @@ pub enum Family {
     DeepseekV2,
     /// `mamba2`: `models/mamba2.lmx`.
     Mamba2,
+    /// `qwen3_next`: `models/qwen3_next.lmx`.
+    Qwen3Next,
 }
 
 /// Every family, in the order errors list them.
-pub const FAMILIES: [Family; 13] = [
+pub const FAMILIES: [Family; 14] = [
     Family::Gpt2,
     Family::Llama,
     Family::Mistral,
@@ -57,6 +59,7 @@ pub const FAMILIES: [Family; 13] = [
     Family::Phi3,
     Family::DeepseekV2,
     Family::Mamba2,
+    Family::Qwen3Next,
 ];
 
 /// GPT-2's `Conv1D` layers, whose weights transformers stores `[in, out]` (MLX's are `[out, in]`).
@@ -84,6 +87,7 @@ impl Family {
             Family::Phi3 => "phi3",
             Family::DeepseekV2 => "deepseek_v2",
             Family::Mamba2 => "mamba2",
+            Family::Qwen3Next => "qwen3_next",
         }
     }
 
@@ -108,6 +112,7 @@ impl Family {
             Family::Phi3 => "Phi3ForCausalLM",
             Family::DeepseekV2 => "DeepseekV2ForCausalLM",
             Family::Mamba2 => "Mamba2ForCausalLM",
+            Family::Qwen3Next => "Qwen3NextForCausalLM",
         }
     }
 
@@ -310,6 +315,7 @@ impl Family {
             }
             Family::DeepseekV2 => return super::deepseek::lmx_config(&hf, self.tied(config)),
             Family::Mamba2 => return super::recurrent::mamba2_config(&hf, self.tied(config)),
+            Family::Qwen3Next => return super::qwen3_next::lmx_config(&hf, self.tied(config)),
             Family::Mpt => {
                 set("vocab", hf.size_or("vocab_size", 50368)?.into());
                 set("ctx", hf.size_or("max_seq_len", 2048)?.into());
@@ -468,6 +474,7 @@ impl Family {
             }
             Family::DeepseekV2 => super::deepseek::hf_config(lmx)?,
             Family::Mamba2 => super::recurrent::mamba2_hf_config(lmx),
+            Family::Qwen3Next => super::qwen3_next::hf_config(lmx)?,
             Family::Mpt => json!({
                 "vocab_size": get("vocab"),
                 "max_seq_len": get("ctx"),
@@ -558,6 +565,11 @@ impl Family {
             | Family::Qwen3
             | Family::Phi3
             | Family::DeepseekV2 => stored.ends_with(".rotary_emb.inv_freq"),
+            // The published checkpoints' multi-token-prediction head, which transformers'
+            // model leaves out as well.
+            Family::Qwen3Next => {
+                stored.starts_with("mtp.") || stored.ends_with(".rotary_emb.inv_freq")
+            }
             Family::Gemma | Family::Mpt | Family::Gemma2 | Family::Gemma3Text | Family::Mamba2 => {
                 false
             }
