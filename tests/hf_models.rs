@@ -10,8 +10,8 @@
 //! with bit-identical tensors and the same logits; bad folders fail with exact messages.
 
 use lmx::models::{
-    deepseek_v2, gemma, gemma2, gemma3_text, gpt2, llama, mamba2, mistral, mixtral, mpt, phi3,
-    qwen2, qwen3, qwen3_next,
+    deepseek_v2, deepseek_v3, gemma, gemma2, gemma3_text, gpt2, llama, mamba2, mistral, mixtral,
+    mpt, phi3, qwen2, qwen3, qwen3_next,
 };
 use lmx::runtime::hf::{self, HfFolder};
 use lmx::runtime::mlx_rs::Dtype;
@@ -292,7 +292,7 @@ fn an_unknown_model_type_names_the_supported_ones() {
         load_error::<gpt2::Gpt2>(dir.path()),
         "DIR/config.json: model_type `bert` is not supported; the supported ones are gpt2, \
          llama, mistral, mixtral, gemma, mpt, qwen2, qwen3, gemma2, gemma3_text, phi3, \
-         deepseek_v2, mamba2, qwen3_next"
+         deepseek_v2, mamba2, qwen3_next, deepseek_v3"
     );
 }
 
@@ -686,4 +686,59 @@ fn qwen3_next_skips_the_multi_token_prediction_head() -> Result<()> {
     let (_, expected) = reference(&fixture("qwen3_next"));
     assert!(max_error(&logits, &expected) <= TOLERANCE);
     Ok(())
+}
+
+/// DeepSeek-V3's routing in small: sigmoid scores, a random selection bias (a buffer in
+/// transformers, stored in the checkpoint), 2 of 4 groups open, renormalised and scaled weights.
+#[test]
+fn deepseek_v3_matches_transformers_and_round_trips() -> Result<()> {
+    round_trip::<deepseek_v3::DeepseekV3>("deepseek_v3", hf::DEFAULT_MAX_SHARD_BYTES)?;
+    cache_matches_full_forward::<deepseek_v3::DeepseekV3>("deepseek_v3")
+}
+
+/// The fixture's selection bias decides some choices: with it zeroed the logits move.
+#[test]
+fn deepseek_v3_selection_bias_moves_the_choice() -> Result<()> {
+    let dir = fixture("deepseek_v3");
+    let (logits, params) = logits_of::<deepseek_v3::DeepseekV3>(&dir)?;
+    let leaves: Vec<Array> = tree::names(&params)
+        .iter()
+        .zip(tree::flatten(&params))
+        .map(|(name, leaf)| {
+            if name.ends_with(".mlp.gate.e_score_correction_bias") {
+                lmx::runtime::mlx_rs::ops::zeros_like(&leaf).unwrap()
+            } else {
+                leaf
+            }
+        })
+        .collect();
+    let unbiased: <deepseek_v3::DeepseekV3 as LanguageModel>::Params =
+        tree::rebuild(&params, leaves)?;
+    let folder = HfFolder::open(&dir)?;
+    let config = hf::model_config::<deepseek_v3::DeepseekV3>(&folder)?;
+    let (tokens, _) = reference(&dir);
+    let moved =
+        deepseek_v3::DeepseekV3::forward(&unbiased, &config, &tokens, &mut Context::evaluation())?;
+    assert!(max_error(&moved, &logits) > 1e-2);
+    Ok(())
+}
+
+#[test]
+fn deepseek_v3_names_the_settings_it_cannot_express() {
+    let dir = edited("deepseek_v3", |config| {
+        config["rope_interleave"] = false.into()
+    });
+    assert_eq!(
+        load_error::<deepseek_v3::DeepseekV3>(dir.path()),
+        "DIR/config.json: `rope_interleave` = false: the bundled deepseek_v3 model rotates \
+         DeepSeek's interleaved pairs"
+    );
+    let dir = edited("deepseek_v3", |config| {
+        config["topk_method"] = "greedy".into()
+    });
+    assert_eq!(
+        load_error::<deepseek_v3::DeepseekV3>(dir.path()),
+        "DIR/config.json: `topk_method` = \"greedy\": the bundled deepseek_v3 model routes by \
+         sigmoid scores and a selection bias among groups of experts (noaux_tc)"
+    );
 }

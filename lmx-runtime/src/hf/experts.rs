@@ -25,7 +25,7 @@ fn endings(family: Family) -> &'static [(&'static str, &'static str)] {
             ),
         ],
         // Qwen3-Next's checkpoints name each expert's projections as DeepSeek's do.
-        Family::DeepseekV2 | Family::Qwen3Next => &[
+        Family::DeepseekV2 | Family::DeepseekV3 | Family::Qwen3Next => &[
             (
                 ".mlp.switch_mlp.gate_proj.weight",
                 ".mlp.experts.{}.gate_proj.weight",
