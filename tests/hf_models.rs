@@ -636,7 +636,8 @@ fn qwen3_next_matches_transformers_and_round_trips() -> Result<()> {
 
 #[test]
 fn qwen3_next_names_the_settings_it_cannot_express() {
-    let cases: [(&str, fn(&mut serde_json::Value), &str); 3] = [
+    type Edit = fn(&mut serde_json::Value);
+    let cases: [(&str, Edit, &str); 3] = [
         (
             "layer_types",
             |config| config["layer_types"][2] = "full_attention".into(),
