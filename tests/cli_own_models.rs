@@ -78,8 +78,8 @@ fn a_model_file_with_errors_fails_as_lmx_check_shows_it_before_any_run_is_made()
     assert_eq!(
         fails(&["train", "--model", "gpt3"]),
         "error: no trainable model `gpt3`; the registered ones are gpt2, llama, gemma, mistral, \
-         mixtral, mpt, qwen2, qwen3, gemma2, gemma3_text, phi3, deepseek_v2, mamba2, hybrid, or \
-         give a path to a .lmx file or a Hugging Face model folder\n"
+         mixtral, mpt, qwen2, qwen3, gemma2, gemma3_text, phi3, deepseek_v2, mamba2, hybrid, \
+         qwen3_next, deepseek_v3, or give a path to a .lmx file or a Hugging Face model folder\n"
     );
 }
 

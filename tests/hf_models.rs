@@ -10,8 +10,8 @@
 //! with bit-identical tensors and the same logits; bad folders fail with exact messages.
 
 use lmx::models::{
-    deepseek_v2, gemma, gemma2, gemma3_text, gpt2, llama, mamba2, mistral, mixtral, mpt, phi3,
-    qwen2, qwen3,
+    deepseek_v2, deepseek_v3, gemma, gemma2, gemma3_text, gpt2, llama, mamba2, mistral, mixtral,
+    mpt, phi3, qwen2, qwen3, qwen3_next,
 };
 use lmx::runtime::hf::{self, HfFolder};
 use lmx::runtime::mlx_rs::Dtype;
@@ -292,7 +292,7 @@ fn an_unknown_model_type_names_the_supported_ones() {
         load_error::<gpt2::Gpt2>(dir.path()),
         "DIR/config.json: model_type `bert` is not supported; the supported ones are gpt2, \
          llama, mistral, mixtral, gemma, mpt, qwen2, qwen3, gemma2, gemma3_text, phi3, \
-         deepseek_v2, mamba2"
+         deepseek_v2, mamba2, qwen3_next, deepseek_v3"
     );
 }
 
@@ -623,5 +623,123 @@ fn mamba2_clamped_steps_are_named() {
         load_error::<mamba2::Mamba2>(dir.path()),
         "DIR/config.json: `time_step_limit` = [0.001,100.0]: the bundled mamba2 model does not \
          clamp its step sizes (the limit must be [0, inf])"
+    );
+}
+
+/// Qwen3-Next in small: Gated DeltaNet and gated attention layers alternating, dense and sparse
+/// MLPs alternating, two value heads per key head, RoPE over half of each head.
+#[test]
+fn qwen3_next_matches_transformers_and_round_trips() -> Result<()> {
+    round_trip::<qwen3_next::Qwen3Next>("qwen3_next", hf::DEFAULT_MAX_SHARD_BYTES)?;
+    cache_matches_full_forward::<qwen3_next::Qwen3Next>("qwen3_next")
+}
+
+#[test]
+fn qwen3_next_names_the_settings_it_cannot_express() {
+    type Edit = fn(&mut serde_json::Value);
+    let cases: [(&str, Edit, &str); 3] = [
+        (
+            "layer_types",
+            |config| config["layer_types"][2] = "full_attention".into(),
+            "DIR/config.json: `layer_types` = [\"linear_attention\",\"full_attention\",\
+             \"full_attention\",\"full_attention\"]: the bundled qwen3_next model attends in \
+             every n-th layer and runs Gated DeltaNet in the others (full_attention_interval's \
+             pattern)",
+        ),
+        (
+            "mlp_only_layers",
+            |config| config["mlp_only_layers"] = serde_json::json!([1]),
+            "DIR/config.json: `mlp_only_layers` = [1]: the bundled qwen3_next model chooses its \
+             dense layers by decoder_sparse_step alone",
+        ),
+        (
+            "linear_num_value_heads",
+            |config| config["linear_num_value_heads"] = 3.into(),
+            "DIR/config.json: `linear_num_value_heads` = 3: must be a multiple of \
+             linear_num_key_heads (each key head serves whole value heads)",
+        ),
+    ];
+    for (what, edit, expected) in cases {
+        let dir = edited("qwen3_next", edit);
+        assert_eq!(
+            load_error::<qwen3_next::Qwen3Next>(dir.path()),
+            expected,
+            "{what}"
+        );
+    }
+}
+
+/// A published checkpoint's multi-token-prediction tensors (`mtp.*`) are skipped, as
+/// transformers skips them.
+#[test]
+fn qwen3_next_skips_the_multi_token_prediction_head() -> Result<()> {
+    let temp = tempfile::tempdir().unwrap();
+    let with_mtp = rewritten::<qwen3_next::Qwen3Next>("qwen3_next", temp.path(), |tensors| {
+        let norm = tensors[0].1.clone();
+        tensors.push(("mtp.norm.weight".into(), norm));
+    })?;
+    std::fs::write(
+        with_mtp.with_extension("from"),
+        fixture("qwen3_next").to_str().unwrap(),
+    )
+    .unwrap();
+    let (logits, _) = logits_of::<qwen3_next::Qwen3Next>(&with_mtp)?;
+    let (_, expected) = reference(&fixture("qwen3_next"));
+    assert!(max_error(&logits, &expected) <= TOLERANCE);
+    Ok(())
+}
+
+/// DeepSeek-V3's routing in small: sigmoid scores, a random selection bias (a buffer in
+/// transformers, stored in the checkpoint), 2 of 4 groups open, renormalised and scaled weights.
+#[test]
+fn deepseek_v3_matches_transformers_and_round_trips() -> Result<()> {
+    round_trip::<deepseek_v3::DeepseekV3>("deepseek_v3", hf::DEFAULT_MAX_SHARD_BYTES)?;
+    cache_matches_full_forward::<deepseek_v3::DeepseekV3>("deepseek_v3")
+}
+
+/// The fixture's selection bias decides some choices: with it zeroed the logits move.
+#[test]
+fn deepseek_v3_selection_bias_moves_the_choice() -> Result<()> {
+    let dir = fixture("deepseek_v3");
+    let (logits, params) = logits_of::<deepseek_v3::DeepseekV3>(&dir)?;
+    let leaves: Vec<Array> = tree::names(&params)
+        .iter()
+        .zip(tree::flatten(&params))
+        .map(|(name, leaf)| {
+            if name.ends_with(".mlp.gate.e_score_correction_bias") {
+                lmx::runtime::mlx_rs::ops::zeros_like(&leaf).unwrap()
+            } else {
+                leaf
+            }
+        })
+        .collect();
+    let unbiased: <deepseek_v3::DeepseekV3 as LanguageModel>::Params =
+        tree::rebuild(&params, leaves)?;
+    let folder = HfFolder::open(&dir)?;
+    let config = hf::model_config::<deepseek_v3::DeepseekV3>(&folder)?;
+    let (tokens, _) = reference(&dir);
+    let moved =
+        deepseek_v3::DeepseekV3::forward(&unbiased, &config, &tokens, &mut Context::evaluation())?;
+    assert!(max_error(&moved, &logits) > 1e-2);
+    Ok(())
+}
+
+#[test]
+fn deepseek_v3_names_the_settings_it_cannot_express() {
+    let dir = edited("deepseek_v3", |config| {
+        config["rope_interleave"] = false.into()
+    });
+    assert_eq!(
+        load_error::<deepseek_v3::DeepseekV3>(dir.path()),
+        "DIR/config.json: `rope_interleave` = false: the bundled deepseek_v3 model rotates \
+         DeepSeek's interleaved pairs"
+    );
+    let dir = edited("deepseek_v3", |config| {
+        config["topk_method"] = "greedy".into()
+    });
+    assert_eq!(
+        load_error::<deepseek_v3::DeepseekV3>(dir.path()),
+        "DIR/config.json: `topk_method` = \"greedy\": the bundled deepseek_v3 model routes by \
+         sigmoid scores and a selection bias among groups of experts (noaux_tc)"
     );
 }

@@ -1,10 +1,11 @@
-//! The recurrent models (`ssd` and `causal_conv1d` layers: Mamba-2 and the Jamba-like hybrid of
-//! Mamba-2 mixers and attention) at their `tiny` presets: the generated
+//! The recurrent models (`ssd`, `gated_delta` and `causal_conv1d` layers: Mamba-2, the Jamba-like
+//! hybrid of Mamba-2 mixers and attention, Qwen3-Next's Gated DeltaNet and gated attention) at
+//! their `tiny` presets: the generated
 //! tree matches the report, the compiled training step (traced once) lowers the loss, and
 //! decoding through the cache's recurrent states, in prefill chunks and single tokens that cross
 //! the scan's chunk boundaries, gives the full forward pass's logits.
 
-use lmx::models::{hybrid, mamba2};
+use lmx::models::{hybrid, mamba2, qwen3_next};
 use lmx::runtime::generate::{
     generate, generate_cached, speculative_generate, Models, PromptCache, Sampling,
 };
@@ -144,6 +145,26 @@ fn hybrid_trains_through_the_compiled_step() -> Result<()> {
 fn hybrid_decoding_through_both_caches_matches_the_full_forward() -> Result<()> {
     // Layers 1 and 3 attend (KV cache), 0 and 2 are mixers (recurrent states).
     recurrent_decoding_matches_full::<hybrid::Hybrid>("tiny", &[0, 17, 18, 19, 33, 34])
+}
+
+#[test]
+fn qwen3_next_tree_matches_the_report() -> Result<()> {
+    names_match_report::<qwen3_next::Qwen3Next>("qwen3_next.lmx", "tiny")?;
+    names_match_report::<qwen3_next::Qwen3Next>("qwen3_next.lmx", "dense-tiny")
+}
+
+#[test]
+fn qwen3_next_trains_through_the_compiled_step() -> Result<()> {
+    assert_learns!(qwen3_next::Train, 1e-2)
+}
+
+#[test]
+fn qwen3_next_decoding_through_both_caches_matches_the_full_forward() -> Result<()> {
+    // tiny: layers 1 and 3 attend (KV cache), 0 and 2 run the delta rule (recurrent and
+    // convolution states), chunks of 8: prefills that end and start mid-chunk, single steps.
+    recurrent_decoding_matches_full::<qwen3_next::Qwen3Next>("tiny", &[0, 11, 12, 13, 29, 30])?;
+    // dense-tiny: three DeltaNet layers, then one attending, dense MLPs only.
+    recurrent_decoding_matches_full::<qwen3_next::Qwen3Next>("dense-tiny", &[0, 5, 6, 21, 22])
 }
 
 /// A prompt cache of a recurrent model: a prompt that extends what it holds continues from its

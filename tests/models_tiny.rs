@@ -3,7 +3,8 @@
 //! training steps on one batch lower the loss.
 
 use lmx::models::{
-    deepseek_v2, gemma, gemma2, gemma3_text, gpt2, llama, mistral, mixtral, mpt, phi3, qwen2, qwen3,
+    deepseek_v2, deepseek_v3, gemma, gemma2, gemma3_text, gpt2, llama, mistral, mixtral, mpt, phi3,
+    qwen2, qwen3,
 };
 use lmx::runtime::model::{LanguageModel, TrainingStep};
 use lmx::runtime::state::TrainState;
@@ -49,7 +50,8 @@ fn parameter_names_shapes_and_counts_match_the_report() -> Result<()> {
     names_match_report::<gemma3_text::Gemma3Text>("gemma3_text.lmx", "tiny")?;
     names_match_report::<phi3::Phi3>("phi3.lmx", "tiny")?;
     names_match_report::<deepseek_v2::DeepseekV2>("deepseek_v2.lmx", "tiny")?;
-    names_match_report::<deepseek_v2::DeepseekV2>("deepseek_v2.lmx", "tiny-q-rank")
+    names_match_report::<deepseek_v2::DeepseekV2>("deepseek_v2.lmx", "tiny-q-rank")?;
+    names_match_report::<deepseek_v3::DeepseekV3>("deepseek_v3.lmx", "tiny")
 }
 
 /// Trains 8 compiled steps of `$step` at `tiny` (or `$preset`) on one fixed batch at rate `$lr` and checks that
@@ -173,4 +175,9 @@ fn phi3_trains() -> Result<()> {
 #[test]
 fn deepseek_v2_trains() -> Result<()> {
     assert_learns!(deepseek_v2::Train, 1e-2)
+}
+
+#[test]
+fn deepseek_v3_trains() -> Result<()> {
+    assert_learns!(deepseek_v3::Train, 1e-2)
 }

@@ -177,3 +177,21 @@ fn mistral_layer_pattern_varies_per_layer() {
         .iter()
         .any(|p| p.name == "model.layers.3.self_attn.q_proj.weight"));
 }
+
+/// Qwen3-Next-80B-A3B: transformers' `Qwen3NextForCausalLM` built on the meta device from the
+/// published `config.json` (48 layers, 3 Gated DeltaNet to 1 gated attention, 512 experts of
+/// which 10 route, one shared) holds 79,674,391,296 parameters (the model card's 80B; the
+/// checkpoint's multi-token-prediction head, which transformers leaves out, is not counted).
+#[test]
+fn qwen3_next_published_count() {
+    assert_eq!(count("qwen3_next.lmx", "80b-a3b"), 79_674_391_296);
+}
+
+/// DeepSeek-V3: transformers' `DeepseekV3ForCausalLM` built on the meta device from its config
+/// class's defaults (V3's published config) holds 671,026,404,352 parameters (the model card's
+/// 671B) and, as buffers, 58 MoE layers' 256-wide `e_score_correction_bias` (14,848 values),
+/// which the checkpoint stores and the bundled model holds as leaves.
+#[test]
+fn deepseek_v3_published_count() {
+    assert_eq!(count("deepseek_v3.lmx", "v3"), 671_026_404_352 + 58 * 256);
+}

@@ -109,8 +109,8 @@ impl Registry {
     /// The bundled models of `models/`: what the stock `lmx` binary knows.
     pub fn bundled() -> Registry {
         use lmx::models::{
-            deepseek_v2, gemma, gemma2, gemma3_text, gpt2, hybrid, llama, mamba2, mistral, mixtral,
-            mpt, phi3, qwen2, qwen3,
+            deepseek_v2, deepseek_v3, gemma, gemma2, gemma3_text, gpt2, hybrid, llama, mamba2,
+            mistral, mixtral, mpt, phi3, qwen2, qwen3, qwen3_next,
         };
         Registry::new()
             .sources(lmx::models::SOURCES)
@@ -128,6 +128,8 @@ impl Registry {
             .model::<deepseek_v2::Train>()
             .model::<mamba2::Train>()
             .model::<hybrid::Train>()
+            .model::<qwen3_next::Train>()
+            .model::<deepseek_v3::Train>()
     }
 
     /// Adds the model that training step `S` trains, under its name: a `.lmx` model's generated

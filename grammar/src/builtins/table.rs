@@ -895,6 +895,28 @@ pub static TABLE: &[Builtin] = &[
         doc: "gathered sparse experts (mlx-lm's `SwitchGLU`): `down(silu(gate(x)) * up(x))` of each token `x [.., d]` through only the experts `indices [.., k]` chose, the experts' weights stacked `[experts, out, in]` (`gate`, `up` `[experts, hidden, d]`, `down` `[experts, d_out, hidden]`); MLX's `gather_mm`, rows sorted by expert from 64 on",
     },
     Builtin {
+        name: "route_groups",
+        site: Site::Anywhere,
+        tensor: Some(TensorForm {
+            params: &[
+                p("scores", Tensor, Required),
+                p("bias", Tensor, Required),
+                p("k", Slot::Int, Required),
+                p("groups", Slot::Int, Int(1)),
+                p("topk_groups", Slot::Int, Int(1)),
+            ],
+            rule: experts::route_groups,
+            lower: |c| {
+                let [scores, bias] = [c.tensor_ref(0)?, c.tensor_ref(1)?];
+                let [k, groups, topk] = [c.i32(2)?, c.i32(3)?, c.i32(4)?];
+                Ok(c.tensor(quote!(nn::route_groups(#scores, #bias, #k, #groups, #topk)?)))
+            },
+        }),
+        statik: None,
+        result: "int `[.., k]`: the chosen experts",
+        doc: "DeepSeek-V3's choice of experts: the `k` best of `scores + bias` (`scores [.., experts]`, the selection bias `bias [experts]`, auxiliary-loss-free balancing's `e_score_correction_bias`) among the `topk_groups` of `groups` equal groups of experts whose two best biased scores sum highest; no gradient flows through the choice (weigh the chosen experts by `take_along_axis(scores, indices)`)",
+    },
+    Builtin {
         name: "balance",
         site: Site::Anywhere,
         tensor: Some(TensorForm {

@@ -1,4 +1,4 @@
-//! The shape rules of the sparse-expert built-ins (`switch_glu`, `balance`).
+//! The shape rules of the sparse-expert built-ins (`switch_glu`, `balance`, `route_groups`).
 
 use super::bind::RuleCx;
 use crate::ast::Dtype;
@@ -138,5 +138,93 @@ pub fn balance(c: &mut RuleCx<'_, '_>) -> Ty {
     Ty::Tensor(TensorTy {
         origin: c.span,
         ..y
+    })
+}
+
+/// `route_groups(scores, bias, k, groups, topk_groups)`: float `scores [..., experts]` and
+/// `bias [experts]`; `experts` in `groups` equal groups, `1 <= topk_groups <= groups`, `1 <= k
+/// <= experts` where they are constants; the result is int `[..., k]`.
+pub fn route_groups(c: &mut RuleCx<'_, '_>) -> Ty {
+    let (Some(scores), Some(bias)) = (c.tensor(0), c.tensor(1)) else {
+        return Ty::Unknown;
+    };
+    for (i, t) in [(0, &scores), (1, &bias)] {
+        if t.dtype != Dtype::Float {
+            let span = c.arg_span(i);
+            let what = c.param_name(i);
+            c.error(Diagnostic::new(
+                "lmx::type::mismatch",
+                format!(
+                    "`route_groups` takes a float `{what}`, found {} tensor",
+                    t.dtype.with_article()
+                ),
+                span,
+                "not float",
+            ));
+            return Ty::Unknown;
+        }
+    }
+    if bias.rank().is_some_and(|r| r != 1) {
+        c.rank_error("[experts]", &bias);
+        return Ty::Unknown;
+    }
+    let experts = match (&scores.shape, &bias.shape) {
+        (Some(ss), Some(sb)) => {
+            let Some(last) = ss.last() else {
+                c.rank_error("[..., experts]", &scores);
+                return Ty::Unknown;
+            };
+            if last != &sb[0] {
+                let span = c.span;
+                c.error(
+                    Diagnostic::new(
+                        "lmx::shape::mismatch",
+                        format!(
+                            "`route_groups`: the bias {} is not one value per expert of the scores {}",
+                            bias.shape_text(),
+                            scores.shape_text()
+                        ),
+                        span,
+                        "in this call",
+                    )
+                    .with_label(scores.origin, format!("this has shape {}", scores.shape_text()))
+                    .with_label(bias.origin, format!("this has shape {}", bias.shape_text())),
+                );
+                return Ty::Unknown;
+            }
+            last.as_constant()
+        }
+        _ => None,
+    };
+    let (k, groups, topk_groups) = (c.constant(2), c.constant(3), c.constant(4));
+    let fault = if k.is_some_and(|k| k < 1 || experts.is_some_and(|e| k > e)) {
+        Some((2, "`k` must be between 1 and the number of experts"))
+    } else if groups.is_some_and(|g| g < 1 || experts.is_some_and(|e| e % g != 0)) {
+        Some((3, "`groups` must divide the experts into equal groups"))
+    } else if topk_groups.is_some_and(|t| t < 1 || groups.is_some_and(|g| t > g)) {
+        Some((4, "`topk_groups` must be between 1 and `groups`"))
+    } else {
+        None
+    };
+    if let Some((i, message)) = fault {
+        let span = c.arg_span(i);
+        c.error(Diagnostic::new(
+            "lmx::call::argument_range",
+            format!("{message} in `route_groups`"),
+            span,
+            "out of range",
+        ));
+        return Ty::Unknown;
+    }
+    let shape = scores.shape.clone().map(|mut s| {
+        if let Some(last) = s.last_mut() {
+            *last = c.dim(2);
+        }
+        s
+    });
+    Ty::Tensor(TensorTy {
+        dtype: Dtype::Int,
+        shape,
+        origin: c.span,
     })
 }

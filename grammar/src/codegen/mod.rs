@@ -72,10 +72,11 @@ pub fn generate_module(model: &CheckedModel, doc: &str) -> Result<TokenStream, V
     };
     let lines = doc.lines().map(|l| format!(" {l}"));
     // A guarded parameter is the place `(*field.as_ref().ok_or_else(..)?)` (`forward::guarded`),
-    // which each use borrows as it borrows an unguarded one: `&(*..)` is then intended.
+    // which each use borrows as it borrows an unguarded one: `&(*..)` is then intended, also
+    // where a use reads a leaf of a guarded group (`&(*..).weight`).
     Ok(quote! {
         #(#[doc = #lines])*
-        #[allow(clippy::borrow_deref_ref)]
+        #[allow(clippy::borrow_deref_ref, clippy::explicit_auto_deref)]
         pub mod #name { #items }
     })
 }

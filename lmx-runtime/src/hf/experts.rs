@@ -24,7 +24,8 @@ fn endings(family: Family) -> &'static [(&'static str, &'static str)] {
                 ".block_sparse_moe.experts.{}.w2.weight",
             ),
         ],
-        Family::DeepseekV2 => &[
+        // Qwen3-Next's checkpoints name each expert's projections as DeepSeek's do.
+        Family::DeepseekV2 | Family::DeepseekV3 | Family::Qwen3Next => &[
             (
                 ".mlp.switch_mlp.gate_proj.weight",
                 ".mlp.experts.{}.gate_proj.weight",

@@ -40,10 +40,14 @@ pub enum Family {
     DeepseekV2,
     /// `mamba2`: `models/mamba2.lmx`.
     Mamba2,
+    /// `deepseek_v3`: `models/deepseek_v3.lmx`.
+    DeepseekV3,
+    /// `qwen3_next`: `models/qwen3_next.lmx`.
+    Qwen3Next,
 }
 
 /// Every family, in the order errors list them.
-pub const FAMILIES: [Family; 13] = [
+pub const FAMILIES: [Family; 15] = [
     Family::Gpt2,
     Family::Llama,
     Family::Mistral,
@@ -57,6 +61,8 @@ pub const FAMILIES: [Family; 13] = [
     Family::Phi3,
     Family::DeepseekV2,
     Family::Mamba2,
+    Family::Qwen3Next,
+    Family::DeepseekV3,
 ];
 
 /// GPT-2's `Conv1D` layers, whose weights transformers stores `[in, out]` (MLX's are `[out, in]`).
@@ -84,6 +90,8 @@ impl Family {
             Family::Phi3 => "phi3",
             Family::DeepseekV2 => "deepseek_v2",
             Family::Mamba2 => "mamba2",
+            Family::Qwen3Next => "qwen3_next",
+            Family::DeepseekV3 => "deepseek_v3",
         }
     }
 
@@ -108,6 +116,8 @@ impl Family {
             Family::Phi3 => "Phi3ForCausalLM",
             Family::DeepseekV2 => "DeepseekV2ForCausalLM",
             Family::Mamba2 => "Mamba2ForCausalLM",
+            Family::Qwen3Next => "Qwen3NextForCausalLM",
+            Family::DeepseekV3 => "DeepseekV3ForCausalLM",
         }
     }
 
@@ -308,8 +318,15 @@ impl Family {
             Family::Qwen2 | Family::Qwen3 | Family::Gemma2 | Family::Gemma3Text | Family::Phi3 => {
                 return super::newer::lmx_config(self, &hf, self.tied(config));
             }
-            Family::DeepseekV2 => return super::deepseek::lmx_config(&hf, self.tied(config)),
+            Family::DeepseekV2 | Family::DeepseekV3 => {
+                let version = match self {
+                    Family::DeepseekV2 => super::deepseek::Version::V2,
+                    _ => super::deepseek::Version::V3,
+                };
+                return super::deepseek::lmx_config(&hf, self.tied(config), version);
+            }
             Family::Mamba2 => return super::recurrent::mamba2_config(&hf, self.tied(config)),
+            Family::Qwen3Next => return super::qwen3_next::lmx_config(&hf, self.tied(config)),
             Family::Mpt => {
                 set("vocab", hf.size_or("vocab_size", 50368)?.into());
                 set("ctx", hf.size_or("max_seq_len", 2048)?.into());
@@ -466,8 +483,10 @@ impl Family {
             Family::Qwen2 | Family::Qwen3 | Family::Gemma2 | Family::Gemma3Text | Family::Phi3 => {
                 super::newer::hf_config(self, lmx)?
             }
-            Family::DeepseekV2 => super::deepseek::hf_config(lmx)?,
+            Family::DeepseekV2 => super::deepseek::hf_config(lmx, super::deepseek::Version::V2)?,
+            Family::DeepseekV3 => super::deepseek::hf_config(lmx, super::deepseek::Version::V3)?,
             Family::Mamba2 => super::recurrent::mamba2_hf_config(lmx),
+            Family::Qwen3Next => super::qwen3_next::hf_config(lmx)?,
             Family::Mpt => json!({
                 "vocab_size": get("vocab"),
                 "max_seq_len": get("ctx"),
@@ -558,6 +577,15 @@ impl Family {
             | Family::Qwen3
             | Family::Phi3
             | Family::DeepseekV2 => stored.ends_with(".rotary_emb.inv_freq"),
+            // The published checkpoints' multi-token-prediction head, which transformers'
+            // model leaves out as well.
+            // transformers leaves the checkpoints' multi-token-prediction layer out by name.
+            Family::DeepseekV3 => {
+                stored.starts_with("model.layers.61.") || stored.ends_with(".rotary_emb.inv_freq")
+            }
+            Family::Qwen3Next => {
+                stored.starts_with("mtp.") || stored.ends_with(".rotary_emb.inv_freq")
+            }
             Family::Gemma | Family::Mpt | Family::Gemma2 | Family::Gemma3Text | Family::Mamba2 => {
                 false
             }

@@ -25,6 +25,7 @@ mod family;
 mod load;
 mod model;
 mod newer;
+mod qwen3_next;
 mod recurrent;
 mod tokenizer_config;
 mod weights;

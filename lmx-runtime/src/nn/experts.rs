@@ -13,6 +13,11 @@
 //! respect to the router's probabilities is the loss's, times its coefficient (Megatron-LM's
 //! `MoEAuxLossAutoScaler` does the same). So a forward pass that returns logits trains its router
 //! towards balance, and the reported loss stays the language model's.
+//!
+//! [`route_groups`] is DeepSeek-V3's choice of experts: by the router's scores plus a per-expert
+//! bias (the auxiliary-loss-free balancing's `e_score_correction_bias`, which decides the choice
+//! only and never weighs an expert's output), first among groups of experts (the `topk_groups`
+//! groups whose two best experts score highest), then the `k` best experts of those groups.
 
 use super::custom_vjp::{self, WithGradient};
 use super::{scalar, silu};
@@ -71,6 +76,62 @@ pub fn switch_glu(
         None => y,
     };
     Ok(y.squeeze_axes(&[-2])?)
+}
+
+/// DeepSeek-V3's routing (transformers' `DeepseekV3TopkRouter`): the indices `[..., k]` of the
+/// experts each token goes to, for its scores `[..., experts]` and the selection bias `bias
+/// [experts]`. With `groups` above 1 the experts form `groups` equal groups of consecutive
+/// experts, each scored by the sum of its two best biased scores; only the `topk_groups` best
+/// groups' experts may be chosen. The choice carries no gradient: the weights are the caller's
+/// (the unbiased scores of the chosen experts).
+pub fn route_groups(
+    scores: &Array,
+    bias: &Array,
+    k: i32,
+    groups: i32,
+    topk_groups: i32,
+) -> Result<Array> {
+    let shape = scores.shape().to_vec();
+    let experts = *shape
+        .last()
+        .ok_or_else(|| Error::Layout("route_groups takes scores of rank 1 or more".into()))?;
+    let fits = groups >= 1
+        && experts % groups == 0
+        && (1..=groups).contains(&topk_groups)
+        && (1..=experts).contains(&k)
+        && bias.shape() == [experts];
+    if !fits {
+        return Err(Error::Layout(format!(
+            "route_groups needs scores [.., experts], bias [experts], experts in equal groups, \
+             1 <= topk_groups <= groups and 1 <= k <= experts; got scores {shape:?}, bias {:?}, \
+             k {k}, groups {groups}, topk_groups {topk_groups}",
+            bias.shape()
+        )));
+    }
+    let last = scores.ndim() as i32 - 1;
+    let choice = mlx_rs::stop_gradient(&scores.add(bias)?)?;
+    let choice = if groups > 1 && topk_groups < groups {
+        let per_group = experts / groups;
+        let mut grouped = shape[..shape.len() - 1].to_vec();
+        grouped.extend([groups, per_group]);
+        let by_group = choice.reshape(&grouped)?;
+        let best = per_group.min(2);
+        let (top, _) = super::top_k(&by_group, best)?;
+        let group_scores = top.sum_axis(-1, None)?; // [..., groups]
+        let (_, kept) = super::top_k(&group_scores, topk_groups)?; // [..., topk_groups]
+        let ids = Array::arange::<_, i32>(None, groups, None)?;
+        let open = kept
+            .expand_dims(-1)?
+            .eq(&ids)?
+            .any_axis(-2, None)? // [..., groups]
+            .expand_dims(-1)?;
+        let masked = ops::select(&open, &by_group, Array::from_f32(f32::NEG_INFINITY))?;
+        masked.reshape(&shape)?
+    } else {
+        choice
+    };
+    let order = ops::argpartition_axis(choice.negative()?, k - 1, last)?;
+    Ok(order.take_axis(Array::arange::<_, i32>(None, k, None)?, last)?)
 }
 
 /// The Switch Transformer's load-balancing loss over `probs [..., experts]` (the router's
