@@ -1,7 +1,8 @@
 //! Training objectives beyond next-token cross-entropy, after lmxlab's training API: preference
 //! optimisation ([`dpo`]), group-relative policy optimisation ([`grpo`], its rollouts from the
 //! generator in [`rollout`]), distillation from a
-//! frozen teacher ([`distill`]) and data curricula ([`curriculum`]).
+//! frozen teacher ([`distill`]), multi-token prediction ([`mtp`], trained as [`mtp_model::Mtp`])
+//! and data curricula ([`curriculum`]).
 //!
 //! Each loss is a function of arrays (log-probabilities, logits, rewards), so that a step's loss
 //! calls it inside the compiled step, over the policy's and the frozen models' forward passes:
@@ -15,6 +16,8 @@ pub mod grpo;
 pub mod grpo_run;
 pub mod language;
 pub mod logprobs;
+pub mod mtp;
+pub mod mtp_model;
 pub mod rewards;
 pub mod rollout;
 
@@ -24,6 +27,8 @@ pub use grpo::{group_advantages, grpo_loss, PolicyGradient};
 pub use grpo_run::{GrpoConfig, GrpoRun};
 pub use language::{distillation, dpo};
 pub use logprobs::{sequence_logprobs, token_logprobs};
+pub use mtp::{check_backbone, mtp_losses, Backbone, MtpHead, MtpLosses};
+pub use mtp_model::{mtp, Mtp, MtpConfig, MtpParams, MtpStep};
 pub use rewards::{ExactAnswer, Format, Length, Reward};
 pub use rollout::{grpo, Prompt, Rollouts};
 
