@@ -6,6 +6,7 @@ use lmx::runtime::checkpoint::{self, Checkpoints, MODEL_FILE};
 use lmx::runtime::hf::{self, Family, HfFolder};
 use lmx::runtime::lora;
 use lmx::runtime::model::LanguageModel;
+use lmx::runtime::objectives::is_head_tensor;
 use lmx::runtime::quant;
 use lmx::runtime::train::TrainConfig;
 use serde_json::Value;
@@ -243,7 +244,12 @@ pub fn load_params<M: LanguageModel>(
     if let Some(lora) = &run.lora {
         lora::attach(&mut template, &lora.parameters, lora.num_layers, 0)?;
     }
-    let mut params = checkpoint::load_tree_over(&checkpoint.join(MODEL_FILE), &template)?;
+    let file = checkpoint.join(MODEL_FILE);
+    // A run with multi-token heads checkpoints them beside the model, which is read alone.
+    let mut params = match run.objective.as_ref().is_some_and(|o| o.multi_token()) {
+        true => checkpoint::load_tree_over_skipping(&file, &template, &is_head_tensor)?,
+        false => checkpoint::load_tree_over(&file, &template)?,
+    };
     if let Some(dir) = adapter {
         lora::load_adapters(&mut params, dir, Family::of_model(&run.model))?;
     }

@@ -16,6 +16,7 @@ use lmx::runtime::generate::{
 };
 use lmx::runtime::hf::{self, Family, HfFolder};
 use lmx::runtime::model::{LanguageModel, TrainingStep};
+use lmx::runtime::objectives::{self, Backbone, Mtp, MtpStep};
 use lmx::runtime::train::{
     EarlyStopping, JsonlLog, Objective, ProgressBar, TrainConfig, TrainData, Trainer,
 };
@@ -77,6 +78,40 @@ pub enum Resume {
 /// would change, and that checkpoints can be written. Only then are `run.json` written and
 /// `metrics.jsonl` cut back to the step the run continues from.
 pub fn train<S: TrainingStep>(request: TrainRequest) -> anyhow::Result<bool>
+where
+    <<S::Model as LanguageModel>::Params as Tree<lmx::runtime::Array>>::Of<
+        Option<<S::Optimizer as lmx::runtime::optim::Optimizer>::Leaf>,
+    >: Clone + 'static,
+{
+    train_with::<S>(request, None)
+}
+
+/// `lmx train --step mtp`: step `S`'s model with multi-token heads ([`MtpStep`]), its loss
+/// and the heads' losses reported by [`objectives::mtp`]; otherwise a run as [`train`]'s.
+pub fn train_mtp<S: TrainingStep>(request: TrainRequest) -> anyhow::Result<bool>
+where
+    S::Model: Backbone,
+    <<Mtp<S::Model> as LanguageModel>::Params as Tree<lmx::runtime::Array>>::Of<
+        Option<<S::Optimizer as lmx::runtime::optim::Optimizer>::Leaf>,
+    >: Clone + 'static,
+{
+    if request.init.is_some() {
+        anyhow::bail!(
+            "--step mtp starts from the model's initialisation: multi-token heads over a Hugging \
+             Face folder's weights (--init) are not supported yet"
+        );
+    }
+    train_with::<MtpStep<S>>(request, Some(objectives::mtp::<S::Model>))
+}
+
+/// The model configuration's objective of a step that reports metrics beside its loss
+/// ([`objectives::mtp`] for `--step mtp`).
+type OwnObjective<M> = fn(&<M as LanguageModel>::Config) -> Objective<M>;
+
+fn train_with<S: TrainingStep>(
+    request: TrainRequest,
+    own: Option<OwnObjective<S::Model>>,
+) -> anyhow::Result<bool>
 where
     <<S::Model as LanguageModel>::Params as Tree<lmx::runtime::Array>>::Of<
         Option<<S::Optimizer as lmx::runtime::optim::Optimizer>::Leaf>,
@@ -287,6 +322,30 @@ where
                 data,
                 params,
                 declared,
+            )?
+        }
+        (None, Some(ObjectiveSettings::Mtp {})) => {
+            let own = own.ok_or_else(|| {
+                anyhow::anyhow!("--step mtp trains through the model's multi-token registration")
+            })?;
+            let objective = own(&model_config);
+            let heads: usize = lmx::runtime::tree::specs(&params)
+                .iter()
+                .zip(lmx::runtime::tree::flatten(&params))
+                .filter(|(spec, _)| objectives::is_head_tensor(&spec.name))
+                .map(|(_, leaf)| leaf.size())
+                .sum();
+            eprintln!(
+                "multi-token heads: {heads} parameters, trained with optimizer state beside the \
+                 model's (metrics {})",
+                objective.metrics.join(", ")
+            );
+            Trainer::<S>::with_objective(
+                model_config,
+                request.train.clone(),
+                data,
+                params,
+                objective,
             )?
         }
         (None, Some(objective)) => {

@@ -28,7 +28,7 @@ pub use grpo_run::{GrpoConfig, GrpoRun};
 pub use language::{distillation, dpo};
 pub use logprobs::{sequence_logprobs, token_logprobs};
 pub use mtp::{check_backbone, mtp_losses, Backbone, MtpHead, MtpLosses};
-pub use mtp_model::{mtp, Mtp, MtpConfig, MtpParams, MtpStep};
+pub use mtp_model::{is_head_tensor, mtp, Mtp, MtpConfig, MtpParams, MtpStep};
 pub use rewards::{ExactAnswer, Format, Length, Reward};
 pub use rollout::{grpo, Prompt, Rollouts};
 

@@ -20,6 +20,15 @@ use serde::{de::DeserializeOwned, Deserialize, Serialize};
 use std::marker::PhantomData;
 use std::rc::Rc;
 
+/// The name under which the heads' leaves are (`mtp_heads.0.proj.weight`).
+pub const HEADS_FIELD: &str = "mtp_heads";
+
+/// Whether a checkpoint's tensor `name` belongs to the heads rather than to the base model.
+pub fn is_head_tensor(name: &str) -> bool {
+    name.strip_prefix(HEADS_FIELD)
+        .is_some_and(|rest| rest.starts_with('.'))
+}
+
 /// The most heads a run may declare (each names a metric, `mtp_loss_K`).
 pub const MAX_N_PREDICT: usize = 8;
 
@@ -90,19 +99,19 @@ impl<T, P: Tree<T>> Tree<T> for MtpParams<P, T> {
 
     fn describe(&self, scope: &Scope, out: &mut Vec<LeafSpec>) {
         self.base.describe(scope, out);
-        let heads = scope.child("mtp_heads", FieldAttrs::default());
+        let heads = scope.child(HEADS_FIELD, FieldAttrs::default());
         self.mtp_heads.describe(&heads, out);
     }
 
     fn for_each_layer<'a>(&'a self, scope: &Scope, f: &mut dyn FnMut(&Scope, Layer<'a, T>)) {
         self.base.for_each_layer(scope, f);
-        let heads = scope.child("mtp_heads", FieldAttrs::default());
+        let heads = scope.child(HEADS_FIELD, FieldAttrs::default());
         self.mtp_heads.for_each_layer(&heads, f);
     }
 
     fn for_each_layer_mut(&mut self, scope: &Scope, f: &mut dyn FnMut(&Scope, LayerMut<'_, T>)) {
         self.base.for_each_layer_mut(scope, f);
-        let heads = scope.child("mtp_heads", FieldAttrs::default());
+        let heads = scope.child(HEADS_FIELD, FieldAttrs::default());
         self.mtp_heads.for_each_layer_mut(&heads, f);
     }
 }
