@@ -10,6 +10,7 @@
 //! ([`TrainStep::with_frozen`](crate::step::TrainStep::with_frozen)).
 
 pub mod curriculum;
+pub mod difficulty_rows;
 pub mod distill;
 pub mod dpo;
 pub mod grpo;
@@ -21,6 +22,7 @@ pub mod mtp_model;
 pub mod rewards;
 pub mod rollout;
 
+pub use difficulty_rows::{Difficulty, DifficultyRows};
 pub use distill::{distillation_loss, soft_target_loss};
 pub use dpo::{dpo_loss, Preference};
 pub use grpo::{group_advantages, grpo_loss, PolicyGradient};
