@@ -295,6 +295,15 @@ pub struct TrainArgs {
     /// With --step grpo: completions sampled per prompt (8).
     #[arg(long)]
     pub group: Option<usize>,
+    /// A difficulty curriculum: easy text or token files whose rows every batch mixes with
+    /// --data's (the hard data), from all easy at the start to all hard after
+    /// --curriculum-warmup of the run (lmxlab's difficulty_curriculum); validation on --data's.
+    #[arg(long, value_name = "FILE", num_args = 1..)]
+    pub curriculum_easy: Vec<PathBuf>,
+    /// With --curriculum-easy: the fraction of the run over which the hard share grows to all
+    /// of the batch (0.5).
+    #[arg(long, value_name = "FRACTION")]
+    pub curriculum_warmup: Option<f64>,
     /// With --step mtp: how many multi-token heads (lmxlab's n_predict, 2); the model
     /// configuration's `n_predict`, as `--set n_predict=N`.
     #[arg(long, value_name = "N")]
@@ -543,10 +552,18 @@ impl TrainArgs {
                 group: self.group,
             }
             .settings()?,
+            curriculum: (!self.curriculum_easy.is_empty()).then(|| run_file::DifficultySettings {
+                easy: self.curriculum_easy.clone(),
+                warmup_fraction: self.curriculum_warmup.unwrap_or(0.5),
+                easy_tokens: None,
+            }),
         };
         if let Some(run) = recorded {
             if request.objective.is_none() {
                 request.objective = run.objective.clone();
+            }
+            if request.curriculum.is_none() {
+                request.curriculum = run.curriculum.clone();
             }
             if !given("model") {
                 request.model = run.model.clone();
@@ -580,6 +597,11 @@ impl TrainArgs {
                 request.init = run.init.clone();
             }
             request.recorded = Some(run);
+        }
+        match (&mut request.curriculum, self.curriculum_warmup) {
+            (Some(curriculum), Some(warmup)) => curriculum.warmup_fraction = warmup,
+            (None, Some(_)) => anyhow::bail!("--curriculum-warmup applies to --curriculum-easy"),
+            _ => {}
         }
         // The heads' settings are the model configuration's, recorded with it.
         let heads = [("n_predict", self.n_predict.map(|n| n.to_string()))]

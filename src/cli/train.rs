@@ -3,7 +3,7 @@
 use super::interrupt::{Interrupted, StopSignals};
 use super::objective::ObjectiveSettings;
 use super::run_dir::RunDir;
-use super::run_file::RunFile;
+use super::run_file::{DifficultySettings, RunFile};
 use super::sft::SftSettings;
 use super::tokenizer::{TokenizerArg, TokenizerSpec};
 use lmx::runtime::checkpoint::Checkpoints;
@@ -16,7 +16,8 @@ use lmx::runtime::generate::{
 };
 use lmx::runtime::hf::{self, Family, HfFolder};
 use lmx::runtime::model::{LanguageModel, TrainingStep};
-use lmx::runtime::objectives::{self, Backbone, Mtp, MtpStep};
+use lmx::runtime::objectives::curriculum::DifficultyCurriculum;
+use lmx::runtime::objectives::{self, Backbone, DifficultyRows, Mtp, MtpStep};
 use lmx::runtime::train::{
     EarlyStopping, JsonlLog, Objective, ProgressBar, TrainConfig, TrainData, Trainer,
 };
@@ -61,6 +62,8 @@ pub struct TrainRequest {
     pub lora: Option<super::lora::LoraRun>,
     /// Train an objective over frozen models instead of the model's own step.
     pub objective: Option<ObjectiveSettings>,
+    /// Mix easy data into the batches, from all easy to all hard (the data).
+    pub curriculum: Option<DifficultySettings>,
 }
 
 /// Which checkpoint a resumed run continues from.
@@ -103,6 +106,9 @@ where
     }
     train_with::<MtpStep<S>>(request, Some(objectives::mtp::<S::Model>))
 }
+
+const NOT_TEXT_CURRICULUM: &str = "--curriculum-easy mixes text or token files into the \
+     batches of --data's text: not with supervised examples, --step dpo or --step grpo";
 
 /// The model configuration's objective of a step that reports metrics beside its loss
 /// ([`objectives::mtp`] for `--step mtp`).
@@ -169,6 +175,10 @@ where
         anyhow::bail!("adapters train with the model's own step: leave --step and --teacher out");
     }
     let pairs = request.objective.as_ref().is_some_and(|o| o.reads_pairs());
+    let prompts = matches!(request.objective, Some(ObjectiveSettings::Grpo { .. }));
+    if request.curriculum.is_some() && (pairs || prompts || request.sft.is_some()) {
+        anyhow::bail!(NOT_TEXT_CURRICULUM);
+    }
     if pairs && request.sft.is_some() {
         anyhow::bail!("--step dpo reads one JSONL file of preference pairs, not a folder");
     }
@@ -205,6 +215,33 @@ where
             )
         }
     };
+    let (data, curriculum) = match (&request.curriculum, data) {
+        (None, data) => (data, None),
+        (Some(settings), Data::Windows(hard)) => {
+            let easy = tokens(&settings.easy, tokenizer.as_ref(), vocab)?;
+            let recorded = DifficultySettings {
+                easy_tokens: Some(easy.len() as u64),
+                ..settings.clone()
+            };
+            let easy = Windows::new(easy, request.train.seq_len)?;
+            let hard = TrainData::split(hard, request.train.validation_fraction, vocab)?;
+            let schedule =
+                DifficultyCurriculum::new(request.train.steps as usize, settings.warmup_fraction)?;
+            let rows = DifficultyRows::new(
+                Arc::new(easy),
+                hard.train,
+                schedule,
+                request.train.batch_size,
+                request.train.seed,
+            )?;
+            let data = TrainData {
+                train: Arc::new(rows),
+                validation: hard.validation,
+            };
+            (Data::Rows(data), Some(recorded))
+        }
+        (Some(_), _) => anyhow::bail!(NOT_TEXT_CURRICULUM),
+    };
     let run_file = RunFile {
         model: request.model.clone(),
         preset: request.preset.clone(),
@@ -221,6 +258,7 @@ where
             .map(|folder| folder.weights().fingerprint())
             .transpose()?,
         objective: request.objective.clone(),
+        curriculum,
     };
 
     let run_dir = match leader {
