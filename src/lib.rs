@@ -42,3 +42,6 @@ extern crate self as lmx;
 pub mod models {
     include!(concat!(env!("OUT_DIR"), "/models.rs"));
 }
+
+#[cfg(feature = "runtime")]
+mod backbones;

@@ -265,8 +265,8 @@ fn wrong_objective_flags_are_refused_naming_them() {
     );
     assert_eq!(
         refused(&["--step", "ppo"]),
-        "error: unknown --step `ppo`: dpo, grpo or distill (leave it out to train with the \
-         model's own step)\n"
+        "error: unknown --step `ppo`: dpo, grpo, distill or mtp (leave it out to train with \
+         the model's own step)\n"
     );
     assert_eq!(
         refused(&["--step", "grpo"]),

@@ -270,7 +270,8 @@ pub struct TrainArgs {
     pub sample: usize,
     /// Train an objective over frozen models instead of the model's own step: `dpo` (--data
     /// one JSONL file of `prompt`, `chosen`, `rejected`; each response gets --seq-len tokens,
-    /// against a frozen copy of the starting parameters) or `distill` (with --teacher).
+    /// against a frozen copy of the starting parameters), `distill` (with --teacher), or `mtp`:
+    /// the model with multi-token heads (--n-predict, --mtp-weight), its own optimizer.
     #[arg(long, value_name = "OBJECTIVE")]
     pub step: Option<String>,
     /// Distil from this frozen teacher: a run directory (its latest checkpoint) or a Hugging
@@ -294,6 +295,23 @@ pub struct TrainArgs {
     /// With --step grpo: completions sampled per prompt (8).
     #[arg(long)]
     pub group: Option<usize>,
+    /// A difficulty curriculum: easy text or token files whose rows every batch mixes with
+    /// --data's (the hard data), from all easy at the start to all hard after
+    /// --curriculum-warmup of the run (lmxlab's difficulty_curriculum); validation on --data's.
+    #[arg(long, value_name = "FILE", num_args = 1..)]
+    pub curriculum_easy: Vec<PathBuf>,
+    /// With --curriculum-easy: the fraction of the run over which the hard share grows to all
+    /// of the batch (0.5).
+    #[arg(long, value_name = "FRACTION")]
+    pub curriculum_warmup: Option<f64>,
+    /// With --step mtp: how many multi-token heads (lmxlab's n_predict, 2); the model
+    /// configuration's `n_predict`, as `--set n_predict=N`.
+    #[arg(long, value_name = "N")]
+    pub n_predict: Option<usize>,
+    /// With --step mtp: the weight of the heads' mean loss in the total (0.3); the model
+    /// configuration's `mtp_weight`.
+    #[arg(long, value_name = "WEIGHT")]
+    pub mtp_weight: Option<f32>,
     /// The ids of the options given on the command line (not defaulted): on --resume the
     /// others are the run's recorded ones.
     #[arg(skip)]
@@ -534,10 +552,18 @@ impl TrainArgs {
                 group: self.group,
             }
             .settings()?,
+            curriculum: (!self.curriculum_easy.is_empty()).then(|| run_file::DifficultySettings {
+                easy: self.curriculum_easy.clone(),
+                warmup_fraction: self.curriculum_warmup.unwrap_or(0.5),
+                easy_tokens: None,
+            }),
         };
         if let Some(run) = recorded {
             if request.objective.is_none() {
                 request.objective = run.objective.clone();
+            }
+            if request.curriculum.is_none() {
+                request.curriculum = run.curriculum.clone();
             }
             if !given("model") {
                 request.model = run.model.clone();
@@ -571,6 +597,25 @@ impl TrainArgs {
                 request.init = run.init.clone();
             }
             request.recorded = Some(run);
+        }
+        match (&mut request.curriculum, self.curriculum_warmup) {
+            (Some(curriculum), Some(warmup)) => curriculum.warmup_fraction = warmup,
+            (None, Some(_)) => anyhow::bail!("--curriculum-warmup applies to --curriculum-easy"),
+            _ => {}
+        }
+        // The heads' settings are the model configuration's, recorded with it.
+        let heads = [("n_predict", self.n_predict.map(|n| n.to_string()))]
+            .into_iter()
+            .chain([("mtp_weight", self.mtp_weight.map(|w| w.to_string()))])
+            .filter_map(|(name, value)| value.map(|value| (name, value)));
+        for (name, value) in heads {
+            if !request.objective.as_ref().is_some_and(|o| o.multi_token()) {
+                anyhow::bail!("--n-predict and --mtp-weight apply to --step mtp");
+            }
+            request.settings.push(settings::Setting {
+                name: name.to_owned(),
+                value,
+            });
         }
         let sft_flags = ["mask_prompt", "batching", "chat_template"];
         // DPO reads its pairs through the chat template too.

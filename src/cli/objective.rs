@@ -38,6 +38,11 @@ pub enum ObjectiveSettings {
         /// `--beta`, the KL penalty's weight, 0.04 by default.
         beta: f32,
     },
+    /// Multi-token prediction: the model trained with lmxlab's heads (`n_predict` and
+    /// `mtp_weight` are settings of the run's model configuration, `--n-predict`,
+    /// `--mtp-weight`). Its checkpoints hold the heads beside the model; generation, evaluation
+    /// and export read the model alone.
+    Mtp {},
     /// Distillation from the frozen teacher in `teacher` on the run's text.
     Distill {
         /// A run directory (its latest checkpoint) or a Hugging Face folder of the same model.
@@ -96,13 +101,18 @@ impl ObjectiveFlags<'_> {
                     beta: self.beta.unwrap_or(0.04),
                 })
             }
+            (Some("mtp"), None) => Some(ObjectiveSettings::Mtp {}),
+            (Some("mtp"), Some(_)) => anyhow::bail!(
+                "--teacher distils from a teacher, --step mtp trains the model with multi-token \
+                 heads: give one of them"
+            ),
             (Some("grpo"), Some(_)) => anyhow::bail!(
                 "--teacher distils from a teacher, --step grpo trains against a frozen copy of \
                  the model: give one of them"
             ),
             (Some(other), _) => anyhow::bail!(
-                "unknown --step `{other}`: dpo, grpo or distill (leave it out to train with the \
-                 model's own step)"
+                "unknown --step `{other}`: dpo, grpo, distill or mtp (leave it out to train with \
+                 the model's own step)"
             ),
         };
         let grpo = matches!(settings, Some(ObjectiveSettings::Grpo { .. }));
@@ -128,6 +138,12 @@ impl ObjectiveFlags<'_> {
 }
 
 impl ObjectiveSettings {
+    /// Whether the run trains the model with multi-token heads (its own step's optimizer, the
+    /// heads' loss; no frozen model).
+    pub fn multi_token(&self) -> bool {
+        matches!(self, ObjectiveSettings::Mtp {})
+    }
+
     /// Whether the run reads preference pairs (rows of two responses) instead of text.
     pub fn reads_pairs(&self) -> bool {
         matches!(self, ObjectiveSettings::Dpo { .. })
@@ -142,6 +158,9 @@ impl ObjectiveSettings {
         Ok(match self {
             ObjectiveSettings::Dpo { beta, .. } => objectives::dpo::<M>(start, *beta),
             ObjectiveSettings::Grpo { beta, .. } => objectives::grpo::<M>(start, *beta, 0.2),
+            ObjectiveSettings::Mtp {} => {
+                anyhow::bail!("--step mtp trains the model with its heads, over no frozen model")
+            }
             ObjectiveSettings::Distill {
                 teacher,
                 temperature,

@@ -22,6 +22,7 @@ use super::train::{self, GenerateRequest, TrainRequest};
 use lmx::runtime::device::DeviceKind;
 use lmx::runtime::hf::HfFolder;
 use lmx::runtime::model::{LanguageModel, TrainingStep};
+use lmx::runtime::objectives::{Backbone, Mtp};
 use lmx::runtime::optim::Optimizer;
 use lmx::runtime::tree::Tree;
 use lmx::runtime::Array;
@@ -46,6 +47,9 @@ pub struct Registered {
     /// Its presets' names (`LanguageModel::presets`).
     pub presets: fn() -> &'static [&'static str],
     train: fn(TrainRequest) -> anyhow::Result<bool>,
+    /// Trains the model with multi-token heads (`--step mtp`), where the model exposes its hidden
+    /// states ([`Registry::multi_token`]).
+    train_mtp: Option<fn(TrainRequest) -> anyhow::Result<bool>>,
     generate: fn(&RunFile, GenerateRequest) -> anyhow::Result<()>,
     evaluate: fn(&RunFile, EvalRequest) -> anyhow::Result<()>,
     fuse: fn(&RunFile, &super::lora::FuseArgs) -> anyhow::Result<()>,
@@ -57,7 +61,18 @@ pub struct Registered {
 impl Registered {
     /// Trains this model; `false` when there was nothing to train.
     pub fn train(&self, request: TrainRequest) -> anyhow::Result<bool> {
-        (self.train)(request)
+        if !request.objective.as_ref().is_some_and(|o| o.multi_token()) {
+            return (self.train)(request);
+        }
+        let train = self.train_mtp.ok_or_else(|| {
+            anyhow::anyhow!(
+                "{} does not expose its hidden states, embedding and output head to multi-token \
+                 heads (--step mtp): its program implements lmx::runtime::objectives::Backbone \
+                 for it and registers it with Registry::multi_token",
+                self.name
+            )
+        })?;
+        train(request)
     }
 
     /// Samples from a run of this model.
@@ -130,6 +145,7 @@ impl Registry {
             .model::<hybrid::Train>()
             .model::<qwen3_next::Train>()
             .model::<deepseek_v3::Train>()
+            .multi_token::<llama::Train>()
     }
 
     /// Adds the model that training step `S` trains, under its name: a `.lmx` model's generated
@@ -145,6 +161,7 @@ impl Registry {
             name: S::Model::NAME,
             presets: S::Model::presets,
             train: train::train::<S>,
+            train_mtp: None,
             generate: train::sample::<S>,
             evaluate: eval::evaluate::<S>,
             fuse: super::lora::fuse::<S>,
@@ -154,6 +171,31 @@ impl Registry {
         };
         self.steps.retain(|step| step.name != registered.name);
         self.steps.push(registered);
+        self
+    }
+
+    /// Lets the model of step `S` train with multi-token heads (`lmx train --step mtp`): its
+    /// hidden states, embedding and output head through [`Backbone`], the heads trained under
+    /// `S`'s optimizer and options. Registers the model as [`model`](Self::model) does if it is
+    /// not yet.
+    pub fn multi_token<S: TrainingStep>(mut self) -> Registry
+    where
+        S::Model: Backbone,
+        <<S::Model as LanguageModel>::Params as Tree<Array>>::Of<
+            Option<<S::Optimizer as Optimizer>::Leaf>,
+        >: Clone + 'static,
+        <<Mtp<S::Model> as LanguageModel>::Params as Tree<Array>>::Of<
+            Option<<S::Optimizer as Optimizer>::Leaf>,
+        >: Clone + 'static,
+    {
+        if self.step(S::Model::NAME).is_none() {
+            self = self.model::<S>();
+        }
+        for step in &mut self.steps {
+            if step.name == S::Model::NAME {
+                step.train_mtp = Some(train::train_mtp::<S>);
+            }
+        }
         self
     }
 

@@ -6,6 +6,7 @@ use lmx::runtime::checkpoint::{self, Checkpoints, MODEL_FILE};
 use lmx::runtime::hf::{self, Family, HfFolder};
 use lmx::runtime::lora;
 use lmx::runtime::model::LanguageModel;
+use lmx::runtime::objectives::is_head_tensor;
 use lmx::runtime::quant;
 use lmx::runtime::train::TrainConfig;
 use serde_json::Value;
@@ -52,6 +53,24 @@ pub struct RunFile {
     /// The objective trained instead of the model's own step (`--step dpo`, `--teacher`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub objective: Option<super::objective::ObjectiveSettings>,
+    /// The easy data of a difficulty curriculum (`--curriculum-easy`), `data` being the hard.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub curriculum: Option<DifficultySettings>,
+}
+
+/// A difficulty curriculum as `run.json` records it: every batch mixes rows of `easy` with
+/// rows of the run's data, from all easy to all hard over `warmup_fraction` of the run
+/// (lmxlab's `difficulty_curriculum`).
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct DifficultySettings {
+    /// The easy data's files (`--curriculum-easy`).
+    pub easy: Vec<PathBuf>,
+    /// The fraction of the run over which the hard share grows to 1 (`--curriculum-warmup`).
+    pub warmup_fraction: f64,
+    /// How many tokens the easy data held (set once read): a file changed under the same name
+    /// changes it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub easy_tokens: Option<u64>,
 }
 
 /// The training settings that change what a run computes; the others (overlap, state packing,
@@ -132,6 +151,9 @@ impl RunFile {
         }
         if let Some(objective) = &self.objective {
             flatten("objective", &json(objective), &mut out);
+        }
+        if let Some(curriculum) = &self.curriculum {
+            flatten("curriculum", &json(curriculum), &mut out);
         }
         if let Some(lora) = &self.lora {
             // Where the adapters are written does not change what the run computes.
@@ -243,7 +265,12 @@ pub fn load_params<M: LanguageModel>(
     if let Some(lora) = &run.lora {
         lora::attach(&mut template, &lora.parameters, lora.num_layers, 0)?;
     }
-    let mut params = checkpoint::load_tree_over(&checkpoint.join(MODEL_FILE), &template)?;
+    let file = checkpoint.join(MODEL_FILE);
+    // A run with multi-token heads checkpoints them beside the model, which is read alone.
+    let mut params = match run.objective.as_ref().is_some_and(|o| o.multi_token()) {
+        true => checkpoint::load_tree_over_skipping(&file, &template, &is_head_tensor)?,
+        false => checkpoint::load_tree_over(&file, &template)?,
+    };
     if let Some(dir) = adapter {
         lora::load_adapters(&mut params, dir, Family::of_model(&run.model))?;
     }
@@ -301,6 +328,7 @@ mod tests {
             init: None,
             init_weights: None,
             objective: None,
+            curriculum: None,
         }
     }
 

@@ -3,7 +3,7 @@
 use super::interrupt::{Interrupted, StopSignals};
 use super::objective::ObjectiveSettings;
 use super::run_dir::RunDir;
-use super::run_file::RunFile;
+use super::run_file::{DifficultySettings, RunFile};
 use super::sft::SftSettings;
 use super::tokenizer::{TokenizerArg, TokenizerSpec};
 use lmx::runtime::checkpoint::Checkpoints;
@@ -16,6 +16,8 @@ use lmx::runtime::generate::{
 };
 use lmx::runtime::hf::{self, Family, HfFolder};
 use lmx::runtime::model::{LanguageModel, TrainingStep};
+use lmx::runtime::objectives::curriculum::DifficultyCurriculum;
+use lmx::runtime::objectives::{self, Backbone, DifficultyRows, Mtp, MtpStep};
 use lmx::runtime::train::{
     EarlyStopping, JsonlLog, Objective, ProgressBar, TrainConfig, TrainData, Trainer,
 };
@@ -60,6 +62,8 @@ pub struct TrainRequest {
     pub lora: Option<super::lora::LoraRun>,
     /// Train an objective over frozen models instead of the model's own step.
     pub objective: Option<ObjectiveSettings>,
+    /// Mix easy data into the batches, from all easy to all hard (the data).
+    pub curriculum: Option<DifficultySettings>,
 }
 
 /// Which checkpoint a resumed run continues from.
@@ -77,6 +81,43 @@ pub enum Resume {
 /// would change, and that checkpoints can be written. Only then are `run.json` written and
 /// `metrics.jsonl` cut back to the step the run continues from.
 pub fn train<S: TrainingStep>(request: TrainRequest) -> anyhow::Result<bool>
+where
+    <<S::Model as LanguageModel>::Params as Tree<lmx::runtime::Array>>::Of<
+        Option<<S::Optimizer as lmx::runtime::optim::Optimizer>::Leaf>,
+    >: Clone + 'static,
+{
+    train_with::<S>(request, None)
+}
+
+/// `lmx train --step mtp`: step `S`'s model with multi-token heads ([`MtpStep`]), its loss
+/// and the heads' losses reported by [`objectives::mtp`]; otherwise a run as [`train`]'s.
+pub fn train_mtp<S: TrainingStep>(request: TrainRequest) -> anyhow::Result<bool>
+where
+    S::Model: Backbone,
+    <<Mtp<S::Model> as LanguageModel>::Params as Tree<lmx::runtime::Array>>::Of<
+        Option<<S::Optimizer as lmx::runtime::optim::Optimizer>::Leaf>,
+    >: Clone + 'static,
+{
+    if request.init.is_some() {
+        anyhow::bail!(
+            "--step mtp starts from the model's initialisation: multi-token heads over a Hugging \
+             Face folder's weights (--init) are not supported yet"
+        );
+    }
+    train_with::<MtpStep<S>>(request, Some(objectives::mtp::<S::Model>))
+}
+
+const NOT_TEXT_CURRICULUM: &str = "--curriculum-easy mixes text or token files into the \
+     batches of --data's text: not with supervised examples, --step dpo or --step grpo";
+
+/// The model configuration's objective of a step that reports metrics beside its loss
+/// ([`objectives::mtp`] for `--step mtp`).
+type OwnObjective<M> = fn(&<M as LanguageModel>::Config) -> Objective<M>;
+
+fn train_with<S: TrainingStep>(
+    request: TrainRequest,
+    own: Option<OwnObjective<S::Model>>,
+) -> anyhow::Result<bool>
 where
     <<S::Model as LanguageModel>::Params as Tree<lmx::runtime::Array>>::Of<
         Option<<S::Optimizer as lmx::runtime::optim::Optimizer>::Leaf>,
@@ -134,6 +175,10 @@ where
         anyhow::bail!("adapters train with the model's own step: leave --step and --teacher out");
     }
     let pairs = request.objective.as_ref().is_some_and(|o| o.reads_pairs());
+    let prompts = matches!(request.objective, Some(ObjectiveSettings::Grpo { .. }));
+    if request.curriculum.is_some() && (pairs || prompts || request.sft.is_some()) {
+        anyhow::bail!(NOT_TEXT_CURRICULUM);
+    }
     if pairs && request.sft.is_some() {
         anyhow::bail!("--step dpo reads one JSONL file of preference pairs, not a folder");
     }
@@ -170,6 +215,33 @@ where
             )
         }
     };
+    let (data, curriculum) = match (&request.curriculum, data) {
+        (None, data) => (data, None),
+        (Some(settings), Data::Windows(hard)) => {
+            let easy = tokens(&settings.easy, tokenizer.as_ref(), vocab)?;
+            let recorded = DifficultySettings {
+                easy_tokens: Some(easy.len() as u64),
+                ..settings.clone()
+            };
+            let easy = Windows::new(easy, request.train.seq_len)?;
+            let hard = TrainData::split(hard, request.train.validation_fraction, vocab)?;
+            let schedule =
+                DifficultyCurriculum::new(request.train.steps as usize, settings.warmup_fraction)?;
+            let rows = DifficultyRows::new(
+                Arc::new(easy),
+                hard.train,
+                schedule,
+                request.train.batch_size,
+                request.train.seed,
+            )?;
+            let data = TrainData {
+                train: Arc::new(rows),
+                validation: hard.validation,
+            };
+            (Data::Rows(data), Some(recorded))
+        }
+        (Some(_), _) => anyhow::bail!(NOT_TEXT_CURRICULUM),
+    };
     let run_file = RunFile {
         model: request.model.clone(),
         preset: request.preset.clone(),
@@ -186,6 +258,7 @@ where
             .map(|folder| folder.weights().fingerprint())
             .transpose()?,
         objective: request.objective.clone(),
+        curriculum,
     };
 
     let run_dir = match leader {
@@ -287,6 +360,30 @@ where
                 data,
                 params,
                 declared,
+            )?
+        }
+        (None, Some(ObjectiveSettings::Mtp {})) => {
+            let own = own.ok_or_else(|| {
+                anyhow::anyhow!("--step mtp trains through the model's multi-token registration")
+            })?;
+            let objective = own(&model_config);
+            let heads: usize = lmx::runtime::tree::specs(&params)
+                .iter()
+                .zip(lmx::runtime::tree::flatten(&params))
+                .filter(|(spec, _)| objectives::is_head_tensor(&spec.name))
+                .map(|(_, leaf)| leaf.size())
+                .sum();
+            eprintln!(
+                "multi-token heads: {heads} parameters, trained with optimizer state beside the \
+                 model's (metrics {})",
+                objective.metrics.join(", ")
+            );
+            Trainer::<S>::with_objective(
+                model_config,
+                request.train.clone(),
+                data,
+                params,
+                objective,
             )?
         }
         (None, Some(objective)) => {

@@ -623,9 +623,30 @@ impl<'m> Gen<'m> {
             } else {
                 TokenStream::new()
             };
+            // Code outside the module (a `Backbone` that runs the blocks up to the hidden
+            // states) starts a pass as `forward` does; the caller advances `ctx` after it.
+            let mut new_params = Vec::new();
+            if has_config {
+                new_params.push(quote!(config: &'a Config));
+            }
+            if has_ctx {
+                new_params.push(quote!(ctx: &'a mut Context));
+            } else if has_offset {
+                new_params.push(quote!(ctx: &Context));
+            }
+            if has_offset {
+                new_params.push(quote!(#first: &Array));
+            }
             quote! {
                 /// What a forward pass threads through its blocks.
                 pub struct Pass #lifetime { #(#pass_fields)* }
+                impl #lifetime Pass #lifetime {
+                    /// The state of a forward pass over `tokens`, as `forward` starts it.
+                    #[allow(clippy::new_without_default)]
+                    pub fn new(#(#new_params),*) -> Self {
+                        Pass { #(#pass_init)* }
+                    }
+                }
                 #methods
             }
         } else {

@@ -56,6 +56,17 @@ pub(crate) fn read_named(
     expected: &Named,
     omittable: &dyn Fn(usize) -> bool,
 ) -> Result<Vec<Option<Array>>> {
+    read_named_skipping(path, expected, omittable, &|_| false)
+}
+
+/// [`read_named`] of a file that may also hold tensors the model does not have where `skipped`
+/// accepts their names (they are not read).
+pub(crate) fn read_named_skipping(
+    path: &Path,
+    expected: &Named,
+    omittable: &dyn Fn(usize) -> bool,
+    skipped: &dyn Fn(&str) -> bool,
+) -> Result<Vec<Option<Array>>> {
     let bytes = std::fs::read(path).map_err(|cause| Error::Io {
         path: path.to_owned(),
         cause,
@@ -103,7 +114,7 @@ pub(crate) fn read_named(
     let mut extra: Vec<&str> = file
         .names()
         .into_iter()
-        .filter(|name| !known.contains(name))
+        .filter(|name| !known.contains(name) && !skipped(name))
         .collect();
     extra.sort_unstable();
     if let Some(name) = extra.first() {

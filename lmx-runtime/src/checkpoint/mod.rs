@@ -30,4 +30,4 @@ pub use atomic::{DurableWriter, FileWriter};
 pub use maps::{tree_to_map, update_tree_from_map};
 pub use store::{dir_name, Checkpoints, LOSS_FIELD, SANE_LOSS_RATIO};
 pub use train_state::{load, FrozenLeaves, MODEL_FILE, OPTIMIZER_FILE, TRAINER_FILE};
-pub use weights::{load_tree, load_tree_over, save_tree};
+pub use weights::{load_tree, load_tree_over, load_tree_over_skipping, save_tree};

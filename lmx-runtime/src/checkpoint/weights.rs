@@ -2,7 +2,7 @@
 //! names: model weights export and import.
 
 use super::atomic::{write_file, DurableWriter};
-use super::file::{encode, read_expected, read_named, Named};
+use super::file::{encode, read_expected, read_named, read_named_skipping, Named};
 use crate::error::Result;
 use crate::tree::{self, Tree};
 use mlx_rs::Array;
@@ -40,6 +40,28 @@ pub fn load_tree_over<R: Tree<Array>>(path: &Path, base: &R) -> Result<R> {
         .map(|spec| !spec.trainable)
         .collect();
     let mut arrays = read_named(path, &named(base), &|index| frozen[index])?.into_iter();
+    Ok(base.map_same(&mut |leaf| {
+        arrays
+            .next()
+            .expect("one array per leaf")
+            .unwrap_or_else(|| leaf.clone())
+    }))
+}
+
+/// [`load_tree_over`] of a file that may hold more than `base`'s leaves: the tensors whose names
+/// `skipped` accepts are left out (the heads of a model trained with multi-token prediction, read
+/// as the plain model); any other tensor the tree lacks is still an error.
+pub fn load_tree_over_skipping<R: Tree<Array>>(
+    path: &Path,
+    base: &R,
+    skipped: &dyn Fn(&str) -> bool,
+) -> Result<R> {
+    let frozen: Vec<bool> = tree::specs(base)
+        .iter()
+        .map(|spec| !spec.trainable)
+        .collect();
+    let mut arrays =
+        read_named_skipping(path, &named(base), &|index| frozen[index], skipped)?.into_iter();
     Ok(base.map_same(&mut |leaf| {
         arrays
             .next()

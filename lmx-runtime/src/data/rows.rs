@@ -29,4 +29,10 @@ pub trait Rows: Send + Sync + fmt::Debug {
 
     /// The rows in words, for errors: `24 windows of 5 tokens`.
     fn describe(&self) -> String;
+
+    /// Whether training reads the rows in their own order, row 0 first, instead of shuffled:
+    /// rows laid out as a run's batches (a difficulty curriculum's).
+    fn in_order(&self) -> bool {
+        false
+    }
 }

@@ -5,8 +5,9 @@
 use crate::error::{Error, Result};
 
 /// Easy-to-hard mixing: batch `i` of `batches` holds `floor(batch_size · p)` hard rows and the
-/// rest easy ones, with `p = min(1, i / (warmup_fraction · batches))`, so the mix moves linearly
-/// from all easy to all hard over the warm-up and stays all hard after it.
+/// rest easy ones, with `p = min(1, i / max(batches - 1, 1) / warmup_fraction)` (lmxlab's
+/// `difficulty_curriculum`), so the mix moves linearly from all easy to all hard over the
+/// warm-up and stays all hard after it.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct DifficultyCurriculum {
     /// Batches in the whole run.
@@ -40,8 +41,8 @@ impl DifficultyCurriculum {
 
     /// The share of hard rows in batch `index`, in `[0, 1]`.
     pub fn hard_share(&self, index: usize) -> f64 {
-        let warmup = self.warmup_fraction * self.batches as f64;
-        (index as f64 / warmup).min(1.0)
+        let progress = index as f64 / self.batches.saturating_sub(1).max(1) as f64;
+        (progress / self.warmup_fraction).min(1.0)
     }
 
     /// How many of `batch_size` rows of batch `index` are hard.

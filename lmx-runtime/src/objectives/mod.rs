@@ -1,7 +1,8 @@
 //! Training objectives beyond next-token cross-entropy, after lmxlab's training API: preference
 //! optimisation ([`dpo`]), group-relative policy optimisation ([`grpo`], its rollouts from the
 //! generator in [`rollout`]), distillation from a
-//! frozen teacher ([`distill`]) and data curricula ([`curriculum`]).
+//! frozen teacher ([`distill`]), multi-token prediction ([`mtp`], trained as [`mtp_model::Mtp`])
+//! and data curricula ([`curriculum`]).
 //!
 //! Each loss is a function of arrays (log-probabilities, logits, rewards), so that a step's loss
 //! calls it inside the compiled step, over the policy's and the frozen models' forward passes:
@@ -9,21 +10,27 @@
 //! ([`TrainStep::with_frozen`](crate::step::TrainStep::with_frozen)).
 
 pub mod curriculum;
+pub mod difficulty_rows;
 pub mod distill;
 pub mod dpo;
 pub mod grpo;
 pub mod grpo_run;
 pub mod language;
 pub mod logprobs;
+pub mod mtp;
+pub mod mtp_model;
 pub mod rewards;
 pub mod rollout;
 
+pub use difficulty_rows::{Difficulty, DifficultyRows};
 pub use distill::{distillation_loss, soft_target_loss};
 pub use dpo::{dpo_loss, Preference};
 pub use grpo::{group_advantages, grpo_loss, PolicyGradient};
 pub use grpo_run::{GrpoConfig, GrpoRun};
 pub use language::{distillation, dpo};
 pub use logprobs::{sequence_logprobs, token_logprobs};
+pub use mtp::{check_backbone, mtp_losses, Backbone, MtpHead, MtpLosses};
+pub use mtp_model::{is_head_tensor, mtp, Mtp, MtpConfig, MtpParams, MtpStep};
 pub use rewards::{ExactAnswer, Format, Length, Reward};
 pub use rollout::{grpo, Prompt, Rollouts};
 

@@ -293,8 +293,11 @@ where
             )?,
         };
         let validation = data.validation;
-        let train_batches =
-            BatchIterator::over(data.train, config.batch_size, Order::Shuffled, config.seed)?;
+        let order = match data.train.in_order() {
+            true => Order::Sequential,
+            false => Order::Shuffled,
+        };
+        let train_batches = BatchIterator::over(data.train, config.batch_size, order, config.seed)?;
         let checkpoints =
             Checkpoints::new(config.out_dir.join("checkpoints")).keep_last(config.keep_checkpoints);
         Ok(Trainer {
