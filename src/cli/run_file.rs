@@ -241,7 +241,13 @@ pub fn load_params<M: LanguageModel>(
     };
     let mut template = run.train.precision.cast(&template)?;
     if let Some(lora) = &run.lora {
-        lora::attach(&mut template, &lora.parameters, lora.num_layers, 0)?;
+        lora::attach(
+            &mut template,
+            &lora.parameters,
+            lora.num_layers,
+            0,
+            lora.fine_tune_type,
+        )?;
     }
     let mut params = checkpoint::load_tree_over(&checkpoint.join(MODEL_FILE), &template)?;
     if let Some(dir) = adapter {
