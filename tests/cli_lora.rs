@@ -381,6 +381,30 @@ fn a_resumed_lora_run_ends_with_the_same_adapters() {
         run_arg,
     ]);
     assert_eq!(std::fs::read(&adapters).unwrap(), uninterrupted);
+    // Other adapters would be another run.
+    let changed = lmx(&[
+        "lora",
+        "--preset",
+        "tiny-bytes",
+        "--resume",
+        "--fine-tune-type",
+        "lora",
+        "--dropout",
+        "0.5",
+        "--quiet",
+        "--out",
+        run_arg,
+    ]);
+    assert_eq!(
+        String::from_utf8_lossy(&changed.stderr),
+        format!(
+            "error: resuming would change the run in {}:\n  \
+             lora.fine_tune_type: dora -> lora\n  \
+             lora.parameters.dropout: 0.25 -> 0.5\n\
+             leave these settings out to continue the run as recorded, or give --allow-changes\n",
+            run.display()
+        )
+    );
 }
 
 /// A LoRA run over a Hugging Face folder checkpoints its adapters alone, with their optimizer

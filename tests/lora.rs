@@ -465,6 +465,14 @@ fn adapter_dropout_masks_the_adapter_s_input_in_training_only() -> Result<()> {
     assert_eq!(value(nn::linear(&adapted(0.5), &input)?), plain);
     let undropped = nn::linear_in(&adapted(0.0), &input, &mut Context::training(&key))?;
     assert_eq!(value(undropped), plain);
+    // A Rust model's `tensor::Context::linear` is the same layer.
+    let rust_front = |ctx: &mut Context| {
+        lmx::runtime::tensor::host::forward(&adapted(0.5), &input, ctx, |layer, x, ctx| {
+            ctx.linear(layer, x)
+        })
+    };
+    assert_eq!(value(rust_front(&mut Context::training(&key))?), trained);
+    assert_eq!(value(rust_front(&mut Context::evaluation())?), plain);
     Ok(())
 }
 

@@ -137,6 +137,10 @@ impl RunFile {
             // Where the adapters are written does not change what the run computes.
             flatten("lora.parameters", &json(&lora.parameters), &mut out);
             out.insert("lora.num_layers".into(), lora.num_layers.to_string());
+            out.insert(
+                "lora.fine_tune_type".into(),
+                lora.fine_tune_type.name().into(),
+            );
         }
         let train = json(&self.train);
         for name in RUN_DEFINING {

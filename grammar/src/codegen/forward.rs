@@ -507,7 +507,7 @@ impl<'g, 'm> Fx<'g, 'm> {
         let runtime = match (&tokens.first(), &tokens.get(n.wrapping_sub(3))) {
             (Some(TokenTree::Ident(first)), _) if first == "nn" => true,
             (_, Some(TokenTree::Ident(last))) => {
-                last == "forward" || last == "attend" || last == "dropout"
+                last == "forward" || last == "attend" || last == "dropout" || last == "linear"
             }
             _ => false,
         };
