@@ -143,24 +143,26 @@ fn lora_generate_with_adapter_and_fuse() {
             base.join("checkpoints/step-000010").display()
         )
     );
-    let dropout = lmx(&[
+    let full = lmx(&[
         &[
             "lora",
             "--base",
             &s(&base),
-            "--dropout",
-            "0.1",
+            "--fine-tune-type",
+            "full",
             "--out",
             &s(&dir.path().join("d")),
         ][..],
         &common,
     ]
     .concat());
-    assert!(!dropout.status.success());
+    assert!(!full.status.success());
     assert!(
-        String::from_utf8_lossy(&dropout.stderr)
-            .contains("--dropout 0.1: lmx does not apply dropout to adapters yet; give 0"),
-        "{dropout:?}"
+        String::from_utf8_lossy(&full.stderr).contains(
+            "`full` is not an adapter kind: `lora` or `dora` (mlx-lm's `full` trains the whole \
+             model: use `lmx train`)"
+        ),
+        "{full:?}"
     );
 }
 
@@ -318,8 +320,9 @@ fn lora_over_a_quantized_folder_trains_and_reads_back() {
 }
 
 /// A LoRA run continued from its middle checkpoint ends with the adapters, bit for bit, of the
-/// uninterrupted run: the checkpoints carry the adapters and their optimizer state, and the
-/// resumed run rebuilds the adapted tree from `run.json`.
+/// uninterrupted run: the checkpoints carry the adapters and their optimizer state, the resumed
+/// run rebuilds the adapted tree from `run.json`, and the adapters' dropout draws its masks from
+/// the step's key, which the checkpoint holds. (DoRA adapters, whose magnitudes train too.)
 #[test]
 fn a_resumed_lora_run_ends_with_the_same_adapters() {
     let dir = tempfile::tempdir().unwrap();
@@ -334,6 +337,10 @@ fn a_resumed_lora_run_ends_with_the_same_adapters() {
         "1",
         "--rank",
         "2",
+        "--lora-dropout",
+        "0.25",
+        "--fine-tune-type",
+        "dora",
         "--steps",
         "6",
         "--checkpoint-every",
@@ -352,6 +359,12 @@ fn a_resumed_lora_run_ends_with_the_same_adapters() {
     ]);
     let adapters = run.join("adapters/adapters.safetensors");
     let uninterrupted = std::fs::read(&adapters).unwrap();
+    let config: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(run.join("adapters/adapter_config.json")).unwrap(),
+    )
+    .unwrap();
+    assert_eq!(config["fine_tune_type"], "dora");
+    assert_eq!(config["lora_parameters"]["dropout"], 0.25);
     std::fs::remove_dir_all(run.join("adapters")).unwrap();
     let middle = run.join("checkpoints/step-000003");
     ok(&[
@@ -368,11 +381,37 @@ fn a_resumed_lora_run_ends_with_the_same_adapters() {
         run_arg,
     ]);
     assert_eq!(std::fs::read(&adapters).unwrap(), uninterrupted);
+    // Other adapters would be another run.
+    let changed = lmx(&[
+        "lora",
+        "--preset",
+        "tiny-bytes",
+        "--resume",
+        "--fine-tune-type",
+        "lora",
+        "--dropout",
+        "0.5",
+        "--quiet",
+        "--out",
+        run_arg,
+    ]);
+    assert_eq!(
+        String::from_utf8_lossy(&changed.stderr),
+        format!(
+            "error: resuming would change the run in {}:\n  \
+             lora.fine_tune_type: dora -> lora\n  \
+             lora.parameters.dropout: 0.25 -> 0.5\n\
+             leave these settings out to continue the run as recorded, or give --allow-changes\n",
+            run.display()
+        )
+    );
 }
 
 /// A LoRA run over a Hugging Face folder checkpoints its adapters alone, with their optimizer
 /// state: the frozen base is the folder's, read from it again to resume (bit for bit the
 /// uninterrupted run's adapters) and to decode, and refused once the folder's weights change.
+/// (DoRA adapters with dropout: their magnitudes are adapters too, and the masks follow the
+/// step's key.)
 #[test]
 fn a_lora_run_over_a_folder_checkpoints_its_adapters_alone() {
     let dir = tempfile::tempdir().unwrap();
@@ -394,6 +433,10 @@ fn a_lora_run_over_a_folder_checkpoints_its_adapters_alone() {
         "1",
         "--rank",
         "2",
+        "--lora-dropout",
+        "0.25",
+        "--fine-tune-type",
+        "dora",
         "--steps",
         "6",
         "--checkpoint-every",
@@ -414,15 +457,21 @@ fn a_lora_run_over_a_folder_checkpoints_its_adapters_alone() {
     let names: Vec<&str> = saved.names().collect();
     assert!(!names.is_empty());
     assert!(
-        names
+        names.iter().all(|name| [".lora_a", ".lora_b", ".m"]
             .iter()
-            .all(|name| name.ends_with(".lora_a") || name.ends_with(".lora_b")),
+            .any(|leaf| name.ends_with(leaf))),
         "{names:?}"
     );
     let decoded = greedy(&run, None);
 
     let adapters = run.join("adapters/adapters.safetensors");
     let uninterrupted = std::fs::read(&adapters).unwrap();
+    let config: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(run.join("adapters/adapter_config.json")).unwrap(),
+    )
+    .unwrap();
+    assert_eq!(config["fine_tune_type"], "dora");
+    assert_eq!(config["lora_parameters"]["dropout"], 0.25);
     std::fs::remove_dir_all(run.join("adapters")).unwrap();
     let middle = run.join("checkpoints/step-000003");
     let resume = [

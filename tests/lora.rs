@@ -6,7 +6,7 @@
 use lmx::models::gpt2::{self, Gpt2};
 use lmx::models::llama::{self, Llama};
 use lmx::runtime::hf::Family;
-use lmx::runtime::lora::{self, AdapterConfig, LoraParameters};
+use lmx::runtime::lora::{self, AdapterConfig, FineTuneType, LoraParameters};
 use lmx::runtime::model::{Context, LanguageModel, TrainingStep};
 use lmx::runtime::state::TrainState;
 use lmx::runtime::step::TrainStep;
@@ -70,7 +70,13 @@ fn train(
 fn attached_adapters_leave_the_outputs_exactly_unchanged() -> Result<()> {
     let (config, base) = tiny()?;
     let mut adapted = base.clone();
-    let names = lora::attach(&mut adapted, &LoraParameters::default(), -1, 0)?;
+    let names = lora::attach(
+        &mut adapted,
+        &LoraParameters::default(),
+        -1,
+        0,
+        FineTuneType::Lora,
+    )?;
     // Every linear layer of both blocks: 4 in attention, 3 in the MLP.
     assert_eq!(names.len(), 14, "{names:?}");
     let input = tokens(256, 3)?;
@@ -90,7 +96,7 @@ fn num_layers_and_keys_choose_the_layers_as_mlx_lm_does() -> Result<()> {
         keys: Some(vec!["self_attn.q_proj".into(), "self_attn.v_proj".into()]),
         ..LoraParameters::default()
     };
-    let names = lora::attach(&mut adapted, &parameters, 1, 0)?;
+    let names = lora::attach(&mut adapted, &parameters, 1, 0, FineTuneType::Lora)?;
     assert_eq!(
         names,
         [
@@ -107,6 +113,7 @@ fn num_layers_and_keys_choose_the_layers_as_mlx_lm_does() -> Result<()> {
         },
         -1,
         0,
+        FineTuneType::Lora,
     )
     .unwrap_err();
     assert!(
@@ -114,7 +121,14 @@ fn num_layers_and_keys_choose_the_layers_as_mlx_lm_does() -> Result<()> {
             .starts_with("configuration: LoRA key `self_attn.qkv` names no linear layer"),
         "{err}"
     );
-    let err = lora::attach(&mut unknown, &LoraParameters::default(), 3, 0).unwrap_err();
+    let err = lora::attach(
+        &mut unknown,
+        &LoraParameters::default(),
+        3,
+        0,
+        FineTuneType::Lora,
+    )
+    .unwrap_err();
     assert_eq!(
         err.to_string(),
         "num_layers is 3; it must be at most the model's number of blocks (-1: all)"
@@ -131,7 +145,13 @@ fn num_layers_and_keys_choose_the_layers_as_mlx_lm_does() -> Result<()> {
 fn only_adapters_train_and_the_base_stays_bit_identical() -> Result<()> {
     let (config, base) = tiny()?;
     let mut adapted = base.clone();
-    lora::attach(&mut adapted, &LoraParameters::default(), 1, 0)?;
+    lora::attach(
+        &mut adapted,
+        &LoraParameters::default(),
+        1,
+        0,
+        FineTuneType::Lora,
+    )?;
     let before = adapted.clone();
     let state = train(adapted, &config, 3)?;
     // The compiled step's declared state: every parameter, optimizer moments for adapters only.
@@ -168,7 +188,13 @@ fn only_adapters_train_and_the_base_stays_bit_identical() -> Result<()> {
 #[test]
 fn fused_weights_compute_what_base_and_adapters_did() -> Result<()> {
     let (config, mut adapted) = tiny()?;
-    lora::attach(&mut adapted, &LoraParameters::default(), -1, 0)?;
+    lora::attach(
+        &mut adapted,
+        &LoraParameters::default(),
+        -1,
+        0,
+        FineTuneType::Lora,
+    )?;
     let trained = train(adapted, &config, 3)?.params;
     let mut fused = trained.clone();
     assert_eq!(lora::fuse(&mut fused)?, 14);
@@ -191,11 +217,11 @@ fn adapters_round_trip_through_mlx_lm_s_files() -> Result<()> {
         keys: Some(vec!["mlp.down_proj".into()]),
         ..LoraParameters::default()
     };
-    lora::attach(&mut adapted, &parameters, 2, 0)?;
+    lora::attach(&mut adapted, &parameters, 2, 0, FineTuneType::Lora)?;
     let trained = train(adapted, &config, 2)?.params;
     let dir = tempfile::tempdir().unwrap();
     let adapter_config = AdapterConfig {
-        fine_tune_type: "lora".into(),
+        fine_tune_type: FineTuneType::Lora,
         num_layers: 2,
         lora_parameters: parameters,
         other: Default::default(),
@@ -227,10 +253,11 @@ fn adapters_that_do_not_fit_the_model_name_the_tensor() -> Result<()> {
         },
         1,
         0,
+        FineTuneType::Lora,
     )?;
     let dir = tempfile::tempdir().unwrap();
-    let mut adapter_config = AdapterConfig {
-        fine_tune_type: "lora".into(),
+    let adapter_config = AdapterConfig {
+        fine_tune_type: FineTuneType::Lora,
         num_layers: 1,
         lora_parameters: LoraParameters::default(),
         other: Default::default(),
@@ -252,13 +279,17 @@ fn adapters_that_do_not_fit_the_model_name_the_tensor() -> Result<()> {
         tree::names(&base),
         "unchanged on error"
     );
-    adapter_config.fine_tune_type = "dora".into();
-    lora::save_adapters(dir.path(), &adapted, &adapter_config, None)?;
+    // mlx-lm's `full` fine-tuning writes a whole model, not adapters.
+    let config_path = dir.path().join(lora::CONFIG_FILE);
+    let text = std::fs::read_to_string(&config_path).unwrap();
+    std::fs::write(&config_path, text.replace("\"lora\"", "\"full\"")).unwrap();
     let err = lora::load_adapters(&mut loaded, dir.path(), None).unwrap_err();
-    assert!(
-        err.to_string()
-            .ends_with("fine_tune_type is `dora`; lmx loads `lora` adapters"),
-        "{err}"
+    assert_eq!(
+        err.to_string(),
+        format!(
+            "{}: fine_tune_type is \"full\"; lmx loads `lora` and `dora` adapters",
+            config_path.display()
+        )
     );
     let _ = config;
     Ok(())
@@ -316,7 +347,13 @@ fn gpt2_adapters_are_named_as_mlx_lm_s_modules() -> Result<()> {
     let config = gpt2::Config::preset("tiny").expect("tiny");
     let base = Gpt2::init(&config, 0)?;
     let mut adapted = base.clone();
-    lora::attach(&mut adapted, &LoraParameters::default(), 1, 0)?;
+    lora::attach(
+        &mut adapted,
+        &LoraParameters::default(),
+        1,
+        0,
+        FineTuneType::Lora,
+    )?;
     // Adapters that are not zero, so that loading them changes the logits.
     let mut seed = 0;
     let specs = tree::specs(&adapted);
@@ -330,7 +367,7 @@ fn gpt2_adapters_are_named_as_mlx_lm_s_modules() -> Result<()> {
     });
     let dir = tempfile::tempdir().unwrap();
     let adapter_config = AdapterConfig {
-        fine_tune_type: "lora".into(),
+        fine_tune_type: FineTuneType::Lora,
         num_layers: 1,
         lora_parameters: LoraParameters::default(),
         other: Default::default(),
@@ -363,5 +400,203 @@ fn gpt2_adapters_are_named_as_mlx_lm_s_modules() -> Result<()> {
     let mut again = base.clone();
     let err = lora::load_adapters(&mut again, dir.path(), None).unwrap_err();
     assert!(err.to_string().contains("h.1.attn.c_attn.lora_a"), "{err}");
+    Ok(())
+}
+
+/// The adapters of `params` (every leaf with the role) set to normal samples: a trained adapter,
+/// whose `lora_b` is no longer zero.
+fn perturb_adapters(params: &mut Params) {
+    let specs = tree::specs(params);
+    let mut roles = specs.iter();
+    let mut seed = 100;
+    params.for_each_mut(&mut |leaf| {
+        if roles.next().unwrap().role == LeafRole::Adapter {
+            seed += 1;
+            let key = mlx_rs::random::key(seed).unwrap();
+            let noise = mlx_rs::random::normal::<f32>(leaf.shape(), None, 0.05, &key).unwrap();
+            *leaf = leaf.add(&noise).unwrap();
+        }
+    });
+}
+
+/// Adapter dropout by hand: `W = 1`, `A = 1`, `B = 1`, `x = 1..8`. In a training step the base
+/// sees all of `x` and the adapter the inputs kept by the mask the step's key draws (each kept
+/// one doubled at `p = 0.5`); evaluation, and dropout 0, compute the plain layer.
+#[test]
+fn adapter_dropout_masks_the_adapter_s_input_in_training_only() -> Result<()> {
+    use lmx::runtime::nn::{self, LinearParams, LoraSettings};
+    let x: Vec<f32> = (1..=8).map(|v| v as f32).collect();
+    let input = Array::from_slice(&x, &[1, 1, 8]);
+    let adapted = |dropout: f32| LinearParams {
+        lora_a: Some(Array::ones::<f32>(&[8, 1]).unwrap()),
+        lora_b: Some(Array::ones::<f32>(&[1, 1]).unwrap()),
+        lora: Some(LoraSettings {
+            scale: 3.0,
+            dropout,
+        }),
+        ..LinearParams::new(Array::ones::<f32>(&[1, 8]).unwrap(), None)
+    };
+    let value = |a: Array| a.item_exact::<f32>();
+    let key = mlx_rs::random::key(11)?;
+    let trained = value(nn::linear_in(
+        &adapted(0.5),
+        &input,
+        &mut Context::training(&key),
+    )?);
+    // The mask of the step's first draw: the same key's first dropout.
+    let mask = nn::dropout(
+        &Array::ones::<f32>(&[1, 1, 8])?,
+        0.5,
+        &mut Context::training(&key),
+    )?;
+    let kept: Vec<bool> = mask.as_slice::<f32>().iter().map(|&m| m != 0.0).collect();
+    let kept_count = kept.iter().filter(|&&k| k).count();
+    assert!(0 < kept_count && kept_count < 8, "a real mask: {kept:?}");
+    let kept_sum: f32 = x
+        .iter()
+        .zip(&kept)
+        .filter(|(_, &k)| k)
+        .map(|(v, _)| v)
+        .sum();
+    assert_eq!(trained, 36.0 + 3.0 * 2.0 * kept_sum, "mask {kept:?}");
+    let plain = 36.0 + 3.0 * 36.0;
+    let evaluated = nn::linear_in(&adapted(0.5), &input, &mut Context::evaluation())?;
+    assert_eq!(value(evaluated), plain);
+    assert_eq!(value(nn::linear(&adapted(0.5), &input)?), plain);
+    let undropped = nn::linear_in(&adapted(0.0), &input, &mut Context::training(&key))?;
+    assert_eq!(value(undropped), plain);
+    // A Rust model's `tensor::Context::linear` is the same layer.
+    let rust_front = |ctx: &mut Context| {
+        lmx::runtime::tensor::host::forward(&adapted(0.5), &input, ctx, |layer, x, ctx| {
+            ctx.linear(layer, x)
+        })
+    };
+    assert_eq!(value(rust_front(&mut Context::training(&key))?), trained);
+    assert_eq!(value(rust_front(&mut Context::evaluation())?), plain);
+    Ok(())
+}
+
+/// Through a whole model: with adapter dropout the training pass depends on the step's key
+/// (the same key, the same logits), evaluation is deterministic and equals the same adapters
+/// without dropout, and dropout 0 leaves a training pass as it was.
+#[test]
+fn adapter_dropout_in_a_model_follows_the_step_s_key() -> Result<()> {
+    let (config, base) = tiny()?;
+    let with_dropout = |dropout: f32| -> Result<Params> {
+        let mut adapted = base.clone();
+        let parameters = LoraParameters {
+            dropout,
+            ..LoraParameters::default()
+        };
+        lora::attach(&mut adapted, &parameters, 1, 0, FineTuneType::Lora)?;
+        perturb_adapters(&mut adapted);
+        Ok(adapted)
+    };
+    let (dropped, plain) = (with_dropout(0.25)?, with_dropout(0.0)?);
+    let input = tokens(256, 4)?;
+    let training = |params: &Params, seed: u64| -> Result<Array> {
+        let key = mlx_rs::random::key(seed)?;
+        Llama::forward(params, &config, &input, &mut Context::training(&key))
+    };
+    let evaluated = logits(&dropped, &config, &input)?;
+    assert_eq!(
+        max_difference(&evaluated, &logits(&dropped, &config, &input)?),
+        0.0
+    );
+    assert_eq!(
+        max_difference(&evaluated, &logits(&plain, &config, &input)?),
+        0.0
+    );
+    assert!(max_difference(&training(&dropped, 1)?, &evaluated) > 0.0);
+    assert_eq!(
+        max_difference(&training(&dropped, 1)?, &training(&dropped, 1)?),
+        0.0
+    );
+    assert!(max_difference(&training(&dropped, 1)?, &training(&dropped, 2)?) > 0.0);
+    // llama's own dropout is 0 at `tiny`: without adapter dropout training is evaluation.
+    assert_eq!(max_difference(&training(&plain, 1)?, &evaluated), 0.0);
+    Ok(())
+}
+
+#[test]
+fn dora_starts_as_the_base_trains_its_magnitudes_and_fuses() -> Result<()> {
+    let (config, base) = tiny()?;
+    let mut adapted = base.clone();
+    let names = lora::attach(
+        &mut adapted,
+        &LoraParameters::default(),
+        1,
+        0,
+        FineTuneType::Dora,
+    )?;
+    assert_eq!(names.len(), 7);
+    let input = tokens(256, 3)?;
+    let base_logits = logits(&base, &config, &input)?;
+    assert_eq!(
+        max_difference(&base_logits, &logits(&adapted, &config, &input)?),
+        0.0
+    );
+    let state = train(adapted, &config, 3)?;
+    // AdamW's two moments for each adapted layer's `lora_a`, `lora_b` and `m`.
+    let moments: Vec<String> = state
+        .declaration()
+        .into_iter()
+        .filter(|name| name.starts_with("opt."))
+        .collect();
+    assert_eq!(moments.len(), 7 * 3 * 2, "{moments:?}");
+    assert!(
+        moments.iter().any(|name| name.ends_with(".m.0")),
+        "{moments:?}"
+    );
+    let trained = state.params;
+    let mut fused = trained.clone();
+    assert_eq!(lora::fuse(&mut fused)?, 7);
+    assert_eq!(tree::names(&fused), tree::names(&base));
+    let adapted_logits = logits(&trained, &config, &input)?;
+    assert!(max_difference(&adapted_logits, &base_logits) > 0.0);
+    let error = max_difference(&adapted_logits, &logits(&fused, &config, &input)?);
+    assert!(error < 1e-5, "max difference {error:e}");
+    Ok(())
+}
+
+/// `tests/fixtures/lora/dora/`: adapters written by mlx-lm's `DoRALinear` onto the LoRA
+/// fixture's model, with mlx-lm's logits before and after fusing (`make.py dora`).
+#[test]
+fn dora_adapters_written_by_mlx_lm_give_mlx_lm_s_logits() -> Result<()> {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/lora");
+    let config = Llama::preset("tiny").expect("tiny");
+    let template = Llama::init(&config, 0)?;
+    let mut params =
+        lmx::runtime::checkpoint::load_tree(&dir.join("model.safetensors"), &template)?;
+    let adapters = dir.join("dora/adapters");
+    let read = lora::load_adapters(&mut params, &adapters, Some(Family::Llama))?;
+    assert_eq!(read.fine_tune_type, FineTuneType::Dora);
+    let reference =
+        Array::load_safetensors(dir.join("dora/logits.safetensors")).expect("the fixture's logits");
+    let input = reference["tokens"].clone();
+    let error = max_difference(&logits(&params, &config, &input)?, &reference["logits"]);
+    assert!(error < 1e-4, "max difference {error:e}");
+    // Saved again, they are mlx-lm's tensors by name, bit for bit, and its configuration.
+    let saved = tempfile::tempdir().unwrap();
+    lora::save_adapters(saved.path(), &params, &read, Some(Family::Llama))?;
+    let ours = Array::load_safetensors(saved.path().join(lora::ADAPTERS_FILE)).expect("saved");
+    let theirs = Array::load_safetensors(adapters.join(lora::ADAPTERS_FILE)).expect("fixture");
+    let mut names: Vec<&String> = ours.keys().collect();
+    names.sort();
+    let mut expected: Vec<&String> = theirs.keys().collect();
+    expected.sort();
+    assert_eq!(names, expected);
+    assert!(names.iter().any(|name| name.ends_with(".m")));
+    for name in names {
+        assert!(ours[name].eq_values(&theirs[name])?, "{name}");
+    }
+    assert_eq!(lora::read_config(saved.path())?, read);
+    let mut fused = params.clone();
+    lora::fuse(&mut fused)?;
+    let error = max_difference(
+        &logits(&fused, &config, &input)?,
+        &reference["fused_logits"],
+    );
+    assert!(error < 1e-4, "fused: max difference {error:e}");
     Ok(())
 }

@@ -5,7 +5,7 @@ use super::run_file::RunFile;
 use super::TrainArgs;
 use clap::Args;
 use lmx::runtime::checkpoint::{self, MODEL_FILE};
-use lmx::runtime::lora::{self, AdapterConfig, LoraParameters};
+use lmx::runtime::lora::{self, AdapterConfig, FineTuneType, LoraParameters};
 use lmx::runtime::model::{LanguageModel, TrainingStep};
 use lmx::runtime::tree::{self, Tree};
 use lmx::runtime::Array;
@@ -22,9 +22,14 @@ pub struct LoraArgs {
     /// The scale of the adapters' output (mlx-lm's `scale`, LoRA's alpha / rank).
     #[arg(long, default_value_t = 20.0)]
     pub scale: f32,
-    /// Dropout on the adapters' input (lmx applies none yet: only 0 is accepted).
-    #[arg(long, default_value_t = 0.0)]
+    /// Dropout on the adapters' input in training (mlx-lm's `lora_parameters.dropout`), its
+    /// masks drawn from the step's random key.
+    #[arg(long, alias = "lora-dropout", default_value_t = 0.0)]
     pub dropout: f32,
+    /// The kind of adapter: `lora`, or `dora` (a magnitude per output row as well, as
+    /// mlx-lm's `--fine-tune-type dora`).
+    #[arg(long, value_parser = fine_tune_type, default_value = "lora")]
+    pub fine_tune_type: FineTuneType,
     /// The layers adapted, by their name within a block (`self_attn.q_proj`), comma-separated;
     /// by default every linear layer of the blocks, as mlx-lm.
     #[arg(long, value_delimiter = ',')]
@@ -44,9 +49,24 @@ pub struct LoraArgs {
     pub base: Option<PathBuf>,
 }
 
+/// `--fine-tune-type`'s values.
+fn fine_tune_type(value: &str) -> Result<FineTuneType, String> {
+    match value {
+        "lora" => Ok(FineTuneType::Lora),
+        "dora" => Ok(FineTuneType::Dora),
+        other => Err(format!(
+            "`{other}` is not an adapter kind: `lora` or `dora` (mlx-lm's `full` trains the \
+             whole model: use `lmx train`)"
+        )),
+    }
+}
+
 /// A LoRA run's adapters, as `run.json` records them.
 #[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct LoraRun {
+    /// LoRA or DoRA.
+    #[serde(default)]
+    pub fine_tune_type: FineTuneType,
     /// Rank, scale, dropout, keys.
     pub parameters: LoraParameters,
     /// The blocks adapted, from the last (-1: all).
@@ -62,7 +82,7 @@ impl LoraRun {
     /// The adapters' `adapter_config.json`.
     pub fn adapter_config(&self) -> AdapterConfig {
         AdapterConfig {
-            fine_tune_type: "lora".into(),
+            fine_tune_type: self.fine_tune_type,
             num_layers: self.num_layers,
             lora_parameters: self.parameters.clone(),
             other: Default::default(),
@@ -74,20 +94,16 @@ impl LoraArgs {
     /// The adapters asked for: a resumed run (`recorded`) keeps its recorded adapters' settings
     /// where no flag gives one; the run directory gives the default adapter folder.
     pub fn lora_run(&self, out_dir: &Path, recorded: Option<&RunFile>) -> anyhow::Result<LoraRun> {
-        if self.dropout != 0.0 {
-            anyhow::bail!(
-                "--dropout {}: lmx does not apply dropout to adapters yet; give 0",
-                self.dropout
-            );
-        }
         let given = |id: &str| self.train.given.iter().any(|given| given == id);
         let recorded = recorded.and_then(|run| run.lora.as_ref());
         let kept = |id: &str| if given(id) { None } else { recorded };
         Ok(LoraRun {
+            fine_tune_type: kept("fine_tune_type")
+                .map_or(self.fine_tune_type, |lora| lora.fine_tune_type),
             parameters: LoraParameters {
                 rank: kept("rank").map_or(self.rank, |lora| lora.parameters.rank),
                 scale: kept("scale").map_or(self.scale, |lora| lora.parameters.scale),
-                dropout: self.dropout,
+                dropout: kept("dropout").map_or(self.dropout, |lora| lora.parameters.dropout),
                 keys: kept("keys").map_or(self.keys.clone(), |lora| lora.parameters.keys.clone()),
             },
             num_layers: kept("num_layers").map_or(self.num_layers, |lora| lora.num_layers),

@@ -159,6 +159,10 @@ impl RunFile {
             // Where the adapters are written does not change what the run computes.
             flatten("lora.parameters", &json(&lora.parameters), &mut out);
             out.insert("lora.num_layers".into(), lora.num_layers.to_string());
+            out.insert(
+                "lora.fine_tune_type".into(),
+                lora.fine_tune_type.name().into(),
+            );
         }
         let train = json(&self.train);
         for name in RUN_DEFINING {
@@ -263,7 +267,13 @@ pub fn load_params<M: LanguageModel>(
     };
     let mut template = run.train.precision.cast(&template)?;
     if let Some(lora) = &run.lora {
-        lora::attach(&mut template, &lora.parameters, lora.num_layers, 0)?;
+        lora::attach(
+            &mut template,
+            &lora.parameters,
+            lora.num_layers,
+            0,
+            lora.fine_tune_type,
+        )?;
     }
     let file = checkpoint.join(MODEL_FILE);
     // A run with multi-token heads checkpoints them beside the model, which is read alone.

@@ -333,6 +333,7 @@ where
             &lora.parameters,
             lora.num_layers,
             request.train.seed,
+            lora.fine_tune_type,
         )?;
     }
     let mut trainer = match (&rank, &request.objective) {

@@ -336,6 +336,8 @@ pub(crate) struct Fx<'g, 'm> {
     pub recurs: bool,
     /// Whether it draws dropout masks (from `pass.ctx`'s key).
     pub drops: bool,
+    /// Whether it applies a linear layer, whose adapter may draw dropout masks (`pass.linear`).
+    pub linears: bool,
     /// In a step: the context its `forward(..)` calls share (one dropout key stream per step).
     pub step_ctx: Option<String>,
     /// In a step: its frozen models, each `.lmx` name with the Rust local of its parameters.
@@ -358,6 +360,7 @@ impl<'g, 'm> Fx<'g, 'm> {
             attends: false,
             recurs: false,
             drops: false,
+            linears: false,
             step_ctx: None,
             frozen: Vec::new(),
             taken: g.taken.clone(),
@@ -504,7 +507,7 @@ impl<'g, 'm> Fx<'g, 'm> {
         let runtime = match (&tokens.first(), &tokens.get(n.wrapping_sub(3))) {
             (Some(TokenTree::Ident(first)), _) if first == "nn" => true,
             (_, Some(TokenTree::Ident(last))) => {
-                last == "forward" || last == "attend" || last == "dropout"
+                last == "forward" || last == "attend" || last == "dropout" || last == "linear"
             }
             _ => false,
         };
@@ -1183,8 +1186,8 @@ impl<'g, 'm> Fx<'g, 'm> {
                 args: layer_args,
                 decl,
             } => {
-                let x = self.arg_tensor(args, 0, "x", span)?;
-                let x = x.r();
+                let input = self.arg_tensor(args, 0, "x", span)?;
+                let x = input.r();
                 let arg = |name: &str| layer_args.iter().find(|(n, _)| n == name).map(|(_, e)| e);
                 // A float argument of the layer, evaluated where the layer was declared.
                 let float = |fx: &mut Self, e: &Expr| -> R<TokenStream> {
@@ -1198,7 +1201,15 @@ impl<'g, 'm> Fx<'g, 'm> {
                 let ts = match (kind, tied) {
                     (LayerKind::Embedding, false) => quote!(nn::embedding(&#place, #x)?),
                     (LayerKind::Embedding, true) => quote!(nn::embedding_as_linear(&#place, #x)?),
-                    (LayerKind::Linear, _) => quote!(nn::linear(&#place, #x)?),
+                    (LayerKind::Linear, _) => {
+                        // Through the pass: an adapter's dropout draws from the step's key. The
+                        // input is computed first, as it may itself borrow the pass.
+                        self.uses_pass = true;
+                        self.pass_mut = true;
+                        self.linears = true;
+                        let x = self.hoist(input, "linear_in").r();
+                        quote!(pass.linear(&#place, #x)?)
+                    }
                     (LayerKind::LayerNorm, _) => {
                         let eps = eps(self)?;
                         quote!(nn::layer_norm(&#place, #x, #eps)?)

@@ -104,6 +104,8 @@ pub(crate) struct BlockInfo {
     pub recurs: bool,
     /// Whether it draws dropout masks.
     pub drops: bool,
+    /// Whether it applies a linear layer (whose adapter's dropout draws masks).
+    pub linears: bool,
     /// The `impl` with its forward method.
     pub code: TokenStream,
 }
@@ -421,6 +423,7 @@ impl<'m> Gen<'m> {
                     attends: false,
                     recurs: false,
                     drops: false,
+                    linears: false,
                     code: TokenStream::new(),
                 }
             }
@@ -510,6 +513,7 @@ impl<'m> Gen<'m> {
             attends: fx.attends,
             recurs: fx.recurs,
             drops: fx.drops,
+            linears: fx.linears,
             code,
         })
     }
@@ -545,7 +549,8 @@ impl<'m> Gen<'m> {
         let has_attention = fx.attends || self.any_block(|b| b.attends);
         let has_scan = fx.recurs || self.any_block(|b| b.recurs);
         let has_dropout = fx.drops || self.any_block(|b| b.drops);
-        let has_ctx = has_attention || has_scan || has_dropout;
+        let has_linear = fx.linears || self.any_block(|b| b.linears);
+        let has_ctx = has_attention || has_scan || has_dropout || has_linear;
         let any_pass = fx.uses_pass || self.any_block(|b| b.needs_pass);
         let first_input = inputs_names(ast).into_iter().next().unwrap_or_default();
         let first = ident(&first_input);
@@ -565,7 +570,7 @@ impl<'m> Gen<'m> {
             pass_init.push(quote!(positions: ctx.positions(#first.dim(-1)),));
         }
         if has_ctx {
-            let doc = match (has_attention || has_scan, has_dropout) {
+            let doc = match (has_attention || has_scan, has_dropout || has_linear) {
                 (true, true) => {
                     " The runtime context: the key-value cache during generation, the dropout key \
                      in training."
@@ -608,6 +613,14 @@ impl<'m> Gen<'m> {
                     }
                 }
             });
+            let linear = has_linear.then(|| {
+                quote! {
+                    /// A linear layer, its adapter's dropout on in a training step.
+                    fn linear(&mut self, params: &nn::LinearParams, x: &Array) -> Result<Array> {
+                        nn::linear_in(params, x, self.ctx)
+                    }
+                }
+            });
             let scan = has_scan.then(|| {
                 quote! {
                     /// The runtime context and the next recurrent slot, for a recurrence's call
@@ -619,7 +632,7 @@ impl<'m> Gen<'m> {
                 }
             });
             let methods = if has_ctx {
-                quote!(impl Pass<'_> { #attend #scan #dropout })
+                quote!(impl Pass<'_> { #attend #scan #dropout #linear })
             } else {
                 TokenStream::new()
             };

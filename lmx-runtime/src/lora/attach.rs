@@ -4,7 +4,7 @@
 
 use crate::error::{Error, Result};
 use crate::nn::init::{uniform, Keys};
-use crate::nn::{LinearParams, LoraSettings};
+use crate::nn::{dense_weight, row_norms, LinearParams, LoraSettings};
 use crate::tree::{Layer, LayerMut, Scope, Tree};
 use mlx_rs::{Array, Dtype};
 use std::collections::BTreeSet;
@@ -19,6 +19,29 @@ pub struct LoraParameters {
     pub dropout: f32,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub keys: Option<Vec<String>>,
+}
+
+/// mlx-lm's `fine_tune_type`: the kind of adapter (`full`, mlx-lm's third, trains the whole
+/// model and has no adapters).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum FineTuneType {
+    /// LoRA (mlx-lm's `LoRALinear`): `lora_a`, `lora_b`.
+    #[default]
+    Lora,
+    /// DoRA (Liu et al., 2024; mlx-lm's `DoRALinear`): LoRA's pair and a magnitude `m` per
+    /// output row, which the adapted weight's rows are normalised to.
+    Dora,
+}
+
+impl FineTuneType {
+    /// The name mlx-lm writes.
+    pub fn name(self) -> &'static str {
+        match self {
+            FineTuneType::Lora => "lora",
+            FineTuneType::Dora => "dora",
+        }
+    }
 }
 
 impl Default for LoraParameters {
@@ -69,15 +92,16 @@ fn default_keys<R: Tree<Array> + ?Sized>(tree: &R) -> BTreeSet<String> {
     keys
 }
 
-/// Attaches an adapter to the chosen linear layers of `tree` and returns their names.
+/// Attaches an adapter of `kind` to the chosen linear layers of `tree` and returns their names.
 ///
 /// The layers chosen are those of the last `num_layers` blocks (all of them for a negative
 /// `num_layers`, as in mlx-lm) whose name within the block is one of `parameters.keys`, and the
 /// layers outside blocks whose full name is one (mlx-lm's second pass, e.g. `lm_head`). Each
 /// adapter is initialised as mlx-lm's `LoRALinear`: `lora_a: [in, rank]` uniform in
 /// `±1/sqrt(in)`, drawn from `seed` in traversal order, and `lora_b: [rank, out]` zeros, so
-/// that the adapted model computes exactly what the base does. Adapters take the dtype of the
-/// layer's weights (of its scales when it is quantized).
+/// that the adapted model computes exactly what the base does. DoRA's magnitude `m` starts as
+/// the norms of the weight's rows (computed in float32, as mlx-lm's `DoRALinear.set_linear`).
+/// Adapters take the dtype of the layer's weights (of its scales when it is quantized).
 ///
 /// Fails, leaving `tree` unchanged, on a rank below 1, a scale that is not finite, a dropout
 /// outside `[0, 1)`, more `num_layers` than blocks, a key that names no linear layer, or a layer
@@ -87,6 +111,7 @@ pub fn attach<R: Tree<Array> + ?Sized>(
     parameters: &LoraParameters,
     num_layers: i64,
     seed: u64,
+    kind: FineTuneType,
 ) -> Result<Vec<String>> {
     check(parameters)?;
     let blocks = blocks(tree);
@@ -151,7 +176,7 @@ pub fn attach<R: Tree<Array> + ?Sized>(
     let mut failed = None;
     tree.for_each_layer_mut(&Scope::root(), &mut |scope, layer| {
         if let (LayerMut::Linear(linear), true, None) = (layer, chosen(scope.name()), &failed) {
-            match adapt(linear, parameters, &mut rng) {
+            match adapt(linear, parameters, &mut rng, kind) {
                 Ok(()) => attached.push(scope.name().to_owned()),
                 Err(err) => failed = Some(err),
             }
@@ -189,11 +214,13 @@ pub(crate) fn check(parameters: &LoraParameters) -> Result<()> {
     Ok(())
 }
 
-/// Gives `linear` a fresh adapter, initialised as mlx-lm's `LoRALinear`.
+/// Gives `linear` a fresh adapter of `kind`, initialised as mlx-lm's `LoRALinear` or
+/// `DoRALinear`.
 pub(crate) fn adapt(
     linear: &mut LinearParams,
     parameters: &LoraParameters,
     keys: &mut Keys,
+    kind: FineTuneType,
 ) -> Result<()> {
     let shape = linear.weight.shape();
     let (output, mut input) = (shape[0], shape[1]);
@@ -215,6 +242,12 @@ pub(crate) fn adapt(
     };
     linear.lora_a = Some(cast(a)?);
     linear.lora_b = Some(cast(b)?);
+    linear.m = match kind {
+        FineTuneType::Lora => None,
+        FineTuneType::Dora => Some(cast(row_norms(
+            &dense_weight(linear)?.as_dtype(Dtype::Float32)?,
+        )?)?),
+    };
     linear.lora = Some(LoraSettings {
         scale: parameters.scale,
         dropout: parameters.dropout,

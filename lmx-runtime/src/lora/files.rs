@@ -1,10 +1,10 @@
 //! Adapters saved apart from the base model in mlx-lm's layout: a folder holding
 //! `adapters.safetensors` (the adapters' arrays by their dotted names,
-//! `model.layers.3.self_attn.q_proj.lora_a`) and `adapter_config.json` (`fine_tune_type`,
+//! `model.layers.3.self_attn.q_proj.lora_a`, and DoRA's magnitudes `...q_proj.m`) and `adapter_config.json` (`fine_tune_type`,
 //! `num_layers`, `lora_parameters`, as `mlx_lm.lora` writes and `mlx_lm`'s `load_adapters`
 //! reads it).
 
-use super::attach::{attach, LoraParameters};
+use super::attach::{attach, FineTuneType, LoraParameters};
 use crate::checkpoint::atomic::{write_file, DurableWriter};
 use crate::checkpoint::file::{encode, read_expected, Named};
 use crate::error::{Error, Result};
@@ -22,9 +22,10 @@ pub const CONFIG_FILE: &str = "adapter_config.json";
 /// writes all of its training arguments there), kept as it was.
 #[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct AdapterConfig {
-    /// `lora` (mlx-lm also writes `dora` and `full`, which lmx does not load).
-    #[serde(default = "lora")]
-    pub fine_tune_type: String,
+    /// `lora` or `dora` (mlx-lm also writes `full`, a whole model rather than adapters, which
+    /// is refused).
+    #[serde(default)]
+    pub fine_tune_type: FineTuneType,
     /// The blocks adapted, counted from the last (-1: all).
     pub num_layers: i64,
     /// Rank, scale, dropout and keys.
@@ -32,10 +33,6 @@ pub struct AdapterConfig {
     /// The file's other fields.
     #[serde(flatten)]
     pub other: serde_json::Map<String, serde_json::Value>,
-}
-
-fn lora() -> String {
-    "lora".into()
 }
 
 fn error(path: &Path, message: impl Into<String>) -> Error {
@@ -92,18 +89,20 @@ pub fn read_config(dir: &Path) -> Result<AdapterConfig> {
         path: path.clone(),
         cause,
     })?;
-    let config: AdapterConfig = serde_json::from_slice(&text)
+    let config: serde_json::Value = serde_json::from_slice(&text)
         .map_err(|err| error(&path, format!("not an adapter configuration: {err}")))?;
-    if config.fine_tune_type != "lora" {
+    // Named apart, so that mlx-lm's `full` reads as what it is rather than as a bad enum value.
+    if let Some(kind) = config
+        .get("fine_tune_type")
+        .filter(|kind| !matches!(kind.as_str(), Some("lora" | "dora")))
+    {
         return Err(error(
             &path,
-            format!(
-                "fine_tune_type is `{}`; lmx loads `lora` adapters",
-                config.fine_tune_type
-            ),
+            format!("fine_tune_type is {kind}; lmx loads `lora` and `dora` adapters"),
         ));
     }
-    Ok(config)
+    serde_json::from_value(config)
+        .map_err(|err| error(&path, format!("not an adapter configuration: {err}")))
 }
 
 /// Attaches the adapters of the folder `dir` to `tree`, as its `adapter_config.json` says, with
@@ -120,8 +119,14 @@ pub fn load_adapters<R: Tree<Array> + Clone>(
 ) -> Result<AdapterConfig> {
     let config = read_config(dir)?;
     let mut adapted = tree.clone();
-    attach(&mut adapted, &config.lora_parameters, config.num_layers, 0)
-        .map_err(|err| error(&dir.join(CONFIG_FILE), err.to_string()))?;
+    attach(
+        &mut adapted,
+        &config.lora_parameters,
+        config.num_layers,
+        0,
+        config.fine_tune_type,
+    )
+    .map_err(|err| error(&dir.join(CONFIG_FILE), err.to_string()))?;
     let expected = adapters(&adapted, family)
         .into_iter()
         .map(|(name, array)| Ok((name, array.as_dtype(Dtype::Float32)?)))

@@ -1,12 +1,13 @@
-//! Adapters fused into the weights they adapt, as mlx-lm's `LoRALinear.fuse`.
+//! Adapters fused into the weights they adapt, as mlx-lm's `LoRALinear.fuse` and
+//! `DoRALinear.fuse`.
 
 use crate::error::Result;
-use crate::nn::LinearParams;
+use crate::nn::{adapted_weight, dense_weight, row_norms, LinearParams};
 use crate::tree::{LayerMut, Scope, Tree};
 use mlx_rs::{ops, Array};
 
 /// `tree` with every adapter fused into its layer's weight, `W + scale * (A B)^T` in the
-/// weight's dtype, and removed: the base model's layout, computing what the adapted model did.
+/// weight's dtype (DoRA's: each row of it scaled to its magnitude `m`), and removed: the base model's layout, computing what the adapted model did.
 /// A quantized weight is dequantized, fused and quantized again with its own settings, as
 /// mlx-lm fuses (so the fused model carries the quantization's rounding).
 pub fn fuse<R: Tree<Array> + ?Sized>(tree: &mut R) -> Result<usize> {
@@ -32,21 +33,14 @@ fn fuse_layer(name: &str, linear: &mut LinearParams) -> Result<bool> {
     let (Some(a), Some(b), Some(lora)) = (&linear.lora_a, &linear.lora_b, linear.lora) else {
         return Ok(false);
     };
-    let packed = linear.packed();
-    let weight = match &packed {
-        Some(p) => ops::dequantize(
-            p.weight,
-            p.scales,
-            p.biases,
-            p.quantization.group_size,
-            p.quantization.bits,
-        )?,
-        None => linear.weight.clone(),
-    };
-    let scale = Array::from_f32(lora.scale);
-    let delta = ops::matmul(ops::multiply(b.t(), &scale)?, a.t())?;
-    let weight = ops::add(&weight, &delta.as_dtype(weight.dtype())?)?;
-    match packed.map(|p| p.quantization) {
+    let quantization = linear.packed().map(|p| p.quantization);
+    let mut weight = adapted_weight(&dense_weight(linear)?, a, b, lora.scale)?;
+    if let Some(m) = &linear.m {
+        // DoRA (mlx-lm's `DoRALinear.fuse`): each row rescaled to its magnitude.
+        let rows = ops::divide(m, &row_norms(&weight)?)?.expand_dims(-1)?;
+        weight = ops::multiply(&rows, &weight)?.as_dtype(weight.dtype())?;
+    }
+    match quantization {
         Some(q) => {
             let (packed, scales, biases) = crate::quant::quantize_weight(name, &weight, q)?;
             linear.weight = packed;
@@ -57,6 +51,7 @@ fn fuse_layer(name: &str, linear: &mut LinearParams) -> Result<bool> {
     }
     linear.lora_a = None;
     linear.lora_b = None;
+    linear.m = None;
     linear.lora = None;
     Ok(true)
 }

@@ -1,4 +1,5 @@
-//! Low-rank adapters (LoRA, Hu et al., 2021) as mlx-lm makes, saves and fuses them: attached to
+//! Low-rank adapters (LoRA, Hu et al., 2021, and DoRA, Liu et al., 2024) as mlx-lm makes, saves
+//! and fuses them: attached to
 //! chosen linear layers of any parameter tree ([`attach`]), saved apart from the base in mlx-lm's
 //! adapter layout ([`save_adapters`], [`load_adapters`]), and fused into the base weights
 //! ([`fuse`]). While a tree holds adapters only they train (`tree::specs`).
@@ -8,7 +9,7 @@ mod files;
 mod fuse;
 
 pub(crate) use attach::{adapt, check};
-pub use attach::{attach, blocks, LoraParameters};
+pub use attach::{attach, blocks, FineTuneType, LoraParameters};
 pub use files::{
     load_adapters, read_config, save_adapters, AdapterConfig, ADAPTERS_FILE, CONFIG_FILE,
 };

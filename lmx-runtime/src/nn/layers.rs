@@ -12,7 +12,9 @@ use mlx_rs::{ops, random, Array, Dtype};
 /// Quantized (mlx-lm's `QuantizedLinear` layout), `weight` holds the packed `uint32` values of
 /// `[out, in]` and `scales`, `biases` the per-group affine parameters; with a low-rank adapter
 /// (mlx-lm's `LoRALinear` names), `lora_a: [in, rank]` and `lora_b: [rank, out]` add
-/// `scale * (x A) B` to the output.
+/// `scale * (x A) B` to the output. With a magnitude `m: [out]` as well the adapter is DoRA's
+/// (mlx-lm's `DoRALinear`): each output row of `W + scale (A B)^T` is normalised to length 1 and
+/// scaled by its `m`, the bias added after.
 #[derive(Clone, Debug, PartialEq, lmx_macros::Tree)]
 #[lmx(runtime = "crate", layer = linear)]
 pub struct LinearParams<T = Array> {
@@ -28,6 +30,8 @@ pub struct LinearParams<T = Array> {
     pub lora_a: Option<T>,
     #[lmx(role = adapter)]
     pub lora_b: Option<T>,
+    #[lmx(role = adapter)]
+    pub m: Option<T>,
     /// How `weight` is quantized, when it is.
     #[lmx(skip)]
     pub quantization: Option<Quantization>,
@@ -46,6 +50,7 @@ impl<T> LinearParams<T> {
             biases: None,
             lora_a: None,
             lora_b: None,
+            m: None,
             quantization: None,
             lora: None,
         }
@@ -160,9 +165,92 @@ pub struct RmsNormParams<T = Array> {
 /// single token), and `W`'s gradient made in `W`'s own layout (see `linear_grad`).
 ///
 /// A quantized weight multiplies with MLX's `quantized_matmul`; an adapter adds its low-rank
-/// term to whichever product the base gives.
+/// term to whichever product the base gives (DoRA's then rescales the rows). The adapter's
+/// dropout is not applied: [`linear_in`] applies it in a training step.
 pub fn linear(params: &LinearParams, x: &Array) -> Result<Array> {
-    let y = match params.packed() {
+    adapted(params, x, x)
+}
+
+/// [`linear`] inside a forward pass: an adapter with a dropout probability sees its input
+/// through [`dropout`], whose mask is drawn from `ctx`'s key, so only in a training step (as
+/// mlx-lm's `LoRALinear` in training mode); evaluation, validation and generation compute
+/// [`linear`].
+pub fn linear_in(params: &LinearParams, x: &Array, ctx: &mut Context) -> Result<Array> {
+    match params.lora {
+        Some(lora) if lora.dropout > 0.0 && params.lora_a.is_some() => {
+            let dropped = dropout(x, lora.dropout, ctx)?;
+            adapted(params, x, &dropped)
+        }
+        _ => linear(params, x),
+    }
+}
+
+/// The layer over `x`, its adapter (if any) over `adapter_x`.
+fn adapted(params: &LinearParams, x: &Array, adapter_x: &Array) -> Result<Array> {
+    let (Some(a), Some(b), Some(lora)) = (&params.lora_a, &params.lora_b, params.lora) else {
+        return base(params, x, params.bias.as_ref());
+    };
+    let low = ops::matmul(&ops::matmul(adapter_x, a)?, b)?;
+    let low = ops::multiply(&low, &literal(f64::from(lora.scale), &low)?)?;
+    let Some(m) = &params.m else {
+        return Ok(ops::add(&base(params, x, params.bias.as_ref())?, &low)?);
+    };
+    // DoRA (mlx-lm's `DoRALinear.__call__`): the rows' norms of the adapted weight are a
+    // constant of the gradient, so only the direction's numerator and `m` learn through them.
+    let y = ops::add(&base(params, x, None)?, &low)?;
+    let norms = mlx_rs::stop_gradient(&dora_row_norms(params, a, b, lora.scale)?)?;
+    let y = ops::multiply(&ops::divide(m, &norms)?.as_dtype(x.dtype())?, &y)?;
+    Ok(match &params.bias {
+        Some(bias) => ops::add(&y, bias)?,
+        None => y,
+    })
+}
+
+/// The dense weight of a layer: its packed one dequantized.
+pub(crate) fn dense_weight(params: &LinearParams) -> Result<Array> {
+    Ok(match params.packed() {
+        Some(p) => ops::dequantize(
+            p.weight,
+            p.scales,
+            p.biases,
+            p.quantization.group_size,
+            p.quantization.bits,
+        )?,
+        None => params.weight.clone(),
+    })
+}
+
+/// The L2 norm of each row of `w` (MLX's `linalg.norm(w, axis=1)`): DoRA's magnitudes.
+pub(crate) fn row_norms(w: &Array) -> Result<Array> {
+    Ok(mlx_rs::linalg::norm_l2(
+        w,
+        mlx_rs::linalg::NormOptions {
+            axes: 1.into(),
+            keep_dims: false,
+        },
+    )?)
+}
+
+/// The row norms of the adapted weight `W + scale (A B)^T`, in the weight's dtype.
+pub(crate) fn dora_row_norms(
+    params: &LinearParams,
+    a: &Array,
+    b: &Array,
+    scale: f32,
+) -> Result<Array> {
+    row_norms(&adapted_weight(&dense_weight(params)?, a, b, scale)?)
+}
+
+/// `W + scale (A B)^T` in `W`'s dtype, as mlx-lm's adapters fuse.
+pub(crate) fn adapted_weight(w: &Array, a: &Array, b: &Array, scale: f32) -> Result<Array> {
+    let scaled = ops::multiply(b.t(), Array::from_f32(scale))?;
+    let delta = ops::matmul(&scaled, a.t())?;
+    Ok(ops::add(w, &delta.as_dtype(w.dtype())?)?)
+}
+
+/// The base layer's product with `bias` added.
+fn base(params: &LinearParams, x: &Array, bias: Option<&Array>) -> Result<Array> {
+    match params.packed() {
         Some(Packed {
             weight: w,
             scales,
@@ -170,20 +258,12 @@ pub fn linear(params: &LinearParams, x: &Array) -> Result<Array> {
             quantization: q,
         }) => {
             let y = ops::quantized_matmul(x, w, scales, biases, true, q.group_size, q.bits)?;
-            match &params.bias {
+            Ok(match bias {
                 Some(bias) => ops::add(&y, bias)?,
                 None => y,
-            }
+            })
         }
-        None => padded_product::linear(x, &params.weight, params.bias.as_ref())?,
-    };
-    match (&params.lora_a, &params.lora_b, params.lora) {
-        (Some(a), Some(b), Some(lora)) => {
-            let low = ops::matmul(&ops::matmul(x, a)?, b)?;
-            let scale = literal(f64::from(lora.scale), &low)?;
-            Ok(ops::add(&y, &ops::multiply(&low, &scale)?)?)
-        }
-        _ => Ok(y),
+        None => padded_product::linear(x, &params.weight, bias),
     }
 }
 
@@ -398,7 +478,12 @@ pub mod init {
             ..Default::default()
         };
         crate::lora::check(&parameters)?;
-        crate::lora::adapt(&mut linear, &parameters, keys)?;
+        crate::lora::adapt(
+            &mut linear,
+            &parameters,
+            keys,
+            crate::lora::FineTuneType::Lora,
+        )?;
         Ok(linear)
     }
 

@@ -3,6 +3,7 @@
 use super::Tensor;
 use crate::error::Result;
 use crate::model;
+use crate::tree::Tree;
 
 /// How [`Context::attend_with`] masks and scales its scores: `causal: true` with the rest
 /// unset is what [`Context::attend`] does; the default masks nothing.
@@ -156,6 +157,18 @@ impl<'a> Context<'a> {
     fn next_recurrent(&mut self) -> usize {
         self.recurrent += 1;
         self.recurrent - 1
+    }
+
+    /// A linear layer (`tensor::nn::linear`) whose adapter's dropout (mlx-lm's
+    /// `lora_parameters.dropout`) is on in a training step, its mask drawn from the step's key;
+    /// elsewhere the same as `tensor::nn::linear`.
+    pub fn linear(
+        &mut self,
+        params: &crate::nn::LinearParams<Tensor>,
+        x: &Tensor,
+    ) -> Result<Tensor> {
+        let params = params.map(&mut |leaf| leaf.0.clone());
+        Ok(Tensor(crate::nn::linear_in(&params, &x.0, self.inner)?))
     }
 
     /// Dropout with probability `p` in `[0, 1)`: in a training step each call draws a fresh mask

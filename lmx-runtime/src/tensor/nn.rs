@@ -5,7 +5,8 @@ use super::{arrays, Tensor};
 use crate::nn::{self, EmbeddingParams, LayerNormParams, LinearParams, RmsNormParams};
 use crate::Result;
 
-/// `x W^T + b`.
+/// `x W^T + b` (and an adapter's term, without its dropout: `Context::linear` applies that in
+/// a training step).
 pub fn linear(params: &LinearParams<Tensor>, x: &Tensor) -> Result<Tensor> {
     Ok(Tensor(nn::linear(&arrays(params), &x.0)?))
 }
