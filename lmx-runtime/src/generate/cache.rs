@@ -40,6 +40,9 @@ pub(crate) struct KvCache {
     mask: Option<((i32, i32), Array)>,
     /// In a traced decode step, the position of the step's first slot (an int32 scalar input).
     traced: Option<Array>,
+    /// In a traced batched decode step, every row's first slot (`[B]` int32, an input): the
+    /// traced form of `starts`, so that one trace serves rows of any starts.
+    traced_starts: Option<Array>,
     /// Whether sliding-window layers keep only their window ([`super::ring`]): a cache that is
     /// never cut back to an earlier length or joined with others (a single sequence's).
     rotating: bool,
@@ -62,6 +65,7 @@ impl KvCache {
             starts: Some(starts),
             mask: None,
             traced: None,
+            traced_starts: None,
             rotating: false,
             windows: Vec::new(),
             states: RecurrentStates::default(),
@@ -86,10 +90,30 @@ impl KvCache {
             starts: None,
             mask: None,
             traced: Some(offset),
+            traced_starts: None,
             rotating: true,
             windows,
             states: RecurrentStates::default(),
         }
+    }
+
+    /// The cache inside a traced batched step: as [`traced`](Self::traced), for rows that start
+    /// at slots `starts` (`[B]` int32) and whose layers all keep every position (a batch's).
+    pub(crate) fn traced_rows(buffers: Vec<Array>, offset: Array, starts: Array) -> KvCache {
+        KvCache {
+            layers: pairs(buffers),
+            traced: Some(offset),
+            traced_starts: Some(starts),
+            ..KvCache::default()
+        }
+    }
+
+    /// Every row's first slot as an int32 array `[B]` (a traced batched step's input), `None`
+    /// where every row starts at slot 0.
+    pub(crate) fn starts(&self) -> Option<Array> {
+        self.starts
+            .as_ref()
+            .map(|starts| Array::from_slice(starts, &[starts.len() as i32]))
     }
 
     /// Per layer, the window of a layer whose buffers are a ring.
@@ -182,6 +206,7 @@ impl KvCache {
     pub(crate) fn put_buffers(&mut self, buffers: Vec<Array>, tokens: i32) {
         self.layers = pairs(buffers);
         self.len += tokens;
+        self.mask = None;
     }
 
     /// [`extend`](Self::extend) for a layer whose queries see only the keys fewer than `window`
@@ -276,6 +301,13 @@ impl KvCache {
         if self.starts.is_none() && self.traced.is_none() {
             return Ok(None);
         }
+        let starts = match (&self.traced_starts, &self.starts) {
+            (Some(starts), _) => Some(starts.reshape(&[-1, 1, 1, 1])?),
+            (None, Some(starts)) => {
+                Some(Array::from_slice(starts, &[starts.len() as i32, 1, 1, 1]))
+            }
+            (None, None) => None,
+        };
         if let Some((shape, mask)) = &self.mask {
             if *shape == (q_len, k_len) {
                 return Ok(Some(mask.clone()));
@@ -288,9 +320,8 @@ impl KvCache {
         let rows = nn::positions_after(&first, q_len)?.reshape(&[1, 1, q_len, 1])?;
         let cols = Array::arange::<_, i32>(None, k_len, None)?.reshape(&[1, 1, 1, k_len])?;
         let mut seen = cols.le(&rows)?;
-        if let Some(starts) = &self.starts {
-            let starts = Array::from_slice(starts, &[starts.len() as i32, 1, 1, 1]);
-            seen = seen.logical_and(&cols.ge(&starts)?)?;
+        if let Some(starts) = &starts {
+            seen = seen.logical_and(&cols.ge(starts)?)?;
         }
         let mask = seen.logical_or(&cols.eq(&rows)?)?;
         self.mask = Some(((q_len, k_len), mask.clone()));
@@ -301,12 +332,12 @@ impl KvCache {
     /// no row is padded. (Recurrent layers zero their inputs on a row's padding, so that its
     /// state starts as an unpadded row's does.)
     pub(crate) fn valid(&self, t_len: i32) -> Result<Option<Array>> {
-        let Some(starts) = &self.starts else {
-            return Ok(None);
+        let starts = match (&self.traced_starts, &self.starts) {
+            (Some(starts), _) => starts.reshape(&[-1, 1])?,
+            (None, Some(starts)) => Array::from_slice(starts, &[starts.len() as i32, 1]),
+            (None, None) => return Ok(None),
         };
-        let slots =
-            Array::arange::<_, i32>(self.len, self.len + t_len, None)?.reshape(&[1, t_len])?;
-        let starts = Array::from_slice(starts, &[starts.len() as i32, 1]);
+        let slots = nn::positions_after(&self.position(), t_len)?.reshape(&[1, t_len])?;
         Ok(Some(slots.ge(&starts)?))
     }
 

@@ -5,6 +5,7 @@
 //! ([`text::TextStream`]).
 
 mod batch;
+mod batch_step;
 pub(crate) mod cache;
 mod decode;
 mod ring;

@@ -78,13 +78,7 @@ impl DecodeStep {
         let body = move |inputs: &[Array]| -> Result<Vec<Array>> {
             counter.set(counter.get() + 1);
             let (leaves, rest) = inputs.split_at(leaf_count);
-            let mut params = template.clone();
-            let mut leaves = leaves.iter();
-            params.for_each_mut(&mut |leaf| {
-                if let Some(input) = leaves.next() {
-                    *leaf = input.clone();
-                }
-            });
+            let params = with_leaves(&template, leaves);
             let (token, position) = (&rest[0], &rest[1]);
             let (state, rest) = rest[2..].split_at(state_len);
             let (buffers, states) = rest.split_at(rest.len() - recurrent);
@@ -157,4 +151,17 @@ impl DecodeStep {
     pub(crate) fn traces(&self) -> usize {
         self.traces.get()
     }
+}
+
+/// `template` (parameters) with its leaves replaced by `leaves`, in [`flatten`]'s order: the
+/// traced inputs a compiled step's body computes with.
+pub(crate) fn with_leaves<P: Tree<Array> + Clone>(template: &P, leaves: &[Array]) -> P {
+    let mut params = template.clone();
+    let mut leaves = leaves.iter();
+    params.for_each_mut(&mut |leaf| {
+        if let Some(input) = leaves.next() {
+            *leaf = input.clone();
+        }
+    });
+    params
 }
