@@ -26,6 +26,7 @@
 //! be reused for.
 
 use super::cache::KvCache;
+use super::ring::Ring;
 use super::sampler::Sampler;
 use super::state::RecurrentStates;
 use crate::error::{Error, Result};
@@ -57,13 +58,15 @@ pub(crate) struct DecodeStep {
 impl DecodeStep {
     /// The step of `M` with `params` and `config`, sampling as `sampler` does (its settings; its
     /// state is an input of every call).
-    /// The layers whose buffers are rings are those of `windows`, and `recurrent` is the number
-    /// of recurrent slots (both the prefilled cache's).
+    /// The layers whose buffers are rings are those of `rings`, `bound` the ring of every causal
+    /// layer of a bounded cache, and `recurrent` is the number of recurrent slots (all the
+    /// prefilled cache's).
     pub(crate) fn new<M: LanguageModel>(
         params: &M::Params,
         config: &M::Config,
         sampler: &Sampler,
-        windows: Vec<Option<i32>>,
+        rings: Vec<Option<Ring>>,
+        bound: Option<Ring>,
         recurrent: usize,
     ) -> DecodeStep {
         let leaves = flatten(params);
@@ -82,7 +85,8 @@ impl DecodeStep {
             let (token, position) = (&rest[0], &rest[1]);
             let (state, rest) = rest[2..].split_at(state_len);
             let (buffers, states) = rest.split_at(rest.len() - recurrent);
-            let mut cache = KvCache::traced(buffers.to_vec(), position.clone(), windows.clone());
+            let mut cache =
+                KvCache::traced(buffers.to_vec(), position.clone(), rings.clone(), bound);
             cache.states = RecurrentStates::from_arrays(states.to_vec());
             let mut ctx = Context::with_cache(cache);
             let logits = nn::without_gradients(|| M::forward(&params, &config, token, &mut ctx))?;
