@@ -249,7 +249,7 @@ impl<M: LanguageModel> BatchGenerator<M> {
             self.cache_rows = bucket;
         }
         let input = if bucket > rows {
-            tokens.take_axis(&index(&padded), 0)?
+            tokens.take_axis(index(&padded), 0)?
         } else {
             tokens.clone()
         };
@@ -299,7 +299,7 @@ impl<M: LanguageModel> BatchGenerator<M> {
             self.cache_rows = bucket;
         }
         if let Some(pending) = &self.pending {
-            self.pending = Some(pending.take_axis(&index(keep), 0)?);
+            self.pending = Some(pending.take_axis(index(keep), 0)?);
         }
         let mut rows = std::mem::take(&mut self.rows);
         let mut kept: Vec<Option<Row>> = rows.drain(..).map(Some).collect();

@@ -114,7 +114,7 @@ pub(crate) fn extend(
     let dims = new.shape();
     let slots = Array::from_slice(&slots, &[1, 1, len, 1]);
     let slots = ops::broadcast_to(&slots, &[dims[0], dims[1], len, dims[3]])?;
-    let picked = new.take_axis(&Array::from_slice(&picked, &[len]), 2)?;
+    let picked = new.take_axis(Array::from_slice(&picked, &[len]), 2)?;
     let written = ring.put_along_axis(&slots, picked, 2)?;
     Ok((seen, positions, written))
 }
@@ -147,7 +147,7 @@ pub(crate) fn extend_traced(
     let kept_slot = slots.lt(&keep)?;
     let positions = ops::select(&kept_slot, &slots, &last)?;
     let held = ops::select(&kept_slot, &position.ge(&slots)?, &last.ge(&slots)?)?;
-    let positions = ops::select(&held, &positions, &Array::from_int(-1))?;
+    let positions = ops::select(&held, &positions, Array::from_int(-1))?;
     Ok((written, positions))
 }
 
