@@ -68,8 +68,8 @@ impl PromptCache {
         if keep >= max_kv_size || max_kv_size > i32::MAX as usize {
             return Err(Error::Setting {
                 name: "max_kv_size",
-                value: format!("{max_kv_size} (keeping {keep})"),
-                expected: "more positions than the kept first ones",
+                value: format!("{max_kv_size} with keep {keep}"),
+                expected: "more than keep (the first positions, kept for good)",
             });
         }
         let ring = Ring {
