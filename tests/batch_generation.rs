@@ -281,3 +281,57 @@ fn a_prompt_cache_is_reused_for_a_shared_prefix() -> Result<()> {
     assert_eq!(&cache.tokens()[..13], &third[..]);
     Ok(())
 }
+
+/// Sequences joining a running batch one by one and leaving at different lengths (the batch's
+/// rows going 1, 2, 3, 4 and down) decode through few traces of the compiled step, one per
+/// bucket of rows (1, 2, 4) within one cache capacity block, and each gets its tokens alone.
+#[test]
+fn batch_step_traces_stay_bounded_as_rows_join_and_leave() -> Result<()> {
+    let config = llama::Config::preset("tiny").expect("llama has a tiny preset");
+    let params = llama::Llama::init(&config, 0)?;
+    let limits = BatchLimits {
+        max_batch: 4,
+        max_waiting: 16,
+    };
+    let mut generator =
+        BatchGenerator::<llama::Llama>::new(params.clone(), config.clone(), limits)?;
+    let requests = (0..10u64)
+        .map(|i| {
+            Ok(Request {
+                prompt: tokens(256, 2 + i as usize % 4, i)?,
+                sampling: greedy(3 + (i as usize * 5) % 7),
+                stop_tokens: Vec::new(),
+            })
+        })
+        .collect::<Result<Vec<_>>>()?;
+    let mut ids = Vec::new();
+    let mut outcomes = HashMap::new();
+    let mut batch_sizes = std::collections::BTreeSet::new();
+    let mut steps = 0;
+    while ids.len() < requests.len() || generator.active() > 0 {
+        if let Some(request) = requests.get(ids.len()) {
+            ids.push(generator.insert(request.clone())?);
+        }
+        let events = generator.step()?;
+        batch_sizes.insert(events.len());
+        record(&mut outcomes, events);
+        steps += 1;
+        assert!(steps < 200, "the batch never drains");
+    }
+    assert!(
+        batch_sizes.is_superset(&[1, 2, 3, 4].into()),
+        "the batch ran {batch_sizes:?} rows"
+    );
+    assert!(
+        (1..=3).contains(&generator.traces()),
+        "{} traces for buckets of 1, 2 and 4 rows",
+        generator.traces()
+    );
+    for (id, request) in ids.iter().zip(&requests) {
+        assert_eq!(
+            outcomes[id],
+            alone::<llama::Llama>(&params, &config, request)?
+        );
+    }
+    Ok(())
+}

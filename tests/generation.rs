@@ -4,7 +4,7 @@
 //! full forward pass ranks first, stopping at the stop token, `max_tokens` and the context.
 
 use lmx::models::{gemma2, gemma3_text, llama, mistral};
-use lmx::runtime::generate::{generate, Sampling};
+use lmx::runtime::generate::{generate, generate_cached, PromptCache, Sampling};
 use lmx::runtime::mlx_rs::ops::indexing::IndexOp;
 use lmx::runtime::mlx_rs::{ops, random};
 use lmx::runtime::model::{Context, LanguageModel};
@@ -236,5 +236,42 @@ fn sampled_generation_is_reproducible_and_bounded() -> Result<()> {
     let (a, b) = (run()?, run()?);
     assert_eq!(a.tokens, b.tokens);
     assert_eq!(a.tokens.len(), 10);
+    Ok(())
+}
+
+/// A bounded prompt cache (mlx-lm's `max_kv_size` and `keep`) whose ring holds every position
+/// generates the tokens of an unbounded one: its rings and their masks stand in for the plain
+/// buffers in the prefill and in the traced steps. One that would keep all it holds is refused.
+#[test]
+fn a_bounded_cache_that_holds_every_position_generates_as_an_unbounded_one() -> Result<()> {
+    let config = llama::Config::preset("tiny").expect("llama has a tiny preset");
+    let params = llama::Llama::init(&config, 0)?;
+    let prompt: Vec<u32> = (0..12).map(|i| (i * 37 % 256) as u32).collect();
+    let sampling = Sampling {
+        temperature: 0.0,
+        top_k: None,
+        max_tokens: 30,
+        ..Sampling::default()
+    };
+    let plain = generate::<llama::Llama>(&params, &config, &prompt, &sampling, None, |_| ())?;
+    let mut cache = PromptCache::bounded(64, 4)?;
+    let bounded = generate_cached::<llama::Llama>(
+        &params,
+        &config,
+        &mut cache,
+        &prompt,
+        &sampling,
+        None,
+        |_| true,
+    )?;
+    assert_eq!(bounded.tokens, plain.tokens);
+    let refused = PromptCache::bounded(4, 4)
+        .err()
+        .expect("a ring that keeps all its slots is refused")
+        .to_string();
+    assert_eq!(
+        refused,
+        "max_kv_size is 4 with keep 4; it must be more than keep (the first positions, kept for good)"
+    );
     Ok(())
 }

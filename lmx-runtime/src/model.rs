@@ -172,6 +172,13 @@ impl Context {
         let Some(cache) = self.cache.as_mut() else {
             return crate::nn::causal_attention(q, k, v);
         };
+        if let Some(ring) = cache.bound() {
+            // A bounded cache's ring: the keys come with their positions, which the mask goes by.
+            let (k, v, positions) = cache.extend_ring(layer, k, v, ring)?;
+            let queries = crate::nn::positions_after(&cache.position(), q.dim(2))?;
+            let mask = crate::generate::ring::visible(&queries, &positions, ring)?;
+            return crate::nn::attention(q, &k, &v, crate::nn::AttentionMask::Array(&mask));
+        }
         let (k, v) = cache.extend(layer, k, v)?;
         if let Some(mask) = cache.mask(q.dim(2), k.dim(2))? {
             return crate::nn::attention(q, &k, &v, crate::nn::AttentionMask::Array(&mask));

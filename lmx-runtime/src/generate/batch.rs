@@ -8,11 +8,16 @@
 //! context from there, waits until the batch has drained; then the waiting sequences start
 //! together, the shorter prompts left-padded to the longest.
 //!
+//! From then on every step feeds one token of every row through a compiled step
+//! ([`BatchStep`]), traced once per (bucket of rows, cache capacity block): the cache holds the
+//! running rows, rounded up to a bucket with copies of the first.
+//!
 //! Attention then sees only distances between slots, so a sequence's tokens are the same as when
 //! decoded alone for models whose positions are relative (rotary embeddings, ALiBi). A model with
 //! learned absolute positions (GPT-2) reads a joining or padded sequence's positions from its
 //! slots, which start after the padding.
 
+use super::batch_step::BatchStep;
 use super::cache::KvCache;
 use super::decode::PREFILL_CHUNK;
 use super::sampler::Sampler;
@@ -106,9 +111,15 @@ pub struct BatchGenerator<M: LanguageModel> {
     params: M::Params,
     config: M::Config,
     limits: BatchLimits,
-    /// The batch's cache: a row per entry of `rows`.
+    /// The batch's cache: a row per entry of `rows`, then copies of the first up to
+    /// `cache_rows`.
     ctx: Context,
+    /// Rows the cache holds: `rows`' count, or its bucket once a step ran.
+    cache_rows: usize,
     rows: Vec<Row>,
+    /// The compiled decode step, made at the first step (its inputs' count is the prefilled
+    /// cache's).
+    decoder: Option<BatchStep>,
     /// The token each row produced last and has not reported yet (`uint32`, `[rows]`, queued).
     pending: Option<Array>,
     waiting: VecDeque<Waiting>,
@@ -131,7 +142,9 @@ impl<M: LanguageModel> BatchGenerator<M> {
             config,
             limits,
             ctx: Context::generation(),
+            cache_rows: 0,
             rows: Vec::new(),
+            decoder: None,
             pending: None,
             waiting: VecDeque::new(),
             next_id: 0,
@@ -181,9 +194,7 @@ impl<M: LanguageModel> BatchGenerator<M> {
             let keep: Vec<usize> = (0..self.rows.len()).filter(|&r| r != row).collect();
             // A failure here would leave the cache and the rows out of step: start afresh.
             if self.keep_rows(&keep).is_err() {
-                self.rows.clear();
-                self.pending = None;
-                self.ctx = Context::generation();
+                self.clear();
             }
         }
     }
@@ -224,33 +235,71 @@ impl<M: LanguageModel> BatchGenerator<M> {
         Ok(events)
     }
 
-    /// Feeds every row's `tokens` (`[rows]`) and returns the tokens after them, queued.
+    /// Feeds every row's `tokens` (`[rows]`) through the compiled step and returns the tokens
+    /// after them, queued.
     fn forward(&mut self, tokens: &Array) -> Result<Array> {
-        let input = tokens.reshape(&[-1, 1])?;
+        let rows = self.rows.len();
+        let bucket = bucket(rows, self.limits.max_batch);
+        let cache = self.ctx.cache_mut().ok_or_else(|| {
+            Error::Layout("a batch's decode step needs its prompts' cache".into())
+        })?;
+        let padded = padded(rows, bucket);
+        if self.cache_rows != bucket {
+            cache.keep_rows(&padded)?;
+            self.cache_rows = bucket;
+        }
+        let input = if bucket > rows {
+            tokens.take_axis(index(&padded), 0)?
+        } else {
+            tokens.clone()
+        };
         let (params, config) = (&self.params, &self.config);
-        let logits = nn::without_gradients(|| M::forward(params, config, &input, &mut self.ctx))?;
-        let next = sample(&mut self.rows, &logits.index((.., -1)))?;
+        let decoder = self
+            .decoder
+            .get_or_insert_with(|| BatchStep::new::<M>(params, config, cache.states.len()));
+        let logits = decoder.step(cache, &input)?;
+        let logits = if bucket > rows {
+            logits.index(..rows as i32)
+        } else {
+            logits
+        };
+        let next = sample(&mut self.rows, &logits)?;
         async_eval([&next])?;
         Ok(next)
     }
 
-    /// Keeps the rows `keep` (in order), in the cache and in the pending tokens.
+    /// Times the compiled decode step was traced: at most once per (bucket of rows, cache
+    /// capacity block) the batch met.
+    pub fn traces(&self) -> usize {
+        self.decoder.as_ref().map_or(0, BatchStep::traces)
+    }
+
+    /// Drops every row, and the cache with them.
+    fn clear(&mut self) {
+        self.rows.clear();
+        self.pending = None;
+        self.ctx = Context::generation();
+        self.cache_rows = 0;
+    }
+
+    /// Keeps the rows `keep` (in order), in the cache (padded to their bucket) and in the
+    /// pending tokens.
     fn keep_rows(&mut self, keep: &[usize]) -> Result<()> {
         if keep.is_empty() {
-            self.rows.clear();
-            self.pending = None;
-            self.ctx = Context::generation();
+            self.clear();
             return Ok(());
         }
         if let Some(cache) = self.ctx.cache_mut() {
-            cache.keep_rows(keep)?;
+            let bucket = bucket(keep.len(), self.limits.max_batch);
+            let rows: Vec<usize> = padded(keep.len(), bucket)
+                .into_iter()
+                .map(|row| keep[row])
+                .collect();
+            cache.keep_rows(&rows)?;
+            self.cache_rows = bucket;
         }
-        let index = Array::from_slice(
-            &keep.iter().map(|&row| row as i32).collect::<Vec<_>>(),
-            &[keep.len() as i32],
-        );
         if let Some(pending) = &self.pending {
-            self.pending = Some(pending.take_axis(&index, 0)?);
+            self.pending = Some(pending.take_axis(index(keep), 0)?);
         }
         let mut rows = std::mem::take(&mut self.rows);
         let mut kept: Vec<Option<Row>> = rows.drain(..).map(Some).collect();
@@ -365,9 +414,17 @@ impl<M: LanguageModel> BatchGenerator<M> {
         async_eval([&first_tokens])?;
         let cache = ctx.take_cache().expect("a generation context");
         match self.ctx.cache_mut() {
-            Some(batch_cache) if !self.rows.is_empty() => batch_cache.append_rows(cache)?,
+            Some(batch_cache) if !self.rows.is_empty() => {
+                // The bucket's copies of the first row go: the new rows come right after the
+                // running ones.
+                if self.cache_rows > self.rows.len() {
+                    batch_cache.keep_rows(&(0..self.rows.len()).collect::<Vec<_>>())?;
+                }
+                batch_cache.append_rows(cache)?
+            }
             _ => self.ctx = Context::with_cache(cache),
         }
+        self.cache_rows = self.rows.len() + rows.len();
         self.pending = Some(match self.pending.take() {
             Some(pending) => ops::concatenate(&[pending, first_tokens], 0)?,
             None => first_tokens,
@@ -375,6 +432,26 @@ impl<M: LanguageModel> BatchGenerator<M> {
         self.rows.extend(rows);
         Ok(())
     }
+}
+
+/// The rows a step computes for `rows` running ones: the next power of two, within `max_batch`
+/// (and at least `rows`), so that the step's traces are few however rows join and leave.
+fn bucket(rows: usize, max_batch: usize) -> usize {
+    rows.next_power_of_two().min(max_batch).max(rows)
+}
+
+/// The cache's rows for `rows` running ones in a bucket of `bucket`: each row, then copies of
+/// the first.
+fn padded(rows: usize, bucket: usize) -> Vec<usize> {
+    (0..rows)
+        .chain(std::iter::repeat_n(0, bucket - rows))
+        .collect()
+}
+
+/// `rows` as an int32 index array.
+fn index(rows: &[usize]) -> Array {
+    let rows: Vec<i32> = rows.iter().map(|&row| row as i32).collect();
+    Array::from_slice(&rows, &[rows.len() as i32])
 }
 
 /// The next token of every row after its logits (`[rows, vocab]`): one `argmax` when every row

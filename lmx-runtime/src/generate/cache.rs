@@ -15,13 +15,14 @@
 //! until the buffers grow.
 //!
 //! A single sequence's cache ([`KvCache::rotating`]) keeps only the window of a sliding-window
-//! layer, in a ring ([`super::ring`]); a batch's, which joins and reorders rows, and a
+//! layer, in a ring ([`super::ring`]), and a bounded one ([`KvCache::bounded`], mlx-lm's
+//! `max_kv_size`) keeps every causal layer's first and last tokens in a ring too; a batch's, which joins and reorders rows, and a
 //! speculative decoder's, which cuts rejected tokens back, keep every position.
 //!
 //! Beside the keys and values it holds the states of recurrent layers ([`super::state`]), which
 //! the same rows and slots index.
 
-use super::ring;
+use super::ring::{self, Ring};
 use super::state::RecurrentStates;
 use crate::error::{Error, Result};
 use crate::nn;
@@ -40,11 +41,18 @@ pub(crate) struct KvCache {
     mask: Option<((i32, i32), Array)>,
     /// In a traced decode step, the position of the step's first slot (an int32 scalar input).
     traced: Option<Array>,
+    /// In a traced batched decode step, every row's first slot (`[B]` int32, an input): the
+    /// traced form of `starts`, so that one trace serves rows of any starts.
+    traced_starts: Option<Array>,
     /// Whether sliding-window layers keep only their window ([`super::ring`]): a cache that is
     /// never cut back to an earlier length or joined with others (a single sequence's).
     rotating: bool,
-    /// Per layer, the window of a layer whose buffers are a ring.
-    windows: Vec<Option<i32>>,
+    /// Per layer, the shape of a layer whose buffers are a ring.
+    rings: Vec<Option<Ring>>,
+    /// In a rotating cache, the ring of every layer that attends causally through
+    /// [`Context::attend`](crate::model::Context::attend) (and of a sliding-window layer whose
+    /// window is larger): `None` keeps every position.
+    bound: Option<Ring>,
     /// The recurrent layers' states after the `len` filled slots.
     pub(crate) states: RecurrentStates,
 }
@@ -62,8 +70,10 @@ impl KvCache {
             starts: Some(starts),
             mask: None,
             traced: None,
+            traced_starts: None,
             rotating: false,
-            windows: Vec::new(),
+            rings: Vec::new(),
+            bound: None,
             states: RecurrentStates::default(),
         }
     }
@@ -76,30 +86,72 @@ impl KvCache {
         }
     }
 
+    /// An empty cache whose layers keep at most `ring.size` positions each, the first
+    /// `ring.keep` and the latest (a rotating cache of mlx-lm's `max_kv_size` and `keep`).
+    pub(crate) fn bounded(ring: Ring) -> KvCache {
+        KvCache {
+            bound: Some(ring),
+            ..KvCache::rotating()
+        }
+    }
+
+    /// The ring of every causal layer of a bounded rotating cache ([`bounded`](Self::bounded)).
+    pub(crate) fn bound(&self) -> Option<Ring> {
+        self.bound
+            .filter(|_| self.rotating && self.starts.is_none())
+    }
+
     /// The cache inside a traced step: every layer's buffers (`keys, values, keys, values, ..`,
     /// as [`take_buffers`](Self::take_buffers) gives them), written at slot `offset` (an int32
-    /// scalar); its one row starts at slot 0; the layers with a window in `windows` are rings.
-    pub(crate) fn traced(buffers: Vec<Array>, offset: Array, windows: Vec<Option<i32>>) -> KvCache {
+    /// scalar); its one row starts at slot 0; the layers with a shape in `rings` are rings, and
+    /// `bound` is the prefilled cache's.
+    pub(crate) fn traced(
+        buffers: Vec<Array>,
+        offset: Array,
+        rings: Vec<Option<Ring>>,
+        bound: Option<Ring>,
+    ) -> KvCache {
         KvCache {
             layers: pairs(buffers),
             len: 0,
             starts: None,
             mask: None,
             traced: Some(offset),
+            traced_starts: None,
             rotating: true,
-            windows,
+            rings,
+            bound,
             states: RecurrentStates::default(),
         }
     }
 
-    /// Per layer, the window of a layer whose buffers are a ring.
-    pub(crate) fn windows(&self) -> Vec<Option<i32>> {
-        self.windows.clone()
+    /// The cache inside a traced batched step: as [`traced`](Self::traced), for rows that start
+    /// at slots `starts` (`[B]` int32) and whose layers all keep every position (a batch's).
+    pub(crate) fn traced_rows(buffers: Vec<Array>, offset: Array, starts: Array) -> KvCache {
+        KvCache {
+            layers: pairs(buffers),
+            traced: Some(offset),
+            traced_starts: Some(starts),
+            ..KvCache::default()
+        }
+    }
+
+    /// Every row's first slot as an int32 array `[B]` (a traced batched step's input), `None`
+    /// where every row starts at slot 0.
+    pub(crate) fn starts(&self) -> Option<Array> {
+        self.starts
+            .as_ref()
+            .map(|starts| Array::from_slice(starts, &[starts.len() as i32]))
+    }
+
+    /// Per layer, the shape of a layer whose buffers are a ring.
+    pub(crate) fn rings(&self) -> Vec<Option<Ring>> {
+        self.rings.clone()
     }
 
     /// Whether `layer`'s buffers are a ring.
     fn is_ring(&self, layer: usize) -> bool {
-        self.windows.get(layer).copied().flatten().is_some()
+        self.rings.get(layer).copied().flatten().is_some()
     }
 
     /// The position of the current call's first slot as an int32 scalar: the traced offset, or
@@ -146,9 +198,9 @@ impl KvCache {
             let Some((keys, values)) = buffers else {
                 continue;
             };
-            match self.windows.get(layer).copied().flatten() {
-                Some(window) => {
-                    let slots = ring::slots_for(end, window, Self::STEP);
+            match self.rings.get(layer).copied().flatten() {
+                Some(shape) => {
+                    let slots = ring::slots_for(end, shape, Self::STEP);
                     *keys = widen(keys.clone(), slots)?;
                     *values = widen(values.clone(), slots)?;
                 }
@@ -182,12 +234,14 @@ impl KvCache {
     pub(crate) fn put_buffers(&mut self, buffers: Vec<Array>, tokens: i32) {
         self.layers = pairs(buffers);
         self.len += tokens;
+        self.mask = None;
     }
 
     /// [`extend`](Self::extend) for a layer whose queries see only the keys fewer than `window`
     /// positions back: in a rotating cache its buffers are a ring of `window` slots
-    /// ([`super::ring`]), and the keys and values it returns come with their positions (`[T_k]`
-    /// int32, -1 for an empty slot), which the mask must then go by; otherwise as `extend`.
+    /// ([`super::ring`]; the bound's ring where that is smaller), and the keys and values it
+    /// returns come with their positions (`[T_k]` int32, -1 for an empty slot), which the mask
+    /// must then go by; otherwise as `extend`.
     pub(crate) fn extend_windowed(
         &mut self,
         layer: usize,
@@ -199,33 +253,51 @@ impl KvCache {
             let (keys, values) = self.extend(layer, k, v)?;
             return Ok((keys, values, None));
         }
+        let shape = match self.bound {
+            Some(bound) if bound.size < window => bound,
+            _ => Ring::window(window),
+        };
+        let (keys, values, positions) = self.extend_ring(layer, k, v, shape)?;
+        Ok((keys, values, Some(positions)))
+    }
+
+    /// Writes `k` and `v` into layer `layer`'s ring of `shape` ([`super::ring`]) and returns
+    /// the keys and values the call sees with their positions (`[T_k]` int32, -1 for an empty
+    /// slot), which the mask must go by. For a rotating cache's layers.
+    pub(crate) fn extend_ring(
+        &mut self,
+        layer: usize,
+        k: &Array,
+        v: &Array,
+        shape: Ring,
+    ) -> Result<(Array, Array, Array)> {
         if self.layers.len() <= layer {
             self.layers.resize(layer + 1, None);
         }
-        if self.windows.len() <= layer {
-            self.windows.resize(layer + 1, None);
+        if self.rings.len() <= layer {
+            self.rings.resize(layer + 1, None);
         }
-        self.windows[layer] = Some(window);
+        self.rings[layer] = Some(shape);
         if let Some(offset) = &self.traced {
             let (keys, values) = self.layers[layer].take().ok_or_else(|| {
                 Error::Layout(format!(
                     "a traced decode step attends in layer {layer}, which holds no keys yet"
                 ))
             })?;
-            let (keys, positions) = ring::extend_traced(&keys, k, offset, window)?;
-            let (values, _) = ring::extend_traced(&values, v, offset, window)?;
+            let (keys, positions) = ring::extend_traced(&keys, k, offset, shape)?;
+            let (values, _) = ring::extend_traced(&values, v, offset, shape)?;
             self.layers[layer] = Some((keys.clone(), values.clone()));
-            return Ok((keys, values, Some(positions)));
+            return Ok((keys, values, positions));
         }
-        let slots = ring::slots_for(self.len + k.dim(2), window, Self::STEP);
+        let slots = ring::slots_for(self.len + k.dim(2), shape, Self::STEP);
         let (keys, values) = match self.layers[layer].take() {
             Some((keys, values)) => (widen(keys, slots)?, widen(values, slots)?),
             None => (blank(k, slots)?, blank(v, slots)?),
         };
-        let (seen_keys, positions, keys) = ring::extend(&keys, k, self.len, window)?;
-        let (seen_values, _, values) = ring::extend(&values, v, self.len, window)?;
+        let (seen_keys, positions, keys) = ring::extend(&keys, k, self.len, shape)?;
+        let (seen_values, _, values) = ring::extend(&values, v, self.len, shape)?;
         self.layers[layer] = Some((keys, values));
-        Ok((seen_keys, seen_values, Some(positions)))
+        Ok((seen_keys, seen_values, positions))
     }
 
     /// Writes `k` and `v` (`[B, heads, T, head_dim]`) at slots `len .. len + T` of layer
@@ -276,6 +348,13 @@ impl KvCache {
         if self.starts.is_none() && self.traced.is_none() {
             return Ok(None);
         }
+        let starts = match (&self.traced_starts, &self.starts) {
+            (Some(starts), _) => Some(starts.reshape(&[-1, 1, 1, 1])?),
+            (None, Some(starts)) => {
+                Some(Array::from_slice(starts, &[starts.len() as i32, 1, 1, 1]))
+            }
+            (None, None) => None,
+        };
         if let Some((shape, mask)) = &self.mask {
             if *shape == (q_len, k_len) {
                 return Ok(Some(mask.clone()));
@@ -288,9 +367,8 @@ impl KvCache {
         let rows = nn::positions_after(&first, q_len)?.reshape(&[1, 1, q_len, 1])?;
         let cols = Array::arange::<_, i32>(None, k_len, None)?.reshape(&[1, 1, 1, k_len])?;
         let mut seen = cols.le(&rows)?;
-        if let Some(starts) = &self.starts {
-            let starts = Array::from_slice(starts, &[starts.len() as i32, 1, 1, 1]);
-            seen = seen.logical_and(&cols.ge(&starts)?)?;
+        if let Some(starts) = &starts {
+            seen = seen.logical_and(&cols.ge(starts)?)?;
         }
         let mask = seen.logical_or(&cols.eq(&rows)?)?;
         self.mask = Some(((q_len, k_len), mask.clone()));
@@ -301,12 +379,12 @@ impl KvCache {
     /// no row is padded. (Recurrent layers zero their inputs on a row's padding, so that its
     /// state starts as an unpadded row's does.)
     pub(crate) fn valid(&self, t_len: i32) -> Result<Option<Array>> {
-        let Some(starts) = &self.starts else {
-            return Ok(None);
+        let starts = match (&self.traced_starts, &self.starts) {
+            (Some(starts), _) => starts.reshape(&[-1, 1])?,
+            (None, Some(starts)) => Array::from_slice(starts, &[starts.len() as i32, 1]),
+            (None, None) => return Ok(None),
         };
-        let slots =
-            Array::arange::<_, i32>(self.len, self.len + t_len, None)?.reshape(&[1, t_len])?;
-        let starts = Array::from_slice(starts, &[starts.len() as i32, 1]);
+        let slots = nn::positions_after(&self.position(), t_len)?.reshape(&[1, t_len])?;
         Ok(Some(slots.ge(&starts)?))
     }
 
@@ -331,13 +409,12 @@ impl KvCache {
     /// `len` that the next pass would see: the whole cache is then dropped. Returns the length
     /// kept.
     pub(crate) fn truncate(&mut self, len: i32) -> i32 {
-        let lost = self
-            .windows
-            .iter()
-            .flatten()
-            .any(|&window| self.len > window);
+        let lost = self.rings.iter().flatten().any(|ring| self.len > ring.size);
         if len < self.len && lost {
-            *self = KvCache::rotating();
+            *self = KvCache {
+                bound: self.bound,
+                ..KvCache::rotating()
+            };
         }
         self.len = self.len.min(len);
         self.len

@@ -3,6 +3,8 @@
 //! the token of the step before (as mlx-lm's `generate_step`), so that the device never waits
 //! for the host.
 
+use super::cache::KvCache;
+use super::ring::Ring;
 use super::sampler::Sampler;
 use super::step::DecodeStep;
 use super::{check_prompt, Sampling};
@@ -56,6 +58,30 @@ impl PromptCache {
         PromptCache::default()
     }
 
+    /// An empty cache whose every layer holds at most `max_kv_size` positions: the first `keep`
+    /// of the sequence and the latest (mlx-lm's `max_kv_size` and the `keep` of its
+    /// `RotatingKVCache`), so that a long generation's memory stays bounded; a query then sees
+    /// those positions alone. Sliding-window layers keep their own window where it is smaller;
+    /// layers masked otherwise than causally (biases, soft-capping) keep every position.
+    /// Fails with [`Error::Setting`] unless `keep < max_kv_size`.
+    pub fn bounded(max_kv_size: usize, keep: usize) -> Result<PromptCache> {
+        if keep >= max_kv_size || max_kv_size > i32::MAX as usize {
+            return Err(Error::Setting {
+                name: "max_kv_size",
+                value: format!("{max_kv_size} with keep {keep}"),
+                expected: "more than keep (the first positions, kept for good)",
+            });
+        }
+        let ring = Ring {
+            size: max_kv_size as i32,
+            keep: keep as i32,
+        };
+        Ok(PromptCache {
+            ctx: Context::with_cache(KvCache::bounded(ring)),
+            tokens: Vec::new(),
+        })
+    }
+
     /// The tokens whose keys and values the cache holds.
     pub fn tokens(&self) -> &[u32] {
         &self.tokens
@@ -80,7 +106,11 @@ impl PromptCache {
         let shared = if rewinds {
             shared
         } else {
-            self.ctx = Context::generation();
+            let bound = self.ctx.cache_mut().and_then(|cache| cache.bound());
+            self.ctx = match bound {
+                Some(ring) => Context::with_cache(KvCache::bounded(ring)),
+                None => Context::generation(),
+            };
             0
         };
         let kept = match self.ctx.cache_mut() {
@@ -161,13 +191,12 @@ pub fn generate_cached<M: LanguageModel>(
     eval([&pending])?;
     cache.tokens.extend_from_slice(&fresh);
     let prompt_seconds = started.elapsed().as_secs_f64();
-    let windows = cache
+    let (rings, bound, recurrent) = cache
         .ctx
         .cache_mut()
-        .map(|cache| cache.windows())
+        .map(|cache| (cache.rings(), cache.bound(), cache.states.len()))
         .unwrap_or_default();
-    let recurrent = cache.ctx.cache_mut().map_or(0, |cache| cache.states.len());
-    let mut decoder = DecodeStep::new::<M>(params, config, &sampler, windows, recurrent);
+    let mut decoder = DecodeStep::new::<M>(params, config, &sampler, rings, bound, recurrent);
     let decode_started = Instant::now();
     loop {
         let more = tokens.len() + 1 < limit;

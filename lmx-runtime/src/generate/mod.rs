@@ -5,9 +5,10 @@
 //! ([`text::TextStream`]).
 
 mod batch;
+mod batch_step;
 pub(crate) mod cache;
 mod decode;
-mod ring;
+pub(crate) mod ring;
 pub mod sampler;
 mod search;
 mod speculative;

@@ -26,6 +26,7 @@
 //! be reused for.
 
 use super::cache::KvCache;
+use super::ring::Ring;
 use super::sampler::Sampler;
 use super::state::RecurrentStates;
 use crate::error::{Error, Result};
@@ -57,13 +58,15 @@ pub(crate) struct DecodeStep {
 impl DecodeStep {
     /// The step of `M` with `params` and `config`, sampling as `sampler` does (its settings; its
     /// state is an input of every call).
-    /// The layers whose buffers are rings are those of `windows`, and `recurrent` is the number
-    /// of recurrent slots (both the prefilled cache's).
+    /// The layers whose buffers are rings are those of `rings`, `bound` the ring of every causal
+    /// layer of a bounded cache, and `recurrent` is the number of recurrent slots (all the
+    /// prefilled cache's).
     pub(crate) fn new<M: LanguageModel>(
         params: &M::Params,
         config: &M::Config,
         sampler: &Sampler,
-        windows: Vec<Option<i32>>,
+        rings: Vec<Option<Ring>>,
+        bound: Option<Ring>,
         recurrent: usize,
     ) -> DecodeStep {
         let leaves = flatten(params);
@@ -78,17 +81,12 @@ impl DecodeStep {
         let body = move |inputs: &[Array]| -> Result<Vec<Array>> {
             counter.set(counter.get() + 1);
             let (leaves, rest) = inputs.split_at(leaf_count);
-            let mut params = template.clone();
-            let mut leaves = leaves.iter();
-            params.for_each_mut(&mut |leaf| {
-                if let Some(input) = leaves.next() {
-                    *leaf = input.clone();
-                }
-            });
+            let params = with_leaves(&template, leaves);
             let (token, position) = (&rest[0], &rest[1]);
             let (state, rest) = rest[2..].split_at(state_len);
             let (buffers, states) = rest.split_at(rest.len() - recurrent);
-            let mut cache = KvCache::traced(buffers.to_vec(), position.clone(), windows.clone());
+            let mut cache =
+                KvCache::traced(buffers.to_vec(), position.clone(), rings.clone(), bound);
             cache.states = RecurrentStates::from_arrays(states.to_vec());
             let mut ctx = Context::with_cache(cache);
             let logits = nn::without_gradients(|| M::forward(&params, &config, token, &mut ctx))?;
@@ -157,4 +155,17 @@ impl DecodeStep {
     pub(crate) fn traces(&self) -> usize {
         self.traces.get()
     }
+}
+
+/// `template` (parameters) with its leaves replaced by `leaves`, in [`flatten`]'s order: the
+/// traced inputs a compiled step's body computes with.
+pub(crate) fn with_leaves<P: Tree<Array> + Clone>(template: &P, leaves: &[Array]) -> P {
+    let mut params = template.clone();
+    let mut leaves = leaves.iter();
+    params.for_each_mut(&mut |leaf| {
+        if let Some(input) = leaves.next() {
+            *leaf = input.clone();
+        }
+    });
+    params
 }
