@@ -141,7 +141,8 @@ pub struct TrainArgs {
     /// Hugging Face model folder, whose weights the run starts from (as --init).
     #[arg(long)]
     pub model: Option<String>,
-    /// Its preset.
+    /// Its preset (`default`: the model's `config` defaults, which a model that declares no
+    /// presets trains when none is given).
     #[arg(long, default_value = "bpe")]
     pub preset: String,
     /// Start from a Hugging Face model folder's weights and settings (its `config.json`
@@ -528,6 +529,7 @@ impl TrainArgs {
                 .clone()
                 .unwrap_or_else(|| default_model.to_owned()),
             preset: self.preset.clone(),
+            preset_given: given("preset"),
             model_config: None,
             init: None,
             settings: self.settings.clone(),

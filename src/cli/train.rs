@@ -33,6 +33,9 @@ pub struct TrainRequest {
     pub model: String,
     /// Its preset.
     pub preset: String,
+    /// Whether `preset` was asked for (`--preset`, the TOML file); otherwise it is the default
+    /// name, which a model without a preset of that name reads as its configuration's defaults.
+    pub preset_given: bool,
     /// The configuration to start from instead of the preset's: a resumed run's recorded one.
     pub model_config: Option<serde_json::Value>,
     /// A Hugging Face model folder whose settings and weights the run starts from.
@@ -107,6 +110,21 @@ where
     train_with::<MtpStep<S>>(request, Some(objectives::mtp::<S::Model>))
 }
 
+/// The preset every model has: its `config` block's defaults.
+const DEFAULTS: &str = "default";
+
+/// The preset a run trains: `requested`, or, where it was not given (the default name, the
+/// bundled GPT-2's `bpe`) and the model declares no presets (a user's file may not), its
+/// config's defaults. A model that declares presets but not the default name is asked which
+/// (its defaults may be a large model).
+fn preset_name<'a>(requested: &'a str, given: bool, presets: &[&str]) -> &'a str {
+    if !given && presets.is_empty() {
+        DEFAULTS
+    } else {
+        requested
+    }
+}
+
 const NOT_TEXT_CURRICULUM: &str = "--curriculum-easy mixes text or token files into the \
      batches of --data's text: not with supervised examples, --step dpo or --step grpo";
 
@@ -115,7 +133,7 @@ const NOT_TEXT_CURRICULUM: &str = "--curriculum-easy mixes text or token files i
 type OwnObjective<M> = fn(&<M as LanguageModel>::Config) -> Objective<M>;
 
 fn train_with<S: TrainingStep>(
-    request: TrainRequest,
+    mut request: TrainRequest,
     own: Option<OwnObjective<S::Model>>,
 ) -> anyhow::Result<bool>
 where
@@ -133,14 +151,19 @@ where
         (Some(recorded), _) => serde_json::from_value(recorded.clone())
             .map_err(|err| anyhow::anyhow!("the recorded model configuration: {err}"))?,
         (None, Some(folder)) => hf::model_config::<S::Model>(folder)?,
-        (None, None) => S::Model::preset(&request.preset).ok_or_else(|| {
-            anyhow::anyhow!(
-                "{} has no preset `{}`; its presets are {}",
-                S::Model::NAME,
-                request.preset,
-                S::Model::presets().join(", ")
-            )
-        })?,
+        (None, None) => {
+            request.preset =
+                preset_name(&request.preset, request.preset_given, S::Model::presets()).to_owned();
+            S::Model::preset(&request.preset).ok_or_else(|| {
+                let presets = S::Model::presets().iter().chain([&DEFAULTS]);
+                anyhow::anyhow!(
+                    "{} has no preset `{}`; its presets are {}",
+                    S::Model::NAME,
+                    request.preset,
+                    presets.copied().collect::<Vec<_>>().join(", ")
+                )
+            })?
+        }
     };
     let model_config = super::settings::apply(&model_config, &request.settings, S::Model::NAME)?;
     S::Model::validate(&model_config)?;
@@ -831,4 +854,22 @@ pub fn stream<M: LanguageModel>(
         generation.decode_tokens_per_s
     );
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::preset_name;
+
+    #[test]
+    fn a_model_without_presets_trains_its_defaults_unless_a_preset_is_named() {
+        // A user's file with a config block only, no --preset: its defaults.
+        assert_eq!(preset_name("bpe", false, &[]), "default");
+        // Named, the preset is looked up as asked (and refused when unknown).
+        assert_eq!(preset_name("bpe", true, &[]), "bpe");
+        assert_eq!(preset_name("tiny", true, &["tiny"]), "tiny");
+        // A model with presets, none named: the default name, which GPT-2 has and others refuse
+        // with their list, rather than silently training a large default.
+        assert_eq!(preset_name("bpe", false, &["bpe", "124m"]), "bpe");
+        assert_eq!(preset_name("bpe", false, &["tiny", "7b"]), "bpe");
+    }
 }
