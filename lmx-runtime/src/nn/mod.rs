@@ -15,6 +15,8 @@ mod linear_grad;
 mod loss;
 mod padded_product;
 mod rope;
+#[cfg(test)]
+mod same_gradients;
 mod scan;
 mod tiled_attention;
 

@@ -59,46 +59,18 @@ fn padded(x: &Array, w: &Array, b: Option<&Array>, pad: i32) -> Result<Array> {
 
 #[cfg(test)]
 mod tests {
+    use super::super::same_gradients::assert_same_values_and_gradients;
     use super::*;
-    use crate::error::Error;
-    use mlx_rs::error::Exception;
-    use mlx_rs::random;
-    use mlx_rs::transforms::value_and_grad_with_argnums as value_and_grad;
-
-    /// `sum(product(x, w, b) * r)`: its gradients are `r`'s pull-back through the product.
-    fn objective(
-        pad: i32,
-        r: Array,
-    ) -> impl FnMut(&[Array]) -> std::result::Result<Vec<Array>, Exception> {
-        move |args: &[Array]| {
-            let y = match pad {
-                0 => linear_with_row_major_grad(&args[0], &args[1], Some(&args[2])),
-                pad => padded(&args[0], &args[1], Some(&args[2]), pad),
-            }
-            .map_err(Error::into_exception)?;
-            Ok(vec![y.multiply(&r)?.sum(false)?])
-        }
-    }
 
     /// The padded product of 7 outputs (padded to 64) and its gradients in `x`, `w` and `b`
     /// equal the unpadded product's, in shape and value.
     #[test]
     fn padding_changes_neither_the_product_nor_its_gradients() {
-        let key = |seed: u64| random::key(seed).unwrap();
-        let normal =
-            |shape: &[i32], seed| random::normal::<f32>(shape, None, None, &key(seed)).unwrap();
-        let args = [normal(&[2, 5, 3], 0), normal(&[7, 3], 1), normal(&[7], 2)];
-        let r = normal(&[2, 5, 7], 3);
-        let argnums = [0, 1, 2];
-        let (value, grads) = value_and_grad(objective(0, r.clone()), &argnums)(&args).unwrap();
-        let (padded_value, padded_grads) =
-            value_and_grad(objective(57, r), &argnums)(&args).unwrap();
-        let close = |a: &Array, b: &Array| {
-            a.shape() == b.shape() && a.all_close(b, 1e-6, 1e-6, None).unwrap()
-        };
-        assert!(close(&value[0], &padded_value[0]));
-        for (plain, padded) in grads.iter().zip(&padded_grads) {
-            assert!(close(plain, padded), "{plain:?} against {padded:?}");
-        }
+        assert_same_values_and_gradients(
+            &[&[2, 5, 3], &[7, 3], &[7]],
+            |args| linear_with_row_major_grad(&args[0], &args[1], Some(&args[2])),
+            |args| padded(&args[0], &args[1], Some(&args[2]), 57),
+            1e-6,
+        );
     }
 }

@@ -41,50 +41,18 @@ fn padded(q: &Array, k: &Array, v: &Array, pad: i32) -> Result<Array> {
 
 #[cfg(test)]
 mod tests {
+    use super::super::same_gradients::assert_same_values_and_gradients;
     use super::*;
-    use crate::error::Error;
-    use mlx_rs::error::Exception;
-    use mlx_rs::random;
-    use mlx_rs::transforms::value_and_grad_with_argnums as value_and_grad;
-
-    /// `sum(attention(q, k, v) * r)`, padded by `pad` positions or not.
-    fn objective(
-        pad: i32,
-        r: Array,
-    ) -> impl FnMut(&[Array]) -> std::result::Result<Vec<Array>, Exception> {
-        move |args: &[Array]| {
-            let y = match pad {
-                0 => attention(&args[0], &args[1], &args[2], AttentionMask::Causal),
-                pad => padded(&args[0], &args[1], &args[2], pad),
-            }
-            .map_err(Error::into_exception)?;
-            Ok(vec![y.multiply(&r)?.sum(false)?])
-        }
-    }
 
     /// Padded by 5 positions, grouped-query attention of 6 positions gives the unpadded
     /// attention's output and gradients in `q`, `k` and `v`.
     #[test]
     fn padding_changes_neither_the_attention_nor_its_gradients() {
-        let key = |seed: u64| random::key(seed).unwrap();
-        let normal =
-            |shape: &[i32], seed| random::normal::<f32>(shape, None, None, &key(seed)).unwrap();
-        let args = [
-            normal(&[2, 4, 6, 8], 0),
-            normal(&[2, 2, 6, 8], 1),
-            normal(&[2, 2, 6, 8], 2),
-        ];
-        let r = normal(&[2, 4, 6, 8], 3);
-        let argnums = [0, 1, 2];
-        let (value, grads) = value_and_grad(objective(0, r.clone()), &argnums)(&args).unwrap();
-        let (padded_value, padded_grads) =
-            value_and_grad(objective(5, r), &argnums)(&args).unwrap();
-        let close = |a: &Array, b: &Array| {
-            a.shape() == b.shape() && a.all_close(b, 1e-5, 1e-5, None).unwrap()
-        };
-        assert!(close(&value[0], &padded_value[0]));
-        for (plain, padded) in grads.iter().zip(&padded_grads) {
-            assert!(close(plain, padded), "{plain:?} against {padded:?}");
-        }
+        assert_same_values_and_gradients(
+            &[&[2, 4, 6, 8], &[2, 2, 6, 8], &[2, 2, 6, 8]],
+            |args| attention(&args[0], &args[1], &args[2], AttentionMask::Causal),
+            |args| padded(&args[0], &args[1], &args[2], 5),
+            1e-5,
+        );
     }
 }
