@@ -360,9 +360,13 @@ pub fn reshape(c: &mut RuleCx<'_, '_>) -> Ty {
         let product = |s: &[Dim]| s.iter().fold(Dim::constant(1), |acc, d| acc.mul(d));
         let (a, b) = (product(from), product(&shape));
         if a != b {
+            // A compound size is parenthesised, so that the product reads as it multiplies.
             let text = |s: &[Dim]| {
                 s.iter()
-                    .map(|d| d.to_string())
+                    .map(|d| match d.to_string() {
+                        t if t.contains(' ') => format!("({t})"),
+                        t => t,
+                    })
                     .collect::<Vec<_>>()
                     .join(" * ")
             };
