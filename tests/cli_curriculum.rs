@@ -3,44 +3,10 @@
 //! one's losses, a changed curriculum is refused on resume, and wrong flags are refused naming
 //! them. (Which rows each step reads is tested in lmx-runtime's `curriculum_data`.)
 
-use std::path::Path;
-use std::process::{Command, Output};
+#[path = "support/cli.rs"]
+mod cli;
 
-fn lmx(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_lmx"))
-        .args(args)
-        .output()
-        .expect("lmx runs")
-}
-
-fn text(bytes: &[u8]) -> String {
-    String::from_utf8_lossy(bytes).into_owned()
-}
-
-fn succeeded(output: &Output) -> String {
-    let stderr = text(&output.stderr);
-    assert!(
-        output.status.success(),
-        "{}\n{stderr}",
-        text(&output.stdout)
-    );
-    stderr
-}
-
-fn failed(output: &Output) -> String {
-    assert!(!output.status.success(), "{}", text(&output.stdout));
-    text(&output.stderr)
-}
-
-fn losses(run: &Path) -> Vec<(u64, f64)> {
-    std::fs::read_to_string(run.join("metrics.jsonl"))
-        .unwrap()
-        .lines()
-        .map(|line| serde_json::from_str::<serde_json::Value>(line).unwrap())
-        .filter(|value| value["kind"] == "step")
-        .map(|v| (v["step"].as_u64().unwrap(), v["loss"].as_f64().unwrap()))
-        .collect()
-}
+use cli::{failed, lmx, losses, succeeded};
 
 #[test]
 fn a_difficulty_curriculum_is_recorded_and_resumes_exactly() {

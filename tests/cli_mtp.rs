@@ -8,33 +8,10 @@ use lmx::runtime::model::LanguageModel;
 use lmx::runtime::objectives::check_backbone;
 use lmx::runtime::Array;
 use std::path::Path;
-use std::process::{Command, Output};
+#[path = "support/cli.rs"]
+mod cli;
 
-fn lmx(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_lmx"))
-        .args(args)
-        .output()
-        .expect("lmx runs")
-}
-
-fn text(bytes: &[u8]) -> String {
-    String::from_utf8_lossy(bytes).into_owned()
-}
-
-fn succeeded(output: &Output) -> String {
-    let stderr = text(&output.stderr);
-    assert!(
-        output.status.success(),
-        "{}\n{stderr}",
-        text(&output.stdout)
-    );
-    stderr
-}
-
-fn failed(output: &Output) -> String {
-    assert!(!output.status.success(), "{}", text(&output.stdout));
-    text(&output.stderr)
-}
+use cli::{failed, lmx, succeeded, text};
 
 #[test]
 fn llama_splits_its_forward_pass_at_the_output_head() {

@@ -3,49 +3,10 @@
 //! of the uninterrupted one, and wrong combinations of flags are refused naming the flags.
 
 use std::path::Path;
-use std::process::{Command, Output};
+#[path = "support/cli.rs"]
+mod cli;
 
-fn lmx(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_lmx"))
-        .args(args)
-        .output()
-        .expect("lmx runs")
-}
-
-fn text(bytes: &[u8]) -> String {
-    String::from_utf8_lossy(bytes).into_owned()
-}
-
-fn succeeded(output: &Output) -> String {
-    let stderr = text(&output.stderr);
-    assert!(
-        output.status.success(),
-        "{}\n{stderr}",
-        text(&output.stdout)
-    );
-    stderr
-}
-
-fn failed(output: &Output) -> String {
-    assert!(!output.status.success(), "{}", text(&output.stdout));
-    text(&output.stderr)
-}
-
-/// The `(step, loss)` of each step line of `RUN/metrics.jsonl`.
-fn losses(run: &Path) -> Vec<(u64, f64)> {
-    std::fs::read_to_string(run.join("metrics.jsonl"))
-        .unwrap()
-        .lines()
-        .map(|line| serde_json::from_str::<serde_json::Value>(line).unwrap())
-        .filter(|value| value["kind"] == "step")
-        .map(|value| {
-            (
-                value["step"].as_u64().unwrap(),
-                value["loss"].as_f64().unwrap(),
-            )
-        })
-        .collect()
-}
+use cli::{failed, lmx, losses, succeeded, text};
 
 /// Trains `flags` 8 steps into `run` with checkpoints every 4, continues from step 4, and
 /// asserts the same losses, bit for bit.

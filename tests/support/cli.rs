@@ -1,0 +1,51 @@
+//! Running the `lmx` binary in tests, and reading what a run wrote. Each test crate that
+//! includes this (`#[path = "support/cli.rs"] mod cli;`) uses a part of it.
+#![allow(dead_code)]
+
+use std::path::Path;
+use std::process::{Command, Output};
+
+/// `lmx ARGS`, run to completion.
+pub fn lmx(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_lmx"))
+        .args(args)
+        .output()
+        .expect("lmx runs")
+}
+
+pub fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+/// The standard error of a run that must have succeeded.
+pub fn succeeded(output: &Output) -> String {
+    let stderr = text(&output.stderr);
+    assert!(
+        output.status.success(),
+        "{}\n{stderr}",
+        text(&output.stdout)
+    );
+    stderr
+}
+
+/// The standard error of a run that must have failed.
+pub fn failed(output: &Output) -> String {
+    assert!(!output.status.success(), "{}", text(&output.stdout));
+    text(&output.stderr)
+}
+
+/// The `(step, loss)` of each step line of `RUN/metrics.jsonl`.
+pub fn losses(run: &Path) -> Vec<(u64, f64)> {
+    std::fs::read_to_string(run.join("metrics.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|line| serde_json::from_str::<serde_json::Value>(line).unwrap())
+        .filter(|value| value["kind"] == "step")
+        .map(|value| {
+            (
+                value["step"].as_u64().unwrap(),
+                value["loss"].as_f64().unwrap(),
+            )
+        })
+        .collect()
+}
