@@ -19,10 +19,9 @@
 
 use super::cache::KvCache;
 use super::state::RecurrentStates;
-use super::step::with_leaves;
+use super::step::{traced_forward, with_leaves};
 use crate::error::{Error, Result};
-use crate::model::{Context, LanguageModel};
-use crate::nn;
+use crate::model::LanguageModel;
 use crate::tree::flatten;
 use mlx_rs::error::Exception;
 use mlx_rs::ops::indexing::IndexOp;
@@ -65,16 +64,10 @@ impl BatchStep {
             let params = with_leaves(&template, leaves);
             let (tokens, position, starts) = (&rest[0], &rest[1], &rest[2]);
             let (buffers, states) = rest[3..].split_at(rest.len() - 3 - recurrent);
-            let mut cache =
-                KvCache::traced_rows(buffers.to_vec(), position.clone(), starts.clone());
-            cache.states = RecurrentStates::from_arrays(states.to_vec());
-            let mut ctx = Context::with_cache(cache);
-            let logits = nn::without_gradients(|| M::forward(&params, &config, tokens, &mut ctx))?;
+            let cache = KvCache::traced_rows(buffers.to_vec(), position.clone(), starts.clone());
+            let (logits, cached) = traced_forward::<M>(&params, &config, tokens, cache, states)?;
             let mut outputs = vec![logits.index((.., -1))];
-            if let Some(cache) = ctx.cache_mut() {
-                outputs.extend(cache.take_buffers());
-                outputs.extend(cache.states.take_all());
-            }
+            outputs.extend(cached);
             Ok(outputs)
         };
         let pure = move |inputs: &[Array]| body(inputs).map_err(Error::into_exception);

@@ -85,19 +85,13 @@ impl DecodeStep {
             let (token, position) = (&rest[0], &rest[1]);
             let (state, rest) = rest[2..].split_at(state_len);
             let (buffers, states) = rest.split_at(rest.len() - recurrent);
-            let mut cache =
-                KvCache::traced(buffers.to_vec(), position.clone(), rings.clone(), bound);
-            cache.states = RecurrentStates::from_arrays(states.to_vec());
-            let mut ctx = Context::with_cache(cache);
-            let logits = nn::without_gradients(|| M::forward(&params, &config, token, &mut ctx))?;
+            let cache = KvCache::traced(buffers.to_vec(), position.clone(), rings.clone(), bound);
+            let (logits, cached) = traced_forward::<M>(&params, &config, token, cache, states)?;
             let mut sampler = sampler.clone();
             sampler.set_state(state);
             let mut outputs = vec![sampler.next(&logits.index((0, -1)))?];
             outputs.extend(sampler.state());
-            if let Some(cache) = ctx.cache_mut() {
-                outputs.extend(cache.take_buffers());
-                outputs.extend(cache.states.take_all());
-            }
+            outputs.extend(cached);
             Ok(outputs)
         };
         let pure = move |inputs: &[Array]| body(inputs).map_err(Error::into_exception);
@@ -155,6 +149,27 @@ impl DecodeStep {
     pub(crate) fn traces(&self) -> usize {
         self.traces.get()
     }
+}
+
+/// The forward pass of a compiled decode step's body over `tokens`, without gradients, at
+/// `cache` (a traced one) carrying the recurrent `states`: the logits, and the cache's buffers
+/// and states after it, the step's outputs that feed the next call.
+pub(crate) fn traced_forward<M: LanguageModel>(
+    params: &M::Params,
+    config: &M::Config,
+    tokens: &Array,
+    mut cache: KvCache,
+    states: &[Array],
+) -> Result<(Array, Vec<Array>)> {
+    cache.states = RecurrentStates::from_arrays(states.to_vec());
+    let mut ctx = Context::with_cache(cache);
+    let logits = nn::without_gradients(|| M::forward(params, config, tokens, &mut ctx))?;
+    let mut cached = Vec::new();
+    if let Some(cache) = ctx.cache_mut() {
+        cached.extend(cache.take_buffers());
+        cached.extend(cache.states.take_all());
+    }
+    Ok((logits, cached))
 }
 
 /// `template` (parameters) with its leaves replaced by `leaves`, in [`flatten`]'s order: the
