@@ -12,6 +12,7 @@
 //! The state space recurrence, per head `h` (heads share `B` and `C` in groups):
 //! `S_t = exp(dt_t a_h) S_{t-1} + dt_t x_t ⊗ B_t` (`S: [head_dim, state]`), `y_t = S_t C_t`.
 
+use super::custom_vjp::{self, WithGradient};
 use crate::error::{Error, Result};
 use crate::model::Context;
 use mlx_rs::ops::indexing::IndexOp;
@@ -432,6 +433,54 @@ pub fn gated_delta_chunked(
     Ok((o.as_dtype(v.dtype())?, s))
 }
 
+/// A chunked form over a whole sequence from a zero state, as training runs it, whose gradient
+/// computes the form again instead of keeping its intermediates: inside each chunk the forms
+/// build `[B, H, nc, L, L]` decays and weights in float32, several per layer, which is most of
+/// a recurrent model's saved activations (an activation checkpoint around the one op, as
+/// MLX's `checkpoint` makes). The backward pays one more forward of the scan.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Recomputed {
+    /// [`ssd_chunked`] over `[x, dt, a, b, c]`.
+    Ssd { chunk: i32 },
+    /// [`gated_delta_chunked`] over `[q, k, v, g, beta]`.
+    GatedDelta { chunk: i32 },
+}
+
+impl WithGradient for Recomputed {
+    const NAME: &'static str = "a chunked scan";
+
+    fn forward(&self, inputs: &[Array]) -> Result<Vec<Array>> {
+        let y = match (*self, inputs) {
+            (Recomputed::Ssd { chunk }, [x, dt, a, b, c]) => {
+                ssd_chunked(x, dt, a, b, c, chunk, None)?.0
+            }
+            (Recomputed::GatedDelta { chunk }, [q, k, v, g, beta]) => {
+                gated_delta_chunked(q, k, v, g, beta, chunk, None)?.0
+            }
+            _ => {
+                return Err(Error::Layout(format!(
+                    "{self:?} takes five arrays, got {}",
+                    inputs.len()
+                )))
+            }
+        };
+        Ok(vec![y])
+    }
+
+    fn vjp(&self, primals: &[Array], cotangents: &[Array]) -> Result<Vec<Array>> {
+        let forward = |inputs: &[Array]| self.forward(inputs).map_err(Error::into_exception);
+        Ok(mlx_rs::transforms::fallible_vjp(forward, primals, cotangents)?.1)
+    }
+}
+
+/// `function` over `inputs` through [`Recomputed`]'s custom gradient.
+fn recomputed(function: Recomputed, inputs: &[&Array]) -> Result<Array> {
+    let inputs: Vec<Array> = inputs.iter().map(|&x| x.clone()).collect();
+    custom_vjp::apply(&function, &inputs)?
+        .pop()
+        .ok_or_else(|| Error::Layout(format!("{function:?} returned nothing")))
+}
+
 /// [`ssd_chunked`] or [`ssd_steps`] in recurrent slot `slot` of `ctx`: with a generation cache, the
 /// state it holds for the slot is the initial state and the final one replaces it, one position
 /// runs the step form and more the chunked form; positions a row's left padding holds take no
@@ -448,7 +497,7 @@ pub fn ssd(
     chunk: i32,
 ) -> Result<Array> {
     let Some(cache) = ctx.cache_mut() else {
-        return Ok(ssd_chunked(x, dt, a, b, c, chunk, None)?.0);
+        return recomputed(Recomputed::Ssd { chunk }, &[x, dt, a, b, c]);
     };
     let t = x.dim(1);
     let dt = match cache.valid(t)? {
@@ -479,7 +528,7 @@ pub fn gated_delta(
     chunk: i32,
 ) -> Result<Array> {
     let Some(cache) = ctx.cache_mut() else {
-        return Ok(gated_delta_chunked(q, k, v, g, beta, chunk, None)?.0);
+        return recomputed(Recomputed::GatedDelta { chunk }, &[q, k, v, g, beta]);
     };
     let t = q.dim(1);
     let (g, beta) = match cache.valid(t)? {
@@ -731,6 +780,60 @@ mod tests {
                     max_gap(&o1, &o2)
                 );
                 assert!(max_gap(&s1, &s2) < 1e-5, "state, T = {t}, chunk {chunk}");
+            }
+        }
+        Ok(())
+    }
+
+    /// The value and gradients of `<w, f(args)>` in every argument.
+    fn value_and_grads(
+        f: impl Fn(&[Array]) -> Result<Array> + 'static,
+        args: &[Array],
+        w: &Array,
+    ) -> (Array, Vec<Array>) {
+        let w = w.clone();
+        let objective = move |args: &[Array]| {
+            let y = f(args).map_err(Error::into_exception)?;
+            Ok(vec![y.multiply(&w)?.sum(None)?])
+        };
+        let (value, grads) =
+            mlx_rs::transforms::value_and_grad_with_argnums(objective, &[0, 1, 2, 3, 4][..])(args)
+                .unwrap();
+        (value[0].clone(), grads)
+    }
+
+    #[test]
+    fn recomputed_scans_give_the_plain_forms_values_and_gradients() -> Result<()> {
+        let ssd_args = inputs(11, 50).to_vec();
+        let q = normal(&[2, 11, 3, 4], 51);
+        let k = normal(&[2, 11, 3, 4], 52).multiply(Array::from_f32(0.4))?;
+        let v = normal(&[2, 11, 3, 5], 53);
+        let g = mlx_rs::nn::log_sigmoid(normal(&[2, 11, 3], 54))?;
+        let beta = ops::sigmoid(normal(&[2, 11, 3], 55))?;
+        let delta_args = vec![q, k, v, g, beta];
+        type Plain = fn(&[Array]) -> Result<Array>;
+        let cases: [(Recomputed, &[Array], Plain); 2] = [
+            (Recomputed::Ssd { chunk: 4 }, &ssd_args, |a| {
+                Ok(ssd_chunked(&a[0], &a[1], &a[2], &a[3], &a[4], 4, None)?.0)
+            }),
+            (Recomputed::GatedDelta { chunk: 4 }, &delta_args, |a| {
+                Ok(gated_delta_chunked(&a[0], &a[1], &a[2], &a[3], &a[4], 4, None)?.0)
+            }),
+        ];
+        for (function, args, plain) in cases {
+            let w = normal(plain(args)?.shape(), 56);
+            let (value, grads) = value_and_grads(plain, args, &w);
+            let (again, regrads) = value_and_grads(
+                move |a| recomputed(function, &a.iter().collect::<Vec<_>>()),
+                args,
+                &w,
+            );
+            assert!(max_gap(&value, &again) < 1e-5, "{function:?}'s value");
+            for (i, (g1, g2)) in grads.iter().zip(&regrads).enumerate() {
+                assert!(
+                    max_gap(g1, g2) < 1e-5,
+                    "{function:?}'s gradient in input {i}"
+                );
             }
         }
         Ok(())
