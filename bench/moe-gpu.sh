@@ -13,6 +13,8 @@
 # LAYERS 8, HEADS 16, KV_HEADS 4, D_FF 3584, EXPERTS 8, TOP_K 2, BATCH 8, SEQ 1024, DTYPE
 # bfloat16 (about 0.8B parameters, of which a token uses about 0.3B). OUT gets each run's output,
 # lmx's metrics.jsonl, and summary.txt.
+# TRACE=1 also records each run's GPU timeline with CUPTI (bench/cupti_trace.c) and writes
+# profile.txt, each run's kernels summarized by bench/trace_summary.py (traced steps run slower).
 set -u
 out=${1:?output folder}
 mkdir -p "$out"
@@ -29,11 +31,16 @@ work=$(mktemp -d)
 { nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>/dev/null \
     || echo "no nvidia-smi"; "$lmx" --version; } > "$out/machine.txt" 2>&1
 
+[ "${TRACE:-0}" = 1 ] && source "$here/cupti-build.sh"
 run() {  # name, then the command
     local name=$1
     shift
     local started=$(date +%s)
-    "$@" > "$out/$name.txt" 2>&1
+    if [ "${TRACE:-0}" = 1 ]; then
+        LMX_TRACE_OUT=$work/$name.tsv LD_PRELOAD=$work/trace.so "$@" > "$out/$name.txt" 2>&1
+    else
+        "$@" > "$out/$name.txt" 2>&1
+    fi
     echo "exit status $? after $(($(date +%s) - started)) s" >> "$out/$name.txt"
 }
 lmx_train() {  # name, then extra settings
@@ -92,5 +99,12 @@ if sparse and anchor_row:
     ratio = sparse["median_ms"] / anchor_row["median_ms"]
     print(f"lmx sparse / mlx-lm step time: {ratio:.2f} (target below 1): {'met' if ratio < 1 else 'NOT met'}")
 PY
+if [ "${TRACE:-0}" = 1 ]; then
+    for name in lmx-sparse lmx-dense mlx-lm; do
+        echo "=== $name"
+        "$python" "$here/trace_summary.py" "$work/$name.tsv" --last 0.5 --top 25
+        echo
+    done > "$out/profile.txt" 2>&1
+fi
 cat "$out/summary.txt"
 rm -rf "$work"
