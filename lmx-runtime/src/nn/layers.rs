@@ -1,7 +1,7 @@
 //! Layers: parameter structs and the pure functions that apply them.
 
 use super::extra::literal;
-use super::padded_product;
+use super::{padded_product, quantized_product};
 use crate::error::Result;
 use crate::model::Context;
 use mlx_rs::fast::{self, ScaledDotProductAttentionMask};
@@ -257,7 +257,7 @@ fn base(params: &LinearParams, x: &Array, bias: Option<&Array>) -> Result<Array>
             biases,
             quantization: q,
         }) => {
-            let y = ops::quantized_matmul(x, w, scales, biases, true, q.group_size, q.bits)?;
+            let y = quantized_product::quantized_linear(x, w, scales, biases, q)?;
             Ok(match bias {
                 Some(bias) => ops::add(&y, bias)?,
                 None => y,
@@ -298,15 +298,7 @@ pub fn embedding_as_linear(params: &EmbeddingParams, x: &Array) -> Result<Array>
             scales,
             biases,
             quantization: q,
-        }) => Ok(ops::quantized_matmul(
-            x,
-            w,
-            scales,
-            biases,
-            true,
-            q.group_size,
-            q.bits,
-        )?),
+        }) => quantized_product::quantized_linear(x, w, scales, biases, q),
         None => padded_product::linear(x, &params.weight, None),
     }
 }

@@ -14,6 +14,7 @@ mod layers;
 mod linear_grad;
 mod loss;
 mod padded_product;
+mod quantized_product;
 mod rope;
 #[cfg(test)]
 mod same_gradients;
