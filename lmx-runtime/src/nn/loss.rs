@@ -39,8 +39,9 @@ pub fn cross_entropy(logits: &Array, targets: &Array) -> Result<Array> {
     Ok(total.multiply(count.reciprocal()?)?)
 }
 
-/// Per-token losses by the fused kernel on CUDA, composed elsewhere.
-fn per_token_cross_entropy(logits: &Array, targets: &Array) -> Result<Array> {
+/// Per-token losses `logsumexp(logits) - logits[target]` for non-negative `targets`: by the fused
+/// kernel on CUDA, composed over float32 logits elsewhere.
+pub(crate) fn per_token_cross_entropy(logits: &Array, targets: &Array) -> Result<Array> {
     if cuda::available() {
         fused_cross_entropy(logits, targets)
     } else {
