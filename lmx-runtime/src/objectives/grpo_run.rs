@@ -127,7 +127,10 @@ where
     }
 
     /// Adds a callback: each update's [`StepReport`] carries `mean_reward`, `kl` and
-    /// `clip_fraction` in its metrics.
+    /// `clip_fraction` in its metrics. Its `build_ms` is the rollouts' time (sampling and
+    /// scoring, the update's batch), its `submit_ms` and `wait_ms` the compiled update's (building
+    /// its graph, running it), so that the update's throughput can be told from the generator's;
+    /// `tokens_per_s` counts the update's rows over the whole of it.
     pub fn add_callback(&mut self, callback: impl Callback + 'static) {
         self.callbacks.push(Box::new(callback));
     }
@@ -200,9 +203,14 @@ where
                 &*self.decode,
                 &*self.reward,
             )?;
+            let rollout_s = building.elapsed().as_secs_f64();
             let lr = self.run.schedule.lr(index);
+            let submitting = Instant::now();
             let metrics = self.step.step(&mut self.state, lr, &rollouts.batch())?;
+            let submit_s = submitting.elapsed().as_secs_f64();
+            let waiting = Instant::now();
             mlx_rs::transforms::eval(&metrics.outputs)?;
+            let wait_s = waiting.elapsed().as_secs_f64();
             self.done += 1;
             let loss = metrics.loss.item_exact::<f32>();
             if !loss.is_finite() {
@@ -225,9 +233,9 @@ where
                 metrics: values,
                 lr,
                 tokens_per_s: rollouts.rewards.len() as f64 * self.width as f64 / seconds,
-                build_ms: seconds * 1e3,
-                submit_ms: 0.0,
-                wait_ms: 0.0,
+                build_ms: rollout_s * 1e3,
+                submit_ms: submit_s * 1e3,
+                wait_ms: wait_s * 1e3,
                 mfu: None,
                 peak_memory_mib: mlx_rs::memory::peak_memory()? as f64 / (1024.0 * 1024.0),
                 elapsed_s: started.elapsed().as_secs_f64(),
