@@ -46,7 +46,7 @@ pub struct GrpoConfig {
     pub schedule: Schedule,
     /// Seeds the optimizer state's key and the sampling.
     pub seed: u64,
-    /// A checkpoint every this many updates (0: none).
+    /// A checkpoint every this many updates (0: none but the last, and the one a stop follows).
     pub checkpoint_every: u64,
     /// Where checkpoints go (`checkpoints/` inside).
     pub out_dir: PathBuf,
@@ -245,7 +245,9 @@ where
                 stop |= matches!(callback.on_step(&report)?, Control::Stop(_));
             }
             let due = self.run.checkpoint_every > 0 && self.done % self.run.checkpoint_every == 0;
-            if due || (stop && self.run.checkpoint_every > 0) {
+            // As the plain trainer: the last update and the one a stop follows are always kept,
+            // so that a run without periodic checkpoints still leaves its trained policy.
+            if due || stop || self.done == self.run.steps {
                 let trainer = serde_json::json!({ "step": self.done });
                 self.checkpoints.save(self.done, &self.state, &trainer)?;
             }
