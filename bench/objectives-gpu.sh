@@ -17,14 +17,15 @@
 # submit_ms + wait_ms; build_ms is the rollouts' time, reported beside it). lmx's rewards
 # (`--reward length`) are 0 here, since a random model of 32000 ids rarely samples a byte:
 # that changes the loss's values, not the update's work (the gradient is computed all the same).
-# Environment: LMX (default target/release/lmx), PYTHON (with MLX and mlx-lm, default python3),
-# DEVICE (gpu or cpu, default gpu), SIZE (1b or tiny, default 1b: the defaults below), STEPS
-# (timed DPO steps and anchor steps, default 20; lmx's first 5 DPO steps and the anchor's 5
-# warm-up steps are left out), GRPO_STEPS (lmx's timed GRPO updates, default 6, after 2 left
-# out), DTYPE (bfloat16), and the size: VOCAB, D_MODEL, LAYERS, HEADS, KV_HEADS, D_FF (SIZE=1b:
-# TinyLlama-1.1B's 32000, 2048, 22, 32, 4, 5632), CTX (lmx's model context, 2048), BATCH, SEQ, PROMPT, PROMPTS, GROUP, MAX_TOKENS
-# (SIZE=1b: 4, 512, 32, 4, 8, 96). OUT gets each run's output, lmx's metrics.jsonl and
-# summary.txt, one line a row.
+# Environment: OBJECTIVES (which rows to run, default "dpo grpo"), LMX (default
+# target/release/lmx), PYTHON (with MLX and mlx-lm, default python3), DEVICE (gpu or cpu,
+# default gpu), SIZE (1b or tiny, default 1b: the defaults below), STEPS (timed DPO steps and
+# anchor steps, default 20; lmx's first 5 DPO steps and the anchor's 5 warm-up steps are left
+# out), GRPO_STEPS (lmx's timed GRPO updates, default 6, after 2 left out), DTYPE (bfloat16),
+# and the size: VOCAB, D_MODEL, LAYERS, HEADS, KV_HEADS, D_FF (SIZE=1b: TinyLlama-1.1B's 32000,
+# 2048, 22, 32, 4, 5632), CTX (lmx's model context, 2048), BATCH, SEQ, PROMPT, PROMPTS, GROUP,
+# MAX_TOKENS (SIZE=1b: 4, 512, 32, 4, 8, 96). OUT gets each run's output, lmx's metrics.jsonl
+# and summary.txt, one line a row.
 set -u
 out=${1:?output folder}
 mkdir -p "$out"
@@ -33,6 +34,7 @@ python=${PYTHON:-python3}
 device=${DEVICE:-gpu}
 steps=${STEPS:-20}
 grpo_steps=${GRPO_STEPS:-6}
+objectives=${OBJECTIVES:-dpo grpo}
 dtype=${DTYPE:-bfloat16}
 case ${SIZE:-1b} in
 1b)
@@ -100,16 +102,20 @@ anchor() {  # name, then the objective's settings
         --device "$device"
 }
 
-lmx_train lmx-dpo $((steps + 5)) --step dpo --data "$work/prefs.jsonl" --seq-len "$seq" \
-    --batch-size "$batch"
-anchor mlx-dpo dpo --batch "$batch" --seq "$seq"
-lmx_train lmx-grpo $((grpo_steps + 2)) --step grpo --data "$work/prompts.jsonl" \
-    --reward length --group "$group" --seq-len "$max_tokens" --batch-size "$prompts"
-anchor mlx-grpo grpo --prompts "$prompts" --group "$group" --width $((prompt + max_tokens))
+case " $objectives " in *" dpo "*)
+    lmx_train lmx-dpo $((steps + 5)) --step dpo --data "$work/prefs.jsonl" --seq-len "$seq" \
+        --batch-size "$batch"
+    anchor mlx-dpo dpo --batch "$batch" --seq "$seq"
+esac
+case " $objectives " in *" grpo "*)
+    lmx_train lmx-grpo $((grpo_steps + 2)) --step grpo --data "$work/prompts.jsonl" \
+        --reward length --group "$group" --seq-len "$max_tokens" --batch-size "$prompts"
+    anchor mlx-grpo grpo --prompts "$prompts" --group "$group" --width $((prompt + max_tokens))
+esac
 
 "$python" - "$out" "$batch" "$seq" "$prompts" "$group" "$prompt" "$max_tokens" \
     > "$out/summary.txt" 2>&1 <<'PY'
-import json, statistics, sys
+import json, os, statistics, sys
 out = sys.argv[1]
 batch, seq, prompts, group, prompt, max_tokens = map(int, sys.argv[2:])
 def steps(name, skip):
@@ -153,6 +159,9 @@ elif grpo:
                  f"(rollouts and update together: {whole:.2f} ms/update)")
 for name, ours, theirs in [("dpo step", lmx_dpo, anchor("mlx-dpo")),
                            ("grpo update", lmx_grpo, anchor("mlx-grpo"))]:
+    key = name.split()[0]
+    if not any(os.path.exists(f"{out}/{who}-{key}.txt") for who in ("lmx", "mlx")):
+        continue  # not run (OBJECTIVES)
     for r, label in [(ours, f"lmx-{name}"), (theirs, f"mlx-{name}")]:
         if not r:
             print(f"{label:18} no result (see {out})")
