@@ -335,3 +335,68 @@ fn batch_step_traces_stay_bounded_as_rows_join_and_leave() -> Result<()> {
     }
     Ok(())
 }
+
+/// GRPO's rollouts ([`rollout::sample`]), decoded in one batch, are each row's own generation:
+/// row `i` of prompts of different lengths (left-padded together) samples at temperature 1 with
+/// seed `seed + i` the tokens `generate` gives it alone, and ends at the stop token where it
+/// does alone; the rows laid out for the step hold the prompt and those tokens.
+#[test]
+fn grpo_rollouts_are_each_rows_own_generation() -> Result<()> {
+    use lmx::runtime::objectives::{rollout, Length, Prompt};
+    let config = llama::Config::preset("tiny").expect("llama has a tiny preset");
+    let params = llama::Llama::init(&config, 0)?;
+    let prompts = [(3, 1), (9, 2), (5, 3)]
+        .into_iter()
+        .map(|(len, seed)| {
+            Ok(Prompt {
+                ids: tokens(256, len, seed)?,
+                answer: None,
+            })
+        })
+        .collect::<Result<Vec<_>>>()?;
+    let (group, width) = (3, 16);
+    let sampling = Sampling {
+        temperature: 1.0,
+        top_k: None,
+        seed: 40,
+        max_tokens: 7,
+        ..Sampling::default()
+    };
+    let alone = |row: usize, stop: Option<u32>| -> Result<Vec<u32>> {
+        let sampling = Sampling {
+            seed: sampling.seed + row as u64,
+            ..sampling.clone()
+        };
+        let prompt = &prompts[row / group].ids;
+        Ok(generate::<llama::Llama>(&params, &config, prompt, &sampling, stop, |_| ())?.tokens)
+    };
+    // The fifth row's third token ends it (and any other row that draws it).
+    let stop = alone(4, None)?[2];
+    let decode = |ids: &[u32]| format!("{ids:?}");
+    let rollouts = rollout::sample::<llama::Llama>(
+        &params,
+        &config,
+        &prompts,
+        group,
+        &sampling,
+        Some(stop),
+        width,
+        &decode,
+        &Length { target: 4 },
+    )?;
+    let laid_out = rollouts.tokens.as_slice::<i32>().to_vec();
+    for row in 0..prompts.len() * group {
+        let completion = alone(row, Some(stop))?;
+        assert_eq!(rollouts.completions[row], decode(&completion), "row {row}");
+        let mut ids: Vec<i32> = prompts[row / group]
+            .ids
+            .iter()
+            .map(|&id| id as i32)
+            .collect();
+        ids.extend(completion.iter().map(|&id| id as i32));
+        ids.resize(width, 0);
+        assert_eq!(laid_out[row * width..(row + 1) * width], ids, "row {row}");
+    }
+    assert_eq!(rollouts.completions[4], decode(&alone(4, None)?[..3]));
+    Ok(())
+}

@@ -576,47 +576,57 @@ impl Callback for Updates {
     }
 }
 
+/// A GRPO run of the bigram on three prompts (2 an update, groups of 4, 2 tokens each) making
+/// `steps` updates, with a checkpoint every `checkpoint_every`.
+fn tiny_grpo(
+    dir: &Path,
+    steps: u64,
+    checkpoint_every: u64,
+) -> lmx_runtime::objectives::GrpoRun<Bigram, AdamW> {
+    use lmx_runtime::objectives::{Format, GrpoConfig, GrpoRun, Prompt};
+    let prompts = ["The ", "and ", "is "]
+        .iter()
+        .map(|text| Prompt {
+            ids: text.bytes().map(u32::from).collect(),
+            answer: None,
+        })
+        .collect();
+    let config = GrpoConfig {
+        steps,
+        prompts_per_step: 2,
+        group: 4,
+        temperature: 1.0,
+        max_tokens: 2,
+        stop: None,
+        beta: 0.04,
+        epsilon: 0.2,
+        schedule: Schedule::Constant {
+            lr: 0.05,
+            warmup_steps: 0,
+        },
+        seed: 1,
+        checkpoint_every,
+        out_dir: dir.to_path_buf(),
+    };
+    GrpoRun::<Bigram, AdamW>::new(
+        257,
+        config,
+        Bigram::init(&257, 5).unwrap(),
+        AdamW::default(),
+        StepOptions::default(),
+        prompts,
+        Box::new(Format::new("[a-z]+").unwrap()),
+        Box::new(bytes_text),
+    )
+    .unwrap()
+}
+
 /// A GRPO run (rollouts from the current policy each update, checkpoints) continued from a
 /// checkpoint computes the uninterrupted run's losses and rewards, bit for bit.
 #[test]
 fn a_resumed_grpo_run_computes_the_uninterrupted_one() {
-    use lmx_runtime::objectives::{Format, GrpoConfig, GrpoRun, Prompt};
     let run = |dir: &Path, stop: u64, resume: bool| -> Vec<(u64, f32, f32)> {
-        let prompts = ["The ", "and ", "is "]
-            .iter()
-            .map(|text| Prompt {
-                ids: text.bytes().map(u32::from).collect(),
-                answer: None,
-            })
-            .collect();
-        let config = GrpoConfig {
-            steps: 6,
-            prompts_per_step: 2,
-            group: 4,
-            temperature: 1.0,
-            max_tokens: 2,
-            stop: None,
-            beta: 0.04,
-            epsilon: 0.2,
-            schedule: Schedule::Constant {
-                lr: 0.05,
-                warmup_steps: 0,
-            },
-            seed: 1,
-            checkpoint_every: 3,
-            out_dir: dir.to_path_buf(),
-        };
-        let mut grpo = GrpoRun::<Bigram, AdamW>::new(
-            257,
-            config,
-            Bigram::init(&257, 5).unwrap(),
-            AdamW::default(),
-            StepOptions::default(),
-            prompts,
-            Box::new(Format::new("[a-z]+").unwrap()),
-            Box::new(bytes_text),
-        )
-        .unwrap();
+        let mut grpo = tiny_grpo(dir, 6, 3);
         if resume {
             let latest = grpo.latest_checkpoint().unwrap().expect("a checkpoint");
             grpo.resume(&latest).unwrap();
@@ -634,6 +644,22 @@ fn a_resumed_grpo_run_computes_the_uninterrupted_one() {
     let first = run(parts.path(), 3, false);
     let rest = run(parts.path(), 6, true);
     assert_eq!([first, rest].concat(), all);
+}
+
+/// Without periodic checkpoints a GRPO run still keeps its trained policy, as the plain trainer
+/// does: a checkpoint of its last update, or of the update after which it was stopped.
+#[test]
+fn a_grpo_run_without_periodic_checkpoints_keeps_its_last_update() {
+    let last = |steps: u64, stop: u64| {
+        let dir = tempfile::tempdir().unwrap();
+        let mut grpo = tiny_grpo(dir.path(), steps, 0);
+        grpo.add_callback(Updates(Default::default(), stop));
+        grpo.run().unwrap();
+        let latest = grpo.latest_checkpoint().unwrap().expect("a checkpoint");
+        latest.file_name().unwrap().to_string_lossy().into_owned()
+    };
+    assert_eq!(last(2, 10), "step-000002");
+    assert_eq!(last(3, 1), "step-000001");
 }
 
 /// A run by length stages (`TrainConfig::length_stages`: 8, then 16, then 32 tokens of each

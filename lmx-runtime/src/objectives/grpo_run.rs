@@ -46,7 +46,7 @@ pub struct GrpoConfig {
     pub schedule: Schedule,
     /// Seeds the optimizer state's key and the sampling.
     pub seed: u64,
-    /// A checkpoint every this many updates (0: none).
+    /// A checkpoint every this many updates (0: none but the last, and the one a stop follows).
     pub checkpoint_every: u64,
     /// Where checkpoints go (`checkpoints/` inside).
     pub out_dir: PathBuf,
@@ -127,7 +127,10 @@ where
     }
 
     /// Adds a callback: each update's [`StepReport`] carries `mean_reward`, `kl` and
-    /// `clip_fraction` in its metrics.
+    /// `clip_fraction` in its metrics. Its `build_ms` is the rollouts' time (sampling and
+    /// scoring, the update's batch), its `submit_ms` and `wait_ms` the compiled update's (building
+    /// its graph, running it), so that the update's throughput can be told from the generator's;
+    /// `tokens_per_s` counts the update's rows over the whole of it.
     pub fn add_callback(&mut self, callback: impl Callback + 'static) {
         self.callbacks.push(Box::new(callback));
     }
@@ -200,9 +203,14 @@ where
                 &*self.decode,
                 &*self.reward,
             )?;
+            let rollout_s = building.elapsed().as_secs_f64();
             let lr = self.run.schedule.lr(index);
+            let submitting = Instant::now();
             let metrics = self.step.step(&mut self.state, lr, &rollouts.batch())?;
+            let submit_s = submitting.elapsed().as_secs_f64();
+            let waiting = Instant::now();
             mlx_rs::transforms::eval(&metrics.outputs)?;
+            let wait_s = waiting.elapsed().as_secs_f64();
             self.done += 1;
             let loss = metrics.loss.item_exact::<f32>();
             if !loss.is_finite() {
@@ -225,9 +233,9 @@ where
                 metrics: values,
                 lr,
                 tokens_per_s: rollouts.rewards.len() as f64 * self.width as f64 / seconds,
-                build_ms: seconds * 1e3,
-                submit_ms: 0.0,
-                wait_ms: 0.0,
+                build_ms: rollout_s * 1e3,
+                submit_ms: submit_s * 1e3,
+                wait_ms: wait_s * 1e3,
                 mfu: None,
                 peak_memory_mib: mlx_rs::memory::peak_memory()? as f64 / (1024.0 * 1024.0),
                 elapsed_s: started.elapsed().as_secs_f64(),
@@ -237,7 +245,9 @@ where
                 stop |= matches!(callback.on_step(&report)?, Control::Stop(_));
             }
             let due = self.run.checkpoint_every > 0 && self.done % self.run.checkpoint_every == 0;
-            if due || (stop && self.run.checkpoint_every > 0) {
+            // As the plain trainer: the last update and the one a stop follows are always kept,
+            // so that a run without periodic checkpoints still leaves its trained policy.
+            if due || stop || self.done == self.run.steps {
                 let trainer = serde_json::json!({ "step": self.done });
                 self.checkpoints.save(self.done, &self.state, &trainer)?;
             }

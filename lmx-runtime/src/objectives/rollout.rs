@@ -1,16 +1,18 @@
 //! GRPO's rollouts: `group` completions of each prompt sampled from the current policy with the
-//! KV-cached generator, scored by a reward, normalised within each group, and laid out as the
-//! rows GRPO's compiled step reads ([`grpo`](super::grpo())).
+//! batched KV-cached generator (every row of a batch at once), scored by a reward, normalised
+//! within each group, and laid out as the rows GRPO's compiled step reads
+//! ([`grpo`](super::grpo())).
 
 use super::rewards::{score_all, Reward};
 use super::{group_advantages, grpo_loss, token_logprobs};
 use crate::error::{Error, Result};
-use crate::generate::{generate, Sampling};
+use crate::generate::{BatchGenerator, BatchLimits, Request, Sampling};
 use crate::model::{Context, LanguageModel};
 use crate::nn::IGNORE_TARGET;
 use crate::train::{frozen_tree, Objective};
 use crate::tree;
 use mlx_rs::Array;
+use std::collections::HashMap;
 use std::rc::Rc;
 
 /// A prompt of a verifiable task: its ids and, where the task has one, its answer.
@@ -54,11 +56,12 @@ impl Rollouts {
     }
 }
 
-/// Samples `group` completions of each prompt from `params` with the KV-cached generator
-/// (`sampling`'s temperature and `max_tokens`; completion `i` of the batch draws with seed
-/// `sampling.seed + i`, so a batch is a function of the parameters and the seed), decodes and
-/// scores them with `reward`, and lays them out `width` ids wide, the same width every batch
-/// so that the compiled step is traced once.
+/// Samples `group` completions of each prompt from `params`, all rows of the batch at once with
+/// the batched KV-cached generator ([`BatchGenerator`]; completion `i` of the batch draws with
+/// seed `sampling.seed + i` and ends at `stop` or after `sampling.max_tokens`, each row as it
+/// would alone, so that a batch is a function of the parameters and the seed), decodes and
+/// scores them with `reward`, and lays them out `width` ids wide, the same width every batch so
+/// that the compiled step is traced once.
 ///
 /// # Errors
 /// [`Error::Config`] when `group` is 0 or a prompt and its longest completion do not fit
@@ -80,9 +83,6 @@ pub fn sample<M: LanguageModel>(
             "GRPO samples at least one completion of at least one prompt".into(),
         ));
     }
-    let rows = prompts.len() * group;
-    let (mut tokens, mut targets) = (vec![0i32; rows * width], vec![IGNORE_TARGET; rows * width]);
-    let (mut completions, mut answers) = (Vec::with_capacity(rows), Vec::with_capacity(rows));
     for (p, prompt) in prompts.iter().enumerate() {
         let longest = (prompt.ids.len() + sampling.max_tokens).saturating_sub(1);
         if prompt.ids.is_empty() || longest > width {
@@ -92,32 +92,26 @@ pub fn sample<M: LanguageModel>(
                 sampling.max_tokens
             )));
         }
-        for g in 0..group {
-            let row = p * group + g;
-            let sampling = Sampling {
-                seed: sampling.seed.wrapping_add(row as u64),
-                ..sampling.clone()
-            };
-            let completion = generate::<M>(params, config, &prompt.ids, &sampling, stop, |_| {})?;
-            let ids: Vec<u32> = prompt
-                .ids
-                .iter()
-                .chain(&completion.tokens)
-                .copied()
-                .collect();
-            let at = row * width;
-            for (j, pair) in ids.windows(2).enumerate() {
-                tokens[at + j] = pair[0] as i32;
-                if j + 1 >= prompt.ids.len() {
-                    targets[at + j] = pair[1] as i32;
-                }
-            }
-            tokens[at + ids.len() - 1] = ids[ids.len() - 1] as i32;
-            completions.push(decode(&completion.tokens));
-            answers.push(prompt.answer.clone());
-        }
     }
-    let scores = score_all(reward, &completions, &answers)?;
+    let completions = complete::<M>(params, config, prompts, group, sampling, stop)?;
+    let rows = prompts.len() * group;
+    let (mut tokens, mut targets) = (vec![0i32; rows * width], vec![IGNORE_TARGET; rows * width]);
+    let (mut texts, mut answers) = (Vec::with_capacity(rows), Vec::with_capacity(rows));
+    for (row, completion) in completions.iter().enumerate() {
+        let prompt = &prompts[row / group];
+        let ids: Vec<u32> = prompt.ids.iter().chain(completion).copied().collect();
+        let at = row * width;
+        for (j, pair) in ids.windows(2).enumerate() {
+            tokens[at + j] = pair[0] as i32;
+            if j + 1 >= prompt.ids.len() {
+                targets[at + j] = pair[1] as i32;
+            }
+        }
+        tokens[at + ids.len() - 1] = ids[ids.len() - 1] as i32;
+        texts.push(decode(completion));
+        answers.push(prompt.answer.clone());
+    }
+    let scores = score_all(reward, &texts, &answers)?;
     scores.eval()?;
     let rewards = scores.as_slice::<f32>().to_vec();
     let shape = [rows as i32, width as i32];
@@ -126,8 +120,45 @@ pub fn sample<M: LanguageModel>(
         targets: Array::from_slice(&targets, &shape),
         advantages: group_advantages(&scores, group)?,
         rewards,
-        completions,
+        completions: texts,
     })
+}
+
+/// The generated ids of every row (`group` consecutive rows a prompt), decoded together in one
+/// batch: row `i` samples with seed `sampling.seed + i` and stops at `stop`.
+fn complete<M: LanguageModel>(
+    params: &M::Params,
+    config: &M::Config,
+    prompts: &[Prompt],
+    group: usize,
+    sampling: &Sampling,
+    stop: Option<u32>,
+) -> Result<Vec<Vec<u32>>> {
+    let rows = prompts.len() * group;
+    let limits = BatchLimits {
+        max_batch: rows,
+        max_waiting: rows,
+    };
+    let mut generator = BatchGenerator::<M>::new(params.clone(), config.clone(), limits)?;
+    let mut row_of = HashMap::with_capacity(rows);
+    for row in 0..rows {
+        let request = Request {
+            prompt: prompts[row / group].ids.clone(),
+            sampling: Sampling {
+                seed: sampling.seed.wrapping_add(row as u64),
+                ..sampling.clone()
+            },
+            stop_tokens: stop.into_iter().collect(),
+        };
+        row_of.insert(generator.insert(request)?, row);
+    }
+    let mut completions = vec![Vec::with_capacity(sampling.max_tokens); rows];
+    while generator.active() > 0 {
+        for event in generator.step()? {
+            completions[row_of[&event.id]].push(event.token);
+        }
+    }
+    Ok(completions)
 }
 
 /// GRPO of model `M` against `reference`, a frozen copy of the policy, over batches of
