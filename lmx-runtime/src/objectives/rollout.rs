@@ -152,7 +152,7 @@ fn complete<M: LanguageModel>(
         };
         row_of.insert(generator.insert(request)?, row);
     }
-    let mut completions = vec![Vec::with_capacity(sampling.max_tokens); rows];
+    let mut completions = vec![Vec::new(); rows];
     while generator.active() > 0 {
         for event in generator.step()? {
             completions[row_of[&event.id]].push(event.token);
