@@ -347,6 +347,28 @@ pub fn read_teacher<T: LanguageModel>(dir: &Path) -> anyhow::Result<Teacher> {
     Ok(Teacher::new::<T>(params, config))
 }
 
+/// The teacher of a distillation run, read by `model` (its registered model,
+/// [`teacher_model`]), and the line that reports it; `None` for another objective.
+pub fn run_teacher(
+    objective: &ObjectiveSettings,
+    model: Option<Registered>,
+) -> anyhow::Result<Option<(Teacher, String)>> {
+    let ObjectiveSettings::Distill { teacher: dir, .. } = objective else {
+        return Ok(None);
+    };
+    let model = model
+        .ok_or_else(|| anyhow::anyhow!("the teacher {}'s model is not known", dir.display()))?;
+    let teacher = model.read_teacher(dir)?;
+    let report = format!(
+        "teacher: {} from {}, {} parameters, frozen inputs of the compiled step (no gradients, \
+         no optimizer state)",
+        teacher.model,
+        dir.display(),
+        super::check::group_digits(teacher.parameters() as u64)
+    );
+    Ok(Some((teacher, report)))
+}
+
 /// Refuses a teacher in `dir` whose tokenizer gives its ids other pieces than `student`'s does:
 /// the soft targets would then teach the wrong tokens. A folder without `tokenizer.json` cannot
 /// be compared and is let through.

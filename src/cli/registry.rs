@@ -233,8 +233,10 @@ impl Registry {
     }
 
     /// Adds the model that training step `S` trains, under its name: a `.lmx` model's generated
-    /// `Train`, or any other type implementing `TrainingStep`. A later registration of the same
-    /// name replaces the earlier one.
+    /// `Train` (its first step), or any other type implementing `TrainingStep`. `S` is the
+    /// model's default step; the other steps the model declares
+    /// ([`LanguageModel::declared_steps`]) train by name (`--step NAME`). A later registration
+    /// of the same name replaces the earlier one.
     pub fn model<S: TrainingStep>(mut self) -> Registry
     where
         <<S::Model as LanguageModel>::Params as Tree<Array>>::Of<

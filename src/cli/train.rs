@@ -414,25 +414,8 @@ where
         }
         (None, Some(objective)) => {
             let start = run_start::<S>(&init, from_folder, &params)?;
-            let teacher = match objective {
-                ObjectiveSettings::Distill { teacher: dir, .. } => {
-                    let model = request.teacher.ok_or_else(|| {
-                        anyhow::anyhow!("the teacher {}'s model is not known", dir.display())
-                    })?;
-                    Some((dir, model.read_teacher(dir)?))
-                }
-                _ => None,
-            };
-            let report = teacher.as_ref().map(|(dir, teacher)| {
-                format!(
-                    "teacher: {} from {}, {} parameters, frozen inputs of the compiled step (no \
-                     gradients, no optimizer state)",
-                    teacher.model,
-                    dir.display(),
-                    super::check::group_digits(teacher.parameters() as u64)
-                )
-            });
-            let teacher = teacher.map(|(_, teacher)| teacher);
+            let teacher = super::objective::run_teacher(objective, request.teacher)?;
+            let (teacher, report) = teacher.unzip();
             let built = objective.build::<S::Model>(&model_config, &start, teacher)?;
             if let Some(report) = report {
                 eprintln!("{report}");
