@@ -209,7 +209,8 @@ fn the_declared_step_trains_and_resumes_exactly() {
     assert_eq!([first, rest].concat(), all);
 }
 
-/// `lmx check` reports the step's frozen model beside the trainable state.
+/// `lmx check` reports the step's frozen model beside the trainable state, and lists every step
+/// the model declares with the command that trains it.
 #[test]
 fn lmx_check_reports_the_frozen_model() {
     let output = std::process::Command::new(env!("CARGO_BIN_EXE_lmx"))
@@ -225,6 +226,20 @@ fn lmx_check_reports_the_frozen_model() {
             &"frozen            reference (step dpo): Gpt2, 23,040 parameters, 90.0 KiB (no \
               gradients, no optimizer state)"
         ),
+        "{stdout}"
+    );
+    let steps = lines
+        .iter()
+        .position(|line| *line == "steps")
+        .expect("a steps section");
+    assert_eq!(
+        lines[steps + 1..steps + 4],
+        [
+            "  train (default): lmx train --model gpt2",
+            "  anchor: lmx train --model gpt2 --step anchor",
+            "  dpo (frozen reference; metrics reward_margin, accuracy): lmx train --model gpt2 \
+             --step dpo --data PAIRS.jsonl",
+        ],
         "{stdout}"
     );
 }

@@ -178,6 +178,28 @@ model GatedMixer {
         update grads
         metrics loss
     }
+
+    // A second step, trained by name (`--step dpo`) with no edit of main.rs: DPO against a frozen
+    // copy of the model as the run starts, over preference pairs (each row chosen then rejected).
+    step dpo(tokens: [B, T] int, targets: [B, T] int) {
+        optimizer adamw(beta1 = 0.9, beta2 = 0.99, eps = 1e-8, weight_decay = 0.0)
+        frozen reference = policy
+        let chosen, rejected = split(tokens, 2)
+        let chosen_next, rejected_next = split(targets, 2)
+        let rows = concat([chosen, rejected], axis = 0)
+        let next = concat([chosen_next, rejected_next], axis = 0)
+        let kept = as_float(next >= 0)
+        let picked = expand_dims(maximum(next, 0), -1)
+        let policy = sum(squeeze(take_along_axis(log_softmax(forward(rows)), picked), -1) * kept, axis = -1)
+        let frozen = sum(squeeze(take_along_axis(log_softmax(reference(rows)), picked), -1) * kept, axis = -1)
+        let policy_chosen, policy_rejected = split(policy, 2)
+        let frozen_chosen, frozen_rejected = split(frozen, 2)
+        let margin = 0.2 * ((policy_chosen - frozen_chosen) - (policy_rejected - frozen_rejected))
+        let loss = mean(softplus(-margin))
+        let reward_margin = mean(margin)
+        update grad(loss)
+        metrics loss, reward_margin
+    }
 }
 "#;
 
@@ -312,4 +334,65 @@ fn a_new_crate_builds_and_each_of_its_models_trains_resumes_and_generates() {
             .arg(&out));
         assert!(generated.starts_with("ROMEO:"), "{model}: {generated}");
     }
+
+    // The file's second step trains by name, with its frozen reference and its metric.
+    let pairs: String = (0..6)
+        .map(|i| {
+            let line = serde_json::json!({"prompt": format!("line {i}"), "chosen": " yes",
+                                          "rejected": " no!"});
+            format!("{line}\n")
+        })
+        .collect();
+    std::fs::write(krate.join("prefs.jsonl"), pairs).unwrap();
+    let out = krate.join("runs/gated_mixer-dpo");
+    run(Command::new(&binary)
+        .current_dir(&krate)
+        .args([
+            "train",
+            "--model",
+            "gated_mixer",
+            "--preset",
+            "tiny",
+            "--step",
+            "dpo",
+        ])
+        .args([
+            "--data",
+            "prefs.jsonl",
+            "--tokenizer",
+            "byte",
+            "--batch-size",
+            "2",
+        ])
+        .args([
+            "--seq-len",
+            "12",
+            "--steps",
+            "2",
+            "--quiet",
+            "--sample",
+            "0",
+            "--out",
+        ])
+        .arg(&out));
+    let first: serde_json::Value = serde_json::from_str(
+        std::fs::read_to_string(out.join("metrics.jsonl"))
+            .unwrap()
+            .lines()
+            .next()
+            .unwrap(),
+    )
+    .unwrap();
+    // The policy starts as its reference.
+    assert_eq!(first["reward_margin"], 0.0, "{first}");
+    let checked = run(Command::new(&binary)
+        .current_dir(&krate)
+        .args(["check", "models/gated_mixer.lmx"]));
+    assert!(
+        checked.contains(
+            "  dpo (frozen reference; metrics reward_margin): lmx train --model \
+             models/gated_mixer.lmx --step dpo --data PAIRS.jsonl"
+        ),
+        "{checked}"
+    );
 }

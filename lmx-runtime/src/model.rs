@@ -61,6 +61,26 @@ pub trait LanguageModel: 'static {
         params.for_each(&mut |leaf| count += leaf.size());
         6.0 * count as f64
     }
+
+    /// Hands every training step the model declares to `visitor`, in declaration order (the
+    /// first is its default): a `.lmx` model's `step`s, which a program registers by name this
+    /// way (`lmx train --step NAME`) without naming their types. A model written in Rust declares
+    /// none here: its program registers its `#[lmx::step]` functions itself.
+    fn declared_steps<V: StepVisitor<Self>>(_visitor: &mut V)
+    where
+        Self: Sized,
+    {
+    }
+}
+
+/// What a model's declared steps are handed to ([`LanguageModel::declared_steps`]), one step
+/// type at a time.
+pub trait StepVisitor<M: LanguageModel> {
+    /// Takes step `S` of model `M`.
+    fn visit<S: TrainingStep<Model = M>>(&mut self)
+    where
+        <M::Params as Tree<Array>>::Of<Option<<S::Optimizer as crate::optim::Optimizer>::Leaf>>:
+            Clone + 'static;
 }
 
 /// Per-call state of a forward pass: the key-value cache during generation, and in a training

@@ -17,8 +17,43 @@ pub fn check(
     let preset = preset.unwrap_or("default");
     let report = report(&checked, preset, batch, seq).map_err(|err| anyhow::anyhow!("{err}"))?;
     println!("{}: ok\n", checked.name);
-    print_report(&report, true);
+    print_report(&report);
+    print_steps(model, &checked);
+    print_shapes(&report);
     Ok(())
+}
+
+/// Each step the model declares, what it reads beside the trained parameters and reports, and
+/// the command that trains it (`--step NAME`; the first is the default).
+fn print_steps(model: &str, checked: &CheckedModel) {
+    if checked.steps.is_empty() {
+        return;
+    }
+    println!("\nsteps");
+    for (i, step) in checked.steps.iter().enumerate() {
+        let mut notes = Vec::new();
+        if !step.frozen.is_empty() {
+            let names: Vec<&str> = step.frozen.iter().map(|f| f.name.as_str()).collect();
+            notes.push(format!("frozen {}", names.join(", ")));
+        }
+        if !step.reported.is_empty() {
+            notes.push(format!("metrics {}", step.reported.join(", ")));
+        }
+        let mut command = format!("lmx train --model {model}");
+        match i {
+            0 => notes.insert(0, "default".to_owned()),
+            _ => command.push_str(&format!(" --step {}", step.name)),
+        }
+        // A step named as the built-in DPO reads its preference pairs.
+        if i > 0 && step.name == "dpo" {
+            command.push_str(" --data PAIRS.jsonl");
+        }
+        let notes = match notes.is_empty() {
+            true => String::new(),
+            false => format!(" ({})", notes.join("; ")),
+        };
+        println!("  {}{notes}: {command}", step.name);
+    }
 }
 
 /// Prints the parameter count of `model` for `preset`, or for every preset.
@@ -55,7 +90,7 @@ pub fn info(registry: &Registry, model: &str, preset: Option<&str>) -> anyhow::R
     println!("model   {}\npresets {}\n", checked.name, names.join(", "));
     let report = report(&checked, preset.unwrap_or("default"), 1, None)
         .map_err(|err| anyhow::anyhow!("{err}"))?;
-    print_report(&report, false);
+    print_report(&report);
     Ok(())
 }
 
@@ -112,7 +147,7 @@ fn source(registry: &Registry, model: &str) -> anyhow::Result<(String, String)> 
     )
 }
 
-fn print_report(report: &Report, shapes: bool) {
+fn print_report(report: &Report) {
     println!("preset            {}", report.preset);
     println!("parameters        {}", group_digits(report.param_count));
     if report.trainable_count < report.param_count {
@@ -152,12 +187,14 @@ fn print_report(report: &Report, shapes: bool) {
             frozen => format!(", frozen models {}", bytes(frozen)),
         }
     );
-    if shapes {
-        println!();
-        for param in &report.params {
-            let shape: Vec<String> = param.shape.iter().map(u64::to_string).collect();
-            println!("  {:<48} [{}]", param.name, shape.join(", "));
-        }
+}
+
+/// Every parameter's name and shape.
+fn print_shapes(report: &Report) {
+    println!();
+    for param in &report.params {
+        let shape: Vec<String> = param.shape.iter().map(u64::to_string).collect();
+        println!("  {:<48} [{}]", param.name, shape.join(", "));
     }
 }
 

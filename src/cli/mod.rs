@@ -25,6 +25,7 @@ pub mod run_file;
 pub mod serve;
 pub mod settings;
 pub mod sft;
+pub mod steps;
 pub mod tokenizer;
 pub mod train;
 
@@ -506,7 +507,8 @@ impl Cli {
 impl TrainArgs {
     /// What to train (`default_model` unless `--model` says): on `--resume`, the run's recorded
     /// settings with those given changed.
-    pub fn request(&self, default_model: &str) -> anyhow::Result<train::TrainRequest> {
+    pub fn request(&self, registry: &Registry) -> anyhow::Result<train::TrainRequest> {
+        let default_model = registry.names().first().copied().unwrap_or_default();
         let resume = match (&self.resume_from, self.resume) {
             (Some(checkpoint), _) => Some(train::Resume::From(checkpoint.clone())),
             (None, true) => Some(train::Resume::Latest),
@@ -543,27 +545,18 @@ impl TrainArgs {
             overwrite: self.overwrite,
             progress: !self.quiet,
             lora: None,
-            objective: objective::ObjectiveFlags {
-                step: self.step.as_deref(),
-                teacher: self.teacher.as_deref(),
-                beta: self.beta,
-                temperature: self.temperature,
-                alpha: self.alpha,
-                chat_template: self.chat_template.as_deref(),
-                reward: self.reward.as_deref(),
-                group: self.group,
-            }
-            .settings()?,
+            // Known once the model is: `--step NAME` picks among its declared steps first.
+            objective: None,
+            teacher: None,
             curriculum: (!self.curriculum_easy.is_empty()).then(|| run_file::DifficultySettings {
                 easy: self.curriculum_easy.clone(),
                 warmup_fraction: self.curriculum_warmup.unwrap_or(0.5),
                 easy_tokens: None,
             }),
         };
+        let mut recorded_objective = None;
         if let Some(run) = recorded {
-            if request.objective.is_none() {
-                request.objective = run.objective.clone();
-            }
+            recorded_objective = run.objective.clone();
             if request.curriculum.is_none() {
                 request.curriculum = run.curriculum.clone();
             }
@@ -600,6 +593,40 @@ impl TrainArgs {
             }
             request.recorded = Some(run);
         }
+        // A Hugging Face folder given as the model is a start from its weights, as --init.
+        let folder_model = self
+            .model
+            .as_deref()
+            .map(PathBuf::from)
+            .filter(|dir| dir.join(lmx::runtime::hf::CONFIG_FILE).is_file());
+        if let Some(dir) = self.init.as_ref().or(folder_model.as_ref()) {
+            let folder = lmx::runtime::hf::HfFolder::open(dir)?;
+            request.model = folder.family().model_name().to_owned();
+            request.preset = dir.display().to_string();
+            request.init = Some(dir.clone());
+            if !given("tokenizer") && !given("eos") {
+                request.tokenizer =
+                    tokenizer::TokenizerArg::recorded(hf_model::tokenizer(&folder)?);
+            }
+        }
+        let flags = objective::ObjectiveFlags {
+            step: self.step.as_deref(),
+            teacher: self.teacher.as_deref(),
+            beta: self.beta,
+            temperature: self.temperature,
+            alpha: self.alpha,
+            chat_template: self.chat_template.as_deref(),
+            reward: self.reward.as_deref(),
+            group: self.group,
+        };
+        let steps = match flags.step {
+            Some(_) => steps::DeclaredSteps::of(registry, &request.model)?,
+            None => steps::DeclaredSteps {
+                model: request.model.clone(),
+                names: Vec::new(),
+            },
+        };
+        request.objective = flags.settings(&steps)?.or(recorded_objective);
         match (&mut request.curriculum, self.curriculum_warmup) {
             (Some(curriculum), Some(warmup)) => curriculum.warmup_fraction = warmup,
             (None, Some(_)) => anyhow::bail!("--curriculum-warmup applies to --curriculum-easy"),
@@ -630,22 +657,6 @@ impl TrainArgs {
                      train.jsonl), not to text or token files",
                     flag.replace('_', "-")
                 );
-            }
-        }
-        // A Hugging Face folder given as the model is a start from its weights, as --init.
-        let folder_model = self
-            .model
-            .as_deref()
-            .map(PathBuf::from)
-            .filter(|dir| dir.join(lmx::runtime::hf::CONFIG_FILE).is_file());
-        if let Some(dir) = self.init.as_ref().or(folder_model.as_ref()) {
-            let folder = lmx::runtime::hf::HfFolder::open(dir)?;
-            request.model = folder.family().model_name().to_owned();
-            request.preset = dir.display().to_string();
-            request.init = Some(dir.clone());
-            if !given("tokenizer") && !given("eos") {
-                request.tokenizer =
-                    tokenizer::TokenizerArg::recorded(hf_model::tokenizer(&folder)?);
             }
         }
         Ok(request)
@@ -985,8 +996,7 @@ fn train_and_sample(
     args: &TrainArgs,
     lora: Option<&lora::LoraArgs>,
 ) -> anyhow::Result<()> {
-    let default_model = registry.names().first().copied().unwrap_or_default();
-    let mut request = args.request(default_model)?;
+    let mut request = args.request(registry)?;
     if let Some(lora) = lora {
         let run = lora.lora_run(&request.train.out_dir, request.recorded.as_ref())?;
         lora::on_base(&mut request, &run)?;
@@ -997,6 +1007,9 @@ fn train_and_sample(
         resolve::Resolved::Registered(model) | resolve::Resolved::Folder(model, _) => model,
         resolve::Resolved::File(file) => return model_file::run_in_built_program(&file),
     };
+    if let Some(objective::ObjectiveSettings::Distill { teacher, .. }) = &request.objective {
+        request.teacher = Some(*objective::teacher_model(registry, teacher)?);
+    }
     let out_dir = request.train.out_dir.clone();
     if !model.train(request)? {
         return Ok(());

@@ -56,6 +56,20 @@ fn build(file: &ModelFile) -> anyhow::Result<PathBuf> {
                 file.path.display()
             )
         })?;
+    // The file's first step is its default; the program registers the others by name through it.
+    let checked = lmx_grammar::check_source(&file.path.display().to_string(), &file.source)
+        .map_err(|rendered| anyhow::anyhow!("{rendered}"))?;
+    let first = checked.steps.first().ok_or_else(|| {
+        anyhow::anyhow!(
+            "{} declares no step: nothing to train (a model's steps are `step NAME(...) {{ ... }}`)",
+            file.path.display()
+        )
+    })?;
+    let default_step = format!(
+        "{}::{}",
+        file.name,
+        lmx_grammar::codegen::step_type_name(&first.name)
+    );
     let cache = cache_dir()?;
     let package = format!("lmx-model-{}-{:016x}", file.name, source_hash(&file.source));
     let dir = cache.join("models").join(&package);
@@ -66,7 +80,7 @@ fn build(file: &ModelFile) -> anyhow::Result<PathBuf> {
                 package: package.clone(),
                 lmx,
                 models: vec![(format!("{}.lmx", file.name), file.source.clone())],
-                modules: vec![file.name.clone()],
+                registered: vec![default_step],
                 // The command runs in the caller's folder: its data paths are the caller's.
                 corpus: false,
             },

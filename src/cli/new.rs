@@ -80,8 +80,9 @@ pub struct CrateFiles {
     pub lmx: PathBuf,
     /// `(file name in models/, source)` of each model.
     pub models: Vec<(String, String)>,
-    /// The module names of the models `main.rs` registers, the first being `train`'s default.
-    pub modules: Vec<String>,
+    /// The default step of each model `main.rs` registers, as `module::Step` (its first declared
+    /// step's type, which registers the others by name); the first is `train`'s default model.
+    pub registered: Vec<String>,
     /// Whether to copy lmx's corpus into `data/`, which `lmx train` reads by default.
     pub corpus: bool,
 }
@@ -97,7 +98,7 @@ pub fn new(path: &Path, lmx_path: Option<&Path>) -> anyhow::Result<()> {
         package: package.clone(),
         lmx,
         models: vec![(format!("{module}.lmx"), model)],
-        modules: vec![module.clone()],
+        registered: vec![format!("{module}::Train")],
         corpus: true,
     };
     write_crate(path, &files)?;
@@ -211,7 +212,7 @@ fn write_into(dir: &Path, files: &CrateFiles) -> anyhow::Result<()> {
     write("build.rs", BUILD_RS.as_bytes())?;
     write(
         "src/main.rs",
-        main_rs(&files.package, &files.modules).as_bytes(),
+        main_rs(&files.package, &files.registered).as_bytes(),
     )?;
     write(".gitignore", b"/target\n/runs\n")?;
     for (name, source) in &files.models {
@@ -275,10 +276,10 @@ fn main() {
 "#;
 
 /// `src/main.rs`: the lmx command line with the crate's models registered.
-fn main_rs(package: &str, modules: &[String]) -> String {
-    let registered: String = modules
+fn main_rs(package: &str, steps: &[String]) -> String {
+    let registered: String = steps
         .iter()
-        .map(|module| format!("        .model::<models::{module}::Train>()\n"))
+        .map(|step| format!("        .model::<models::{step}>()\n"))
         .collect();
     format!(
         r#"//! {package}: the lmx command line over this crate's models (`cargo run --release -- --help`).
@@ -291,8 +292,9 @@ mod models {{
 }}
 
 fn main() -> std::process::ExitCode {{
-    // The first model registered is `train`'s default; a model under `#[lmx::model]` registers
-    // its training step the same way.
+    // The first model registered is `train`'s default. A model's first step is its default, its
+    // other steps train by name (`--step NAME`); a model under `#[lmx::model]` registers its
+    // training step the same way.
     lmx::cli::Registry::new()
         .sources(models::SOURCES)
 {registered}        .main()

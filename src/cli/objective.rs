@@ -4,13 +4,17 @@
 //! run rebuilds the same frozen models: DPO's reference is the run's starting parameters (the
 //! seed's initialisation or `--init`'s weights), the teacher is read again from its folder.
 
+use super::registry::{Registered, Registry};
+use super::resolve::{resolve, Resolved};
 use super::run_file::{checkpoint_of, load_params, RunFile, RUN_FILE};
 use super::sft::SftSettings;
+use super::steps::{and_list, DeclaredSteps, BUILT_IN, BUILT_IN_PREFIX};
+use super::tokenizer::TokenizerSpec;
 use lmx::runtime::data::sft::SftEncoder;
 use lmx::runtime::data::{read_preferences, PreferenceRows, Rows, Tokenizer};
 use lmx::runtime::hf::{self, HfFolder};
 use lmx::runtime::model::LanguageModel;
-use lmx::runtime::objectives;
+use lmx::runtime::objectives::{self, Teacher};
 use lmx::runtime::train::{Objective, TrainData};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -43,9 +47,20 @@ pub enum ObjectiveSettings {
     /// `--mtp-weight`). Its checkpoints hold the heads beside the model; generation, evaluation
     /// and export read the model alone.
     Mtp {},
+    /// A step the model declares besides its default one (`step dpo` in its `.lmx` file), with
+    /// the frozen models and metrics it declares; one named `dpo` reads preference pairs as the
+    /// built-in DPO does.
+    Step {
+        /// The step's name.
+        name: String,
+        /// A `dpo` step's chat template (`--chat-template`); else the one beside the tokenizer.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        chat_template: Option<PathBuf>,
+    },
     /// Distillation from the frozen teacher in `teacher` on the run's text.
     Distill {
-        /// A run directory (its latest checkpoint) or a Hugging Face folder of the same model.
+        /// A run directory (its latest checkpoint) or a Hugging Face folder, of any registered
+        /// model of the student's vocabulary.
         teacher: PathBuf,
         /// `--temperature`, 4 by default.
         temperature: f32,
@@ -67,10 +82,69 @@ pub struct ObjectiveFlags<'a> {
 }
 
 impl ObjectiveFlags<'_> {
-    /// The objective the flags ask for; `None` for the model's own step.
-    pub fn settings(&self) -> anyhow::Result<Option<ObjectiveSettings>> {
+    /// The objective the flags ask for of a model that declares `steps`; `None` for the model's
+    /// default step. `--step NAME` picks the model's own step of that name where it declares
+    /// one, else lmx's built-in objective; `--step builtin:NAME` always the built-in one.
+    pub fn settings(&self, steps: &DeclaredSteps) -> anyhow::Result<Option<ObjectiveSettings>> {
+        let step = match self.step {
+            Some(name) => match name.strip_prefix(BUILT_IN_PREFIX) {
+                Some(built_in) if BUILT_IN.contains(&built_in) => Some(built_in),
+                Some(_) => anyhow::bail!(
+                    "unknown --step `{name}`: lmx's own objectives are {}",
+                    and_list(&BUILT_IN)
+                ),
+                None if steps.declares(name) => return self.declared(name, steps),
+                None if BUILT_IN.contains(&name) => Some(name),
+                None => anyhow::bail!(
+                    "unknown --step `{name}`: {} declares the steps {}; lmx's own objectives are \
+                     {} ({BUILT_IN_PREFIX}NAME where the model declares a step of that name)",
+                    steps.model,
+                    steps.listed(),
+                    and_list(&BUILT_IN)
+                ),
+            },
+            None => None,
+        };
+        self.built_in(step)
+    }
+
+    /// The model's own step `name`: its declaration holds its loss, frozen models and settings,
+    /// so the built-in objectives' flags do not apply to it.
+    fn declared(
+        &self,
+        name: &str,
+        steps: &DeclaredSteps,
+    ) -> anyhow::Result<Option<ObjectiveSettings>> {
+        let flags = [
+            ("--teacher", self.teacher.is_some()),
+            ("--beta", self.beta.is_some()),
+            ("--temperature", self.temperature.is_some()),
+            ("--alpha", self.alpha.is_some()),
+            ("--reward", self.reward.is_some()),
+            ("--group", self.group.is_some()),
+        ];
+        if let Some((flag, _)) = flags.iter().find(|(_, given)| *given) {
+            let built_in = match BUILT_IN.contains(&name) {
+                true => format!(" (--step {BUILT_IN_PREFIX}{name} trains lmx's own {name})"),
+                false => String::new(),
+            };
+            anyhow::bail!(
+                "{flag} applies to lmx's own objectives, and --step {name} trains the step `{name}` \
+                 that {} declares, whose frozen models and settings its declaration \
+                 holds{built_in}",
+                steps.model
+            );
+        }
+        Ok((!steps.is_default(name)).then(|| ObjectiveSettings::Step {
+            name: name.to_owned(),
+            chat_template: self.chat_template.map(Path::to_owned),
+        }))
+    }
+
+    /// lmx's own objective `step` (or distillation, given a teacher).
+    fn built_in(&self, step: Option<&str>) -> anyhow::Result<Option<ObjectiveSettings>> {
         let distill_flags = self.temperature.is_some() || self.alpha.is_some();
-        let settings = match (self.step, self.teacher) {
+        let settings = match (step, self.teacher) {
             (None, None) => None,
             (Some("dpo"), None) => Some(ObjectiveSettings::Dpo {
                 beta: self.beta.unwrap_or(0.1),
@@ -110,10 +184,7 @@ impl ObjectiveFlags<'_> {
                 "--teacher distils from a teacher, --step grpo trains against a frozen copy of \
                  the model: give one of them"
             ),
-            (Some(other), _) => anyhow::bail!(
-                "unknown --step `{other}`: dpo, grpo, distill or mtp (leave it out to train with \
-                 the model's own step)"
-            ),
+            (Some(other), _) => anyhow::bail!("unknown --step `{other}`"),
         };
         let grpo = matches!(settings, Some(ObjectiveSettings::Grpo { .. }));
         if (self.reward.is_some() || self.group.is_some()) && !grpo {
@@ -144,36 +215,55 @@ impl ObjectiveSettings {
         matches!(self, ObjectiveSettings::Mtp {})
     }
 
-    /// Whether the run reads preference pairs (rows of two responses) instead of text.
+    /// Whether the run reads preference pairs (rows of two responses) instead of text: the
+    /// built-in DPO, and a declared step named `dpo`.
     pub fn reads_pairs(&self) -> bool {
-        matches!(self, ObjectiveSettings::Dpo { .. })
+        match self {
+            ObjectiveSettings::Dpo { .. } => true,
+            ObjectiveSettings::Step { name, .. } => name == "dpo",
+            _ => false,
+        }
     }
 
-    /// The objective of a run of `M` at `config` that starts from `start`.
+    /// The chat template preference pairs are read through, where given.
+    pub fn chat_template(&self) -> Option<&Path> {
+        match self {
+            ObjectiveSettings::Dpo { chat_template, .. }
+            | ObjectiveSettings::Step { chat_template, .. } => chat_template.as_deref(),
+            _ => None,
+        }
+    }
+
+    /// Whether the run trains one of the model's own declared steps.
+    pub fn declared_step(&self) -> bool {
+        matches!(self, ObjectiveSettings::Step { .. })
+    }
+
+    /// The objective of a run of `M` at `config` that starts from `start`; `teacher` is the
+    /// distillation's teacher, read by [`read_teacher`].
     pub fn build<M: LanguageModel>(
         &self,
         config: &M::Config,
         start: &M::Params,
+        teacher: Option<Teacher>,
     ) -> anyhow::Result<Objective<M>> {
-        Ok(match self {
-            ObjectiveSettings::Dpo { beta, .. } => objectives::dpo::<M>(start, *beta),
-            ObjectiveSettings::Grpo { beta, .. } => objectives::grpo::<M>(start, *beta, 0.2),
-            ObjectiveSettings::Mtp {} => {
+        Ok(match (self, teacher) {
+            (ObjectiveSettings::Dpo { beta, .. }, _) => objectives::dpo::<M>(start, *beta),
+            (ObjectiveSettings::Grpo { beta, .. }, _) => objectives::grpo::<M>(start, *beta, 0.2),
+            (ObjectiveSettings::Mtp {}, _) => {
                 anyhow::bail!("--step mtp trains the model with its heads, over no frozen model")
             }
-            ObjectiveSettings::Distill {
-                teacher,
-                temperature,
-                alpha,
-            } => {
-                let (teacher_config, params) = teacher_model::<M>(teacher)?;
-                objectives::distillation::<M, M>(
-                    config,
-                    params,
-                    teacher_config,
-                    *temperature,
-                    *alpha,
-                )?
+            (ObjectiveSettings::Step { name, .. }, _) => {
+                anyhow::bail!("step `{name}` is the model's own, trained through its declaration")
+            }
+            (
+                ObjectiveSettings::Distill {
+                    temperature, alpha, ..
+                },
+                Some(teacher),
+            ) => objectives::distillation_from::<M>(config, teacher, *temperature, *alpha)?,
+            (ObjectiveSettings::Distill { teacher, .. }, None) => {
+                anyhow::bail!("the teacher {} was not read", teacher.display())
             }
         })
     }
@@ -216,37 +306,117 @@ fn teacher_dir(dir: &Path) -> anyhow::Result<PathBuf> {
     Ok(dir.to_owned())
 }
 
-/// The teacher in `dir`: a run of `M` (its latest checkpoint) or a Hugging Face folder of `M`'s
-/// family, at its own configuration (another size is fine).
-fn teacher_model<M: LanguageModel>(dir: &Path) -> anyhow::Result<(M::Config, M::Params)> {
+/// The model of the teacher in `dir` (a run directory or a Hugging Face folder, of any model
+/// this program registers), found without reading its weights: what reads them
+/// ([`Registered::read_teacher`]).
+pub fn teacher_model<'r>(registry: &'r Registry, dir: &Path) -> anyhow::Result<&'r Registered> {
+    let shown = dir.display();
     if teacher_dir(dir)?.join(RUN_FILE).is_file() {
         let run = RunFile::read(dir)?;
-        if run.model != M::NAME {
-            anyhow::bail!(
-                "the teacher {} is a run of {}, the student is {}: a teacher of another \
-                 architecture is distilled through the library (objectives::distillation)",
-                dir.display(),
-                run.model,
-                M::NAME
-            );
-        }
-        let config: M::Config = serde_json::from_value(run.model_config.clone())
-            .map_err(|err| anyhow::anyhow!("{}: the model configuration: {err}", dir.display()))?;
-        let checkpoint = checkpoint_of(dir, None)?;
-        let params = load_params::<M>(&run, &config, &checkpoint, None)?;
-        return Ok((config, params));
+        return match resolve(registry, &run.model)? {
+            Resolved::Registered(model) | Resolved::Folder(model, _) => Ok(model),
+            Resolved::File(file) => anyhow::bail!(
+                "the teacher {shown} is a run of {}, a model file this program does not hold: \
+                 distil in a program that registers both models (a crate of your own, lmx new)",
+                file.path.display()
+            ),
+        };
     }
     let folder = HfFolder::open(dir)?;
     let family = folder.family().model_name();
-    if family != M::NAME {
+    registry.step(family).ok_or_else(|| {
+        anyhow::anyhow!(
+            "the teacher {shown} is a {family} model, which this program does not register"
+        )
+    })
+}
+
+/// The teacher in `dir`, a run of `T` (its latest checkpoint) or a Hugging Face folder of `T`'s
+/// family, at its own configuration (another size is fine), as a frozen model of any type.
+pub fn read_teacher<T: LanguageModel>(dir: &Path) -> anyhow::Result<Teacher> {
+    if teacher_dir(dir)?.join(RUN_FILE).is_file() {
+        let run = RunFile::read(dir)?;
+        let config: T::Config = serde_json::from_value(run.model_config.clone())
+            .map_err(|err| anyhow::anyhow!("{}: the model configuration: {err}", dir.display()))?;
+        T::validate(&config)?;
+        let checkpoint = checkpoint_of(dir, None)?;
+        let params = load_params::<T>(&run, &config, &checkpoint, None)?;
+        return Ok(Teacher::new::<T>(params, config));
+    }
+    let (config, params) = hf::load_model::<T>(&HfFolder::open(dir)?, None)?;
+    Ok(Teacher::new::<T>(params, config))
+}
+
+/// The teacher of a distillation run, read by `model` (its registered model,
+/// [`teacher_model`]), and the line that reports it; `None` for another objective.
+pub fn run_teacher(
+    objective: &ObjectiveSettings,
+    model: Option<Registered>,
+) -> anyhow::Result<Option<(Teacher, String)>> {
+    let ObjectiveSettings::Distill { teacher: dir, .. } = objective else {
+        return Ok(None);
+    };
+    let model = model
+        .ok_or_else(|| anyhow::anyhow!("the teacher {}'s model is not known", dir.display()))?;
+    let teacher = model.read_teacher(dir)?;
+    let report = format!(
+        "teacher: {} from {}, {} parameters, frozen inputs of the compiled step (no gradients, \
+         no optimizer state)",
+        teacher.model,
+        dir.display(),
+        super::check::group_digits(teacher.parameters() as u64)
+    );
+    Ok(Some((teacher, report)))
+}
+
+/// Refuses a teacher in `dir` whose tokenizer gives its ids other pieces than `student`'s does:
+/// the soft targets would then teach the wrong tokens. A folder without `tokenizer.json` cannot
+/// be compared and is let through.
+pub fn check_teacher_tokenizer(dir: &Path, student: &dyn Tokenizer) -> anyhow::Result<()> {
+    let (teacher, described) = if dir.join(RUN_FILE).is_file() {
+        let run = RunFile::read(dir)?;
+        let described = describe_tokenizer(&run.tokenizer);
+        (run.tokenizer.load(dir)?, described)
+    } else {
+        let folder = HfFolder::open(dir)?;
+        if folder.tokenizer_file().is_none() {
+            return Ok(());
+        }
+        let spec = super::hf_model::tokenizer(&folder)?;
+        let described = describe_tokenizer(&spec);
+        (spec.load(dir)?, described)
+    };
+    let piece = |tokenizer: &dyn Tokenizer, id: u32| tokenizer.decode(&[id]).ok();
+    let (theirs, ours) = (teacher.vocab_size(), student.vocab_size());
+    let difference = if theirs != ours {
+        Some(format!("{theirs} ids against the student's {ours}"))
+    } else {
+        (0..theirs as u32)
+            .find(|&id| piece(teacher.as_ref(), id) != piece(student, id))
+            .map(|id| {
+                format!(
+                    "id {id} is {:?} to the teacher and {:?} to the student",
+                    piece(teacher.as_ref(), id).unwrap_or_default(),
+                    piece(student, id).unwrap_or_default()
+                )
+            })
+    };
+    if let Some(difference) = difference {
         anyhow::bail!(
-            "the teacher {} is a {family} model, the student is {}: a teacher of another \
-             architecture is distilled through the library (objectives::distillation)",
-            dir.display(),
-            M::NAME
+            "the teacher {} reads text with another tokenizer ({described}) than the student: \
+             {difference}; distillation needs the same ids for the same text",
+            dir.display()
         );
     }
-    Ok(hf::load_model::<M>(&folder, None)?)
+    Ok(())
+}
+
+fn describe_tokenizer(spec: &TokenizerSpec) -> String {
+    match spec {
+        TokenizerSpec::Byte => "bytes".into(),
+        TokenizerSpec::Bpe => "the BPE tokenizer trained for its run".into(),
+        TokenizerSpec::HuggingFace { path, .. } => path.display().to_string(),
+    }
 }
 
 /// The preference pairs of the one JSONL file `paths` names, as rows of `2 · seq_len` ids, the

@@ -17,15 +17,17 @@
 use super::eval::{self, EvalRequest};
 use super::export::{self, ExportRequest};
 use super::hf_model::{self, FolderGenerateRequest};
+use super::objective::ObjectiveSettings;
 use super::run_file::RunFile;
 use super::train::{self, GenerateRequest, TrainRequest};
 use lmx::runtime::device::DeviceKind;
 use lmx::runtime::hf::HfFolder;
-use lmx::runtime::model::{LanguageModel, TrainingStep};
-use lmx::runtime::objectives::{Backbone, Mtp};
+use lmx::runtime::model::{Frozen, LanguageModel, StepVisitor, TrainingStep};
+use lmx::runtime::objectives::{Backbone, Mtp, Teacher};
 use lmx::runtime::optim::Optimizer;
 use lmx::runtime::tree::Tree;
 use lmx::runtime::Array;
+use std::path::Path;
 
 /// `(module name, file name, source)` of `.lmx` models, as `build.rs` compiled them
 /// (`models::SOURCES` of the generated code).
@@ -56,11 +58,81 @@ pub struct Registered {
     generate_folder: fn(&HfFolder, FolderGenerateRequest) -> anyhow::Result<()>,
     export: fn(ExportRequest) -> anyhow::Result<()>,
     serve: fn(super::serve::Source, &super::serve::ServeArgs, DeviceKind) -> anyhow::Result<()>,
+    read_teacher: fn(&Path) -> anyhow::Result<Teacher>,
+    steps: fn() -> Vec<NamedStep>,
+}
+
+/// A training step of a registered model, by the name its declaration gives it (`step dpo`):
+/// what `lmx train --step dpo` trains when the model declares it.
+#[derive(Clone, Copy)]
+pub struct NamedStep {
+    /// The step's name (`TrainingStep::NAME`).
+    pub name: &'static str,
+    /// The frozen models it declares.
+    pub frozen: &'static [Frozen],
+    /// The metrics it reports beside its loss.
+    pub metrics: &'static [&'static str],
+    train: fn(TrainRequest) -> anyhow::Result<bool>,
+}
+
+impl NamedStep {
+    fn of<S: TrainingStep>() -> NamedStep
+    where
+        Leaves<S>: Clone + 'static,
+    {
+        NamedStep {
+            name: S::NAME,
+            frozen: S::FROZEN,
+            metrics: S::METRICS,
+            train: train::train::<S>,
+        }
+    }
+}
+
+/// A tree of step `S`'s optimizer leaves over its model's parameters (what the trainer clones).
+type Leaves<S> = <<<S as TrainingStep>::Model as LanguageModel>::Params as Tree<Array>>::Of<
+    Option<<<S as TrainingStep>::Optimizer as Optimizer>::Leaf>,
+>;
+
+/// Collects the steps a model declares ([`LanguageModel::declared_steps`]).
+struct Collect(Vec<NamedStep>);
+
+impl<M: LanguageModel> StepVisitor<M> for Collect {
+    fn visit<S: TrainingStep<Model = M>>(&mut self)
+    where
+        <M::Params as Tree<Array>>::Of<Option<<S::Optimizer as Optimizer>::Leaf>>: Clone + 'static,
+    {
+        if self.0.iter().all(|step| step.name != S::NAME) {
+            self.0.push(NamedStep::of::<S>());
+        }
+    }
+}
+
+/// Step `S` (the registered one, the model's default) and every other step its model declares.
+fn named_steps<S: TrainingStep>() -> Vec<NamedStep>
+where
+    Leaves<S>: Clone + 'static,
+{
+    let mut steps = Collect(vec![NamedStep::of::<S>()]);
+    S::Model::declared_steps(&mut steps);
+    steps.0
 }
 
 impl Registered {
     /// Trains this model; `false` when there was nothing to train.
     pub fn train(&self, request: TrainRequest) -> anyhow::Result<bool> {
+        if let Some(ObjectiveSettings::Step { name, .. }) = &request.objective {
+            let step = self.steps().into_iter().find(|step| step.name == name);
+            let step = step.ok_or_else(|| {
+                let names: Vec<&str> = self.steps().iter().map(|step| step.name).collect();
+                anyhow::anyhow!(
+                    "{} declares no step `{name}` in this program; its steps are {}",
+                    self.name,
+                    names.join(", ")
+                )
+            })?;
+            return (step.train)(request);
+        }
         if !request.objective.as_ref().is_some_and(|o| o.multi_token()) {
             return (self.train)(request);
         }
@@ -73,6 +145,12 @@ impl Registered {
             )
         })?;
         train(request)
+    }
+
+    /// The model's training steps by name: the registered one (its default) first, then the
+    /// others its declaration holds.
+    pub fn steps(&self) -> Vec<NamedStep> {
+        (self.steps)()
     }
 
     /// Samples from a run of this model.
@@ -102,6 +180,12 @@ impl Registered {
     /// Exports a run's checkpoint, or a folder, of this model as a Hugging Face folder.
     pub fn export(&self, request: ExportRequest) -> anyhow::Result<()> {
         (self.export)(request)
+    }
+
+    /// Reads a run or Hugging Face folder of this model as a distillation teacher of any student
+    /// (`--teacher DIR`): its own configuration, its weights as frozen inputs.
+    pub fn read_teacher(&self, dir: &Path) -> anyhow::Result<Teacher> {
+        (self.read_teacher)(dir)
     }
 
     /// Serves a model of this model's type over HTTP (`lmx serve`).
@@ -149,8 +233,10 @@ impl Registry {
     }
 
     /// Adds the model that training step `S` trains, under its name: a `.lmx` model's generated
-    /// `Train`, or any other type implementing `TrainingStep`. A later registration of the same
-    /// name replaces the earlier one.
+    /// `Train` (its first step), or any other type implementing `TrainingStep`. `S` is the
+    /// model's default step; the other steps the model declares
+    /// ([`LanguageModel::declared_steps`]) train by name (`--step NAME`). A later registration
+    /// of the same name replaces the earlier one.
     pub fn model<S: TrainingStep>(mut self) -> Registry
     where
         <<S::Model as LanguageModel>::Params as Tree<Array>>::Of<
@@ -168,6 +254,8 @@ impl Registry {
             generate_folder: hf_model::sample::<S::Model>,
             export: export::export::<S::Model>,
             serve: super::serve::serve::<S::Model>,
+            read_teacher: super::objective::read_teacher::<S::Model>,
+            steps: named_steps::<S>,
         };
         self.steps.retain(|step| step.name != registered.name);
         self.steps.push(registered);

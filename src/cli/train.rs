@@ -65,6 +65,9 @@ pub struct TrainRequest {
     pub lora: Option<super::lora::LoraRun>,
     /// Train an objective over frozen models instead of the model's own step.
     pub objective: Option<ObjectiveSettings>,
+    /// The registered model of the distillation's teacher (`--teacher`), which reads its weights
+    /// when the run is built; any model, not only the student's.
+    pub teacher: Option<super::registry::Registered>,
     /// Mix easy data into the batches, from all easy to all hard (the data).
     pub curriculum: Option<DifficultySettings>,
 }
@@ -187,6 +190,9 @@ where
             request.preset
         );
     }
+    if let Some(ObjectiveSettings::Distill { teacher, .. }) = &request.objective {
+        super::objective::check_teacher_tokenizer(teacher, tokenizer.as_ref())?;
+    }
     let context = S::Model::context_len(&model_config);
     if request.train.seq_len > context {
         anyhow::bail!(
@@ -213,7 +219,8 @@ where
         (Some(_), Some(ObjectiveSettings::Grpo { .. })) => {
             anyhow::bail!("--step grpo reads one JSONL file of prompts, not a folder")
         }
-        (_, Some(ObjectiveSettings::Dpo { chat_template, .. })) => {
+        (_, Some(objective)) if objective.reads_pairs() => {
+            let chat_template = objective.chat_template();
             let tokenizer_file = match &tokenizer_spec {
                 TokenizerSpec::HuggingFace { path, .. } => Some(path.as_path()),
                 _ => None,
@@ -223,7 +230,7 @@ where
                 request.train.seq_len,
                 request.train.validation_fraction,
                 tokenizer.as_ref(),
-                chat_template.as_deref(),
+                chat_template,
                 tokenizer_file,
             )?;
             (Data::Rows(data), tokens)
@@ -359,32 +366,33 @@ where
             lora.fine_tune_type,
         )?;
     }
-    let mut trainer = match (&rank, &request.objective) {
+    // A row of preference pairs holds two responses of seq_len tokens each.
+    let mut config = request.train.clone();
+    if pairs {
+        config.seq_len *= 2;
+    }
+    // A step the model declares trains as its default one does: `S` is that step.
+    let built_in = request.objective.as_ref().filter(|o| !o.declared_step());
+    let mut trainer = match (&rank, built_in) {
         (Some(_), Some(_)) => {
             anyhow::bail!("--step and --teacher objectives do not train data-parallel yet")
         }
         (Some(rank), None) => Trainer::<S>::data_parallel(
             model_config,
-            request.train.clone(),
+            config,
             data,
             Some(params),
             rank.parallel.clone(),
         )?,
         (None, None) if S::FROZEN.is_empty() => {
-            Trainer::<S>::with_params(model_config, request.train.clone(), data, params)?
+            Trainer::<S>::with_params(model_config, config, data, params)?
         }
         (None, None) => {
             // The step's own frozen models (`frozen reference = policy`), through the
             // objective the command line's `--step dpo` also trains.
             let start = run_start::<S>(&init, from_folder, &params)?;
             let declared = Objective::declared::<S>(&start).expect("the step declares some");
-            Trainer::<S>::with_objective(
-                model_config,
-                request.train.clone(),
-                data,
-                params,
-                declared,
-            )?
+            Trainer::<S>::with_objective(model_config, config, data, params, declared)?
         }
         (None, Some(ObjectiveSettings::Mtp {})) => {
             let own = own.ok_or_else(|| {
@@ -402,21 +410,15 @@ where
                  model's (metrics {})",
                 objective.metrics.join(", ")
             );
-            Trainer::<S>::with_objective(
-                model_config,
-                request.train.clone(),
-                data,
-                params,
-                objective,
-            )?
+            Trainer::<S>::with_objective(model_config, config, data, params, objective)?
         }
         (None, Some(objective)) => {
             let start = run_start::<S>(&init, from_folder, &params)?;
-            let built = objective.build::<S::Model>(&model_config, &start)?;
-            let mut config = request.train.clone();
-            // A row holds a pair: two responses of seq_len tokens each.
-            if objective.reads_pairs() {
-                config.seq_len *= 2;
+            let teacher = super::objective::run_teacher(objective, request.teacher)?;
+            let (teacher, report) = teacher.unzip();
+            let built = objective.build::<S::Model>(&model_config, &start, teacher)?;
+            if let Some(report) = report {
+                eprintln!("{report}");
             }
             Trainer::<S>::with_objective(model_config, config, data, params, built)?
         }

@@ -33,6 +33,11 @@ use names::{camel, ident, snake};
 pub(crate) use builtin::{LowerCx, Lowered};
 pub(crate) use forward::R;
 
+/// The Rust type of a model's step in its module (`step dpo` -> `Dpo`).
+pub fn step_type_name(step: &str) -> String {
+    camel(step)
+}
+
 /// The Rust module name of a model (`Gpt2` -> `gpt2`).
 pub fn module_name(model: &CheckedModel) -> String {
     snake(&model.name)
@@ -684,6 +689,19 @@ impl<'m> Gen<'m> {
         let vocab = self.output_size()?;
         let context = self.context_len();
         let forward_inputs = inputs.clone();
+        // Every declared step, by type, for a program to register by name (`--step NAME`).
+        let step_types = self
+            .model
+            .steps
+            .iter()
+            .map(|step| format_ident!("{}", camel(&step.name)));
+        let declared_steps = (!self.model.steps.is_empty()).then(|| {
+            quote! {
+                fn declared_steps<V: ::lmx::runtime::model::StepVisitor<Self>>(visitor: &mut V) {
+                    #(visitor.visit::<#step_types>();)*
+                }
+            }
+        });
         let model_doc = format!(
             " The `{}` model: configuration, parameters, initialisation and forward pass.",
             self.model.name
@@ -746,6 +764,8 @@ impl<'m> Gen<'m> {
                 fn context_len(config: &Config) -> usize {
                     #context
                 }
+
+                #declared_steps
             }
         })
     }

@@ -1,7 +1,7 @@
 //! The objectives as a run's [`Objective`] over any [`LanguageModel`]: the trained model's
 //! forward pass and the frozen models' in the same compiled step.
 
-use super::{distillation_loss, dpo_loss, sequence_logprobs};
+use super::{distillation_loss, dpo_loss, sequence_logprobs, Teacher};
 use crate::error::{Error, Result};
 use crate::model::{Context, LanguageModel};
 use crate::train::{frozen_tree, Objective};
@@ -66,8 +66,7 @@ fn pairs_as_rows(pairs: &Array) -> Result<Array> {
 }
 
 /// Distillation of a student `M` from a frozen teacher `T` (another size or architecture, of
-/// the same vocabulary) on the run's windows: lmxlab's `distillation_loss` with `temperature`
-/// and `alpha`, the teacher's logits computed in the same step without dropout or gradients.
+/// the same vocabulary) on the run's windows: [`distillation_from`] over [`Teacher::new`].
 ///
 /// # Errors
 /// [`Error::Config`] when the teacher's vocabulary differs from the student's.
@@ -78,11 +77,33 @@ pub fn distillation<M: LanguageModel, T: LanguageModel>(
     temperature: f32,
     alpha: f32,
 ) -> Result<Objective<M>> {
-    let (ours, theirs) = (M::vocab_size(student), T::vocab_size(&teacher_config));
+    distillation_from::<M>(
+        student,
+        Teacher::new::<T>(teacher, teacher_config),
+        temperature,
+        alpha,
+    )
+}
+
+/// Distillation of a student `M` from `teacher`, a frozen model of any type (the command line's
+/// `--teacher`, whose architecture is known only when it is read): lmxlab's `distillation_loss`
+/// with `temperature` and `alpha`, the teacher's logits computed in the same step without
+/// dropout or gradients, its leaves the step's frozen inputs.
+///
+/// # Errors
+/// [`Error::Config`] when the teacher's vocabulary differs from the student's, or the
+/// temperature is not positive or `alpha` not in `[0, 1]`.
+pub fn distillation_from<M: LanguageModel>(
+    student: &M::Config,
+    teacher: Teacher,
+    temperature: f32,
+    alpha: f32,
+) -> Result<Objective<M>> {
+    let (ours, theirs) = (M::vocab_size(student), teacher.vocab);
     if ours != theirs {
         return Err(Error::Config(format!(
             "the teacher ({}) has a vocabulary of {theirs} ids, the student ({}) one of {ours}",
-            T::NAME,
+            teacher.model,
             M::NAME
         )));
     }
@@ -93,21 +114,15 @@ pub fn distillation<M: LanguageModel, T: LanguageModel>(
              and {alpha}"
         )));
     }
-    let frozen = tree::flatten(&teacher);
+    let frozen = teacher.leaves.clone();
     let loss = move |params: &M::Params,
                      config: &M::Config,
                      frozen: &[Array],
                      batch: &[Array],
                      key: Option<&Array>|
           -> Result<Vec<Array>> {
-        let teacher_params = frozen_tree(&teacher, frozen)?;
         let student = M::forward(params, config, &batch[0], &mut Context::for_step(key))?;
-        let teacher = T::forward(
-            &teacher_params,
-            &teacher_config,
-            &batch[0],
-            &mut Context::evaluation(),
-        )?;
+        let teacher = teacher.logits(frozen, &batch[0])?;
         Ok(vec![distillation_loss(
             &student,
             &teacher,

@@ -21,18 +21,20 @@ pub mod mtp;
 pub mod mtp_model;
 pub mod rewards;
 pub mod rollout;
+pub mod teacher;
 
 pub use difficulty_rows::{Difficulty, DifficultyRows};
 pub use distill::{distillation_loss, soft_target_loss};
 pub use dpo::{dpo_loss, Preference};
 pub use grpo::{group_advantages, grpo_loss, PolicyGradient};
 pub use grpo_run::{GrpoConfig, GrpoRun};
-pub use language::{distillation, dpo};
+pub use language::{distillation, distillation_from, dpo};
 pub use logprobs::{sequence_logprobs, token_logprobs};
 pub use mtp::{check_backbone, mtp_losses, Backbone, MtpHead, MtpLosses};
 pub use mtp_model::{is_head_tensor, mtp, Mtp, MtpConfig, MtpParams, MtpStep};
 pub use rewards::{ExactAnswer, Format, Length, Reward};
 pub use rollout::{grpo, Prompt, Rollouts};
+pub use teacher::Teacher;
 
 use crate::error::Result;
 use mlx_rs::Array;
