@@ -6,11 +6,11 @@
 use lmx::models::deepseek_v3::{Config, DeepseekV3, Pass, Train};
 use lmx::runtime::data::Windows;
 use lmx::runtime::hf::{self, Family};
-use lmx::runtime::model::{Context, LanguageModel, TrainingStep};
-use lmx::runtime::state::TrainState;
 use lmx::runtime::mlx_rs::{self, Dtype};
+use lmx::runtime::model::{Context, LanguageModel, TrainingStep};
 use lmx::runtime::nn;
 use lmx::runtime::schedule::Schedule;
+use lmx::runtime::state::TrainState;
 use lmx::runtime::train::{TrainConfig, TrainData, Trainer};
 use lmx::runtime::tree::{self, LeafRole};
 use lmx::runtime::{Array, Result};
@@ -74,10 +74,7 @@ fn biases(params: &Params) -> Vec<Vec<f32>> {
 fn with_router(mut params: Params, weight_scale: f32, bias: &[f32]) -> Params {
     for layer in &mut params.model.layers {
         if let Some(gate) = layer.mlp.gate.as_mut() {
-            gate.weight = gate
-                .weight
-                .multiply(Array::from_f32(weight_scale))
-                .unwrap();
+            gate.weight = gate.weight.multiply(Array::from_f32(weight_scale)).unwrap();
             gate.e_score_correction_bias = Array::from_slice(bias, &[bias.len() as i32]);
         }
     }
@@ -159,7 +156,9 @@ fn loads(params: &Params, config: &Config, tokens: &Array) -> Vec<f32> {
     let eps = config.eps as f32;
     for layer in &params.model.layers {
         let h = nn::rms_norm(&layer.input_layernorm, &x, eps).unwrap();
-        let x_attn = x.add(layer.self_attn.forward(&mut pass, &h).unwrap()).unwrap();
+        let x_attn = x
+            .add(layer.self_attn.forward(&mut pass, &h).unwrap())
+            .unwrap();
         let h = nn::rms_norm(&layer.post_attention_layernorm, &x_attn, eps).unwrap();
         if let Some(gate) = layer.mlp.gate.as_ref() {
             let scores = mlx_rs::ops::sigmoid(&h.matmul(gate.weight.t()).unwrap()).unwrap();
@@ -201,8 +200,9 @@ fn training_evens_out_a_skewed_routers_load() {
     config.bias_update_speed = 0.005;
     let skew = [0.05, 0.05, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0];
     let params = with_router(DeepseekV3::init(&config, 0).unwrap(), 0.1, &skew);
-    let tokens = mlx_rs::random::randint::<_, i32>(0, 256, &[4, 16], &mlx_rs::random::key(5).unwrap())
-        .unwrap();
+    let tokens =
+        mlx_rs::random::randint::<_, i32>(0, 256, &[4, 16], &mlx_rs::random::key(5).unwrap())
+            .unwrap();
     let before = imbalance(&loads(&params, &config, &tokens));
     let dir = tempfile::tempdir().unwrap();
     let mut trainer = trainer(dir.path(), &config, params, 24, 1e-4);
@@ -224,7 +224,9 @@ fn the_bias_resumes_exactly_and_exports_under_its_name() {
     let mut uninterrupted = trainer(whole.path(), &config, params(), 4, 1e-3);
     uninterrupted.run().unwrap();
     let parts = tempfile::tempdir().unwrap();
-    trainer(parts.path(), &config, params(), 2, 1e-3).run().unwrap();
+    trainer(parts.path(), &config, params(), 2, 1e-3)
+        .run()
+        .unwrap();
     let mut resumed = trainer(parts.path(), &config, params(), 4, 1e-3);
     let latest = resumed.latest_checkpoint().unwrap().expect("a checkpoint");
     resumed.resume(&latest).unwrap();

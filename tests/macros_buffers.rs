@@ -102,7 +102,11 @@ fn the_step_writes_the_buffer_the_forward_pass_gave() -> Result<()> {
     trainer.run()?;
     let state = trainer.state();
     state.params.steps.eval()?;
-    assert_eq!(state.params.steps.item_exact::<f32>(), 3.0, "one per step, undecayed");
+    assert_eq!(
+        state.params.steps.item_exact::<f32>(),
+        3.0,
+        "one per step, undecayed"
+    );
     assert!(!state
         .declaration()
         .iter()

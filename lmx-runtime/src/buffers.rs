@@ -42,7 +42,11 @@ impl BufferWrites {
     /// pass over `tree` wrote, else the leaf itself (`array` gives a leaf's array). Fails when a
     /// write names no buffer of `tree` (a parameter, or a leaf of another tree), or when a value
     /// has another shape than its buffer.
-    pub fn values<T, R: Tree<T>>(&self, tree: &R, array: impl Fn(&T) -> Array) -> Result<Vec<Array>> {
+    pub fn values<T, R: Tree<T>>(
+        &self,
+        tree: &R,
+        array: impl Fn(&T) -> Array,
+    ) -> Result<Vec<Array>> {
         let specs = tree::specs(tree);
         let mut specs = specs.iter();
         let mut used = vec![false; self.writes.len()];
@@ -158,13 +162,19 @@ mod tests {
         let err = step.buffer_values(&params, Array::clone).unwrap_err();
         assert_eq!(
             err.to_string(),
-            Error::Layout("a forward pass wrote `weight`, which is a parameter, not a buffer".into())
-                .to_string()
+            Error::Layout(
+                "a forward pass wrote `weight`, which is a parameter, not a buffer".into()
+            )
+            .to_string()
         );
         let mut step = Context::for_step(None);
         step.write_buffer(&params.running, &Array::from_slice(&[0.0f32; 3], &[3]))?;
         let err = step.buffer_values(&params, Array::clone).unwrap_err();
-        assert!(err.to_string().contains("buffer `running` is [2], its next value [3]"), "{err}");
+        assert!(
+            err.to_string()
+                .contains("buffer `running` is [2], its next value [3]"),
+            "{err}"
+        );
         let other = norm();
         let mut step = Context::for_step(None);
         step.write_buffer(&other.running, &Array::from_slice(&[0.0f32; 2], &[2]))?;

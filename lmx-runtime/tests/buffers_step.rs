@@ -68,7 +68,11 @@ fn the_step_writes_the_buffer_its_loss_gave() -> Result<()> {
         for _ in 0..2 {
             step.step(&mut state, 0.1, std::slice::from_ref(&x))?;
         }
-        assert_eq!(values(&state.params.mean), [4.0, 5.0], "accumulation {accumulation}");
+        assert_eq!(
+            values(&state.params.mean),
+            [4.0, 5.0],
+            "accumulation {accumulation}"
+        );
         assert_ne!(values(&state.params.w), [0.5, -0.5], "the weight trained");
         let functions = if accumulation == 1 { 1 } else { 2 };
         assert_eq!(step.traces(), functions, "each function traced once");

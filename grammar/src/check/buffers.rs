@@ -139,13 +139,22 @@ impl<'m> Checker<'m> {
                     }
                 }
                 ParamKind::Module(m) => {
-                    return match self.model.blocks.iter().find(|b| b.name.name == m.name.name) {
+                    return match self
+                        .model
+                        .blocks
+                        .iter()
+                        .find(|b| b.name.name == m.name.name)
+                    {
                         Some(b) => Target::InBlock(&b.name.name),
                         None => Target::Parameter("a layer's weight"),
                     }
                 }
                 ParamKind::List { module, .. } => {
-                    return match self.model.blocks.iter().find(|b| b.name.name == module.name.name)
+                    return match self
+                        .model
+                        .blocks
+                        .iter()
+                        .find(|b| b.name.name == module.name.name)
                     {
                         Some(b) if !last => Target::InBlock(&b.name.name),
                         _ => Target::Parameter("a list of blocks"),
@@ -217,7 +226,10 @@ impl<'m> Checker<'m> {
                         value.span,
                         format!("this has shape {}", next.shape_text()),
                     )
-                    .with_label(target.span, format!("the buffer is {}", buffer.shape_text()))
+                    .with_label(
+                        target.span,
+                        format!("the buffer is {}", buffer.shape_text()),
+                    )
                     .with_help("a buffer keeps its shape: reduce or reshape the value to it"),
                 );
             }
@@ -237,7 +249,10 @@ impl<'m> Checker<'m> {
             target.span,
             "written in a step",
         )
-        .with_label(keyword, "`next` belongs in the forward pass that declares the buffer");
+        .with_label(
+            keyword,
+            "`next` belongs in the forward pass that declares the buffer",
+        );
         if let Some(grad) = after_grad {
             d = d
                 .with_label(value.span, "computed after the loss is differentiated")

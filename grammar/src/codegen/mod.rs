@@ -575,7 +575,10 @@ impl<'m> Gen<'m> {
             pass_init.push(quote!(positions: ctx.positions(#first.dim(-1)),));
         }
         if has_ctx {
-            let doc = match (has_attention || has_scan, has_dropout || has_linear || has_writes) {
+            let doc = match (
+                has_attention || has_scan,
+                has_dropout || has_linear || has_writes,
+            ) {
                 (true, true) => {
                     " The runtime context: the key-value cache during generation, the dropout key \
                      in training."

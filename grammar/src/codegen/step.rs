@@ -247,7 +247,9 @@ fn step(g: &Gen<'_>, ir: &StepIr, ast: &Step) -> R<TokenStream> {
                 let name = ident(name);
                 quote!(#name.buffer_values(params, |leaf: &Array| leaf.clone())?)
             }
-            None => quote!(Context::evaluation().buffer_values(params, |leaf: &Array| leaf.clone())?),
+            None => {
+                quote!(Context::evaluation().buffer_values(params, |leaf: &Array| leaf.clone())?)
+            }
         };
         quote! {
             let mut values = vec![#loss, #(#reported),*];

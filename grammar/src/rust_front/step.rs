@@ -596,8 +596,12 @@ impl Signature {
                     }
                 };
                 let declared = match (names.is_empty(), args.buffers.is_some()) {
-                    (false, false) => quote!(const METRICS: &'static [&'static str] = &[#(#names),*];),
-                    (true, _) => quote!(const WRITES_BUFFERS: bool = true;),
+                    (false, false) => {
+                        quote!(const METRICS: &'static [&'static str] = &[#(#names),*];)
+                    }
+                    (true, _) => quote!(
+                        const WRITES_BUFFERS: bool = true;
+                    ),
                     (false, true) => quote! {
                         const METRICS: &'static [&'static str] = &[#(#names),*];
                         const WRITES_BUFFERS: bool = true;
