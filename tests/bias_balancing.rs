@@ -13,7 +13,7 @@ use lmx::runtime::schedule::Schedule;
 use lmx::runtime::state::TrainState;
 use lmx::runtime::train::{TrainConfig, TrainData, Trainer};
 use lmx::runtime::tree::{self, LeafRole};
-use lmx::runtime::{Array, Result};
+use lmx::runtime::Array;
 use std::path::Path;
 use std::sync::Arc;
 
@@ -161,7 +161,7 @@ fn loads(params: &Params, config: &Config, tokens: &Array) -> Vec<f32> {
             .unwrap();
         let h = nn::rms_norm(&layer.post_attention_layernorm, &x_attn, eps).unwrap();
         if let Some(gate) = layer.mlp.gate.as_ref() {
-            let scores = mlx_rs::ops::sigmoid(&h.matmul(gate.weight.t()).unwrap()).unwrap();
+            let scores = mlx_rs::ops::sigmoid(h.matmul(gate.weight.t()).unwrap()).unwrap();
             let chosen = nn::route_groups(
                 &scores,
                 &gate.e_score_correction_bias,

@@ -72,7 +72,7 @@ pub fn train(
 
 #[test]
 fn the_step_writes_the_buffer_the_forward_pass_gave() -> Result<()> {
-    assert!(Train::WRITES_BUFFERS);
+    const { assert!(Train::WRITES_BUFFERS) };
     let config = Counting::preset("tiny").expect("the preset");
     let params = Counting::init(&config, 0)?;
     let specs = tree::specs(&params);
