@@ -157,6 +157,9 @@ pub enum ParamKind {
         init: Option<Call>,
         /// The `tensor[...]` text.
         span: Span,
+        /// Written `buffer[...]`: state that is not trained (no gradient, no optimizer state,
+        /// no weight decay), whose next value a training step's forward pass may give (`next`).
+        buffer: bool,
     },
     /// `layer(args)` or `Block(args)`.
     Module(ModuleRef),
@@ -332,6 +335,10 @@ pub enum StmtKind {
     /// `frozen name = source`: a model the step runs without gradients (`policy`: a copy of the
     /// policy as the run starts).
     Frozen(Ident, Ident),
+    /// `next path = value`: the next value of a buffer (a `buffer[..]` of the forward pass's own
+    /// parameters), which a training step writes into its state after its update; the pass
+    /// itself goes on reading the buffer's value.
+    Next(Expr, Expr),
     /// An expression.
     Expr(Expr),
 }

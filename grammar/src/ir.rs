@@ -202,6 +202,9 @@ pub enum ParamNode {
         shape: Vec<Expr>,
         /// Initialiser name and arguments (`normal`, `zeros`, `ones`, `uniform`).
         init: Init,
+        /// A `buffer[..]`: state, not a parameter (no gradient, optimizer state or decay),
+        /// whose next value a training step's forward pass may give.
+        buffer: bool,
     },
     /// One block instance.
     Block {
@@ -259,6 +262,8 @@ pub struct FnFacts {
     /// The weights each token multiplies by in gathered expert products (`switch_glu`: only
     /// the chosen experts' matrices, unlike a linear layer's whole weight).
     pub gathered_weights: Vec<Dim>,
+    /// The buffers it gives a next value (`next gate.bias = ..`), as written.
+    pub buffer_writes: Vec<String>,
 }
 
 /// One attention call: `q [.., heads, q_len, head_dim]`, `k [.., kv_heads, kv_len, head_dim]`.
@@ -474,6 +479,9 @@ pub enum StateSlot {
     Rng,
     /// A frozen model's parameters (inputs only: no gradients, no optimizer state).
     Frozen(String),
+    /// The buffers the forward passes write (`next`): read, and written after the update with
+    /// the values the loss's forward passes gave them, without gradients.
+    Buffers,
 }
 
 /// What the checker learned about expressions, read by the code generator (the role of rustc's

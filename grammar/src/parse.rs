@@ -194,6 +194,7 @@ fn describe(rule: Rule) -> &'static str {
         | Rule::update_statement
         | Rule::metrics_statement
         | Rule::frozen_statement
+        | Rule::next_statement
         | Rule::expression_statement => "a statement",
         Rule::preset_name => "a preset name",
         Rule::guard | Rule::IF => "`if`",
@@ -227,6 +228,7 @@ fn is_keyword(rule: Rule) -> bool {
             | Rule::STEP
             | Rule::TIED
             | Rule::TENSOR
+            | Rule::BUFFER
             | Rule::ENUM
             | Rule::LET
             | Rule::FOR
@@ -239,6 +241,7 @@ fn is_keyword(rule: Rule) -> bool {
             | Rule::UPDATE
             | Rule::METRICS
             | Rule::FROZEN
+            | Rule::NEXT
             | Rule::EOI
     )
 }
@@ -415,6 +418,11 @@ fn build_param(pair: Pair<'_, Rule>, depth: Depth) -> Result<Param> {
             ParamKind::Tied(kids(path).map(ident).collect())
         }
         Rule::raw_tensor => {
+            let buffer = kind_pair
+                .clone()
+                .into_inner()
+                .next()
+                .is_some_and(|keyword| keyword.as_rule() == Rule::BUFFER);
             let mut parts = kids(kind_pair);
             let shape = build_shape(take(&mut parts, kind_span)?, depth)?;
             let init = parts.next().map(|p| build_call(p, depth)).transpose()?;
@@ -422,6 +430,7 @@ fn build_param(pair: Pair<'_, Rule>, depth: Depth) -> Result<Param> {
                 shape,
                 init,
                 span: kind_span,
+                buffer,
             }
         }
         _ => ParamKind::Module(build_module(kind_pair, depth)?),
@@ -619,6 +628,22 @@ fn build_stmt(pair: Pair<'_, Rule>, depth: Depth) -> Result<Stmt> {
         Rule::frozen_statement => {
             let name = ident(take(&mut it, span)?);
             StmtKind::Frozen(name, ident(take(&mut it, span)?))
+        }
+        Rule::next_statement => {
+            // The buffer's path as the member expression that reads it (`gate.bias`).
+            let mut names = kids(take(&mut it, span)?).map(ident);
+            let first = names.next().ok_or_else(|| malformed(span))?;
+            let mut target = Expr {
+                span: first.span,
+                kind: ExprKind::Name(first.name),
+            };
+            for name in names {
+                target = Expr {
+                    span: target.span.join(name.span),
+                    kind: ExprKind::Member(Box::new(target), name),
+                };
+            }
+            StmtKind::Next(target, build_expr(take(&mut it, span)?, depth)?)
         }
         _ => StmtKind::Expr(build_expr(take(&mut it, span)?, depth)?),
     };

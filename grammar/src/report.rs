@@ -61,8 +61,13 @@ pub struct Report {
     /// Total number of parameters.
     pub param_count: u64,
     /// The parameters that train: the adapters where the model has any (the rest is frozen),
-    /// else all of them.
+    /// else all of them but the buffers.
     pub trainable_count: u64,
+    /// The elements of the buffers (`buffer[..]`, counted in `param_count` too): state with no
+    /// gradients and no optimizer state.
+    pub buffer_count: u64,
+    /// The steps whose compiled state writes the buffers (their forward passes' `next`).
+    pub buffer_writers: Vec<String>,
     /// Training FLOPs per token: 3 x (2 x weights used in matrix products + attention scores and mixing
     /// + the recurrences' chunked forms).
     pub flops_per_token: u64,
@@ -183,6 +188,7 @@ pub fn report_values(
         params: Vec::new(),
         matmul_weights: Some(0),
         instances: Vec::new(),
+        buffers: Vec::new(),
     };
     walk.tree(&model.params, values, "")?;
     walk.instances.push((String::new(), values.clone()));
@@ -210,10 +216,14 @@ pub fn report_values(
     }
     let param_count = total_elements(&walk.params).ok_or_else(|| overflow("parameter count"))?;
     let adapter = |p: &&ParamShape| p.name.ends_with(".lora_a") || p.name.ends_with(".lora_b");
+    // Buffers never train: no gradients, no optimizer state.
+    let buffer = |p: &&ParamShape| walk.buffers.contains(&p.name);
+    let buffers: Vec<ParamShape> = walk.params.iter().filter(buffer).cloned().collect();
+    let buffer_count = total_elements(&buffers).ok_or_else(|| overflow("buffer count"))?;
     let trainable: Vec<ParamShape> = if walk.params.iter().any(|p| adapter(&p)) {
         walk.params.iter().filter(adapter).cloned().collect()
     } else {
-        walk.params.clone()
+        walk.params.iter().filter(|p| !buffer(p)).cloned().collect()
     };
     let trainable_count =
         total_elements(&trainable).ok_or_else(|| overflow("trainable parameter count"))?;
@@ -288,6 +298,13 @@ pub fn report_values(
         preset: config.to_string(),
         param_count,
         trainable_count,
+        buffer_count,
+        buffer_writers: model
+            .steps
+            .iter()
+            .filter(|step| step.state.contains(&crate::ir::StateSlot::Buffers))
+            .map(|step| step.name.clone())
+            .collect(),
         flops_per_token,
         flops_per_token_6n,
         batch,
@@ -338,6 +355,8 @@ struct Walk<'a> {
     matmul_weights: Option<u64>,
     /// Every block instance with its environment, for evaluating its forward facts.
     instances: Vec<(String, Env)>,
+    /// The dotted names of the buffers (`buffer[..]`) among `params`.
+    buffers: Vec<String>,
 }
 
 fn int(expr: &crate::ast::Expr, env: &Env) -> Result<u64, ReportError> {
@@ -432,11 +451,14 @@ impl Walk<'_> {
             let name = format!("{prefix}{}", entry.name);
             match &entry.node {
                 ParamNode::Layer { kind, args } => self.layer(*kind, args, env, &name)?,
-                ParamNode::Tensor { shape, .. } => {
+                ParamNode::Tensor { shape, buffer, .. } => {
                     let shape = shape
                         .iter()
                         .map(|d| size(self.model, d, env, &name))
                         .collect::<Result<_, _>>()?;
+                    if *buffer {
+                        self.buffers.push(name.clone());
+                    }
                     self.params.push(ParamShape { name, shape });
                 }
                 ParamNode::Block { block, args } => self.block(block, args, env, &name)?,

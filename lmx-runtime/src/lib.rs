@@ -2,6 +2,7 @@
 //! state, optimizers, layers, devices.
 
 pub mod arrays;
+pub mod buffers;
 pub mod checkpoint;
 pub mod clip;
 pub mod cuda;

@@ -6,6 +6,7 @@
 //! whose generated impls run the user's tensor code through [`crate::tensor::host`]. The
 //! runtime (trainer, checkpoints, generation, the CLI) is written once against these traits.
 
+use crate::buffers::BufferWrites;
 use crate::error::Result;
 use crate::generate::cache::KvCache;
 use crate::tree::Tree;
@@ -89,6 +90,8 @@ pub trait StepVisitor<M: LanguageModel> {
 pub struct Context {
     cache: Option<KvCache>,
     key: Option<Array>,
+    /// A training step's buffer writes; `None` where writes are dropped.
+    buffers: Option<BufferWrites>,
 }
 
 impl Context {
@@ -104,13 +107,43 @@ impl Context {
         Context {
             cache: None,
             key: Some(key.clone()),
+            buffers: None,
         }
     }
 
     /// The forward pass of a step's loss: [`Context::training`] with the step's key, or
-    /// [`Context::evaluation`] where the loss is evaluated without one (validation).
+    /// [`Context::evaluation`] where the loss is evaluated without one (validation). It records
+    /// the buffers' writes ([`write_buffer`](Self::write_buffer)), which the step's
+    /// [`buffer_values`](Self::buffer_values) returns.
     pub fn for_step(key: Option<&Array>) -> Context {
-        key.map_or_else(Context::evaluation, Context::training)
+        let mut context = key.map_or_else(Context::evaluation, Context::training);
+        context.buffers = Some(BufferWrites::default());
+        context
+    }
+
+    /// Gives buffer `leaf` (a leaf of the parameters this pass reads, of role
+    /// [`LeafRole::Buffer`](crate::tree::LeafRole::Buffer)) the next value `value`, which a
+    /// training step writes into its state after the update; the pass itself goes on reading
+    /// `leaf`. Dropped outside a step's loss (evaluation, generation, a frozen model's pass).
+    pub fn write_buffer<T>(&mut self, leaf: &T, value: &Array) -> Result<()> {
+        match self.buffers.as_mut() {
+            Some(buffers) => buffers.record(leaf, value),
+            None => Ok(()),
+        }
+    }
+
+    /// The next value of every buffer leaf of `params` (the tree this context's passes read),
+    /// in traversal order: what a pass wrote, else the leaf as it is. What a step that writes
+    /// buffers ([`TrainingStep::WRITES_BUFFERS`]) returns after its metrics.
+    pub fn buffer_values<T, R: Tree<T>>(
+        &self,
+        params: &R,
+        array: impl Fn(&T) -> Array,
+    ) -> Result<Vec<Array>> {
+        match &self.buffers {
+            Some(buffers) => buffers.values(params, array),
+            None => BufferWrites::default().values(params, array),
+        }
     }
 
     /// A forward pass that keeps the keys and values of every attention layer across calls.
@@ -118,6 +151,7 @@ impl Context {
         Context {
             cache: Some(KvCache::default()),
             key: None,
+            buffers: None,
         }
     }
 
@@ -128,6 +162,7 @@ impl Context {
         Context {
             cache: Some(KvCache::rotating()),
             key: None,
+            buffers: None,
         }
     }
 
@@ -254,6 +289,7 @@ impl Context {
         Context {
             cache: Some(cache),
             key: None,
+            buffers: None,
         }
     }
 
@@ -330,8 +366,17 @@ pub trait TrainingStep: 'static {
     /// Most steps have none.
     const METRICS: &'static [&'static str] = &[];
 
+    /// Whether the step's forward passes write the model's buffers (a `.lmx` forward pass's
+    /// `next buffer = value`; `#[lmx::step(buffers)]`): then
+    /// [`loss_and_metrics`](Self::loss_and_metrics) returns, after the metrics, the next value of
+    /// every buffer leaf of the parameters in traversal order
+    /// ([`Context::buffer_values`]), and the compiled step writes them into its state.
+    const WRITES_BUFFERS: bool = false;
+
     /// The loss of one (micro-)batch followed by the [`METRICS`](Self::METRICS), every value a
-    /// scalar computed in the same compiled step; only the loss is differentiated. `frozen` is
+    /// scalar computed in the same compiled step, then (for a step that
+    /// [writes buffers](Self::WRITES_BUFFERS)) the buffers' next values; only the loss is
+    /// differentiated. `frozen` is
     /// as for [`frozen_loss`](Self::frozen_loss), which a step without metrics computes here.
     fn loss_and_metrics(
         params: &<Self::Model as LanguageModel>::Params,

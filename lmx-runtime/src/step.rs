@@ -17,7 +17,7 @@ use crate::distributed::{self, DataParallel, Group, Reduce};
 use crate::error::{Error, Result};
 use crate::optim::{DecayScope, Optimizer, StepScalars};
 use crate::state::{StateTemplate, TrainState};
-use crate::tree::{self, Tree};
+use crate::tree::{self, LeafRole, Tree};
 use mlx_rs::error::Exception;
 use mlx_rs::transforms::{compile::compile, value_and_grad_with_argnums};
 use mlx_rs::{random, Array};
@@ -197,9 +197,17 @@ where
             .map(|spec| (spec.trainable, options.decay.applies(&spec)))
             .collect();
         let trainable = specs.iter().filter(|(trainable, _)| *trainable).count();
+        let buffers = state
+            .specs()
+            .iter()
+            .map(|spec| spec.role == LeafRole::Buffer)
+            .collect();
         let body = Rc::new(StepBody {
             template: template.clone(),
             specs,
+            buffers,
+            metrics,
+            trainable,
             optimizer,
             loss,
             clip_norm: options.clip_norm,
@@ -258,7 +266,10 @@ where
 
     /// [`with_frozen`](Self::with_frozen) for a loss that reports `metrics` scalars of its own
     /// after the loss: the step returns them after the gradient norm, in
-    /// [`StepMetrics::metrics`].
+    /// [`StepMetrics::metrics`]. A loss may return after its metrics the next value of every
+    /// buffer leaf of the parameters ([`crate::buffers`], in traversal order), which the step
+    /// writes into the state after the update (with accumulation, their mean over the
+    /// micro-batches, weighed as the loss).
     ///
     /// # Errors
     /// As [`TrainStep::new`].
@@ -271,12 +282,14 @@ where
         options: StepOptions,
     ) -> Result<Self> {
         let count = frozen.len();
+        let buffers = crate::buffers::count(&state.params);
         let split = move |params: &P, inputs: &[Array], key: &Array| {
             let (frozen, batch) = inputs.split_at(count);
             let values = loss(params, frozen, batch, key)?;
-            if values.len() != metrics + 1 {
+            if values.len() != metrics + 1 && values.len() != metrics + 1 + buffers {
                 return Err(Error::Layout(format!(
-                    "the loss returned {} values, expected itself and {metrics} metrics",
+                    "the loss returned {} values, expected itself and {metrics} metrics \
+                     (and the next values of the model's {buffers} buffers, if it writes them)",
                     values.len()
                 )));
             }
@@ -313,7 +326,7 @@ where
                 let parts = *parts;
                 let mut fixed = inputs[..self.template.layout().params].to_vec();
                 fixed.extend(self.frozen.iter().cloned());
-                let (grads, loss, metrics) = accumulate(
+                let (grads, loss, mut metrics) = accumulate(
                     micro,
                     &fixed,
                     &state.key,
@@ -325,6 +338,9 @@ where
                 let (grads, loss) =
                     across_ranks(self.group.as_ref(), self.targets, grads, loss, batch)?;
                 inputs.extend(grads);
+                // The micro-batches' buffer values, averaged as the metrics are, follow the
+                // metrics; the update writes them.
+                inputs.extend(metrics.split_off(self.metrics.min(metrics.len())));
                 let mut outputs = apply(&inputs)?;
                 outputs.insert(n, loss.clone());
                 outputs.extend(metrics);
@@ -497,6 +513,12 @@ struct StepBody<P: Tree<Array>, O: Optimizer> {
     group: Option<Group>,
     /// The batch input of target ids, if the batch has one.
     targets: Option<usize>,
+    /// Whether each parameter leaf is a buffer, in traversal order.
+    buffers: Vec<bool>,
+    /// How many metrics the loss reports beside itself (its buffers' values follow them).
+    metrics: usize,
+    /// How many leaves train.
+    trainable: usize,
 }
 
 impl<P, O> StepBody<P, O>
@@ -515,8 +537,9 @@ where
         let batch = &inputs[n_state + 1..];
         let (mut values, grads) = self.loss_and_grads(params, batch, &subkey)?;
         let loss = values.remove(0);
+        let written = values.split_off(self.metrics.min(values.len()));
         let (grads, loss) = across_ranks(self.group.as_ref(), self.targets, grads, loss, batch)?;
-        let mut outputs = self.update(state, &inputs[n_state], grads, key)?;
+        let mut outputs = self.update(state, &inputs[n_state], grads, &written, key)?;
         outputs.insert(n_state, loss);
         outputs.extend(values);
         Ok(outputs)
@@ -533,14 +556,16 @@ where
         Ok(grads)
     }
 
-    /// `[state..., lr, grads...] -> [state'..., grad_norm]`.
+    /// `[state..., lr, grads..., buffers...] -> [state'..., grad_norm]`, where `buffers` are
+    /// the buffers' next values, if the loss wrote them.
     fn apply(&self, inputs: &[Array]) -> Result<Vec<Array>> {
         self.count_trace();
         let n_state = self.template.layout().len();
-        self.check_inputs(inputs, n_state + 1)?;
+        self.check_inputs(inputs, n_state + 1 + self.trainable)?;
         let state = self.template.state(inputs)?;
         let (key, _) = random::split(&state.key, 2)?;
-        self.update(state, &inputs[n_state], inputs[n_state + 1..].to_vec(), key)
+        let (grads, written) = inputs[n_state + 1..].split_at(self.trainable);
+        self.update(state, &inputs[n_state], grads.to_vec(), written, key)
     }
 
     fn count_trace(&self) {
@@ -557,14 +582,26 @@ where
         Ok(())
     }
 
-    /// Clips `grads` and applies the optimizer: `[state'..., grad_norm]` (no loss).
+    /// Clips `grads`, applies the optimizer and writes the buffers' next values `written` (one
+    /// per buffer leaf in traversal order, or none, which keeps them): `[state'..., grad_norm]`
+    /// (no loss).
     fn update(
         &self,
         state: TrainState<P, O>,
         lr: &Array,
         grads: Vec<Array>,
+        written: &[Array],
         key: Array,
     ) -> Result<Vec<Array>> {
+        let buffers = self.buffers.iter().filter(|buffer| **buffer).count();
+        if !written.is_empty() && written.len() != buffers {
+            return Err(Error::Layout(format!(
+                "the loss returned {} values after its {} metrics; the model has {buffers} buffers",
+                written.len(),
+                self.metrics
+            )));
+        }
+        let mut written = written.iter();
         let (grads, grad_norm) = match self.clip_norm {
             Some(max_norm) => clip::clip_by_global_norm(&grads, max_norm)?,
             None => {
@@ -581,10 +618,11 @@ where
         state
             .opt
             .for_each(&mut |leaf| opt_leaves.push(leaf.clone()));
-        for ((param, &(_, decay)), leaf) in tree::flatten(&state.params)
+        for (((param, &(_, decay)), leaf), &buffer) in tree::flatten(&state.params)
             .iter()
             .zip(&self.specs)
             .zip(opt_leaves)
+            .zip(&self.buffers)
         {
             match leaf {
                 Some(leaf) => {
@@ -596,6 +634,12 @@ where
                     next_params.push(param);
                     leaf.push_arrays(&mut next_opt);
                 }
+                // A buffer takes the value the loss wrote, in its own dtype (a mixed-precision
+                // step computes it from a bfloat16 copy).
+                None if buffer => match written.next() {
+                    Some(value) => next_params.push(value.as_dtype(param.dtype())?),
+                    None => next_params.push(param.clone()),
+                },
                 None => next_params.push(param.clone()),
             }
         }

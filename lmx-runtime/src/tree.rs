@@ -39,6 +39,9 @@ pub enum LeafRole {
     Quantization,
     /// Any other raw tensor.
     Other,
+    /// State that is not a parameter (a running statistic, a routing bias): never trained or
+    /// decayed; a training step may write its next value ([`crate::buffers`]).
+    Buffer,
 }
 
 impl LeafRole {
@@ -201,7 +204,7 @@ pub fn parameter_count<R: Tree<mlx_rs::Array> + ?Sized>(
 ///
 /// Besides the masks of field attributes, three rules decide what trains, here and nowhere else:
 /// where the tree holds an adapter, only adapters train (the base model is frozen, as LoRA
-/// requires); quantization scales and offsets never train; and a quantized layer's own leaves
+/// requires); quantization scales and offsets, and buffers, never train; and a quantized layer's own leaves
 /// (its packed weight, its bias) never train, as MLX's `QuantizedLinear` freezes itself: the
 /// packed weight has no gradient.
 pub fn specs<T, R: Tree<T> + ?Sized>(tree: &R) -> Vec<LeafSpec> {
@@ -232,7 +235,7 @@ pub fn specs<T, R: Tree<T> + ?Sized>(tree: &R) -> Vec<LeafSpec> {
     for spec in &mut out {
         let frozen = match spec.role {
             LeafRole::Adapter => false,
-            LeafRole::Quantization => true,
+            LeafRole::Quantization | LeafRole::Buffer => true,
             _ => adapted || in_quantized(&spec.name),
         };
         if frozen {

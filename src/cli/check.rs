@@ -150,11 +150,21 @@ fn source(registry: &Registry, model: &str) -> anyhow::Result<(String, String)> 
 fn print_report(report: &Report) {
     println!("preset            {}", report.preset);
     println!("parameters        {}", group_digits(report.param_count));
-    if report.trainable_count < report.param_count {
+    if report.trainable_count + report.buffer_count < report.param_count {
         println!(
             "trainable         {} (adapters; {} frozen)",
             group_digits(report.trainable_count),
             group_digits(report.param_count - report.trainable_count)
+        );
+    }
+    if report.buffer_count > 0 {
+        let written = match report.buffer_writers.as_slice() {
+            [] => "written by no step".to_string(),
+            steps => format!("written by step {} after each update", steps.join(", ")),
+        };
+        println!(
+            "buffers           {} ({written}; no gradients, no optimizer state)",
+            group_digits(report.buffer_count)
         );
     }
     for frozen in &report.frozen {

@@ -173,6 +173,13 @@ pub static TABLE: &[Builtin] = &[
         |x| quote!(ops::abs(#x)?)
     ),
     unary!(
+        "sign",
+        r::Out::Same,
+        None,
+        "-1, 0 or 1 by the sign of each element",
+        |x| quote!(ops::sign(#x)?)
+    ),
+    unary!(
         "square",
         r::Out::Same,
         static_float!(|x| x * x, |a| {

@@ -6,6 +6,7 @@
 //! that would only repeat the first.
 
 mod bind;
+mod buffers;
 mod calls;
 mod config;
 pub(crate) mod expert_rules;
@@ -163,6 +164,10 @@ pub(crate) struct Checker<'m> {
     step_state: Option<stmts::StepState>,
     /// Whether any forward pass draws random numbers.
     rng_used: bool,
+    /// Whether any forward pass gives a buffer its next value (`next`).
+    writes_buffers: bool,
+    /// The block whose forward pass is being checked (`None`: the model's own).
+    current_block: Option<String>,
     /// What is learned about expressions, for the code generator.
     typed: Typed,
     /// Blocks whose forward pass does not give a tensor (reported), whose calls are not typed.
@@ -186,6 +191,8 @@ impl<'m> Checker<'m> {
             model_sig: None,
             step_state: None,
             rng_used: false,
+            writes_buffers: false,
+            current_block: None,
             typed: Typed::default(),
             broken_blocks: HashSet::new(),
             config_errors: HashSet::new(),

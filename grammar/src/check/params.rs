@@ -183,9 +183,12 @@ impl Checker<'_> {
                 }
                 ParamKind::Module(m) => self.check_module(m, scope),
                 ParamKind::List { module, count } => self.check_list(module, count, scope),
-                ParamKind::Tensor { shape, init, span } => {
-                    self.check_tensor(shape, init.as_ref(), *span, scope)
-                }
+                ParamKind::Tensor {
+                    shape,
+                    init,
+                    span,
+                    buffer,
+                } => self.check_tensor(shape, init.as_ref(), *span, *buffer, scope),
                 ParamKind::Tied(target) => self.check_tied(target, &types),
             };
             tree.entries.push(ParamEntry {
@@ -519,6 +522,7 @@ impl Checker<'_> {
         shape: &[ast::Expr],
         init: Option<&ast::Call>,
         span: Span,
+        buffer: bool,
         scope: &mut Scope,
     ) -> (ParamNode, Ty) {
         let mut dims = Vec::new();
@@ -582,6 +586,7 @@ impl Checker<'_> {
             ParamNode::Tensor {
                 shape: shape.to_vec(),
                 init,
+                buffer,
             },
             Ty::Tensor(TensorTy::new(crate::ast::Dtype::Float, dims, span)),
         )

@@ -74,6 +74,13 @@ pub(crate) struct StepState {
     metric_spans: HashMap<String, Span>,
 }
 
+impl StepState {
+    /// Where the step calls `grad(..)`, once checked that far.
+    pub(crate) fn grad_at(&self) -> Option<Span> {
+        self.grad_at
+    }
+}
+
 impl Checker<'_> {
     /// Checks a forward pass (a block's when `block` is given, else the model's).
     pub(crate) fn check_forward(
@@ -83,6 +90,7 @@ impl Checker<'_> {
         block: Option<&ast::Block>,
     ) -> FnFacts {
         self.facts = FnFacts::default();
+        self.current_block = block.map(|b| b.name.name.clone());
         let mut scope = match block {
             Some(b) => self.block_scope(b),
             None => {
@@ -278,6 +286,10 @@ impl Checker<'_> {
                     // inside a loop or a branch, which would make it run zero or many times.
                     Context::Step => self.nested_step_statement(s),
                 }
+                None
+            }
+            StmtKind::Next(target, value) => {
+                self.next_buffer(target, value, s.span, scope, ctx);
                 None
             }
             StmtKind::Expr(e) => Some(self.infer(e, scope, ctx)),
@@ -685,6 +697,9 @@ impl Checker<'_> {
         slots.push(StateSlot::LearningRate);
         if self.model_uses_rng() {
             slots.push(StateSlot::Rng);
+        }
+        if self.writes_buffers {
+            slots.push(StateSlot::Buffers);
         }
         slots.extend(frozen.iter().map(|f| StateSlot::Frozen(f.name.clone())));
         StepIr {

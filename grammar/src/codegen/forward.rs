@@ -338,6 +338,8 @@ pub(crate) struct Fx<'g, 'm> {
     pub drops: bool,
     /// Whether it applies a linear layer, whose adapter may draw dropout masks (`pass.linear`).
     pub linears: bool,
+    /// Whether it gives a buffer its next value (`pass.write_buffer`).
+    pub writes: bool,
     /// In a step: the context its `forward(..)` calls share (one dropout key stream per step).
     pub step_ctx: Option<String>,
     /// In a step: its frozen models, each `.lmx` name with the Rust local of its parameters.
@@ -361,6 +363,7 @@ impl<'g, 'm> Fx<'g, 'm> {
             recurs: false,
             drops: false,
             linears: false,
+            writes: false,
             step_ctx: None,
             frozen: Vec::new(),
             taken: g.taken.clone(),
@@ -593,6 +596,20 @@ impl<'g, 'm> Fx<'g, 'm> {
                     let ts = t.ts;
                     self.emit(GenStmt::Raw(quote!(#ts;)));
                 }
+                Ok(())
+            }
+            StmtKind::Next(target, value) => {
+                // The buffer's place in the parameters (the checker found it a buffer of this
+                // pass's own), whose address keys the write.
+                let place = match self.expr(target)? {
+                    X::Tensor(t) => t.r(),
+                    _ => return Err(unsupported(target.span, "this buffer")),
+                };
+                let value = self.tensor_expr(value)?.r();
+                self.uses_pass = true;
+                self.pass_mut = true;
+                self.writes = true;
+                self.emit(GenStmt::Raw(quote!(pass.write_buffer(#place, #value)?;)));
                 Ok(())
             }
             StmtKind::While(..) => Err(unsupported(stmt.span, "`while`")),

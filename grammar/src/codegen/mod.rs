@@ -111,6 +111,8 @@ pub(crate) struct BlockInfo {
     pub drops: bool,
     /// Whether it applies a linear layer (whose adapter's dropout draws masks).
     pub linears: bool,
+    /// Whether it gives a buffer its next value.
+    pub writes: bool,
     /// The `impl` with its forward method.
     pub code: TokenStream,
 }
@@ -429,6 +431,7 @@ impl<'m> Gen<'m> {
                     recurs: false,
                     drops: false,
                     linears: false,
+                    writes: false,
                     code: TokenStream::new(),
                 }
             }
@@ -519,6 +522,7 @@ impl<'m> Gen<'m> {
             recurs: fx.recurs,
             drops: fx.drops,
             linears: fx.linears,
+            writes: fx.writes,
             code,
         })
     }
@@ -555,7 +559,8 @@ impl<'m> Gen<'m> {
         let has_scan = fx.recurs || self.any_block(|b| b.recurs);
         let has_dropout = fx.drops || self.any_block(|b| b.drops);
         let has_linear = fx.linears || self.any_block(|b| b.linears);
-        let has_ctx = has_attention || has_scan || has_dropout || has_linear;
+        let has_writes = fx.writes || self.any_block(|b| b.writes);
+        let has_ctx = has_attention || has_scan || has_dropout || has_linear || has_writes;
         let any_pass = fx.uses_pass || self.any_block(|b| b.needs_pass);
         let first_input = inputs_names(ast).into_iter().next().unwrap_or_default();
         let first = ident(&first_input);
@@ -575,7 +580,10 @@ impl<'m> Gen<'m> {
             pass_init.push(quote!(positions: ctx.positions(#first.dim(-1)),));
         }
         if has_ctx {
-            let doc = match (has_attention || has_scan, has_dropout || has_linear) {
+            let doc = match (
+                has_attention || has_scan,
+                has_dropout || has_linear || has_writes,
+            ) {
                 (true, true) => {
                     " The runtime context: the key-value cache during generation, the dropout key \
                      in training."
@@ -636,8 +644,17 @@ impl<'m> Gen<'m> {
                     }
                 }
             });
+            let write = has_writes.then(|| {
+                quote! {
+                    /// Gives `buffer` its next value, which a training step writes into its
+                    /// state after the update (dropped outside a training step).
+                    fn write_buffer(&mut self, buffer: &Array, value: &Array) -> Result<()> {
+                        self.ctx.write_buffer(buffer, value)
+                    }
+                }
+            });
             let methods = if has_ctx {
-                quote!(impl Pass<'_> { #attend #scan #dropout #linear })
+                quote!(impl Pass<'_> { #attend #scan #dropout #linear #write })
             } else {
                 TokenStream::new()
             };
@@ -912,6 +929,10 @@ fn identifiers(model: &CheckedModel) -> Vec<String> {
                     body(b, out);
                 }
                 StmtKind::Expr(e) | StmtKind::Update(e) => walk(e, out),
+                StmtKind::Next(target, e) => {
+                    walk(target, out);
+                    walk(e, out);
+                }
                 _ => {}
             }
         }

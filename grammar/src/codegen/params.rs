@@ -182,7 +182,10 @@ fn struct_tree(
             let seg = &entry.name;
             quote!(#[lmx(rename = #seg)])
         });
-        defs.push(quote!(#[doc = #fdoc] #rename pub #f: #full_ty,));
+        // A buffer is a leaf of its own role: never trained, decayed or given optimizer state.
+        let role = matches!(entry.node, ParamNode::Tensor { buffer: true, .. })
+            .then(|| quote!(#[lmx(role = buffer)]));
+        defs.push(quote!(#[doc = #fdoc] #rename #role pub #f: #full_ty,));
         group_names.push(group);
     }
     if defs.is_empty() {
@@ -279,7 +282,7 @@ fn init_struct(
                     }
                 }
             }
-            ParamNode::Tensor { shape, init } => tensor_init(fx, shape, init, keys_used)?,
+            ParamNode::Tensor { shape, init, .. } => tensor_init(fx, shape, init, keys_used)?,
             ParamNode::Block { block, args } => {
                 let call_args = block_args(fx, block, args)?;
                 let s = fx.g.struct_name(block);

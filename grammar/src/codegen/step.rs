@@ -8,7 +8,7 @@ use super::names::{camel, ident};
 use super::Gen;
 use crate::ast::{Expr, ExprKind, Step};
 use crate::eval::{eval, Value};
-use crate::ir::{FrozenSourceIr, OptimizerKind, SettingDefault, StepIr};
+use crate::ir::{FrozenSourceIr, OptimizerKind, SettingDefault, StateSlot, StepIr};
 
 /// Every step's struct and impl, and `TrainState` for the first step.
 pub(crate) fn steps(g: &Gen<'_>) -> R<TokenStream> {
@@ -238,7 +238,25 @@ fn step(g: &Gen<'_>, ir: &StepIr, ast: &Step) -> R<TokenStream> {
         let value = fx.expr(&name)?;
         reported.push(fx.owned_tensor(value, grad_call)?);
     }
-    let loss = if ir.reported.is_empty() {
+    // A step whose forward passes write buffers returns every buffer's next value after the
+    // metrics (the writes are keyed by the leaves of `params`, which its passes read).
+    let writes = ir.state.contains(&StateSlot::Buffers);
+    let loss = if writes {
+        let values = match &fx.step_ctx {
+            Some(name) => {
+                let name = ident(name);
+                quote!(#name.buffer_values(params, |leaf: &Array| leaf.clone())?)
+            }
+            None => {
+                quote!(Context::evaluation().buffer_values(params, |leaf: &Array| leaf.clone())?)
+            }
+        };
+        quote! {
+            let mut values = vec![#loss, #(#reported),*];
+            values.extend(#values);
+            Ok(values)
+        }
+    } else if ir.reported.is_empty() {
         fx.ok(loss)
     } else {
         quote!(Ok(vec![#loss, #(#reported),*]))
@@ -296,12 +314,13 @@ fn step(g: &Gen<'_>, ir: &StepIr, ast: &Step) -> R<TokenStream> {
         }
     });
     // The one function holding the body; the others call it.
-    let (body_fn, returns) = match (ir.frozen.is_empty(), ir.reported.is_empty()) {
+    let values_fn = !ir.reported.is_empty() || writes;
+    let (body_fn, returns) = match (ir.frozen.is_empty(), !values_fn) {
         (true, true) => (quote!(loss), quote!(Array)),
         (false, true) => (quote!(frozen_loss), quote!(Array)),
         (_, false) => (quote!(loss_and_metrics), quote!(Vec<Array>)),
     };
-    let body_signature = if ir.frozen.is_empty() && ir.reported.is_empty() {
+    let body_signature = if ir.frozen.is_empty() && !values_fn {
         quote!((params: &Params, #config: &Config, batch: &[Array], #key: Option<&Array>))
     } else {
         quote!((params: &Params, #config: &Config, #frozen_arg: &[Params], batch: &[Array], #key: Option<&Array>))
@@ -312,11 +331,18 @@ fn step(g: &Gen<'_>, ir: &StepIr, ast: &Step) -> R<TokenStream> {
             #body
         }
     };
-    if !ir.reported.is_empty() {
+    if values_fn {
         let names = &ir.reported;
-        loss_fns.extend(quote! {
-            const METRICS: &'static [&'static str] = &[#(#names),*];
-        });
+        if !names.is_empty() {
+            loss_fns.extend(quote! {
+                const METRICS: &'static [&'static str] = &[#(#names),*];
+            });
+        }
+        if writes {
+            loss_fns.extend(quote! {
+                const WRITES_BUFFERS: bool = true;
+            });
+        }
         // The loss alone is the first value (validation reads it so; MLX computes nothing of
         // the metrics nobody evaluates).
         loss_fns.extend(if ir.frozen.is_empty() {

@@ -29,6 +29,9 @@ struct StepArgs {
     frozen: Vec<Ident>,
     /// `metrics(kl, ..)`: the step's own metrics, which the function returns after its loss.
     metrics: Vec<Ident>,
+    /// `buffers`: the step's forward passes write the model's buffers
+    /// (`Context::write_buffer`), which the compiled step writes into its state.
+    buffers: Option<Ident>,
 }
 
 impl StepArgs {
@@ -40,6 +43,7 @@ impl StepArgs {
             accumulate: None,
             frozen: Vec::new(),
             metrics: Vec::new(),
+            buffers: None,
         };
         options::parse(args, attrs, |meta| {
             if meta.path.is_ident("crate") {
@@ -72,6 +76,8 @@ impl StepArgs {
                     out.frozen.push(name);
                     Ok(())
                 })?;
+            } else if meta.path.is_ident("buffers") {
+                out.buffers = meta.path.get_ident().cloned();
             } else if meta.path.is_ident("metrics") {
                 meta.parse_nested_meta(|metric| {
                     let name = metric.path.require_ident()?.clone();
@@ -89,7 +95,7 @@ impl StepArgs {
             } else {
                 return Err(meta.error(
                     "expected `crate = \"path\"`, `optimizer = Type`, `clip_norm = number`, `accumulate = count`, \
-                     `frozen(name = policy)` or `metrics(name, ..)`",
+                     `frozen(name = policy)`, `metrics(name, ..)` or `buffers`",
                 ));
             }
             Ok(())
@@ -105,6 +111,12 @@ impl StepArgs {
                 return Err(syn::Error::new(
                     metric.span(),
                     "metrics belong to a training step: name its `optimizer`",
+                ));
+            }
+            if let Some(buffers) = &out.buffers {
+                return Err(syn::Error::new(
+                    buffers.span(),
+                    "buffers are written by a training step: name its `optimizer`",
                 ));
             }
             if let Some(setting) = out.clip_norm.as_ref().or(out.accumulate.as_ref()) {
@@ -372,7 +384,27 @@ impl Signature {
                 #call
             });
         }
-        let run = if args.metrics.is_empty() {
+        let run = if let Some(buffers) = &args.buffers {
+            // The function returns `(loss, metric, ..)` or the loss alone; the buffers' next
+            // values follow, from its forward passes' writes.
+            let metrics = &args.metrics;
+            let tuple = match metrics.is_empty() {
+                true => quote_spanned!(buffers.span()=> __loss),
+                false => quote_spanned!(item.sig.output.span()=> (__loss, #(#metrics),*)),
+            };
+            quote! {
+                #rt::tensor::host::loss_metrics_and_buffers::<_, #batch_len>(
+                    #function_name,
+                    #params,
+                    batch,
+                    key,
+                    |#params, [#(#batch),*], #ctx| {
+                        let #tuple = #call?;
+                        ::std::result::Result::Ok(::std::vec![__loss, #(#metrics),*])
+                    },
+                )
+            }
+        } else if args.metrics.is_empty() {
             quote! {
                 #rt::tensor::host::loss::<_, #batch_len>(
                     #function_name,
@@ -502,7 +534,8 @@ impl Signature {
                 };
             }
         });
-        let mut loss_fns = match (frozen.is_empty(), args.metrics.is_empty()) {
+        let values = args.metrics.is_empty() && args.buffers.is_none();
+        let mut loss_fns = match (frozen.is_empty(), values) {
             (true, true) => quote! {
                 fn loss(
                     #params: &#params_ty,
@@ -562,8 +595,20 @@ impl Signature {
                         }
                     }
                 };
+                let declared = match (names.is_empty(), args.buffers.is_some()) {
+                    (false, false) => {
+                        quote!(const METRICS: &'static [&'static str] = &[#(#names),*];)
+                    }
+                    (true, _) => quote!(
+                        const WRITES_BUFFERS: bool = true;
+                    ),
+                    (false, true) => quote! {
+                        const METRICS: &'static [&'static str] = &[#(#names),*];
+                        const WRITES_BUFFERS: bool = true;
+                    },
+                };
                 quote! {
-                    const METRICS: &'static [&'static str] = &[#(#names),*];
+                    #declared
 
                     fn loss_and_metrics(
                         #params: &#params_ty,

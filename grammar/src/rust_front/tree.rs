@@ -61,7 +61,7 @@ pub enum FieldKind {
 }
 
 /// The leaf roles, as `LeafRole` spells them.
-pub const ROLES: [&str; 7] = [
+pub const ROLES: [&str; 8] = [
     "Weight",
     "Bias",
     "Norm",
@@ -69,6 +69,7 @@ pub const ROLES: [&str; 7] = [
     "Adapter",
     "Quantization",
     "Other",
+    "Buffer",
 ];
 
 /// The layer kinds, as `tree::Layer` spells them.
@@ -84,7 +85,7 @@ pub fn role(role: &Ident) -> syn::Result<Ident> {
         .ok_or_else(|| {
             syn::Error::new(
                 role.span(),
-                "unknown role: expected `weight`, `bias`, `norm`, `embedding`, `adapter`, `quantization` or `other`",
+                "unknown role: expected `weight`, `bias`, `norm`, `embedding`, `adapter`, `quantization`, `other` or `buffer`",
             )
         })
 }

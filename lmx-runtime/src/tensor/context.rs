@@ -176,6 +176,14 @@ impl<'a> Context<'a> {
     pub fn dropout(&mut self, x: &Tensor, p: f32) -> Result<Tensor> {
         Ok(Tensor(crate::nn::dropout(&x.0, p, self.inner)?))
     }
+
+    /// Gives `buffer`, a leaf of the parameters this pass reads whose field is a buffer
+    /// (`#[lmx(role = buffer)]`), its next value: a step declared with
+    /// `#[lmx::step(buffers)]` writes it into its state after the update; this pass goes on
+    /// reading `buffer`. Dropped outside a step (evaluation, generation, a frozen model's pass).
+    pub fn write_buffer(&mut self, buffer: &Tensor, value: &Tensor) -> Result<()> {
+        self.inner.write_buffer(buffer, &value.0)
+    }
 }
 
 #[cfg(test)]

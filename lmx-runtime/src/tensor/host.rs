@@ -56,6 +56,26 @@ pub fn loss_and_metrics<P: Tree<Array>, const N: usize>(
     Ok(values.into_iter().map(|value| value.0).collect())
 }
 
+/// [`loss_and_metrics`] for a step that writes buffers (`#[lmx::step(buffers)]`): after the
+/// loss and the metrics, the next value of every buffer leaf of `params` in traversal order
+/// (the value `loss`'s forward passes wrote, else the buffer as it is).
+pub fn loss_metrics_and_buffers<P: Tree<Array>, const N: usize>(
+    step: &str,
+    params: &P,
+    batch: &[Array],
+    key: Option<&Array>,
+    loss: impl FnOnce(&P::Of<Tensor>, [Tensor; N], &mut Context<'_>) -> Result<Vec<Tensor>>,
+) -> Result<Vec<Array>> {
+    let batch = tensors::<N>(step, batch)?;
+    let mut ctx = model::Context::for_step(key);
+    // The writes are keyed by the leaves of this very tree, which outlives the loss.
+    let tree = graph(params);
+    let values = loss(&tree, batch, &mut Context::new(&mut ctx))?;
+    let mut values: Vec<Array> = values.into_iter().map(|value| value.0).collect();
+    values.extend(ctx.buffer_values(&tree, |leaf: &Tensor| leaf.0.clone())?);
+    Ok(values)
+}
+
 /// The `N` arrays of a step's batch as tensors.
 fn tensors<const N: usize>(step: &str, batch: &[Array]) -> Result<[Tensor; N]> {
     batch

@@ -39,15 +39,20 @@ pub struct Objective<M: LanguageModel> {
 impl<M: LanguageModel> Objective<M> {
     /// The objective of training step `S` over the frozen models it declares
     /// ([`TrainingStep::FROZEN`]), each a copy of `start` (the run's starting parameters), and
-    /// with the metrics it reports ([`TrainingStep::METRICS`]): `S`'s
+    /// with the metrics it reports ([`TrainingStep::METRICS`]) and the buffers it writes
+    /// ([`TrainingStep::WRITES_BUFFERS`]): `S`'s
     /// [`loss_and_metrics`](TrainingStep::loss_and_metrics) over the trees rebuilt from the
     /// frozen inputs of the compiled step, a mean over kept targets as a step's loss is. `None`
-    /// when the step declares neither. The command line's objectives (`--step dpo`,
+    /// when the step declares none of these. The command line's objectives (`--step dpo`,
     /// `--teacher`) reach the compiled step the same way, through [`Objective`].
     pub fn declared<S: TrainingStep<Model = M>>(start: &M::Params) -> Option<Objective<M>> {
-        if S::FROZEN.is_empty() && S::METRICS.is_empty() {
+        if S::FROZEN.is_empty() && S::METRICS.is_empty() && !S::WRITES_BUFFERS {
             return None;
         }
+        let buffers = match S::WRITES_BUFFERS {
+            true => crate::buffers::count(start),
+            false => 0,
+        };
         let leaves = tree::flatten(start);
         let count = leaves.len();
         let frozen = S::FROZEN
@@ -74,9 +79,10 @@ impl<M: LanguageModel> Objective<M> {
                 .map(|leaves| frozen_tree(&template, leaves))
                 .collect::<Result<Vec<_>>>()?;
             let values = S::loss_and_metrics(params, config, &trees, batch, key)?;
-            if values.len() != S::METRICS.len() + 1 {
+            if values.len() != S::METRICS.len() + 1 + buffers {
                 return Err(Error::Layout(format!(
-                    "step `{}` reports {} metrics, its loss returned {} values",
+                    "step `{}` reports {} metrics and writes {buffers} buffers, its loss \
+                     returned {} values",
                     S::NAME,
                     S::METRICS.len(),
                     values.len()

@@ -107,7 +107,8 @@ where
     ) -> Result<Self> {
         if packing == StatePacking::Flat {
             return Err(Error::Config(
-                "a step with frozen models keeps per-parameter state: drop the flat state packing"
+                "a step with frozen models, metrics of its own or buffers keeps per-parameter \
+                 state: drop the flat state packing"
                     .into(),
             ));
         }

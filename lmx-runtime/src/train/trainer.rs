@@ -269,8 +269,8 @@ where
             )?,
             Some(_) if parallel.is_some() => {
                 return Err(Error::Config(
-                    "a loss that reads frozen models or reports metrics of its own does not \
-                     train data-parallel yet"
+                    "a loss that reads frozen models, reports metrics of its own or writes \
+                     buffers does not train data-parallel yet"
                         .into(),
                 ))
             }

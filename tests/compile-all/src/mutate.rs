@@ -1004,6 +1004,7 @@ fn body_exprs<'a>(body: &'a Body, out: &mut Vec<&'a Expr>) {
             | StmtKind::Assign(_, e)
             | StmtKind::Accumulate(e)
             | StmtKind::Update(e)
+            | StmtKind::Next(_, e)
             | StmtKind::Expr(e) => expr_tree(e, out),
             StmtKind::For(_, range, inner) => {
                 expr_tree(&range.start, out);
