@@ -122,6 +122,15 @@ pub enum LayerTy {
         /// Normalised width.
         dim: Dim,
     },
+    /// `experts(d, h, n)`: `([.., d], int [.., k]) -> [.., k, d]`.
+    Experts {
+        /// Input and output width.
+        dim: Dim,
+        /// Each expert's hidden width.
+        hidden: Dim,
+        /// The number of experts.
+        count: Dim,
+    },
 }
 
 /// A parameterised thing a name refers to.

@@ -389,6 +389,11 @@ impl Checker<'_> {
                     output: dim(1),
                 },
                 LayerKind::LayerNorm | LayerKind::RmsNorm => LayerTy::Norm { dim: dim(0) },
+                LayerKind::Experts => LayerTy::Experts {
+                    dim: dim(0),
+                    hidden: dim(1),
+                    count: dim(2),
+                },
             };
             return (
                 ParamNode::Layer { kind, args },
