@@ -356,24 +356,33 @@ impl Checker<'_> {
             return Ty::Unknown;
         };
         let problem = if idx.dtype != Dtype::Int {
-            Some(format!(
-                "`{name}` takes int expert indices, found {} tensor",
-                idx.dtype.with_article()
+            Some((
+                "lmx::type::mismatch",
+                format!(
+                    "`{name}` takes int expert indices, found {} tensor",
+                    idx.dtype.with_article()
+                ),
             ))
         } else {
             match (&x.shape, &idx.shape) {
                 (Some(sx), Some(si)) => {
                     let leading = |s: &[Dim]| s[..s.len().saturating_sub(1)].to_vec();
                     if sx.last() != Some(dim) {
-                        Some(format!(
-                            "`{name}` expects inputs of shape [.., {dim}], found {}",
-                            x.shape_text()
+                        Some((
+                            "lmx::shape::layer_input",
+                            format!(
+                                "`{name}` expects inputs of shape [.., {dim}], found {}",
+                                x.shape_text()
+                            ),
                         ))
                     } else if si.is_empty() || leading(sx) != leading(si) {
-                        Some(format!(
-                            "`{name}`: the indices {} do not cover x's tokens {}",
-                            idx.shape_text(),
-                            x.shape_text()
+                        Some((
+                            "lmx::shape::mismatch",
+                            format!(
+                                "`{name}`: the indices {} do not cover x's tokens {}",
+                                idx.shape_text(),
+                                x.shape_text()
+                            ),
                         ))
                     } else {
                         None
@@ -382,13 +391,8 @@ impl Checker<'_> {
                 _ => None,
             }
         };
-        if let Some(message) = problem {
-            self.error(Diagnostic::new(
-                "lmx::shape::layer_input",
-                message,
-                args.span,
-                "in this call",
-            ));
+        if let Some((code, message)) = problem {
+            self.error(Diagnostic::new(code, message, args.span, "in this call"));
             return Ty::Unknown;
         }
         let (Some(sx), Some(si)) = (x.shape, idx.shape) else {
