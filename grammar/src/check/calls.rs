@@ -270,8 +270,8 @@ impl Checker<'_> {
 
     fn layer_call(&mut self, layer: &LayerTy, callee: &Expr, args: &Args<'_>) -> Ty {
         let name = crate::text::expr_text(callee);
-        if let LayerTy::Experts { dim, hidden, .. } = layer {
-            return self.experts_call(dim, hidden, &name, args);
+        if let LayerTy::Experts(experts) = layer {
+            return self.experts_call(&experts.dim, &experts.hidden, &name, args);
         }
         if self
             .bind(&name, crate::builtins::LAYER_PARAMS, args.span, args.args)
@@ -308,7 +308,7 @@ impl Checker<'_> {
             }
             LayerTy::Linear { input, output } => (input, Some(output)),
             LayerTy::Norm { dim } => (dim, None),
-            LayerTy::Experts { .. } => return Ty::Unknown,
+            LayerTy::Experts(_) => return Ty::Unknown,
         };
         match shape.last() {
             Some(last) if last == want => {

@@ -423,9 +423,10 @@ impl Checker<'_> {
             }
             // An `experts` layer's projections, each a group of its stacked `weight` (read by a
             // dense reference of the experts, as `models/mixtral.lmx`'s `experts = dense`).
-            Ty::Module(ModuleTy::Layer(LayerTy::Experts { dim, hidden, count }))
+            Ty::Module(ModuleTy::Layer(LayerTy::Experts(experts)))
                 if matches!(name.name.as_str(), "gate_proj" | "up_proj" | "down_proj") =>
             {
+                let (dim, hidden, count) = (&experts.dim, &experts.hidden, &experts.count);
                 let (out, input) = if name.name == "down_proj" {
                     (dim, hidden)
                 } else {
