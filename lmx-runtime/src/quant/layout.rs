@@ -11,7 +11,7 @@
 //! ([`config_entry`], [`write_config`]) records every layer's quantization so that either tool
 //! reads the model back exactly as it was.
 
-use super::{packed_shapes, QuantError, Quantization};
+use super::{packed_shapes, QuantError, Quantization, StoredMismatch};
 use crate::error::{Error, Result};
 use crate::hf::{HfError, HfFolder, CONFIG_FILE};
 use crate::tree::{LayerMut, Scope, Tree};
@@ -213,7 +213,7 @@ pub fn loading_error<R: Tree<Array> + ?Sized>(
         }
         _ => return err,
     };
-    QuantError::Stored {
+    QuantError::Stored(Box::new(StoredMismatch {
         path,
         tensor: tensor.clone(),
         problem,
@@ -221,7 +221,7 @@ pub fn loading_error<R: Tree<Array> + ?Sized>(
         config: format!("{place}: quantization"),
         bits: q.bits,
         group_size: q.group_size,
-    }
+    }))
     .into()
 }
 

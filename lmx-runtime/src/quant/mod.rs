@@ -107,24 +107,9 @@ pub enum QuantError {
         message: String,
     },
     /// A stored tensor of a layer that the configuration quantizes does not fit that
-    /// quantization: of the wrong shape, missing, or packed without its scales.
-    #[error("{path}: tensor `{tensor}` {problem}; {config} makes `{layer}` {bits}-bit in groups of {group_size}")]
-    Stored {
-        /// The weights file (or the folder, for a missing tensor).
-        path: String,
-        /// The tensor's name.
-        tensor: String,
-        /// What is wrong with it.
-        problem: String,
-        /// The layer's dotted name.
-        layer: String,
-        /// The configuration and its entry (`DIR/config.json: quantization`).
-        config: String,
-        /// The bits.
-        bits: i32,
-        /// The group size.
-        group_size: i32,
-    },
+    /// quantization (boxed: the error type stays small).
+    #[error(transparent)]
+    Stored(Box<StoredMismatch>),
     /// The configuration quantizes a layer the model does not have.
     #[error("{place}: the model has no linear layer, embedding or expert projection `{layer}`")]
     UnknownLayer {
@@ -133,6 +118,26 @@ pub enum QuantError {
         /// The layer named.
         layer: String,
     },
+}
+
+/// A quantized layer's stored tensor of the wrong shape, missing, or packed without its scales.
+#[derive(Clone, Debug, PartialEq, thiserror::Error)]
+#[error("{path}: tensor `{tensor}` {problem}; {config} makes `{layer}` {bits}-bit in groups of {group_size}")]
+pub struct StoredMismatch {
+    /// The weights file (or the folder, for a missing tensor).
+    pub path: String,
+    /// The tensor's name.
+    pub tensor: String,
+    /// What is wrong with it.
+    pub problem: String,
+    /// The layer's dotted name.
+    pub layer: String,
+    /// The configuration and its entry (`DIR/config.json: quantization`).
+    pub config: String,
+    /// The bits.
+    pub bits: i32,
+    /// The group size.
+    pub group_size: i32,
 }
 
 impl Quantization {
