@@ -249,3 +249,80 @@ fn a_run_quantizes_generates_and_dequantizes() {
     assert_eq!(lm_head.weight.dtype(), Dtype::Float32);
     assert_eq!(lm_head.weight.shape(), &[257, 64]);
 }
+
+/// A Mixtral's stacked experts quantize with its other layers (and the summary counts them); the
+/// quantized folder generates, and adapters train over it (QLoRA: the experts stay packed and
+/// frozen, the adapters go on the attention and router projections).
+#[test]
+fn a_mixtral_quantizes_its_experts_generates_and_trains_adapters() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = |name: &str| dir.path().join(name).to_str().unwrap().to_owned();
+    let ok = |args: &[&str]| {
+        let output = lmx(args);
+        let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
+        assert!(
+            output.status.success(),
+            "lmx {args:?}: {stdout}{}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        stdout
+    };
+    let mixtral = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/hf/mixtral");
+    let stdout = ok(&[
+        "quantize",
+        "--model",
+        mixtral,
+        "--bits",
+        "4",
+        "--group-size",
+        "32",
+        "--out",
+        &s("q4"),
+    ]);
+    // Per block 4 attention projections, the router and 3 stacked expert projections; the
+    // embedding and the head.
+    assert!(
+        stdout
+            .contains("18 layers (6 of them stacked experts) quantized to 4 bits in groups of 32"),
+        "{stdout}"
+    );
+    let config: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.path().join("q4/config.json")).unwrap())
+            .unwrap();
+    assert_eq!(
+        config["quantization"],
+        serde_json::json!({"group_size": 32, "bits": 4, "mode": "affine"})
+    );
+    let greedy = |args: &[&str]| {
+        let mut all = vec!["generate", "--prompt", "Double 3.\n", "--max-tokens", "8"];
+        all.extend(["--temperature", "0"]);
+        all.extend(args);
+        ok(&all)
+    };
+    assert!(greedy(&["--model", &s("q4")]).starts_with("Double 3.\n"));
+
+    let data = concat!(env!("CARGO_MANIFEST_DIR"), "/data/sft");
+    ok(&[
+        "lora",
+        "--init",
+        &s("q4"),
+        "--rank",
+        "4",
+        "--num-layers",
+        "-1",
+        "--steps",
+        "4",
+        "--lr",
+        "0.01",
+        "--batch-size",
+        "2",
+        "--seq-len",
+        "32",
+        "--quiet",
+        "--data",
+        data,
+        "--out",
+        &s("qlora"),
+    ]);
+    assert!(greedy(&["--run", &s("qlora")]).starts_with("Double 3.\n"));
+}

@@ -286,8 +286,8 @@ fn bad_quantized_folders_fail_naming_file_layer_and_setting() {
     assert_eq!(
         message(load(dir.path())),
         format!(
-            "{}: quantization.model.layers.9.mlp.up_proj: the model has no linear layer or \
-             embedding `model.layers.9.mlp.up_proj`",
+            "{}: quantization.model.layers.9.mlp.up_proj: the model has no linear layer, \
+             embedding or expert projection `model.layers.9.mlp.up_proj`",
             config.display()
         )
     );

@@ -120,6 +120,10 @@ pub enum LayerKind {
     LayerNorm,
     /// `rms_norm(dim, eps = 1e-6, offset = 0.0)`: `weight [dim]`, scaling by `offset + weight`.
     RmsNorm,
+    /// `experts(dim, hidden, count)`: sparse SwiGLU experts (mlx-lm's `SwitchGLU`),
+    /// `gate_proj.weight`, `up_proj.weight [count, hidden, dim]`, `down_proj.weight [count, dim,
+    /// hidden]`; called with `(x, indices)`.
+    Experts,
 }
 
 impl LayerKind {
@@ -130,6 +134,7 @@ impl LayerKind {
             LayerKind::Linear => "linear",
             LayerKind::LayerNorm => "layer_norm",
             LayerKind::RmsNorm => "rms_norm",
+            LayerKind::Experts => "experts",
         }
     }
 
@@ -140,6 +145,7 @@ impl LayerKind {
             LayerKind::Linear,
             LayerKind::LayerNorm,
             LayerKind::RmsNorm,
+            LayerKind::Experts,
         ]
         .into_iter()
         .find(|k| k.name() == name)
@@ -170,6 +176,11 @@ impl LayerKind {
                 ("dim", ArgTy::Int, None),
                 ("eps", ArgTy::Float, Some("1e-6")),
                 ("offset", ArgTy::Float, Some("0.0")),
+            ],
+            LayerKind::Experts => &[
+                ("dim", ArgTy::Int, None),
+                ("hidden", ArgTy::Int, None),
+                ("count", ArgTy::Int, None),
             ],
         }
     }
@@ -264,6 +275,9 @@ pub struct FnFacts {
     pub gathered_weights: Vec<Dim>,
     /// The buffers it gives a next value (`next gate.bias = ..`), as written.
     pub buffer_writes: Vec<String>,
+    /// The same for each call of an `experts` layer, by the layer's name: counted only where the
+    /// layer exists (a guarded one may not, where the call sits in a branch not taken).
+    pub experts_calls: Vec<(String, Dim)>,
 }
 
 /// One attention call: `q [.., heads, q_len, head_dim]`, `k [.., kv_heads, kv_len, head_dim]`.

@@ -191,12 +191,16 @@ pub fn report_values(
         buffers: Vec::new(),
     };
     walk.tree(&model.params, values, "")?;
-    walk.instances.push((String::new(), values.clone()));
+    walk.instances.push((
+        String::new(),
+        values.clone(),
+        absent(&model.params, values)?,
+    ));
     let mut sizes = Sizes::new(model, batch, seq);
     let mut attention = Some(0u64);
     let mut activations = Some(0u64);
     let mut layers = 0u64;
-    for (block, env) in &walk.instances {
+    for (block, env, absent) in &walk.instances {
         let facts = if block.is_empty() {
             &model.forward
         } else {
@@ -205,7 +209,7 @@ pub fn report_values(
                 None => continue,
             }
         };
-        let (a, act, gathered) = sizes.facts(facts, env, block)?;
+        let (a, act, gathered) = sizes.facts(facts, env, block, absent)?;
         walk.matmul_weights = walk
             .matmul_weights
             .zip(gathered)
@@ -353,10 +357,24 @@ struct Walk<'a> {
     params: Vec<ParamShape>,
     /// `None` once the count no longer fits 64 bits.
     matmul_weights: Option<u64>,
-    /// Every block instance with its environment, for evaluating its forward facts.
-    instances: Vec<(String, Env)>,
+    /// Every block instance with its environment and its entries whose guard does not hold,
+    /// for evaluating its forward facts.
+    instances: Vec<(String, Env, Vec<String>)>,
     /// The dotted names of the buffers (`buffer[..]`) among `params`.
     buffers: Vec<String>,
+}
+
+/// The entries of `tree` whose guard does not hold in `env`.
+fn absent(tree: &ParamTree, env: &Env) -> Result<Vec<String>, ReportError> {
+    let mut out = Vec::new();
+    for entry in &tree.entries {
+        if let Some(g) = &entry.guard {
+            if !flag(g, env)? {
+                out.push(entry.name.clone());
+            }
+        }
+    }
+    Ok(out)
 }
 
 fn int(expr: &crate::ast::Expr, env: &Env) -> Result<u64, ReportError> {
@@ -540,6 +558,12 @@ impl Walk<'_> {
                 }
             }
             LayerKind::RmsNorm => push("weight", vec![size("dim")?]),
+            LayerKind::Experts => {
+                let (d, h, n) = (size("dim")?, size("hidden")?, size("count")?);
+                push("gate_proj.weight", vec![n, h, d]);
+                push("up_proj.weight", vec![n, h, d]);
+                push("down_proj.weight", vec![n, d, h]);
+            }
         }
         Ok(())
     }
@@ -564,7 +588,9 @@ impl Walk<'_> {
             let v = eval(e, env).map_err(|d| ReportError::Eval(d.message))?;
             inner.insert(k.clone(), v);
         }
-        self.instances.push((block.to_string(), inner.clone()));
+        let absent = absent(&b.params, &inner)?;
+        self.instances
+            .push((block.to_string(), inner.clone(), absent));
         self.tree(&b.params, &inner, &format!("{name}."))
     }
 }
@@ -597,7 +623,13 @@ impl Sizes {
     /// Attention FLOPs per token, activation elements and gathered expert weights per token of
     /// one forward pass (`None` where they do not fit 64 bits); fails on a dropout probability
     /// outside `[0, 1)`.
-    fn facts(&mut self, facts: &FnFacts, env: &Env, block: &str) -> Result<FnCosts, ReportError> {
+    fn facts(
+        &mut self,
+        facts: &FnFacts,
+        env: &Env,
+        block: &str,
+        absent: &[String],
+    ) -> Result<FnCosts, ReportError> {
         for p in &facts.dropout {
             let value = eval(p, env).map_err(|d| ReportError::Eval(d.message))?;
             if !value.as_f64().is_some_and(|p| (0.0..1.0).contains(&p)) {
@@ -685,6 +717,12 @@ impl Sizes {
         for weights in &facts.gathered_weights {
             let w = size(weights)?;
             gathered = gathered.and_then(|g| g.checked_add(w));
+        }
+        for (layer, weights) in &facts.experts_calls {
+            if !absent.contains(layer) {
+                let w = size(weights)?;
+                gathered = gathered.and_then(|g| g.checked_add(w));
+            }
         }
         Ok((attention, activations, gathered))
     }

@@ -122,6 +122,20 @@ pub enum LayerTy {
         /// Normalised width.
         dim: Dim,
     },
+    /// `experts(d, h, n)`: `([.., d], int [.., k]) -> [.., k, d]` (boxed: three sizes would
+    /// make every type larger).
+    Experts(Box<ExpertsTy>),
+}
+
+/// The sizes of an `experts(dim, hidden, count)` layer.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ExpertsTy {
+    /// Input and output width.
+    pub dim: Dim,
+    /// Each expert's hidden width.
+    pub hidden: Dim,
+    /// The number of experts.
+    pub count: Dim,
 }
 
 /// A parameterised thing a name refers to.

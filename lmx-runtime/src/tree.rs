@@ -18,7 +18,7 @@
 //! ```
 
 use crate::error::{Error, Result};
-use crate::nn::{EmbeddingParams, LinearParams};
+use crate::nn::{EmbeddingParams, LinearParams, SwitchLinearParams};
 
 /// What a leaf is, which decides how training treats it by default.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
@@ -161,6 +161,8 @@ pub enum Layer<'a, T> {
     Linear(&'a LinearParams<T>),
     /// An embedding table.
     Embedding(&'a EmbeddingParams<T>),
+    /// A stacked projection of sparse experts.
+    SwitchLinear(&'a SwitchLinearParams<T>),
 }
 
 /// A layer that [`Tree::for_each_layer_mut`] visits.
@@ -169,6 +171,19 @@ pub enum LayerMut<'a, T> {
     Linear(&'a mut LinearParams<T>),
     /// An embedding table.
     Embedding(&'a mut EmbeddingParams<T>),
+    /// A stacked projection of sparse experts.
+    SwitchLinear(&'a mut SwitchLinearParams<T>),
+}
+
+impl<T> Layer<'_, T> {
+    /// How the layer's weight is quantized, when it is.
+    pub fn quantization(&self) -> Option<crate::nn::Quantization> {
+        match self {
+            Layer::Linear(l) => l.quantization,
+            Layer::Embedding(e) => e.quantization,
+            Layer::SwitchLinear(s) => s.quantization,
+        }
+    }
 }
 
 /// The leaves of `tree`, cloned, in traversal order.
@@ -212,11 +227,7 @@ pub fn specs<T, R: Tree<T> + ?Sized>(tree: &R) -> Vec<LeafSpec> {
     tree.describe(&Scope::root(), &mut out);
     let mut quantized = Vec::new();
     tree.for_each_layer(&Scope::root(), &mut |scope, layer| {
-        let q = match layer {
-            Layer::Linear(linear) => linear.quantization,
-            Layer::Embedding(embedding) => embedding.quantization,
-        };
-        if q.is_some() {
+        if layer.quantization().is_some() {
             quantized.push(scope.name().to_owned());
         }
     });

@@ -1,7 +1,11 @@
-//! `Tree::for_each_layer[_mut]` reaches every linear layer and embedding of a model, by name,
-//! and `tree::specs` freezes what adapters and quantization require.
+//! `Tree::for_each_layer[_mut]` reaches every linear layer, embedding and stacked expert
+//! projection of a model, by name, and `tree::specs` freezes what adapters and quantization
+//! require.
 
-use lmx_runtime::nn::{EmbeddingParams, LinearParams, LoraSettings, RmsNormParams};
+use lmx_runtime::nn::{
+    EmbeddingParams, LinearParams, LoraSettings, Quantization, RmsNormParams, SwitchGluParams,
+    SwitchLinearParams,
+};
 use lmx_runtime::tree::{specs, Layer, LayerMut, LeafRole, Scope, Tree};
 
 #[derive(Clone, Debug, PartialEq, lmx_macros::Tree)]
@@ -39,6 +43,7 @@ fn every_layer_is_visited_with_its_name() {
         let kind = match layer {
             Layer::Linear(linear) => format!("linear {}", linear.weight),
             Layer::Embedding(embedding) => format!("embedding {}", embedding.weight),
+            Layer::SwitchLinear(experts) => format!("experts {}", experts.weight),
         };
         seen.push(format!("{} {kind}", scope.name()));
     });
@@ -99,4 +104,64 @@ fn quantization_parameters_never_train() {
         .map(|spec| spec.name)
         .collect();
     assert_eq!(frozen, ["embed.scales", "embed.biases"]);
+}
+
+#[derive(Clone, Debug, PartialEq, lmx_macros::Tree)]
+#[lmx(runtime = "lmx_runtime")]
+struct Moe<T = f32> {
+    gate: LinearParams<T>,
+    switch_mlp: SwitchGluParams<T>,
+}
+
+/// The stacked experts of an `experts` layer are three layers of their own; quantized, one
+/// freezes its packed weight with its scales and biases, as a quantized linear layer does.
+#[test]
+fn stacked_experts_are_layers_and_freeze_when_quantized() {
+    let mut moe = Moe {
+        gate: LinearParams::new(1.0, None),
+        switch_mlp: SwitchGluParams {
+            gate_proj: SwitchLinearParams::new(2.0),
+            up_proj: SwitchLinearParams::new(3.0),
+            down_proj: SwitchLinearParams::new(4.0),
+        },
+    };
+    let mut seen = Vec::new();
+    moe.for_each_layer_mut(&Scope::root(), &mut |scope, layer| {
+        if let LayerMut::SwitchLinear(experts) = layer {
+            seen.push(scope.name().to_owned());
+            if scope.name().ends_with("up_proj") {
+                experts.scales = Some(0.5);
+                experts.biases = Some(0.0);
+                experts.quantization = Some(Quantization {
+                    group_size: 64,
+                    bits: 4,
+                });
+            }
+        }
+    });
+    assert_eq!(
+        seen,
+        [
+            "switch_mlp.gate_proj",
+            "switch_mlp.up_proj",
+            "switch_mlp.down_proj"
+        ]
+    );
+    let frozen: Vec<String> = specs(&moe)
+        .into_iter()
+        .filter(|spec| !spec.trainable)
+        .map(|spec| spec.name)
+        .collect();
+    assert_eq!(
+        frozen,
+        [
+            "switch_mlp.up_proj.weight",
+            "switch_mlp.up_proj.scales",
+            "switch_mlp.up_proj.biases"
+        ]
+    );
+    assert_eq!(
+        moe.map(&mut |x| x * 2.0).switch_mlp.up_proj.quantization,
+        moe.switch_mlp.up_proj.quantization
+    );
 }

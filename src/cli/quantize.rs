@@ -201,8 +201,12 @@ fn quantize<M: LanguageModel>(request: Request) -> anyhow::Result<()> {
             let report = quant::quantize_tree(&mut params, q)?;
             let after = quant::tree_bytes(&params);
             let count = quant::logical_parameter_count(&params);
+            let experts = match report.experts {
+                0 => String::new(),
+                n => format!(" ({n} of them stacked experts)"),
+            };
             let mut summary = format!(
-                "{}: {} layers quantized to {} bits in groups of {}; {count} parameters, \
+                "{}: {} layers{experts} quantized to {} bits in groups of {}; {count} parameters, \
                  {before} -> {after} bytes ({:.3} bits per weight)",
                 out.display(),
                 report.quantized.len(),

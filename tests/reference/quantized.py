@@ -21,6 +21,13 @@ Writes:
   that model (float16 parameters widened to float32, as the Rust test does), and `greedy`: the
   8 tokens mlx-lm's `generate_step` picks greedily (in float32) after the first row of tokens.
 
+- tests/fixtures/mixtral_q_mlx_lm/: the tiny Mixtral of tests/fixtures/hf/mixtral (transformers'
+  per-expert `experts.E.w1` layout) converted by `mlx_lm.convert -q` (4 bits in groups of 32):
+  mlx-lm stacks the experts into `switch_mlp` (`QuantizedSwitchLinear`: packed `weight`,
+  `scales`, `biases` `[experts, ...]`); `model.layers.1.block_sparse_moe.switch_mlp.down_proj` is
+  8 bits in groups of 64 by a per-layer entry. tests/fixtures/mixtral_q_mlx_lm_io.safetensors: as
+  the LLaMA's, with tokens [2, 20].
+
 `--check DIR` loads DIR (a model folder lmx wrote: config.json, model.safetensors and
 `io.safetensors` with `tokens` and lmx's `logits`) with mlx-lm's `load_model` and compares the
 logits.
@@ -34,8 +41,10 @@ import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 from mlx.utils import tree_flatten
+from mlx_lm import convert
 from mlx_lm.generate import generate_step
 from mlx_lm.models import llama
+from mlx_lm.models.switch_layers import QuantizedSwitchLinear
 from mlx_lm.utils import load_model, quantize_model, save_config, save_model
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -106,10 +115,78 @@ def llama_fixture():
     print("wrote", folder, "greedy", greedy)
 
 
+def io_fixture(model, name, length):
+    """Fixed tokens [2, length], the model's float32 logits and the greedy continuation of the
+    first row, as `{name}_io`."""
+    tokens = mx.array(np.random.default_rng(1).integers(0, 256, (2, length)).astype(np.int32))
+    logits = logits_of(model, tokens)
+    greedy = []
+    for token, _ in generate_step(tokens[0], model, max_tokens=8, sampler=lambda l: mx.argmax(l, -1)):
+        greedy.append(int(token))
+    io = {"tokens": tokens, "logits": logits, "greedy": mx.array(greedy, dtype=mx.int32)}
+    mx.save_safetensors(str(ROOT / f"tests/fixtures/{name}_io.safetensors"), io)
+    return greedy
+
+
+def _gather_qmm_affine(self, x, indices, sorted_indices=False):
+    """mlx-lm's `QuantizedSwitchLinear.__call__` without the `global_scale` argument: mlx-lm
+    0.32.2 passes it (None for affine quantization) to `mx.gather_qmm`, which MLX 0.32.2 does
+    not take yet, so its quantized experts cannot run on the MLX the Rust side builds."""
+    x = mx.gather_qmm(
+        x,
+        self["weight"],
+        self["scales"],
+        self.get("biases"),
+        rhs_indices=indices,
+        transpose=True,
+        group_size=self.group_size,
+        bits=self.bits,
+        mode=self.mode,
+        sorted_indices=sorted_indices,
+    )
+    if "bias" in self:
+        x = x + mx.expand_dims(self["bias"][indices], -2)
+    return x
+
+
+QuantizedSwitchLinear.__call__ = _gather_qmm_affine
+
+
+def mixtral_predicate(path, module):
+    if path == "model.layers.1.block_sparse_moe.switch_mlp.down_proj":
+        return {"group_size": 64, "bits": 8, "mode": "affine"}
+    return True
+
+
+def mixtral_fixture():
+    folder = ROOT / "tests/fixtures/mixtral_q_mlx_lm"
+    if folder.exists():
+        for f in folder.iterdir():
+            f.unlink()
+        folder.rmdir()
+    convert(
+        str(ROOT / "tests/fixtures/hf/mixtral"),
+        mlx_path=str(folder),
+        quantize=True,
+        q_group_size=32,
+        q_bits=4,
+        quant_predicate=mixtral_predicate,
+    )
+    (folder / "README.md").unlink(missing_ok=True)
+    model, _ = load_model(folder)
+    stacked = [p for p, m in model.named_modules() if isinstance(m, QuantizedSwitchLinear)]
+    assert len(stacked) == 6, stacked
+    # 2 x 20 tokens with 2 experts each: 80 rows, which mlx-lm sorts by expert (from 64 on);
+    # generation's single tokens take the unsorted product.
+    greedy = io_fixture(model, "mixtral_q_mlx_lm", 20)
+    print("wrote", folder, "greedy", greedy)
+
+
 def check(folder):
     folder = Path(folder)
     model, config = load_model(folder)
-    quantized = [p for p, m in model.named_modules() if isinstance(m, (nn.QuantizedLinear, nn.QuantizedEmbedding))]
+    kinds = (nn.QuantizedLinear, nn.QuantizedEmbedding, QuantizedSwitchLinear)
+    quantized = [p for p, m in model.named_modules() if isinstance(m, kinds)]
     io = mx.load(str(folder / "io.safetensors"))
     ours = logits_of(model, io["tokens"])
     err = (mx.abs(ours - io["logits"]).max() / mx.abs(io["logits"]).max()).item()
@@ -125,3 +202,4 @@ if __name__ == "__main__":
     else:
         quantize_fixture()
         llama_fixture()
+        mixtral_fixture()

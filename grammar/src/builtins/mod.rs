@@ -221,6 +221,12 @@ pub const GRAD_PARAMS: &[Param] = &[param("loss", Slot::Tensor, Default::Require
 /// The parameters of a layer's call (`proj(x)`): one tensor.
 pub const LAYER_PARAMS: &[Param] = &[param("x", Slot::Tensor, Default::Required)];
 
+/// The parameters of an `experts` layer's call (`switch_mlp(x, indices)`).
+pub const EXPERTS_PARAMS: &[Param] = &[
+    param("x", Slot::Tensor, Default::Required),
+    param("indices", Slot::Tensor, Default::Required),
+];
+
 /// The parameters of `clip_grad_norm`.
 pub const CLIP_PARAMS: &[Param] = &[
     param("grads", Slot::Tensor, Default::Required),

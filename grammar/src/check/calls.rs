@@ -270,6 +270,9 @@ impl Checker<'_> {
 
     fn layer_call(&mut self, layer: &LayerTy, callee: &Expr, args: &Args<'_>) -> Ty {
         let name = crate::text::expr_text(callee);
+        if let LayerTy::Experts(experts) = layer {
+            return self.experts_call(&experts.dim, &experts.hidden, &name, args);
+        }
         if self
             .bind(&name, crate::builtins::LAYER_PARAMS, args.span, args.args)
             .is_none()
@@ -305,6 +308,7 @@ impl Checker<'_> {
             }
             LayerTy::Linear { input, output } => (input, Some(output)),
             LayerTy::Norm { dim } => (dim, None),
+            LayerTy::Experts(_) => return Ty::Unknown,
         };
         match shape.last() {
             Some(last) if last == want => {
@@ -333,6 +337,79 @@ impl Checker<'_> {
                 Ty::Unknown
             }
         }
+    }
+
+    /// `switch_mlp(x, indices)` of an `experts(dim, hidden, count)` layer: `x [.., dim]` and int
+    /// `indices [.., k]` over the same leading axes give `[.., k, dim]`; each token multiplies
+    /// by `k` experts' three `hidden x dim` matrices (the FLOP count's gathered weights).
+    fn experts_call(&mut self, dim: &Dim, hidden: &Dim, name: &str, args: &Args<'_>) -> Ty {
+        if self
+            .bind(name, crate::builtins::EXPERTS_PARAMS, args.span, args.args)
+            .is_none()
+        {
+            return Ty::Unknown;
+        }
+        let (Some(x), Some(idx)) = (
+            self.tensor_arg(args, 0, "x", name),
+            self.tensor_arg(args, 1, "indices", name),
+        ) else {
+            return Ty::Unknown;
+        };
+        let problem = if idx.dtype != Dtype::Int {
+            Some((
+                "lmx::type::mismatch",
+                format!(
+                    "`{name}` takes int expert indices, found {} tensor",
+                    idx.dtype.with_article()
+                ),
+            ))
+        } else {
+            match (&x.shape, &idx.shape) {
+                (Some(sx), Some(si)) => {
+                    let leading = |s: &[Dim]| s[..s.len().saturating_sub(1)].to_vec();
+                    if sx.last() != Some(dim) {
+                        Some((
+                            "lmx::shape::layer_input",
+                            format!(
+                                "`{name}` expects inputs of shape [.., {dim}], found {}",
+                                x.shape_text()
+                            ),
+                        ))
+                    } else if si.is_empty() || leading(sx) != leading(si) {
+                        Some((
+                            "lmx::shape::mismatch",
+                            format!(
+                                "`{name}`: the indices {} do not cover x's tokens {}",
+                                idx.shape_text(),
+                                x.shape_text()
+                            ),
+                        ))
+                    } else {
+                        None
+                    }
+                }
+                _ => None,
+            }
+        };
+        if let Some((code, message)) = problem {
+            self.error(Diagnostic::new(code, message, args.span, "in this call"));
+            return Ty::Unknown;
+        }
+        let (Some(sx), Some(si)) = (x.shape, idx.shape) else {
+            return Ty::Tensor(TensorTy {
+                shape: None,
+                origin: args.span,
+                ..x
+            });
+        };
+        if let Some(k) = si.last() {
+            let per_token = hidden.mul(dim).mul(&Dim::constant(3)).mul(k);
+            let layer = name.split('.').next().unwrap_or(name).to_owned();
+            self.facts.experts_calls.push((layer, per_token));
+        }
+        let mut shape = si;
+        shape.push(sx[sx.len() - 1].clone());
+        Ty::Tensor(TensorTy::new(x.dtype, shape, args.span))
     }
 
     /// A call of a block or of the model's forward pass: binds the signature's free sizes.

@@ -7,7 +7,7 @@ use crate::diag::Diagnostic;
 use crate::dim::{shape_text, Dim};
 use crate::span::Span;
 use crate::text::expr_text;
-use crate::types::{ModuleTy, StaticTy, TensorTy, Ty};
+use crate::types::{LayerTy, ModuleTy, StaticTy, TensorTy, Ty};
 
 /// The help line of every data-dependent-branch diagnostic.
 pub const WHERE_HELP: &str = "a step is traced once into a fixed graph, so control flow may depend only on static values; select elementwise with `where(cond, a, b)`";
@@ -420,6 +420,21 @@ impl Checker<'_> {
                 }
                 self.error(d);
                 Ty::Unknown
+            }
+            // An `experts` layer's projections, each a group of its stacked `weight` (read by a
+            // dense reference of the experts, as `models/mixtral.lmx`'s `experts = dense`).
+            Ty::Module(ModuleTy::Layer(LayerTy::Experts(experts)))
+                if matches!(name.name.as_str(), "gate_proj" | "up_proj" | "down_proj") =>
+            {
+                let (dim, hidden, count) = (&experts.dim, &experts.hidden, &experts.count);
+                let (out, input) = if name.name == "down_proj" {
+                    (dim, hidden)
+                } else {
+                    (hidden, dim)
+                };
+                let shape = vec![count.clone(), out.clone(), input.clone()];
+                let weight = Ty::Tensor(TensorTy::new(Dtype::Float, shape, name.span));
+                Ty::Module(ModuleTy::Group(vec![("weight".to_owned(), weight)]))
             }
             Ty::Unknown => Ty::Unknown,
             Ty::Tensor(_) if HOST_READS.contains(&name.name.as_str()) => {

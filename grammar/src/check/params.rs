@@ -10,7 +10,7 @@ use crate::dim::Dim;
 use crate::ir::{ArgTy, Init, LayerKind, ParamEntry, ParamNode, ParamTree};
 use crate::span::Span;
 use crate::text::expr_text;
-use crate::types::{LayerTy, ModuleTy, StaticTy, TensorTy, Ty};
+use crate::types::{ExpertsTy, LayerTy, ModuleTy, StaticTy, TensorTy, Ty};
 
 /// Initialisers of raw tensors, with their arguments and defaults.
 pub const INITS: [(&str, &[(&str, f64)]); 4] = [
@@ -392,6 +392,11 @@ impl Checker<'_> {
                     output: dim(1),
                 },
                 LayerKind::LayerNorm | LayerKind::RmsNorm => LayerTy::Norm { dim: dim(0) },
+                LayerKind::Experts => LayerTy::Experts(Box::new(ExpertsTy {
+                    dim: dim(0),
+                    hidden: dim(1),
+                    count: dim(2),
+                })),
             };
             return (
                 ParamNode::Layer { kind, args },

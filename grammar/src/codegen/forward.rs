@@ -1016,6 +1016,34 @@ impl<'g, 'm> Fx<'g, 'm> {
                         self.g.module(entry, place, &decl, span)?,
                     )))
                 }
+                // A projection of an `experts` layer: a group of its stacked `weight`.
+                Module::Layer {
+                    kind: LayerKind::Experts,
+                    place,
+                    decl,
+                    ..
+                } => {
+                    let f = format_ident!("{}", field.name);
+                    let weight = crate::ir::ParamEntry {
+                        name: "weight".to_owned(),
+                        guard: None,
+                        node: ParamNode::Tensor {
+                            shape: Vec::new(),
+                            init: crate::ir::Init {
+                                name: "uniform".to_owned(),
+                                args: Vec::new(),
+                            },
+                            buffer: false,
+                        },
+                    };
+                    Ok(X::Module(Box::new(Module::Group {
+                        tree: ParamTree {
+                            entries: vec![weight],
+                        },
+                        place: quote!(#place.#f),
+                        decl,
+                    })))
+                }
                 _ => Err(unsupported(span, "this member access")),
             },
             _ => Err(unsupported(span, "this member access")),
@@ -1204,6 +1232,12 @@ impl<'g, 'm> Fx<'g, 'm> {
                 decl,
             } => {
                 let input = self.arg_tensor(args, 0, "x", span)?;
+                if kind == LayerKind::Experts {
+                    let x = self.hoist(input, "experts_in").r();
+                    let idx = self.arg_tensor(args, 1, "indices", span)?;
+                    let idx = idx.r();
+                    return Ok(X::Tensor(T::owned(quote!(nn::experts(&#place, #x, #idx)?))));
+                }
                 let x = input.r();
                 let arg = |name: &str| layer_args.iter().find(|(n, _)| n == name).map(|(_, e)| e);
                 // A float argument of the layer, evaluated where the layer was declared.
@@ -1230,6 +1264,12 @@ impl<'g, 'm> Fx<'g, 'm> {
                     (LayerKind::LayerNorm, _) => {
                         let eps = eps(self)?;
                         quote!(nn::layer_norm(&#place, #x, #eps)?)
+                    }
+                    (LayerKind::Experts, _) => {
+                        return Err(unsupported(
+                            span,
+                            "an `experts` layer called with one input",
+                        ))
                     }
                     (LayerKind::RmsNorm, _) => {
                         let eps = eps(self)?;

@@ -137,6 +137,7 @@ fn struct_tree(
                         LayerKind::Linear => "LinearParams",
                         LayerKind::LayerNorm => "LayerNormParams",
                         LayerKind::RmsNorm => "RmsNormParams",
+                        LayerKind::Experts => "SwitchGluParams",
                     }
                 );
                 quote!(nn::#t<T>)
@@ -279,6 +280,13 @@ fn init_struct(
                             }
                             _ => quote!(nn::init::rms_norm(#d)?),
                         }
+                    }
+                    LayerKind::Experts => {
+                        let d = fx.i32_expr(&arg("dim")?)?;
+                        let h = fx.i32_expr(&arg("hidden")?)?;
+                        let n = fx.i32_expr(&arg("count")?)?;
+                        *keys_used = true;
+                        quote!(nn::init::experts(#d, #h, #n, keys)?)
                     }
                 }
             }

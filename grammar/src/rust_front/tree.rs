@@ -9,7 +9,7 @@
 //! settings, such as a quantization's bits: copied by `map`, never a leaf). On the struct,
 //! `#[lmx(crate = "path")]` or `#[lmx(runtime = "path")]` says where the runtime is
 //! (`::lmx::runtime` by default; `crate` inside the runtime itself), and `#[lmx(layer = linear)]`
-//! (or `embedding`) makes it a layer that `Tree::for_each_layer` visits, so that LoRA and
+//! (or `embedding`, `switch_linear`) makes it a layer that `Tree::for_each_layer` visits, so that LoRA and
 //! quantization can rewrite a model's linear layers and embeddings wherever they sit.
 
 use proc_macro2::TokenStream;
@@ -73,7 +73,7 @@ pub const ROLES: [&str; 8] = [
 ];
 
 /// The layer kinds, as `tree::Layer` spells them.
-pub const LAYERS: [&str; 2] = ["Linear", "Embedding"];
+pub const LAYERS: [&str; 3] = ["Linear", "Embedding", "SwitchLinear"];
 
 /// `role` (any case) as its `LeafRole` variant, or an error at its tokens.
 pub fn role(role: &Ident) -> syn::Result<Ident> {
@@ -227,12 +227,15 @@ fn analyze(input: &DeriveInput) -> syn::Result<TreeDef> {
                 runtime = quote!(#path);
             } else if meta.path.is_ident("layer") {
                 let kind: Ident = meta.value()?.parse()?;
-                let name = kind.to_string();
+                let name = kind.to_string().replace('_', "");
                 let canonical = LAYERS
                     .iter()
                     .find(|l| l.eq_ignore_ascii_case(&name))
                     .ok_or_else(|| {
-                        syn::Error::new(kind.span(), "expected `linear` or `embedding`")
+                        syn::Error::new(
+                            kind.span(),
+                            "expected `linear`, `embedding` or `switch_linear`",
+                        )
                     })?;
                 layer = Some(Ident::new(canonical, kind.span()));
             } else {

@@ -11,7 +11,7 @@ use super::family::Family;
 use super::weights::{INDEX_FILE, WEIGHTS_FILE};
 use crate::checkpoint::atomic::TEMP_PREFIX;
 use crate::error::Result;
-use crate::tree::{self, Tree};
+use crate::tree::{self, Layer, Scope, Tree};
 use half::{bf16, f16};
 use mlx_rs::ops::indexing::IndexOp;
 use mlx_rs::transforms::eval;
@@ -19,7 +19,7 @@ use mlx_rs::{Array, ArrayElement, Dtype};
 use safetensors::Dtype as FileDtype;
 use serde_json::{json, Value};
 use std::borrow::Cow;
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::fs;
 use std::path::{Path, PathBuf};
 
@@ -34,12 +34,20 @@ fn io(path: &Path) -> impl FnOnce(std::io::Error) -> HfError + '_ {
 }
 
 /// The leaves of `params` (a `family` model's) named and laid out as transformers stores them,
-/// floating-point ones cast to `dtype`, evaluated.
+/// floating-point ones cast to `dtype`, evaluated. Quantized stacked experts stay stacked, with
+/// their scales and biases, as mlx-lm saves its `QuantizedSwitchLinear` (transformers has no
+/// layout for MLX's quantization, and mlx-lm reads the stacked one).
 pub fn hf_tensors<R: Tree<Array>>(
     family: Family,
     params: &R,
     dtype: Dtype,
 ) -> Result<Vec<(String, Array)>> {
+    let mut packed = HashSet::new();
+    params.for_each_layer(&Scope::root(), &mut |scope, layer| {
+        if let (Layer::SwitchLinear(_), Some(_)) = (&layer, layer.quantization()) {
+            packed.insert(format!("{}.weight", scope.name()));
+        }
+    });
     let mut tensors = Vec::new();
     for (name, leaf) in tree::names(params).into_iter().zip(tree::flatten(params)) {
         let mut array = leaf;
@@ -55,7 +63,7 @@ pub fn hf_tensors<R: Tree<Array>>(
         }
         let hf_name = family.hf_name(&name);
         let experts = array.shape().first().map_or(0, |&n| n as usize);
-        match per_expert_names(family, &hf_name, experts) {
+        match per_expert_names(family, &hf_name, experts).filter(|_| !packed.contains(&name)) {
             Some(names) => {
                 for (e, name) in names.into_iter().enumerate() {
                     let expert = array.index(e as i32);

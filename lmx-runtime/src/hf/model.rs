@@ -47,12 +47,14 @@ pub fn load_model<M: LanguageModel>(
     // The template's arrays are never evaluated: only their names and shapes are read.
     let mut template = M::init(&config, 0)?;
     crate::quant::layout::prepare_folder(&mut template, folder)?;
-    let params = folder.load_into(
-        &template,
-        LoadOptions {
-            dtype,
-            ..LoadOptions::default()
-        },
-    )?;
+    let params = folder
+        .load_into(
+            &template,
+            LoadOptions {
+                dtype,
+                ..LoadOptions::default()
+            },
+        )
+        .map_err(|err| crate::quant::layout::loading_error(err, &template, folder))?;
     Ok((config, params))
 }

@@ -156,6 +156,11 @@ pub fn attach<R: Tree<Array> + ?Sized>(
                     "key `{key}` names the embedding `{name}`; lmx adapts linear layers only"
                 ));
             }
+            Layer::SwitchLinear(_) => {
+                problem.get_or_insert(format!(
+                    "key `{key}` names the stacked experts `{name}`; lmx adapts linear layers only"
+                ));
+            }
         }
     });
     if let Some(problem) = problem {

@@ -20,7 +20,7 @@
 //! groups whose two best experts score highest), then the `k` best experts of those groups.
 
 use super::custom_vjp::{self, WithGradient};
-use super::{scalar, silu};
+use super::{scalar, silu, Packed};
 use crate::error::{Error, Result};
 use mlx_rs::{ops, Array, Dtype};
 
@@ -38,6 +38,52 @@ pub fn switch_glu(
     gate: &Array,
     up: &Array,
     down: &Array,
+) -> Result<Array> {
+    gathered_glu(
+        x,
+        indices,
+        [
+            Stacked::Dense(gate),
+            Stacked::Dense(up),
+            Stacked::Dense(down),
+        ],
+    )
+}
+
+/// One stacked projection `[experts, out, in]` as [`gathered_glu`] multiplies it: floating
+/// point (MLX's `gather_mm`) or quantized (MLX's `gather_qmm`, mlx-lm's
+/// `QuantizedSwitchLinear`).
+pub(crate) enum Stacked<'a> {
+    Dense(&'a Array),
+    Packed(Packed<'a, Array>),
+}
+
+impl Stacked<'_> {
+    /// `rows [.., 1, in]` times the experts `idx` chose: `[.., 1, out]`.
+    fn gather(&self, rows: &Array, idx: &Array, sorted: bool) -> Result<Array> {
+        Ok(match self {
+            Stacked::Dense(w) => ops::gather_mm(rows, w.swap_axes(-1, -2)?, None, idx, sorted)?,
+            Stacked::Packed(p) => ops::gather_qmm(
+                rows,
+                p.weight,
+                p.scales,
+                p.biases,
+                None,
+                idx,
+                true,
+                p.quantization.group_size,
+                p.quantization.bits,
+                sorted,
+            )?,
+        })
+    }
+}
+
+/// [`switch_glu`] over `[gate, up, down]`, whichever form each is stored in.
+pub(crate) fn gathered_glu(
+    x: &Array,
+    indices: &Array,
+    [gate, up, down]: [Stacked<'_>; 3],
 ) -> Result<Array> {
     let width = *x
         .shape()
@@ -61,11 +107,8 @@ pub fn switch_glu(
     } else {
         (rows, indices, None)
     };
-    let product = |a: &Array, w: &Array| -> Result<Array> {
-        Ok(ops::gather_mm(a, w.swap_axes(-1, -2)?, None, &idx, sort)?)
-    };
-    let hidden = silu(&product(&rows, gate)?)?.multiply(product(&rows, up)?)?;
-    let y = product(&hidden, down)?;
+    let hidden = silu(&gate.gather(&rows, &idx, sort)?)?.multiply(up.gather(&rows, &idx, sort)?)?;
+    let y = down.gather(&hidden, &idx, sort)?;
     let y = match inverse {
         Some(inverse) => {
             let out = *y.shape().last().unwrap_or(&1);

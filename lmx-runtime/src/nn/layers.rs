@@ -94,7 +94,7 @@ pub struct Packed<'a, T> {
 }
 
 impl<'a, T> Packed<'a, T> {
-    fn of(
+    pub(crate) fn of(
         weight: &'a T,
         scales: &'a Option<T>,
         biases: &'a Option<T>,
@@ -419,6 +419,7 @@ pub fn positions(len: i32) -> Result<Array> {
 /// Initialisers: every one takes the random key it consumes.
 pub mod init {
     use super::*;
+    pub use crate::nn::switch::init_experts as experts;
 
     /// Normal samples with standard deviation `std`.
     pub fn normal(shape: &[i32], std: f32, key: &Array) -> Result<Array> {

@@ -19,6 +19,7 @@ mod rope;
 #[cfg(test)]
 mod same_gradients;
 mod scan;
+mod switch;
 mod tiled_attention;
 
 pub use activation::*;
@@ -31,4 +32,5 @@ pub use layers::*;
 pub use loss::*;
 pub use rope::*;
 pub use scan::*;
+pub use switch::{experts, SwitchGluParams, SwitchLinearParams};
 pub use tiled_attention::causal_attention;

@@ -11,9 +11,9 @@
 //! ([`config_entry`], [`write_config`]) records every layer's quantization so that either tool
 //! reads the model back exactly as it was.
 
-use super::{packed_shapes, QuantError, Quantization};
-use crate::error::Result;
-use crate::hf::{HfFolder, CONFIG_FILE};
+use super::{packed_shapes, QuantError, Quantization, StoredMismatch};
+use crate::error::{Error, Result};
+use crate::hf::{HfError, HfFolder, CONFIG_FILE};
 use crate::tree::{LayerMut, Scope, Tree};
 use mlx_rs::{Array, Dtype};
 use serde_json::{json, Map, Value};
@@ -153,17 +153,85 @@ pub fn prepare_folder<R: Tree<Array> + ?Sized>(template: &mut R, folder: &HfFold
     Ok(())
 }
 
+/// `err`, an error of loading `folder`'s weights into `template` (prepared by
+/// [`prepare_folder`]), told as the quantization setting it breaks when the tensor it names
+/// belongs to a quantized layer (a `weight`, `scales` or `biases` of the wrong shape, or
+/// missing) or is a packed weight whose `scales` are missing; other errors are returned as they
+/// are.
+pub fn loading_error<R: Tree<Array> + ?Sized>(
+    err: Error,
+    template: &R,
+    folder: &HfFolder,
+) -> Error {
+    let (path, tensor, problem) = match &err {
+        Error::Hf(HfError::WrongShape {
+            path,
+            tensor,
+            expected,
+            found,
+        }) => (
+            path.display().to_string(),
+            tensor,
+            format!("has shape {found:?}, not {expected:?}"),
+        ),
+        Error::Hf(HfError::MissingTensor { path, tensor }) => {
+            (path.display().to_string(), tensor, "is missing".to_owned())
+        }
+        _ => return err,
+    };
+    let place = folder.dir().join(CONFIG_FILE).display().to_string();
+    let Ok(Some(layout)) = QuantizedLayout::from_config(folder.config(), &place) else {
+        return err;
+    };
+    let Some((layer, part)) = tensor.rsplit_once('.') else {
+        return err;
+    };
+    let mut quantized = None;
+    template.for_each_layer(&Scope::root(), &mut |scope, found| {
+        if folder.family().hf_name(scope.name()) == layer {
+            quantized = Some(found.quantization());
+        }
+    });
+    let (q, problem) = match (quantized, part) {
+        (Some(Some(q)), "weight" | "scales" | "biases") => (q, problem),
+        // A layer left in floating point whose stored weight is packed: its scales are missing.
+        (Some(None), "weight") => {
+            let packed = folder
+                .weights()
+                .get(tensor)
+                .is_ok_and(|stored| stored.dtype == safetensors::Dtype::U32);
+            match (
+                packed,
+                layout.layers.get(layer).copied().unwrap_or(layout.default),
+            ) {
+                (true, Some(q)) => (
+                    q,
+                    format!("holds packed values but `{layer}.scales` is missing"),
+                ),
+                _ => return err,
+            }
+        }
+        _ => return err,
+    };
+    QuantError::Stored(Box::new(StoredMismatch {
+        path,
+        tensor: tensor.clone(),
+        problem,
+        layer: layer.to_owned(),
+        config: format!("{place}: quantization"),
+        bits: q.bits,
+        group_size: q.group_size,
+    }))
+    .into()
+}
+
 /// `tree`'s quantization as mlx-lm's `quantization` entry, or `None` when nothing is
 /// quantized: the most common quantization as the default, an object for each layer quantized
 /// otherwise and `false` for each layer left in floating point.
 pub fn config_entry<R: Tree<Array> + ?Sized>(tree: &R) -> Option<Value> {
     let mut layers: Vec<(String, Option<Quantization>)> = Vec::new();
     tree.for_each_layer(&Scope::root(), &mut |scope, layer| {
-        let q = match layer {
-            crate::tree::Layer::Linear(l) => l.quantization,
-            crate::tree::Layer::Embedding(e) => e.quantization,
-        };
-        layers.push((scope.name().to_owned(), q));
+        layers.push((scope.name().to_owned(), layer.quantization()));
     });
     let mut counts: Vec<(Quantization, usize)> = Vec::new();
     for q in layers.iter().filter_map(|(_, q)| *q) {

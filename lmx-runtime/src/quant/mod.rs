@@ -1,12 +1,14 @@
-//! Affine quantization of a model's linear layers and embeddings, as MLX's `nn.quantize` and
-//! mlx-lm's `quantize_model` do it: each selected layer's `weight` becomes MLX's packed `uint32`
-//! values with per-group `scales` and `biases` (offsets), and the layer records its
-//! [`Quantization`] so that `nn::linear` multiplies with `quantized_matmul` and the quantization
-//! is written back exactly ([`layout`]).
+//! Affine quantization of a model's linear layers, embeddings and stacked experts, as MLX's
+//! `nn.quantize` and mlx-lm's `quantize_model` do it: each selected layer's `weight` becomes
+//! MLX's packed `uint32` values with per-group `scales` and `biases` (offsets), and the layer
+//! records its [`Quantization`] so that `nn::linear` multiplies with `quantized_matmul` (the
+//! experts' `nn::experts` with `gather_qmm`) and the quantization is written back exactly
+//! ([`layout`]). A stacked expert weight `[experts, out, in]` quantizes over its last axis, as
+//! mlx-lm's `QuantizedSwitchLinear`: scales and biases `[experts, out, in / group_size]`.
 //!
-//! Which layers: every linear layer and embedding whose rows divide into groups (mlx-lm's
-//! predicate: the weight's last dimension divisible by the group size); the others stay in
-//! floating point, and [`QuantizeReport`] names them.
+//! Which layers: every linear layer, embedding and stacked expert projection whose rows divide
+//! into groups (mlx-lm's predicate: the weight's last dimension divisible by the group size); the
+//! others stay in floating point, and [`QuantizeReport`] names them.
 
 pub mod layout;
 mod shapes;
@@ -15,7 +17,7 @@ pub use crate::nn::Quantization;
 pub use shapes::{check_layer, packed_shapes};
 
 use crate::error::Result;
-use crate::nn::{EmbeddingParams, LinearParams};
+use crate::nn::{EmbeddingParams, LinearParams, SwitchLinearParams};
 use crate::tree::{Layer, LayerMut, Scope, Tree};
 use mlx_rs::{ops, transforms::eval, Array, Dtype};
 
@@ -104,14 +106,38 @@ pub enum QuantError {
         /// What is wrong with it.
         message: String,
     },
+    /// A stored tensor of a layer that the configuration quantizes does not fit that
+    /// quantization (boxed: the error type stays small).
+    #[error(transparent)]
+    Stored(Box<StoredMismatch>),
     /// The configuration quantizes a layer the model does not have.
-    #[error("{place}: the model has no linear layer or embedding `{layer}`")]
+    #[error("{place}: the model has no linear layer, embedding or expert projection `{layer}`")]
     UnknownLayer {
         /// The file and entry.
         place: String,
         /// The layer named.
         layer: String,
     },
+}
+
+/// A quantized layer's stored tensor of the wrong shape, missing, or packed without its scales.
+#[derive(Clone, Debug, PartialEq, thiserror::Error)]
+#[error("{path}: tensor `{tensor}` {problem}; {config} makes `{layer}` {bits}-bit in groups of {group_size}")]
+pub struct StoredMismatch {
+    /// The weights file (or the folder, for a missing tensor).
+    pub path: String,
+    /// The tensor's name.
+    pub tensor: String,
+    /// What is wrong with it.
+    pub problem: String,
+    /// The layer's dotted name.
+    pub layer: String,
+    /// The configuration and its entry (`DIR/config.json: quantization`).
+    pub config: String,
+    /// The bits.
+    pub bits: i32,
+    /// The group size.
+    pub group_size: i32,
 }
 
 impl Quantization {
@@ -141,11 +167,13 @@ impl Quantization {
 pub struct QuantizeReport {
     /// The layers now quantized.
     pub quantized: Vec<String>,
+    /// How many of them are stacked expert projections (`[experts, out, in]`).
+    pub experts: usize,
     /// The layers left as they were: rows not divisible into groups, or already quantized.
     pub skipped: Vec<String>,
 }
 
-/// Quantizes every linear layer and embedding of `tree` whose rows divide into groups of
+/// Quantizes every linear layer, embedding and stacked expert projection of `tree` whose rows divide into groups of
 /// `q.group_size` (mlx-lm's `quantize_model`); layers already quantized keep their own
 /// quantization. Each layer is evaluated as it is quantized, so that its floating-point weight
 /// is freed before the next one is made: the peak is the model plus one layer.
@@ -157,9 +185,11 @@ pub fn quantize_tree<R: Tree<Array> + ?Sized>(
     // Every layer to quantize is checked first, so that a refusal leaves the tree as it was.
     let mut refusal = None;
     tree.for_each_layer(&Scope::root(), &mut |scope, layer| {
-        let (weight, quantization) = match layer {
-            Layer::Linear(l) => (&l.weight, l.quantization),
-            Layer::Embedding(e) => (&e.weight, e.quantization),
+        let quantization = layer.quantization();
+        let weight = match layer {
+            Layer::Linear(l) => &l.weight,
+            Layer::Embedding(e) => &e.weight,
+            Layer::SwitchLinear(s) => &s.weight,
         };
         let dim = weight.shape().last().copied().unwrap_or(0);
         let float = matches!(
@@ -183,6 +213,7 @@ pub fn quantize_tree<R: Tree<Array> + ?Sized>(
             return;
         }
         let name = scope.name().to_owned();
+        let stacked = matches!(layer, LayerMut::SwitchLinear(_));
         let (weight, scales, biases, quantization) = parts(layer);
         let dim = weight.shape().last().copied().unwrap_or(0);
         if quantization.is_some() || dim % q.group_size != 0 {
@@ -193,6 +224,7 @@ pub fn quantize_tree<R: Tree<Array> + ?Sized>(
             Ok((w, s, b)) => {
                 (*weight, *scales, *biases, *quantization) = (w, Some(s), Some(b), Some(q));
                 report.quantized.push(name);
+                report.experts += usize::from(stacked);
             }
             Err(err) => failure = Some(err),
         }
@@ -279,6 +311,7 @@ pub fn check_tree<R: Tree<Array> + ?Sized>(tree: &R) -> Result<()> {
         let packed = match layer {
             Layer::Linear(l) => l.packed(),
             Layer::Embedding(e) => e.packed(),
+            Layer::SwitchLinear(s) => s.packed(),
         };
         if let Some(p) = packed {
             if let Err(err) =
@@ -303,6 +336,7 @@ pub fn logical_parameter_count<R: Tree<Array> + ?Sized>(tree: &R) -> u64 {
         let (weight, scales, biases, quantization) = match layer {
             Layer::Linear(l) => (&l.weight, &l.scales, &l.biases, l.quantization),
             Layer::Embedding(e) => (&e.weight, &e.scales, &e.biases, e.quantization),
+            Layer::SwitchLinear(s) => (&s.weight, &s.scales, &s.biases, s.quantization),
         };
         if let Some(q) = quantization {
             let packed = weight.size() as u64;
@@ -345,6 +379,12 @@ fn parts<'a>(
             ..
         })
         | LayerMut::Embedding(EmbeddingParams {
+            weight,
+            scales,
+            biases,
+            quantization,
+        })
+        | LayerMut::SwitchLinear(SwitchLinearParams {
             weight,
             scales,
             biases,
