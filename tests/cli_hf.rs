@@ -248,3 +248,50 @@ fn speculative_generation_from_the_command_line() {
     assert!(!refused.status.success());
     assert!(String::from_utf8_lossy(&refused.stderr).contains("--draft-tokens 0"));
 }
+
+/// `lmx generate --max-kv-size N --keep K`: a bound the generation never reaches leaves the greedy
+/// text as it is; a bound it passes still generates every token (the rotating cache); a bound
+/// that keeps every position for good, and a bound beside --draft, are refused naming the flags.
+#[test]
+fn a_bounded_key_value_cache_from_the_command_line() {
+    let folder = fixture("llama");
+    let generate = |extra: &[&str]| {
+        let mut args = vec![
+            "generate",
+            "--model",
+            folder.to_str().unwrap(),
+            "--max-tokens",
+            "24",
+            "--temperature",
+            "0",
+            "--prompt",
+            "Before we",
+        ];
+        args.extend_from_slice(extra);
+        Command::new(env!("CARGO_BIN_EXE_lmx"))
+            .args(&args)
+            .output()
+            .expect("lmx runs")
+    };
+    let plain = generate(&[]);
+    assert!(plain.status.success());
+    let roomy = generate(&["--max-kv-size", "256"]);
+    assert!(roomy.status.success());
+    assert_eq!(roomy.stdout, plain.stdout);
+    let tight = generate(&["--max-kv-size", "8", "--keep", "2"]);
+    let stderr = String::from_utf8_lossy(&tight.stderr);
+    assert!(tight.status.success(), "{stderr}");
+    assert!(stderr.starts_with("24 tokens;"), "{stderr}");
+    let refused = generate(&["--max-kv-size", "4", "--keep", "4"]);
+    assert!(!refused.status.success());
+    assert!(
+        String::from_utf8_lossy(&refused.stderr).contains("--max-kv-size 4 with --keep 4"),
+        "{}",
+        String::from_utf8_lossy(&refused.stderr)
+    );
+    assert!(refused.stdout.is_empty());
+    let draft = fixture("llama-sharded");
+    let refused = generate(&["--max-kv-size", "64", "--draft", draft.to_str().unwrap()]);
+    assert!(!refused.status.success());
+    assert!(String::from_utf8_lossy(&refused.stderr).contains("--max-kv-size"));
+}

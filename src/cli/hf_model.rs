@@ -19,6 +19,8 @@ pub struct FolderGenerateRequest {
     pub chat: bool,
     /// A draft model folder for speculative decoding.
     pub draft: Option<super::train::Draft>,
+    /// A bound on the key-value cache (`--max-kv-size`).
+    pub max_kv: Option<super::train::MaxKv>,
 }
 
 /// The folder's tokenizer: its `tokenizer.json`, ending sequences with the end-of-sequence
@@ -66,7 +68,8 @@ pub fn sample<M: LanguageModel>(
             };
             let (draft_config, draft_params) = load().map_err(|err| {
                 anyhow::anyhow!(
-                    "--draft {}: {err} (the draft is a Hugging Face folder of the model's family,                      {})",
+                    "--draft {}: {err} (the draft is a Hugging Face folder of the model's family, \
+                     {})",
                     draft.path.display(),
                     M::NAME
                 )
@@ -84,6 +87,7 @@ pub fn sample<M: LanguageModel>(
         &request.sampling,
         &request.stop,
         draft.as_ref().map(|(p, c, k)| (p, c, *k)),
+        request.max_kv,
     )
 }
 

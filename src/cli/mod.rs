@@ -462,6 +462,14 @@ pub struct GenerateArgs {
     /// With --draft: tokens the draft proposes at a time.
     #[arg(long, default_value_t = 4, requires = "draft")]
     pub draft_tokens: usize,
+    /// Hold at most N positions in each layer's key-value cache: the first --keep and the
+    /// latest (mlx-lm's `--max-kv-size`, a rotating cache), so that a long generation's memory
+    /// stays bounded; a query then sees those positions alone.
+    #[arg(long, value_name = "N", conflicts_with = "draft")]
+    pub max_kv_size: Option<usize>,
+    /// With --max-kv-size: the first positions the cache keeps for good.
+    #[arg(long, default_value_t = 4, requires = "max_kv_size")]
+    pub keep: usize,
 }
 
 /// `lmx eval`'s options.
@@ -843,6 +851,14 @@ impl GenerateArgs {
         }))
     }
 
+    /// The bound on the key-value cache, if `--max-kv-size` sets one.
+    pub fn max_kv(&self) -> Option<train::MaxKv> {
+        self.max_kv_size.map(|size| train::MaxKv {
+            size,
+            keep: self.keep,
+        })
+    }
+
     /// The sampling settings; one out of range is an error naming its flag.
     pub fn sampling(&self) -> anyhow::Result<Sampling> {
         let sampling = Sampling {
@@ -906,6 +922,7 @@ pub fn run(cli: Cli, registry: &Registry) -> anyhow::Result<()> {
                             stop: args.stop.clone(),
                             chat: args.chat,
                             draft,
+                            max_kv: args.max_kv(),
                         },
                     ),
                     _ => anyhow::bail!(
@@ -936,6 +953,7 @@ pub fn run(cli: Cli, registry: &Registry) -> anyhow::Result<()> {
                 stop: args.stop.clone(),
                 adapter: args.adapter.clone(),
                 draft,
+                max_kv: args.max_kv(),
             };
             model.generate(&run, request)
         }
@@ -1030,6 +1048,7 @@ fn train_and_sample(
         stop: Vec::new(),
         adapter: None,
         draft: None,
+        max_kv: None,
     };
     model.generate(&run, request)
 }

@@ -718,6 +718,34 @@ pub struct GenerateRequest {
     pub adapter: Option<PathBuf>,
     /// A draft run for speculative decoding.
     pub draft: Option<Draft>,
+    /// A bound on the key-value cache (`--max-kv-size`).
+    pub max_kv: Option<MaxKv>,
+}
+
+/// A key-value cache of at most `size` positions a layer: the first `keep` and the latest
+/// (`lmx generate --max-kv-size N --keep K`, mlx-lm's rotating cache).
+#[derive(Clone, Copy)]
+pub struct MaxKv {
+    /// Positions a layer holds at most.
+    pub size: usize,
+    /// The first positions, kept for good.
+    pub keep: usize,
+}
+
+impl MaxKv {
+    /// The empty cache of `max_kv`'s bound (unbounded without one); a bound that keeps all its
+    /// positions for good is an error naming the flags.
+    fn cache(max_kv: Option<MaxKv>) -> anyhow::Result<PromptCache> {
+        let Some(MaxKv { size, keep }) = max_kv else {
+            return Ok(PromptCache::new());
+        };
+        PromptCache::bounded(size, keep).map_err(|_| {
+            anyhow::anyhow!(
+                "--max-kv-size {size} with --keep {keep}: the cache must hold more positions \
+                 than it keeps for good"
+            )
+        })
+    }
 }
 
 /// The draft model of speculative decoding (`lmx generate --draft`).
@@ -759,6 +787,7 @@ pub fn sample<S: TrainingStep>(run: &RunFile, request: GenerateRequest) -> anyho
         &request.sampling,
         &request.stop,
         draft.as_ref().map(|(p, c, k)| (p, c, *k)),
+        request.max_kv,
     )
 }
 
@@ -799,7 +828,9 @@ pub fn stream<M: LanguageModel>(
     sampling: &Sampling,
     stop: &[String],
     draft: Option<(&M::Params, &M::Config, usize)>,
+    max_kv: Option<MaxKv>,
 ) -> anyhow::Result<()> {
+    let mut cache = MaxKv::cache(max_kv)?;
     print!("{text}");
     let eos = tokenizer.eos_id();
     let mut text = TextStream::new(tokenizer, stop.to_vec());
@@ -836,15 +867,8 @@ pub fn stream<M: LanguageModel>(
             (speculation.generation, acceptance)
         }
         None => {
-            let generation = generate_cached::<M>(
-                params,
-                config,
-                &mut PromptCache::new(),
-                prompt,
-                sampling,
-                eos,
-                show,
-            )?;
+            let generation =
+                generate_cached::<M>(params, config, &mut cache, prompt, sampling, eos, show)?;
             (generation, String::new())
         }
     };
