@@ -9,6 +9,7 @@ mod dynamic;
 mod embedding_grad;
 mod experts;
 mod extra;
+mod gpu_rows;
 mod layer_norm_grad;
 mod layers;
 mod linear_grad;

@@ -8,13 +8,11 @@
 //! every operand is aligned; the zero rows add nothing to the kept outputs, and the padding's
 //! gradient (a slice of the padded weight's) never reaches the parameter.
 //!
-//! The padding copies the weight, so it is kept for products of at least [`MIN_ROWS`] input rows
-//! (training and prefill), where the product is compute-bound; decoding a few tokens reads the
-//! weight once in a matrix-vector product that has no such cliff. On the CPU the BLAS product has
-//! none either and the copy would be pure cost, so the padding is the GPU's only.
+//! The padding copies the weight, so it is kept for compute-bound products on a GPU
+//! ([`gpu_rows`](super::gpu_rows)'s rule).
 
+use super::gpu_rows::many_rows_on_gpu;
 use super::linear_grad::linear_with_row_major_grad;
-use crate::device::{default_kind, DeviceKind};
 use crate::error::Result;
 use mlx_rs::ops::indexing::{Ellipsis, IndexOp};
 use mlx_rs::{ops, Array};
@@ -27,17 +25,12 @@ const ALIGN: i32 = 64;
 /// MLX computes in (8 bfloat16 values), which the vectorised kernels accept: no padding.
 const ALIGNED: i32 = 8;
 
-/// The fewest input rows for which the padding pays for its copy of the weight.
-const MIN_ROWS: i32 = 256;
-
 /// `x @ w.T (+ b)` through [`linear_with_row_major_grad`], with `w`'s rows (and `b`) padded to a
 /// multiple of [`ALIGN`] when their count is not a multiple of [`ALIGNED`] and the product runs
-/// on a GPU over at least [`MIN_ROWS`] rows of `x`.
+/// on a GPU over at least [`MIN_ROWS`](super::gpu_rows::MIN_ROWS) rows of `x`.
 pub fn linear(x: &Array, w: &Array, b: Option<&Array>) -> Result<Array> {
     let outputs = w.shape()[0];
-    let shape = x.shape();
-    let rows: i32 = shape[..shape.len().saturating_sub(1)].iter().product();
-    if outputs % ALIGNED == 0 || rows < MIN_ROWS || default_kind()? != DeviceKind::Gpu {
+    if outputs % ALIGNED == 0 || !many_rows_on_gpu(x)? {
         return linear_with_row_major_grad(x, w, b);
     }
     padded(x, w, b, (ALIGN - outputs % ALIGN) % ALIGN)

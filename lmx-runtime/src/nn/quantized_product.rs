@@ -11,20 +11,16 @@
 //!
 //! Decoding a few rows reads the weight once in a matrix-vector product, where the packed
 //! weight's smaller reads are the point, and the CPU's and Metal's quantized kernels have no
-//! such gap: there `quantized_matmul` stays.
+//! such gap: there `quantized_matmul` stays ([`gpu_rows`](super::gpu_rows)'s rule).
 
 use super::custom_vjp::{self, WithGradient};
+use super::gpu_rows::many_rows_on_gpu;
 use super::Quantization;
-use crate::device::{default_kind, DeviceKind};
 use crate::error::{Error, Result};
 use mlx_rs::{ops, Array};
 
-/// The fewest rows for which dequantizing the weight pays: below, the product reads the weight
-/// more than it computes.
-const MIN_ROWS: i32 = 256;
-
 /// `x @ W.T` for the packed weight `w` with its `scales` and `biases`: dense on a GPU from
-/// [`MIN_ROWS`] rows of `x` on, MLX's `quantized_matmul` otherwise.
+/// [`MIN_ROWS`](super::gpu_rows::MIN_ROWS) rows of `x` on, MLX's `quantized_matmul` otherwise.
 pub(crate) fn quantized_linear(
     x: &Array,
     w: &Array,
@@ -32,9 +28,7 @@ pub(crate) fn quantized_linear(
     biases: &Array,
     q: Quantization,
 ) -> Result<Array> {
-    let shape = x.shape();
-    let rows: i32 = shape[..shape.len().saturating_sub(1)].iter().product();
-    if rows < MIN_ROWS || default_kind()? != DeviceKind::Gpu {
+    if !many_rows_on_gpu(x)? {
         return Ok(ops::quantized_matmul(
             x,
             w,
