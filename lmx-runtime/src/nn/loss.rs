@@ -26,22 +26,27 @@ pub const IGNORE_TARGET: i32 = -100;
 /// of a step's activation memory. Elsewhere it is `logsumexp(logits) - logits[target]` over
 /// float32 logits.
 pub fn cross_entropy(logits: &Array, targets: &Array) -> Result<Array> {
-    let kept = targets.ge(Array::from_int(0))?;
+    let (losses, weights) = kept_token_losses(logits, targets)?;
+    let count = mlx_rs::ops::maximum(weights.sum(false)?, Array::from_f32(1.0))?;
+    Ok(losses.sum(false)?.multiply(count.reciprocal()?)?)
+}
+
+/// Each position's cross-entropy in float32, 0 where its target is ignored (negative), and the
+/// float32 weights (1 kept, 0 ignored) that made it so: [`cross_entropy`]'s terms, and the
+/// negated token log-probabilities that DPO and GRPO compare.
+pub(crate) fn kept_token_losses(logits: &Array, targets: &Array) -> Result<(Array, Array)> {
+    let weights = targets.ge(Array::from_int(0))?.as_dtype(Dtype::Float32)?;
     // An ignored position still needs a valid class to gather; its loss is multiplied by 0.
     let classes = mlx_rs::ops::maximum(targets, Array::from_int(0))?;
-    let per_token = per_token_cross_entropy(logits, &classes)?;
-    let weights = kept.as_dtype(Dtype::Float32)?;
-    let total = per_token
+    let losses = per_token_cross_entropy(logits, &classes)?
         .as_dtype(Dtype::Float32)?
-        .multiply(&weights)?
-        .sum(false)?;
-    let count = mlx_rs::ops::maximum(weights.sum(false)?, Array::from_f32(1.0))?;
-    Ok(total.multiply(count.reciprocal()?)?)
+        .multiply(&weights)?;
+    Ok((losses, weights))
 }
 
 /// Per-token losses `logsumexp(logits) - logits[target]` for non-negative `targets`: by the fused
 /// kernel on CUDA, composed over float32 logits elsewhere.
-pub(crate) fn per_token_cross_entropy(logits: &Array, targets: &Array) -> Result<Array> {
+fn per_token_cross_entropy(logits: &Array, targets: &Array) -> Result<Array> {
     if cuda::available() {
         fused_cross_entropy(logits, targets)
     } else {

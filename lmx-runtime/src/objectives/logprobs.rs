@@ -2,8 +2,8 @@
 //! between the policy and its reference.
 
 use crate::error::Result;
-use crate::nn::per_token_cross_entropy;
-use mlx_rs::{Array, Dtype};
+use crate::nn::kept_token_losses;
+use mlx_rs::Array;
 
 /// `log p(target)` per position, `[B, T]` in float32, for `logits: [B, T, vocab]` and integer
 /// `targets: [B, T]`; a position whose target is negative ([`IGNORE_TARGET`](crate::nn::IGNORE_TARGET):
@@ -11,11 +11,7 @@ use mlx_rs::{Array, Dtype};
 /// It is the negated per-token cross-entropy, so on CUDA MLX's fused kernel reads the logits
 /// in their own precision and neither a float32 copy of them nor their softmax is stored.
 pub fn token_logprobs(logits: &Array, targets: &Array) -> Result<Array> {
-    let kept = targets.ge(Array::from_int(0))?.as_dtype(Dtype::Float32)?;
-    // An ignored position still needs a valid class to gather; its value is multiplied by 0.
-    let classes = mlx_rs::ops::maximum(targets, Array::from_int(0))?;
-    let loss = per_token_cross_entropy(logits, &classes)?.as_dtype(Dtype::Float32)?;
-    Ok(loss.negative()?.multiply(kept)?)
+    Ok(kept_token_losses(logits, targets)?.0.negative()?)
 }
 
 /// The log-probability of each row's kept targets, `[B]`: the sum of [`token_logprobs`] over
