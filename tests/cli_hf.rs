@@ -6,7 +6,7 @@ use lmx::models::llama;
 use lmx::runtime::hf::{self, HfFolder};
 use lmx::runtime::tree;
 use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::process::{Command, Output};
 
 fn lmx(args: &[&str]) -> String {
     let output = Command::new(env!("CARGO_BIN_EXE_lmx"))
@@ -187,30 +187,34 @@ fn chat_prompts_go_through_the_folder_s_template() {
     ));
 }
 
+/// `lmx generate` of `max_tokens` greedy tokens after "Before we" from the Llama fixture, with
+/// `extra` flags.
+fn greedy_from_llama(max_tokens: &str, extra: &[&str]) -> Output {
+    let folder = fixture("llama");
+    let mut args = vec![
+        "generate",
+        "--model",
+        folder.to_str().unwrap(),
+        "--max-tokens",
+        max_tokens,
+        "--temperature",
+        "0",
+        "--prompt",
+        "Before we",
+    ];
+    args.extend_from_slice(extra);
+    Command::new(env!("CARGO_BIN_EXE_lmx"))
+        .args(&args)
+        .output()
+        .expect("lmx runs")
+}
+
 /// `lmx generate --draft DIR --draft-tokens K`: speculative decoding with a draft folder of the
 /// same family prints the model's own greedy text and reports how many drafted tokens were kept;
 /// a draft of another family and a draft size of 0 are refused, naming the flag.
 #[test]
 fn speculative_generation_from_the_command_line() {
-    let folder = fixture("llama");
-    let generate = |extra: &[&str]| {
-        let mut args = vec![
-            "generate",
-            "--model",
-            folder.to_str().unwrap(),
-            "--max-tokens",
-            "12",
-            "--temperature",
-            "0",
-            "--prompt",
-            "Before we",
-        ];
-        args.extend_from_slice(extra);
-        Command::new(env!("CARGO_BIN_EXE_lmx"))
-            .args(&args)
-            .output()
-            .expect("lmx runs")
-    };
+    let generate = |extra: &[&str]| greedy_from_llama("12", extra);
     let plain = generate(&[]);
     assert!(plain.status.success());
     let draft = fixture("llama-sharded");
@@ -254,25 +258,7 @@ fn speculative_generation_from_the_command_line() {
 /// that keeps every position for good, and a bound beside --draft, are refused naming the flags.
 #[test]
 fn a_bounded_key_value_cache_from_the_command_line() {
-    let folder = fixture("llama");
-    let generate = |extra: &[&str]| {
-        let mut args = vec![
-            "generate",
-            "--model",
-            folder.to_str().unwrap(),
-            "--max-tokens",
-            "24",
-            "--temperature",
-            "0",
-            "--prompt",
-            "Before we",
-        ];
-        args.extend_from_slice(extra);
-        Command::new(env!("CARGO_BIN_EXE_lmx"))
-            .args(&args)
-            .output()
-            .expect("lmx runs")
-    };
+    let generate = |extra: &[&str]| greedy_from_llama("24", extra);
     let plain = generate(&[]);
     assert!(plain.status.success());
     let roomy = generate(&["--max-kv-size", "256"]);

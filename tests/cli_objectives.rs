@@ -195,12 +195,7 @@ fn distillation_from_a_larger_teacher_resumes_exactly() {
         "--out",
         &out,
     ]));
-    let student = dir.path().join("student");
-    assert_resumes_exactly(&student, &["--teacher", &out, "--seq-len", "32"]);
-    assert_eq!(
-        recorded_objective(&student),
-        serde_json::json!({"kind": "distill", "teacher": out, "temperature": 4.0, "alpha": 0.7})
-    );
+    assert_distillation_resumes_exactly(&dir.path().join("student"), &out);
 }
 
 #[test]
@@ -478,10 +473,15 @@ fn distillation_from_another_architecture_computes_the_seed_loss_and_resumes_exa
         "logged {logged}, the seed's soft loss {expected}"
     );
 
-    let resumed = dir.path().join("student");
-    assert_resumes_exactly(&resumed, &["--teacher", &teacher, "--seq-len", "32"]);
+    assert_distillation_resumes_exactly(&dir.path().join("student"), &teacher);
+}
+
+/// A distillation run from `teacher` in `run` resumes bit for bit, recording the teacher and
+/// the default temperature and alpha as its objective.
+fn assert_distillation_resumes_exactly(run: &Path, teacher: &str) {
+    assert_resumes_exactly(run, &["--teacher", teacher, "--seq-len", "32"]);
     assert_eq!(
-        recorded_objective(&resumed),
+        recorded_objective(run),
         serde_json::json!({"kind": "distill", "teacher": teacher, "temperature": 4.0, "alpha": 0.7})
     );
 }
