@@ -6,6 +6,7 @@
 use lmx::models::deepseek_v3::{Config, DeepseekV3, Pass, Train};
 use lmx::runtime::data::Windows;
 use lmx::runtime::hf::{self, Family};
+use lmx::runtime::lora::{self, AdapterConfig, FineTuneType, LoraParameters};
 use lmx::runtime::mlx_rs::{self, Dtype};
 use lmx::runtime::model::{Context, LanguageModel, TrainingStep};
 use lmx::runtime::nn;
@@ -246,4 +247,89 @@ fn the_bias_resumes_exactly_and_exports_under_its_name() {
         .find(|(name, _)| name == "model.layers.1.mlp.gate.e_score_correction_bias")
         .expect("the bias under transformers' name");
     assert_eq!(values(bias), biases(a)[0]);
+}
+
+/// A LoRA run over a frozen base still moves the bias: the step writes it whatever trains. Its
+/// checkpoints leave the base out (as a run over a Hugging Face folder saves them) but keep the
+/// bias, so a resumed run ends bit for bit where an uninterrupted one does; its adapter file
+/// carries the bias to a base it is loaded over, and a file without it (mlx-lm's own) leaves
+/// the base's.
+#[test]
+fn a_lora_run_keeps_the_bias_in_its_checkpoints_and_its_adapters() {
+    let config = config();
+    let start: Vec<f32> = (0..8).map(|e| 0.01 * e as f32).collect();
+    let base = || with_router(DeepseekV3::init(&config, 0).unwrap(), 1.0, &start);
+    let parameters = LoraParameters::default();
+    let adapted = || {
+        let mut params = base();
+        lora::attach(&mut params, &parameters, -1, 0, FineTuneType::Lora).unwrap();
+        params
+    };
+    let lora_trainer = |dir: &Path, steps| {
+        let mut trainer = trainer(dir, &config, adapted(), steps, 1e-3);
+        trainer.omit_frozen_from_checkpoints();
+        trainer
+    };
+    let whole = tempfile::tempdir().unwrap();
+    let mut uninterrupted = lora_trainer(whole.path(), 4);
+    uninterrupted.run().unwrap();
+    let parts = tempfile::tempdir().unwrap();
+    lora_trainer(parts.path(), 2).run().unwrap();
+    let mut resumed = lora_trainer(parts.path(), 4);
+    let latest = resumed.latest_checkpoint().unwrap().expect("a checkpoint");
+    resumed.resume(&latest).unwrap();
+    resumed.run().unwrap();
+    let (a, b) = (&uninterrupted.state().params, &resumed.state().params);
+    assert_ne!(biases(a)[0], start, "the bias moved");
+    for ((name, x), y) in tree::names(a)
+        .iter()
+        .zip(tree::flatten(a))
+        .zip(tree::flatten(b))
+    {
+        assert!(x.eq_values(&y).unwrap(), "{name} differs after resuming");
+    }
+
+    let adapters = tempfile::tempdir().unwrap();
+    let adapter_config = AdapterConfig {
+        fine_tune_type: FineTuneType::Lora,
+        num_layers: -1,
+        lora_parameters: parameters.clone(),
+        other: Default::default(),
+    };
+    let family = Some(Family::DeepseekV3);
+    lora::save_adapters(adapters.path(), a, &adapter_config, family).unwrap();
+    let mut loaded = base();
+    lora::load_adapters(&mut loaded, adapters.path(), family).unwrap();
+    assert_eq!(
+        biases(&loaded),
+        biases(a),
+        "the bias came with the adapters"
+    );
+    for ((spec, x), y) in tree::specs(a)
+        .iter()
+        .zip(tree::flatten(a))
+        .zip(tree::flatten(&loaded))
+        .filter(|((spec, _), _)| spec.role == LeafRole::Adapter)
+    {
+        assert!(
+            x.eq_values(&y).unwrap(),
+            "{} differs after loading",
+            spec.name
+        );
+    }
+
+    // mlx-lm's adapter files hold adapters alone: the base keeps its bias.
+    let path = adapters.path().join(lora::ADAPTERS_FILE);
+    let bytes = std::fs::read(&path).unwrap();
+    let file = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    let kept: Vec<(String, safetensors::tensor::TensorView)> = file
+        .tensors()
+        .into_iter()
+        .filter(|(name, _)| !name.ends_with("e_score_correction_bias"))
+        .collect();
+    assert!(kept.len() < file.len(), "the file held the bias");
+    safetensors::serialize_to_file(kept, None, &path).unwrap();
+    let mut loaded = base();
+    lora::load_adapters(&mut loaded, adapters.path(), family).unwrap();
+    assert_eq!(biases(&loaded)[0], start, "the base's own bias");
 }

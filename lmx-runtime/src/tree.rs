@@ -65,6 +65,14 @@ pub struct LeafSpec {
     pub decay: bool,
 }
 
+impl LeafSpec {
+    /// Whether training can change the leaf: a trainable parameter, or a buffer (which a step
+    /// writes). Only such leaves are what a run adds to a frozen base it can read again.
+    pub fn changes_in_training(&self) -> bool {
+        self.trainable || self.role == LeafRole::Buffer
+    }
+}
+
 /// Where [`Tree::describe`] stands: the name so far and what enclosing fields imposed.
 #[derive(Clone, Debug, Default)]
 pub struct Scope {

@@ -20,15 +20,17 @@ pub const TRAINER_FILE: &str = "trainer.json";
 /// Whether a checkpoint's model file holds the frozen parameters.
 ///
 /// A LoRA run's base is frozen and, read from a Hugging Face folder, can be read from it again:
-/// its checkpoints then hold the adapters alone (megabytes where the base is gigabytes), and
-/// whoever reads one brings the base (see [`load`] and
-/// [`load_tree_over`](super::weights::load_tree_over)).
+/// its checkpoints then hold what training changes alone, the adapters and any buffers the step
+/// writes (megabytes where the base is gigabytes), and whoever reads one brings the base (see
+/// [`load`] and [`load_tree_over`](super::weights::load_tree_over)).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum FrozenLeaves {
     /// Every parameter is saved.
     #[default]
     Saved,
-    /// Only the parameters that train are saved.
+    /// Only the leaves training changes are saved ([`LeafSpec::changes_in_training`]).
+    ///
+    /// [`LeafSpec::changes_in_training`]: crate::tree::LeafSpec::changes_in_training
     Omitted,
 }
 
@@ -40,7 +42,7 @@ fn saved_params<P: Tree<Array>>(params: &P, frozen: FrozenLeaves) -> Named {
         FrozenLeaves::Omitted => named
             .into_iter()
             .zip(tree::specs(params))
-            .filter(|(_, spec)| spec.trainable)
+            .filter(|(_, spec)| spec.changes_in_training())
             .map(|(named, _)| named)
             .collect(),
     }
@@ -87,7 +89,7 @@ pub(crate) fn encode_files<P: Tree<Array>, O: Optimizer>(
 ///
 /// `state` is the template: the checkpoint must hold its parameters and optimizer arrays by name,
 /// with the same shapes and dtypes, except that a checkpoint without the frozen parameters (all
-/// of them: [`FrozenLeaves::Omitted`]) leaves `state`'s own. On any error (a missing, mismatched
+/// of them: [`FrozenLeaves::Omitted`]; buffers are saved there) leaves `state`'s own. On any error (a missing, mismatched
 /// or extra tensor, a corrupt file) the error names the file and the tensor, and `state` is left
 /// untouched.
 pub fn load<P: Tree<Array>, O: Optimizer>(
@@ -96,7 +98,7 @@ pub fn load<P: Tree<Array>, O: Optimizer>(
 ) -> Result<serde_json::Value> {
     let frozen: Vec<bool> = tree::specs(&state.params)
         .iter()
-        .map(|spec| !spec.trainable)
+        .map(|spec| !spec.changes_in_training())
         .collect();
     let params = read_named(&dir.join(MODEL_FILE), &named(&state.params), &|index| {
         frozen[index]

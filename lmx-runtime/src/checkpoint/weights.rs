@@ -33,11 +33,12 @@ pub fn load_tree<R: Tree<Array>>(path: &Path, template: &R) -> Result<R> {
 }
 
 /// [`load_tree`] over `base`: a file without `base`'s frozen leaves (all of them: a checkpoint
-/// saved with [`FrozenLeaves::Omitted`](super::FrozenLeaves)) keeps `base`'s.
+/// saved with [`FrozenLeaves::Omitted`](super::FrozenLeaves), which holds the buffers) keeps
+/// `base`'s.
 pub fn load_tree_over<R: Tree<Array>>(path: &Path, base: &R) -> Result<R> {
     let frozen: Vec<bool> = tree::specs(base)
         .iter()
-        .map(|spec| !spec.trainable)
+        .map(|spec| !spec.changes_in_training())
         .collect();
     let mut arrays = read_named(path, &named(base), &|index| frozen[index])?.into_iter();
     Ok(base.map_same(&mut |leaf| {
@@ -58,7 +59,7 @@ pub fn load_tree_over_skipping<R: Tree<Array>>(
 ) -> Result<R> {
     let frozen: Vec<bool> = tree::specs(base)
         .iter()
-        .map(|spec| !spec.trainable)
+        .map(|spec| !spec.changes_in_training())
         .collect();
     let mut arrays =
         read_named_skipping(path, &named(base), &|index| frozen[index], skipped)?.into_iter();

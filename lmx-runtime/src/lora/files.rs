@@ -1,12 +1,18 @@
 //! Adapters saved apart from the base model in mlx-lm's layout: a folder holding
 //! `adapters.safetensors` (the adapters' arrays by their dotted names,
-//! `model.layers.3.self_attn.q_proj.lora_a`, and DoRA's magnitudes `...q_proj.m`) and `adapter_config.json` (`fine_tune_type`,
-//! `num_layers`, `lora_parameters`, as `mlx_lm.lora` writes and `mlx_lm`'s `load_adapters`
-//! reads it).
+//! `model.layers.3.self_attn.q_proj.lora_a`, and DoRA's magnitudes `...q_proj.m`) and
+//! `adapter_config.json` (`fine_tune_type`, `num_layers`, `lora_parameters`, as `mlx_lm.lora`
+//! writes and `mlx_lm`'s `load_adapters` reads it).
+//!
+//! A model with buffers (DeepSeek-V3's routing bias) has them written by every training step,
+//! the LoRA run's included, so the file holds them too, under the base's names: without them
+//! the adapters would be applied to the routing they were not trained with. mlx-lm loads an
+//! adapter file non-strictly, so its loader reads them as the base's parameters; a file without
+//! them (mlx-lm's own) keeps the base's.
 
 use super::attach::{attach, FineTuneType, LoraParameters};
 use crate::checkpoint::atomic::{write_file, DurableWriter};
-use crate::checkpoint::file::{encode, read_expected, Named};
+use crate::checkpoint::file::{encode, read_named, Named};
 use crate::error::{Error, Result};
 use crate::hf::Family;
 use crate::tree::{self, LeafRole, Tree};
@@ -35,6 +41,11 @@ pub struct AdapterConfig {
     pub other: serde_json::Map<String, serde_json::Value>,
 }
 
+/// Whether an adapter file holds a leaf of this role.
+fn saved(role: LeafRole) -> bool {
+    matches!(role, LeafRole::Adapter | LeafRole::Buffer)
+}
+
 fn error(path: &Path, message: impl Into<String>) -> Error {
     Error::Checkpoint {
         path: path.to_owned(),
@@ -42,12 +53,12 @@ fn error(path: &Path, message: impl Into<String>) -> Error {
     }
 }
 
-/// The adapters of `tree` by dotted name, in traversal order.
+/// The adapters and buffers of `tree` by dotted name, in traversal order.
 fn adapters<R: Tree<Array> + ?Sized>(tree: &R, family: Option<Family>) -> Named {
     tree::specs(tree)
         .into_iter()
         .zip(tree::flatten(tree))
-        .filter(|(spec, _)| spec.role == LeafRole::Adapter)
+        .filter(|(spec, _)| saved(spec.role))
         .map(|(spec, array)| match family {
             Some(family) => (family.mlx_lm_name(&spec.name), array),
             None => (spec.name, array),
@@ -55,8 +66,9 @@ fn adapters<R: Tree<Array> + ?Sized>(tree: &R, family: Option<Family>) -> Named 
         .collect()
 }
 
-/// Writes the adapters of `tree` into the folder `dir`, as float32 (as mlx-lm keeps them), and
-/// `config` beside them; each file is written atomically. Fails when `tree` has no adapter.
+/// Writes the adapters (and buffers) of `tree` into the folder `dir`, as float32 (as mlx-lm
+/// keeps them), and `config` beside them; each file is written atomically. Fails when `tree` has
+/// no adapter.
 ///
 /// `family`, the tree's Hugging Face family, names the adapters as mlx-lm's module tree names
 /// the layers they adapt ([`Family::mlx_lm_name`]); `None` keeps the tree's own names.
@@ -71,7 +83,10 @@ pub fn save_adapters<R: Tree<Array> + ?Sized>(
         .into_iter()
         .map(|(name, array)| Ok((name, array.as_dtype(Dtype::Float32)?)))
         .collect::<Result<Named>>()?;
-    if named.is_empty() {
+    let has_adapters = tree::specs(tree)
+        .iter()
+        .any(|spec| spec.role == LeafRole::Adapter);
+    if !has_adapters {
         return Err(error(&tensors_path, "the model has no adapters to save"));
     }
     let bytes = encode(&tensors_path, &named)?;
@@ -110,8 +125,9 @@ pub fn read_config(dir: &Path) -> Result<AdapterConfig> {
 /// returns the configuration.
 ///
 /// The file must hold exactly the adapters the configuration attaches, float32, with their
-/// shapes, named as [`save_adapters`] names them for `family`; an error names the file and the
-/// tensor, and leaves `tree` unchanged.
+/// shapes, named as [`save_adapters`] names them for `family`, and either every buffer of the
+/// tree or none (then the tree keeps its own); an error names the file and the tensor, and
+/// leaves `tree` unchanged.
 pub fn load_adapters<R: Tree<Array> + Clone>(
     tree: &mut R,
     dir: &Path,
@@ -131,15 +147,23 @@ pub fn load_adapters<R: Tree<Array> + Clone>(
         .into_iter()
         .map(|(name, array)| Ok((name, array.as_dtype(Dtype::Float32)?)))
         .collect::<Result<Named>>()?;
-    let mut read = read_expected(&dir.join(ADAPTERS_FILE), &expected)?.into_iter();
     let specs = tree::specs(&adapted);
+    let roles: Vec<LeafRole> = specs
+        .iter()
+        .map(|spec| spec.role)
+        .filter(|role| saved(*role))
+        .collect();
+    let buffer = |index: usize| roles[index] == LeafRole::Buffer;
+    let mut read = read_named(&dir.join(ADAPTERS_FILE), &expected, &buffer)?.into_iter();
     let mut specs = specs.iter();
     let mut failed = None;
     adapted.for_each_mut(&mut |leaf| {
-        if specs.next().expect("one spec per leaf").role != LeafRole::Adapter {
+        if !saved(specs.next().expect("one spec per leaf").role) {
             return;
         }
-        let array = read.next().expect("one array per adapter");
+        let Some(array) = read.next().expect("one array per saved leaf") else {
+            return; // a buffer the file leaves to the base
+        };
         match array.as_dtype(leaf.dtype()) {
             Ok(array) => *leaf = array,
             Err(err) => {
