@@ -1,11 +1,14 @@
 //! Data-parallel `lmx train` on the CPU with MLX's ring backend, two processes on this host: two
 //! ranks at batch b each (`--batch-size 2b`, the whole batch) train as one process at 2b; a
 //! sharded optimizer state, with or without gradient accumulation, changes no loss; a checkpoint
-//! of two ranks resumes on one and the reverse; a rank that dies or hangs ends the
-//! other with an error instead of a hang.
+//! of two ranks resumes on one and the reverse; the objectives with frozen models (DPO,
+//! distillation) train on two ranks as in one process, metrics included; a rank that dies or
+//! hangs ends the other with an error instead of a hang.
 
 use std::path::Path;
 use std::process::{Child, Command, Output, Stdio};
+#[path = "support/preferences.rs"]
+mod preferences;
 use std::time::{Duration, Instant};
 
 /// A tiny model, 4 x 32 tokens a step (each of two ranks: 2 x 32), no evaluation.
@@ -140,6 +143,55 @@ fn two_ranks_train_as_one_process_on_the_whole_batch_and_resume_across_rank_coun
     let again = losses(&single);
     assert_same_losses(&two, &single);
     assert_eq!(again.len(), 20);
+}
+
+/// Each step's `name` metric in `run`'s `metrics.jsonl`.
+fn metric(run: &Path, name: &str) -> Vec<f64> {
+    std::fs::read_to_string(run.join("metrics.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|line| serde_json::from_str::<serde_json::Value>(line).unwrap())
+        .filter(|value| value["kind"] == "step")
+        .map(|value| value[name].as_f64().unwrap())
+        .collect()
+}
+
+/// DPO (its frozen reference whole on each rank) and distillation (a frozen teacher; the loss a
+/// mean over kept targets) on two ranks train as one process on the whole batch: every step's
+/// loss, and DPO's reward margin and preference accuracy, averaged over the ranks as the loss
+/// is, within 1e-5.
+#[test]
+fn objectives_with_frozen_models_train_on_two_ranks_as_in_one_process() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("prefs.jsonl");
+    preferences::preferences(&data);
+    let data = data.display().to_string();
+    let dpo = ["--step", "builtin:dpo", "--data", &data, "--beta", "0.5"];
+    let (single, two) = (dir.path().join("dpo-1"), dir.path().join("dpo-2"));
+    train(1, &[], &single, "20", "10", &dpo);
+    train(2, &[], &two, "20", "10", &dpo);
+    assert_same_losses(&single, &two);
+    for name in ["reward_margin", "accuracy"] {
+        let (one, other) = (metric(&single, name), metric(&two, name));
+        assert_eq!(one.len(), 20);
+        for (step, (a, b)) in one.iter().zip(&other).enumerate() {
+            assert!(
+                (a - b).abs() <= 1e-5,
+                "{name} at step {}: {a} against {b}",
+                step + 1
+            );
+        }
+    }
+    assert!(metric(&single, "reward_margin")[19] > 0.0, "DPO trained");
+
+    let teacher = dir.path().join("teacher");
+    train(1, &[], &teacher, "4", "0", &["--set", "d_model=64"]);
+    let teacher = teacher.display().to_string();
+    let distill = ["--teacher", &teacher];
+    let (single, two) = (dir.path().join("distill-1"), dir.path().join("distill-2"));
+    train(1, &[], &single, "20", "10", &distill);
+    train(2, &[], &two, "20", "10", &distill);
+    assert_same_losses(&single, &two);
 }
 
 #[test]

@@ -5,8 +5,11 @@
 use std::path::Path;
 #[path = "support/cli.rs"]
 mod cli;
+#[path = "support/preferences.rs"]
+mod preferences;
 
 use cli::{failed, lmx, losses, succeeded, text};
+use preferences::preferences;
 
 /// Trains `flags` 8 steps into `run` with checkpoints every 4, continues from step 4, and
 /// asserts the same losses, bit for bit.
@@ -59,27 +62,6 @@ fn recorded_objective(run: &Path) -> serde_json::Value {
     let record: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(run.join("run.json")).unwrap()).unwrap();
     record["objective"].clone()
-}
-
-/// Pairs from the bundled text: a prompt, the real continuation, and a corrupted one.
-fn preferences(path: &Path) {
-    let source =
-        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/data/shakespeare.txt"))
-            .unwrap();
-    let letters: Vec<char> = source.chars().filter(|c| c.is_ascii_lowercase()).collect();
-    let mut lines = String::new();
-    for i in 0..24 {
-        let at = i * 16;
-        let prompt: String = letters[at..at + 10].iter().collect();
-        let chosen: String = letters[at + 10..at + 16].iter().collect();
-        let rejected: String = chosen
-            .chars()
-            .map(|c| if c == 'z' { 'a' } else { 'z' })
-            .collect();
-        let line = serde_json::json!({"prompt": prompt, "chosen": chosen, "rejected": rejected});
-        lines.push_str(&format!("{line}\n"));
-    }
-    std::fs::write(path, lines).unwrap();
 }
 
 #[test]

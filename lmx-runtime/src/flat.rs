@@ -612,9 +612,9 @@ impl<P: Tree<Array>, O: Optimizer> FlatBody<P, O> {
         let (grads, grad_norm, loss) = match (&self.group, &self.shard) {
             (None, _) => (grads, grad_norm, loss),
             (Some(group), None) => {
-                let (grads, loss) = distributed::average(group, grads, loss, targets)?;
+                let (grads, mut values) = distributed::average(group, grads, vec![loss], targets)?;
                 let norm = clip::global_norm(&grads)?;
-                (grads, norm, loss)
+                (grads, norm, values.remove(0))
             }
             (Some(group), Some(shard)) => {
                 let share = distributed::share(group, targets)?;

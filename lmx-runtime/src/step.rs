@@ -281,8 +281,34 @@ where
         metrics: usize,
         options: StepOptions,
     ) -> Result<Self> {
+        Self::data_parallel_with_frozen(state, optimizer, frozen, loss, metrics, options, None)
+    }
+
+    /// [`with_frozen_metrics`](Self::with_frozen_metrics) on one rank of a data-parallel run
+    /// (as [`data_parallel`](Self::data_parallel)): the gradients, the loss and its metrics are
+    /// averaged over the ranks. Every rank holds the frozen models whole.
+    ///
+    /// # Errors
+    /// As [`TrainStep::new`], and when the model has buffers: a step writes each buffer from its
+    /// own batch's statistics (a routing bias from the step's expert loads), which no average of
+    /// the ranks' values reproduces.
+    pub fn data_parallel_with_frozen(
+        state: &TrainState<P, O>,
+        optimizer: O,
+        frozen: Vec<Array>,
+        loss: impl MetricsLoss<P>,
+        metrics: usize,
+        options: StepOptions,
+        parallel: Option<&DataParallel>,
+    ) -> Result<Self> {
         let count = frozen.len();
         let buffers = crate::buffers::count(&state.params);
+        if parallel.is_some() && buffers > 0 {
+            return Err(Error::Config(format!(
+                "the model has {buffers} buffers, which a step writes from its own batch (a \
+                 routing bias from the batch's expert loads): it does not train data-parallel"
+            )));
+        }
         let split = move |params: &P, inputs: &[Array], key: &Array| {
             let (frozen, batch) = inputs.split_at(count);
             let values = loss(params, frozen, batch, key)?;
@@ -295,7 +321,8 @@ where
             }
             Ok(values)
         };
-        let mut step = Self::with_values(state, optimizer, Rc::new(split), metrics, options, None)?;
+        let mut step =
+            Self::with_values(state, optimizer, Rc::new(split), metrics, options, parallel)?;
         step.frozen = frozen;
         Ok(step)
     }
@@ -335,15 +362,19 @@ where
                     self.trainable,
                     self.targets,
                 )?;
-                let (grads, loss) =
-                    across_ranks(self.group.as_ref(), self.targets, grads, loss, batch)?;
-                inputs.extend(grads);
                 // The micro-batches' buffer values, averaged as the metrics are, follow the
                 // metrics; the update writes them.
-                inputs.extend(metrics.split_off(self.metrics.min(metrics.len())));
+                let written = metrics.split_off(self.metrics.min(metrics.len()));
+                let mut values = vec![loss];
+                values.extend(metrics);
+                let (grads, mut values) =
+                    across_ranks(self.group.as_ref(), self.targets, grads, values, batch)?;
+                let loss = values.remove(0);
+                inputs.extend(grads);
+                inputs.extend(written);
                 let mut outputs = apply(&inputs)?;
                 outputs.insert(n, loss.clone());
-                outputs.extend(metrics);
+                outputs.extend(values);
                 (outputs, Some(loss))
             }
         };
@@ -536,9 +567,10 @@ where
         let params = &inputs[..self.template.layout().params];
         let batch = &inputs[n_state + 1..];
         let (mut values, grads) = self.loss_and_grads(params, batch, &subkey)?;
+        let written = values.split_off((1 + self.metrics).min(values.len()));
+        let (grads, mut values) =
+            across_ranks(self.group.as_ref(), self.targets, grads, values, batch)?;
         let loss = values.remove(0);
-        let written = values.split_off(self.metrics.min(values.len()));
-        let (grads, loss) = across_ranks(self.group.as_ref(), self.targets, grads, loss, batch)?;
         let mut outputs = self.update(state, &inputs[n_state], grads, &written, key)?;
         outputs.insert(n_state, loss);
         outputs.extend(values);
@@ -726,22 +758,23 @@ where
     Ok((values, grads))
 }
 
-/// `grads` and `loss` averaged over the ranks of a data-parallel step (`group`), each rank weighed
-/// by its share of the kept targets of `batch` (at `targets`); unchanged in a single process.
+/// `grads` and `values` (the loss, then its metrics) averaged over the ranks of a data-parallel
+/// step (`group`), each rank weighed by its share of the kept targets of `batch` (at
+/// `targets`); unchanged in a single process.
 fn across_ranks(
     group: Option<&Group>,
     targets: Option<usize>,
     grads: Vec<Array>,
-    loss: Array,
+    values: Vec<Array>,
     batch: &[Array],
-) -> Result<(Vec<Array>, Array)> {
+) -> Result<(Vec<Array>, Vec<Array>)> {
     match group {
         Some(group) => distributed::average(
             group,
             grads,
-            loss,
+            values,
             targets.and_then(|index| batch.get(index)),
         ),
-        None => Ok((grads, loss)),
+        None => Ok((grads, values)),
     }
 }

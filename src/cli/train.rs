@@ -373,28 +373,15 @@ where
     }
     // A step the model declares trains as its default one does: `S` is that step.
     let built_in = request.objective.as_ref().filter(|o| !o.declared_step());
-    let mut trainer = match (&rank, built_in) {
-        (Some(_), Some(_)) => {
-            anyhow::bail!("--step and --teacher objectives do not train data-parallel yet")
-        }
-        (Some(rank), None) => Trainer::<S>::data_parallel(
-            model_config,
-            config,
-            data,
-            Some(params),
-            rank.parallel.clone(),
-        )?,
-        (None, None) if S::FROZEN.is_empty() => {
-            Trainer::<S>::with_params(model_config, config, data, params)?
-        }
-        (None, None) => {
+    let objective = match built_in {
+        None if S::FROZEN.is_empty() => None,
+        None => {
             // The step's own frozen models (`frozen reference = policy`), through the
             // objective the command line's `--step dpo` also trains.
             let start = run_start::<S>(&init, from_folder, &params)?;
-            let declared = Objective::declared::<S>(&start).expect("the step declares some");
-            Trainer::<S>::with_objective(model_config, config, data, params, declared)?
+            Some(Objective::declared::<S>(&start).expect("the step declares some"))
         }
-        (None, Some(ObjectiveSettings::Mtp {})) => {
+        Some(ObjectiveSettings::Mtp {}) => {
             let own = own.ok_or_else(|| {
                 anyhow::anyhow!("--step mtp trains through the model's multi-token registration")
             })?;
@@ -405,22 +392,45 @@ where
                 .filter(|(spec, _)| objectives::is_head_tensor(&spec.name))
                 .map(|(_, leaf)| leaf.size())
                 .sum();
-            eprintln!(
-                "multi-token heads: {heads} parameters, trained with optimizer state beside the \
-                 model's (metrics {})",
-                objective.metrics.join(", ")
-            );
-            Trainer::<S>::with_objective(model_config, config, data, params, objective)?
+            if leader {
+                eprintln!(
+                    "multi-token heads: {heads} parameters, trained with optimizer state beside \
+                     the model's (metrics {})",
+                    objective.metrics.join(", ")
+                );
+            }
+            Some(objective)
         }
-        (None, Some(objective)) => {
+        Some(objective) => {
             let start = run_start::<S>(&init, from_folder, &params)?;
             let teacher = super::objective::run_teacher(objective, request.teacher)?;
             let (teacher, report) = teacher.unzip();
             let built = objective.build::<S::Model>(&model_config, &start, teacher)?;
-            if let Some(report) = report {
+            if let Some(report) = report.filter(|_| leader) {
                 eprintln!("{report}");
             }
-            Trainer::<S>::with_objective(model_config, config, data, params, built)?
+            Some(built)
+        }
+    };
+    let mut trainer = match (&rank, objective) {
+        (Some(rank), None) => Trainer::<S>::data_parallel(
+            model_config,
+            config,
+            data,
+            Some(params),
+            rank.parallel.clone(),
+        )?,
+        (Some(rank), Some(objective)) => Trainer::<S>::data_parallel_with_objective(
+            model_config,
+            config,
+            data,
+            params,
+            objective,
+            rank.parallel.clone(),
+        )?,
+        (None, None) => Trainer::<S>::with_params(model_config, config, data, params)?,
+        (None, Some(objective)) => {
+            Trainer::<S>::with_objective(model_config, config, data, params, objective)?
         }
     };
     if lora_over_folder {

@@ -4,24 +4,23 @@ use super::Group;
 use crate::error::Result;
 use mlx_rs::{Array, Dtype};
 
-/// The mean gradients and loss over every rank's batch, on every rank, from this rank's
-/// `grads` and `loss` (means over its own batch): each rank's share is its count of kept
-/// targets over the count of all ranks (`kept`, the batch input of target ids, when the step
-/// has one), or one over the ranks. The update is then the one a single process makes on the
-/// whole batch, however unevenly prompt masking and padding spread the kept targets.
+/// The mean gradients and values (the loss, then any metrics the loss reports) over every
+/// rank's batch, on every rank, from this rank's `grads` and `values` (means over its own
+/// batch): each rank's share is its count of kept targets over the count of all ranks
+/// (`targets`, the batch input of target ids, when the step has one), or one over the ranks.
+/// The update is then the one a single process makes on the whole batch, however unevenly
+/// prompt masking and padding spread the kept targets.
 pub(crate) fn average(
     group: &Group,
     grads: Vec<Array>,
-    loss: Array,
+    values: Vec<Array>,
     targets: Option<&Array>,
-) -> Result<(Vec<Array>, Array)> {
+) -> Result<(Vec<Array>, Vec<Array>)> {
     let share = share(group, targets)?;
-    let grads = grads
-        .iter()
-        .map(|grad| group.all_sum(&grad.multiply(share.as_dtype(grad.dtype())?)?))
-        .collect::<Result<Vec<_>>>()?;
-    let loss = group.all_sum(&loss.multiply(share.as_dtype(loss.dtype())?)?)?;
-    Ok((grads, loss))
+    let weigh = |array: &Array| group.all_sum(&array.multiply(share.as_dtype(array.dtype())?)?);
+    let grads = grads.iter().map(weigh).collect::<Result<Vec<_>>>()?;
+    let values = values.iter().map(weigh).collect::<Result<Vec<_>>>()?;
+    Ok((grads, values))
 }
 
 /// This rank's share of the global batch's mean (float32): its kept targets over all ranks'

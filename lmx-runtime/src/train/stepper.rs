@@ -94,8 +94,8 @@ where
     }
 
     /// The step of a loss that reads `frozen` leaves besides the parameters and reports
-    /// `metrics` values after itself ([`TrainStep::with_frozen_metrics`]): per-parameter state,
-    /// as a flat step has no frozen inputs.
+    /// `metrics` values after itself ([`TrainStep::data_parallel_with_frozen`]): per-parameter
+    /// state, as a flat step has no frozen inputs.
     pub(super) fn with_frozen(
         state: TrainState<P, O>,
         optimizer: O,
@@ -104,17 +104,19 @@ where
         metrics: usize,
         options: StepOptions,
         packing: StatePacking,
+        parallel: Option<&DataParallel>,
     ) -> Result<Self> {
-        if packing == StatePacking::Flat {
+        let shard = parallel.is_some_and(|parallel| parallel.shard_optimizer);
+        if packing == StatePacking::Flat || shard {
             return Err(Error::Config(
                 "a step with frozen models, metrics of its own or buffers keeps per-parameter \
-                 state: drop the flat state packing"
+                 state: drop the flat state packing and the sharded optimizer state"
                     .into(),
             ));
         }
         Ok(Stepper::PerParameter {
-            step: TrainStep::with_frozen_metrics(
-                &state, optimizer, frozen, loss, metrics, options,
+            step: TrainStep::data_parallel_with_frozen(
+                &state, optimizer, frozen, loss, metrics, options, parallel,
             )?,
             state,
         })

@@ -180,6 +180,34 @@ where
         params: Option<Params<S>>,
         parallel: DataParallel,
     ) -> Result<Self> {
+        Self::ranks_share(&config, &parallel)?;
+        Self::starting_from(model, config, data, params, None, Some(parallel))
+    }
+
+    /// [`data_parallel`](Self::data_parallel) training on `objective`, as
+    /// [`with_objective`](Self::with_objective): every rank holds the frozen models whole, and
+    /// the loss's metrics are averaged over the ranks as the loss is.
+    pub fn data_parallel_with_objective(
+        model: ModelConfig<S>,
+        config: TrainConfig,
+        data: TrainData,
+        params: Params<S>,
+        objective: Objective<S::Model>,
+        parallel: DataParallel,
+    ) -> Result<Self> {
+        Self::ranks_share(&config, &parallel)?;
+        Self::starting_from(
+            model,
+            config,
+            data,
+            Some(params),
+            Some(objective),
+            Some(parallel),
+        )
+    }
+
+    /// Fails unless the ranks can share every batch evenly.
+    fn ranks_share(config: &TrainConfig, parallel: &DataParallel) -> Result<()> {
         let ranks = parallel.group.size();
         if config.batch_size % ranks != 0 {
             return Err(DistributedError::Uneven {
@@ -189,7 +217,7 @@ where
             }
             .into());
         }
-        Self::starting_from(model, config, data, params, None, Some(parallel))
+        Ok(())
     }
 
     fn starting_from(
@@ -267,13 +295,6 @@ where
                 config.state_packing,
                 parallel.as_ref(),
             )?,
-            Some(_) if parallel.is_some() => {
-                return Err(Error::Config(
-                    "a loss that reads frozen models, reports metrics of its own or writes \
-                     buffers does not train data-parallel yet"
-                        .into(),
-                ))
-            }
             Some(loss) => Stepper::with_frozen(
                 state,
                 optimizer,
@@ -290,6 +311,7 @@ where
                 metric_names.len(),
                 options,
                 config.state_packing,
+                parallel.as_ref(),
             )?,
         };
         let validation = data.validation;
