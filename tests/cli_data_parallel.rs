@@ -156,10 +156,10 @@ fn metric(run: &Path, name: &str) -> Vec<f64> {
         .collect()
 }
 
-/// DPO (its frozen reference whole on each rank) and distillation (a frozen teacher; the loss a
-/// mean over kept targets) on two ranks train as one process on the whole batch: every step's
-/// loss, and DPO's reward margin and preference accuracy, averaged over the ranks as the loss
-/// is, within 1e-5.
+/// DPO (its frozen reference whole on each rank), distillation (a frozen teacher; the loss a
+/// mean over kept targets) and multi-token prediction on two ranks train as one process on the
+/// whole batch: every step's loss and metrics (DPO's reward margin and preference accuracy, the
+/// heads' losses), averaged over the ranks as the loss is, within 1e-5.
 #[test]
 fn objectives_with_frozen_models_train_on_two_ranks_as_in_one_process() {
     let dir = tempfile::tempdir().unwrap();
@@ -192,6 +192,35 @@ fn objectives_with_frozen_models_train_on_two_ranks_as_in_one_process() {
     train(1, &[], &single, "20", "10", &distill);
     train(2, &[], &two, "20", "10", &distill);
     assert_same_losses(&single, &two);
+
+    // Multi-token prediction (LLaMA's heads; each head's loss a metric).
+    let mtp = |ranks: usize, run: &Path| {
+        let out = run.display().to_string();
+        let mut args = match ranks {
+            1 => vec!["train"],
+            _ => vec!["launch", "-n", "2", "--", "train"],
+        };
+        args.extend(["--model", "llama", "--set", "vocab=257", "--step", "mtp"]);
+        args.extend(["--steps", "20"]);
+        args.extend(COMMON.iter().skip(2).copied());
+        args.extend(["10", "--preset", "tiny", "--out", &out]);
+        succeeds(&args);
+    };
+    let (single, two) = (dir.path().join("mtp-1"), dir.path().join("mtp-2"));
+    mtp(1, &single);
+    mtp(2, &two);
+    assert_same_losses(&single, &two);
+    for name in ["main_loss", "mtp_loss"] {
+        let (one, other) = (metric(&single, name), metric(&two, name));
+        assert_eq!(one.len(), 20);
+        for (step, (a, b)) in one.iter().zip(&other).enumerate() {
+            assert!(
+                (a - b).abs() <= 1e-5,
+                "{name} at step {}: {a} against {b}",
+                step + 1
+            );
+        }
+    }
 }
 
 #[test]
