@@ -156,7 +156,7 @@ fn metric(run: &Path, name: &str) -> Vec<f64> {
         .collect()
 }
 
-/// DPO (its frozen reference whole on each rank), distillation (a frozen teacher; the loss a
+/// DPO (lmx's, and GPT-2's declared step; the frozen reference whole on each rank), distillation (a frozen teacher; the loss a
 /// mean over kept targets) and multi-token prediction on two ranks train as one process on the
 /// whole batch: every step's loss and metrics (DPO's reward margin and preference accuracy, the
 /// heads' losses), averaged over the ranks as the loss is, within 1e-5.
@@ -166,23 +166,30 @@ fn objectives_with_frozen_models_train_on_two_ranks_as_in_one_process() {
     let data = dir.path().join("prefs.jsonl");
     preferences::preferences(&data);
     let data = data.display().to_string();
-    let dpo = ["--step", "builtin:dpo", "--data", &data, "--beta", "0.5"];
-    let (single, two) = (dir.path().join("dpo-1"), dir.path().join("dpo-2"));
-    train(1, &[], &single, "20", "10", &dpo);
-    train(2, &[], &two, "20", "10", &dpo);
-    assert_same_losses(&single, &two);
-    for name in ["reward_margin", "accuracy"] {
-        let (one, other) = (metric(&single, name), metric(&two, name));
-        assert_eq!(one.len(), 20);
-        for (step, (a, b)) in one.iter().zip(&other).enumerate() {
-            assert!(
-                (a - b).abs() <= 1e-5,
-                "{name} at step {}: {a} against {b}",
-                step + 1
-            );
+    // lmx's DPO, and GPT-2's own `dpo` step (declared in its .lmx file with its reference).
+    for step in ["builtin:dpo", "dpo"] {
+        let dpo = ["--step", step, "--data", &data];
+        let name = step.replace(':', "-");
+        let (single, two) = (
+            dir.path().join(format!("{name}-1")),
+            dir.path().join(format!("{name}-2")),
+        );
+        train(1, &[], &single, "20", "10", &dpo);
+        train(2, &[], &two, "20", "10", &dpo);
+        assert_same_losses(&single, &two);
+        for name in ["reward_margin", "accuracy"] {
+            let (one, other) = (metric(&single, name), metric(&two, name));
+            assert_eq!(one.len(), 20);
+            for (step, (a, b)) in one.iter().zip(&other).enumerate() {
+                assert!(
+                    (a - b).abs() <= 1e-5,
+                    "{name} at step {}: {a} against {b}",
+                    step + 1
+                );
+            }
         }
+        assert!(metric(&single, "reward_margin")[19] > 0.0, "{step} trained");
     }
-    assert!(metric(&single, "reward_margin")[19] > 0.0, "DPO trained");
 
     let teacher = dir.path().join("teacher");
     train(1, &[], &teacher, "4", "0", &["--set", "d_model=64"]);
