@@ -96,6 +96,7 @@ where
     /// The step of a loss that reads `frozen` leaves besides the parameters and reports
     /// `metrics` values after itself ([`TrainStep::data_parallel_with_frozen`]): per-parameter
     /// state, as a flat step has no frozen inputs.
+    #[allow(clippy::too_many_arguments)]
     pub(super) fn with_frozen(
         state: TrainState<P, O>,
         optimizer: O,
