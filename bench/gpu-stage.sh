@@ -29,9 +29,9 @@ cargo build --release
 runtime_tests=$(cargo test --no-run --message-format=json \
     -p lmx-runtime --lib --test device --test mlp_training --test optim_compiled --test trainer \
     --test reductions)
-model_tests=$(cargo test --no-run --message-format=json \
-    --test generation --test models_reference --test llama_two_front_ends --test dropout \
-    --test flat_state)
+# The root crate's integration tests are one executable (t_integration): tests/gpu.sh runs the
+# modules it names, `t_integration@generation::,models_reference::,...`.
+model_tests=$(cargo test --no-run --message-format=json --test integration)
 executables=$(printf '%s\n%s\n' "$runtime_tests" "$model_tests")
 staging=$(mktemp -d)
 trap 'rm -rf "$staging"' EXIT

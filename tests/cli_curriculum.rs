@@ -3,8 +3,7 @@
 //! one's losses, a changed curriculum is refused on resume, and wrong flags are refused naming
 //! them. (Which rows each step reads is tested in lmx-runtime's `curriculum_data`.)
 
-#[path = "support/cli.rs"]
-mod cli;
+use crate::support::cli;
 
 use cli::{failed, lmx, losses, succeeded};
 

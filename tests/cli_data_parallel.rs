@@ -5,10 +5,9 @@
 //! distillation) train on two ranks as in one process, metrics included; a rank that dies or
 //! hangs ends the other with an error instead of a hang.
 
+use crate::support::preferences;
 use std::path::Path;
 use std::process::{Child, Command, Output, Stdio};
-#[path = "support/preferences.rs"]
-mod preferences;
 use std::time::{Duration, Instant};
 
 /// A tiny model, 4 x 32 tokens a step (each of two ranks: 2 x 32), no evaluation.

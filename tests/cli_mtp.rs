@@ -3,13 +3,12 @@
 //! trains the heads, records them in run.json, resumes exactly, samples with the model alone,
 //! and refuses wrong flags naming them.
 
+use crate::support::cli;
 use lmx::models::llama;
 use lmx::runtime::model::LanguageModel;
 use lmx::runtime::objectives::check_backbone;
 use lmx::runtime::Array;
 use std::path::Path;
-#[path = "support/cli.rs"]
-mod cli;
 
 use cli::{failed, lmx, succeeded, text};
 

@@ -2,11 +2,9 @@
 //! the objective is recorded in run.json, a run continued from a checkpoint computes the losses
 //! of the uninterrupted one, and wrong combinations of flags are refused naming the flags.
 
+use crate::support::cli;
+use crate::support::preferences;
 use std::path::Path;
-#[path = "support/cli.rs"]
-mod cli;
-#[path = "support/preferences.rs"]
-mod preferences;
 
 use cli::{failed, lmx, losses, succeeded, text};
 use preferences::preferences;

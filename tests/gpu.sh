@@ -3,7 +3,11 @@
 # them here with bench/gpu-stage.sh, carry them over with MLX's CUDA build
 # (../shared/gpu/README.md), then
 #
-#     bash tests/gpu.sh OUT BINARY...
+#     bash tests/gpu.sh OUT BINARY[@FILTER,...]...
+#
+# A filter keeps the tests whose names contain it, as `cargo test FILTER` does: the root crate's
+# one integration executable runs the modules that touch the device,
+# `.gpu-bin/t_integration@generation::,models_reference::,llama_two_front_ends::,dropout::,flat_state::`.
 #
 # Each binary runs alone, one test at a time (MLX is not thread-safe; `cargo test` gets this from
 # .cargo/config.toml), with float32 matrix products in float32: MLX's CUDA backend otherwise
@@ -16,9 +20,12 @@ mkdir -p "$out"
 : > "$out/tests.txt"
 export RUST_TEST_THREADS=1 MLX_ENABLE_TF32=0
 failed=0
-for binary in "$@"; do
-    echo "== $binary" >> "$out/tests.txt"
-    timeout 300 "$binary" >> "$out/tests.txt" 2>&1
+for argument in "$@"; do
+    binary=${argument%%@*}
+    filters=()
+    [ "$binary" != "$argument" ] && IFS=, read -ra filters <<< "${argument#*@}"
+    echo "== $argument" >> "$out/tests.txt"
+    timeout 300 "$binary" "${filters[@]}" >> "$out/tests.txt" 2>&1
     status=$?
     echo "exit status $status" >> "$out/tests.txt"
     [ $status -eq 0 ] || failed=1

@@ -2,11 +2,7 @@
 //! `#[lmx::model]` / `#[lmx::step]` (`tests/support/llama.rs`): identical parameter names,
 //! identical outputs and identical losses over 10 steps from the same weights.
 
-// Shared with the macro tests, which use parts this test does not.
-#[allow(dead_code)]
-#[path = "support/llama.rs"]
-mod llama_rs;
-
+use crate::support::llama as llama_rs;
 use llama_rs::{Llama, LlamaConfig};
 use lmx::models::llama;
 use lmx::runtime::checkpoint::tree_to_map;

@@ -3,8 +3,7 @@
 
 // Shared with other tests, which use parts this one does not.
 #[allow(dead_code)]
-#[path = "support/llama.rs"]
-mod llama;
+use crate::support::llama;
 
 use llama::{Llama, LlamaConfig, Train};
 use lmx::runtime::model::{Context, LanguageModel, TrainingStep};

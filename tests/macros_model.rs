@@ -2,8 +2,7 @@
 
 // Shared with other tests, which use parts this one does not.
 #[allow(dead_code)]
-#[path = "support/llama.rs"]
-mod llama;
+use crate::support::llama;
 
 use llama::{Llama, LlamaConfig};
 use lmx::runtime::model::LanguageModel;

@@ -1,6 +1,4 @@
-//! Running the `lmx` binary in tests, and reading what a run wrote. Each test crate that
-//! includes this (`#[path = "support/cli.rs"] mod cli;`) uses a part of it.
-#![allow(dead_code)]
+//! Running the `lmx` binary in tests, and reading what a run wrote.
 
 use std::path::Path;
 use std::process::{Command, Output};
