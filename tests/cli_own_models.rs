@@ -190,3 +190,15 @@ fn lmx_new_refuses_a_folder_that_is_not_empty_and_an_invalid_name() {
         "no staging folder is left"
     );
 }
+
+/// `lmx check` counts what a model's `frozen` marks leave to train (the checker's accept case:
+/// an embedding, a list of blocks and a leaf of a group frozen; a tensor named `frozen` not).
+#[test]
+fn lmx_check_reports_what_frozen_marks_leave_to_train() {
+    let file = Path::new(env!("CARGO_MANIFEST_DIR")).join("grammar/tests/accept/param_marks.lmx");
+    let checked = succeeds(&["check", file.to_str().unwrap()]);
+    assert!(
+        checked.contains("trainable         16,512 (`frozen` marks; 25,088 frozen)\n"),
+        "{checked}"
+    );
+}

@@ -154,9 +154,10 @@ model GatedMixer {
         }
     }
 
+    // The predecessor's embedding stays as initialised: no gradient, no optimizer state.
     params {
         embed: embedding(vocab, d_model)
-        previous: embedding(vocab, d_model)
+        frozen previous: embedding(vocab, d_model)
         layers: [Gated; n_layers]
         norm: rms_norm(d_model, eps = eps)
         head: linear(d_model, vocab, bias = false)
@@ -321,6 +322,17 @@ fn a_new_crate_builds_and_each_of_its_models_trains_resumes_and_generates() {
             "{resumed}"
         );
         assert_eq!(steps_logged(&out), [1, 2, 3, 4], "{model}");
+        if model == "gated_mixer" {
+            // `frozen previous`: the same at steps 2 and 4, where a trained table moved.
+            let at = |step: &str, name: &str| {
+                let file = out.join(format!("checkpoints/step-00000{step}/model.safetensors"));
+                let bytes = std::fs::read(file).unwrap();
+                let tensors = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+                tensors.tensor(name).unwrap().data().to_vec()
+            };
+            assert_eq!(at("2", "previous.weight"), at("4", "previous.weight"));
+            assert_ne!(at("2", "embed.weight"), at("4", "embed.weight"));
+        }
         let generated = run(Command::new(&binary)
             .current_dir(&krate)
             .args([

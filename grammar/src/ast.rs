@@ -125,6 +125,8 @@ pub struct ParamGroup {
 /// `name: kind [if guard]`.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Param {
+    /// The marks written before the name (`frozen`, `no_decay`), in order.
+    pub marks: Vec<Mark>,
     /// The parameter's name: one segment of its dotted name.
     pub name: Ident,
     /// What it is.
@@ -133,6 +135,34 @@ pub struct Param {
     pub guard: Option<Expr>,
     /// The whole entry.
     pub span: Span,
+}
+
+/// A mark on a parameter entry, for every leaf below it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Mark {
+    /// Which mark.
+    pub kind: MarkKind,
+    /// The keyword.
+    pub span: Span,
+}
+
+/// What a [`Mark`] says.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MarkKind {
+    /// `frozen`: no gradient, no optimizer state, no update (`#[lmx(frozen)]`).
+    Frozen,
+    /// `no_decay`: no weight decay (`#[lmx(no_decay)]`).
+    NoDecay,
+}
+
+impl MarkKind {
+    /// The keyword.
+    pub fn keyword(self) -> &'static str {
+        match self {
+            MarkKind::Frozen => "frozen",
+            MarkKind::NoDecay => "no_decay",
+        }
+    }
 }
 
 /// What a parameter entry declares.

@@ -105,6 +105,18 @@ pub struct ParamEntry {
     pub guard: Option<Expr>,
     /// What it holds.
     pub node: ParamNode,
+    /// The training masks its marks set for every leaf below it.
+    pub marks: Marks,
+}
+
+/// What an entry's marks (`frozen`, `no_decay`) say, as the runtime's `FieldAttrs` does for a
+/// `#[lmx::model]` field.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Marks {
+    /// No gradient, no optimizer state, no update.
+    pub frozen: bool,
+    /// No weight decay.
+    pub no_decay: bool,
 }
 
 /// A library layer.

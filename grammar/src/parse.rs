@@ -152,6 +152,7 @@ fn describe(rule: Rule) -> &'static str {
             "a type"
         }
         Rule::param | Rule::param_group => "a parameter",
+        Rule::param_mark | Rule::NO_DECAY => "`frozen` or `no_decay`",
         Rule::block_list | Rule::tied | Rule::raw_tensor | Rule::module => "a parameter kind",
         Rule::shape | Rule::tensor_type => "a shape",
         Rule::body => "`{`",
@@ -229,6 +230,7 @@ fn is_keyword(rule: Rule) -> bool {
             | Rule::TIED
             | Rule::TENSOR
             | Rule::BUFFER
+            | Rule::NO_DECAY
             | Rule::ENUM
             | Rule::LET
             | Rule::FOR
@@ -387,7 +389,19 @@ fn build_group(pair: Pair<'_, Rule>, depth: Depth) -> Result<ParamGroup> {
 
 fn build_param(pair: Pair<'_, Rule>, depth: Depth) -> Result<Param> {
     let span: Span = pair.as_span().into();
-    let mut it = kids(pair);
+    let mut it = kids(pair).peekable();
+    let mut marks = Vec::new();
+    while let Some(mark) = it.next_if(|p| p.as_rule() == Rule::param_mark) {
+        let keyword = take(&mut mark.into_inner(), span)?;
+        let kind = match keyword.as_rule() {
+            Rule::FROZEN => MarkKind::Frozen,
+            _ => MarkKind::NoDecay,
+        };
+        marks.push(Mark {
+            kind,
+            span: keyword.as_span().into(),
+        });
+    }
     let name = ident(take(&mut it, span)?);
     let kind_pair = take(&mut it, span)?;
     let kind_span: Span = kind_pair.as_span().into();
@@ -443,6 +457,7 @@ fn build_param(pair: Pair<'_, Rule>, depth: Depth) -> Result<Param> {
         })
         .transpose()?;
     Ok(Param {
+        marks,
         name,
         kind,
         guard,

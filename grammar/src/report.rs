@@ -189,6 +189,7 @@ pub fn report_values(
         matmul_weights: Some(0),
         instances: Vec::new(),
         buffers: Vec::new(),
+        frozen: Vec::new(),
     };
     walk.tree(&model.params, values, "")?;
     walk.instances.push((
@@ -220,14 +221,19 @@ pub fn report_values(
     }
     let param_count = total_elements(&walk.params).ok_or_else(|| overflow("parameter count"))?;
     let adapter = |p: &&ParamShape| p.name.ends_with(".lora_a") || p.name.ends_with(".lora_b");
-    // Buffers never train: no gradients, no optimizer state.
+    // Buffers and frozen leaves never train: no gradients, no optimizer state.
     let buffer = |p: &&ParamShape| walk.buffers.contains(&p.name);
+    let frozen = |p: &&ParamShape| walk.frozen.contains(&p.name);
     let buffers: Vec<ParamShape> = walk.params.iter().filter(buffer).cloned().collect();
     let buffer_count = total_elements(&buffers).ok_or_else(|| overflow("buffer count"))?;
     let trainable: Vec<ParamShape> = if walk.params.iter().any(|p| adapter(&p)) {
         walk.params.iter().filter(adapter).cloned().collect()
     } else {
-        walk.params.iter().filter(|p| !buffer(p)).cloned().collect()
+        walk.params
+            .iter()
+            .filter(|p| !buffer(p) && !frozen(p))
+            .cloned()
+            .collect()
     };
     let trainable_count =
         total_elements(&trainable).ok_or_else(|| overflow("trainable parameter count"))?;
@@ -362,6 +368,8 @@ struct Walk<'a> {
     instances: Vec<(String, Env, Vec<String>)>,
     /// The dotted names of the buffers (`buffer[..]`) among `params`.
     buffers: Vec<String>,
+    /// The dotted names of the leaves under a `frozen` mark among `params`.
+    frozen: Vec<String>,
 }
 
 /// The entries of `tree` whose guard does not hold in `env`.
@@ -467,6 +475,7 @@ impl Walk<'_> {
                 }
             }
             let name = format!("{prefix}{}", entry.name);
+            let first = self.params.len();
             match &entry.node {
                 ParamNode::Layer { kind, args } => self.layer(*kind, args, env, &name)?,
                 ParamNode::Tensor { shape, buffer, .. } => {
@@ -511,6 +520,10 @@ impl Walk<'_> {
                             .and_then(|(w, n)| w.checked_add(n));
                     }
                 }
+            }
+            if entry.marks.frozen {
+                let marked = self.params[first..].iter().map(|p| p.name.clone());
+                self.frozen.extend(marked);
             }
         }
         Ok(())

@@ -40,3 +40,26 @@ fn only_adapters_have_gradients_and_optimizer_state() {
     assert_eq!(plain.trainable_count, plain.param_count);
     assert_eq!(plain.memory.gradients, plain.param_count * 4);
 }
+
+/// Entries marked `frozen` (a layer, a list of blocks, a leaf of a group) have no gradients and
+/// no optimizer state; an entry named `frozen` is not marked.
+#[test]
+fn frozen_entries_have_no_gradients_or_optimizer_state() {
+    let path = format!(
+        "{}/tests/accept/param_marks.lmx",
+        env!("CARGO_MANIFEST_DIR")
+    );
+    let source = std::fs::read_to_string(&path).expect("the accept case");
+    let model = lmx_grammar::check_source(&path, &source).unwrap_or_else(|e| panic!("{e}"));
+    let marked = report(&model, "default", 1, None).expect("report");
+    let embedding = 256 * 64;
+    let layers = 2 * (64 + 64 * 64 + 64);
+    let (scale, named_frozen, bias, proj) = (64, 64, 256, 64 * 256);
+    assert_eq!(
+        marked.param_count,
+        embedding + layers + scale + named_frozen + bias + proj
+    );
+    assert_eq!(marked.trainable_count, scale + named_frozen + proj);
+    assert_eq!(marked.memory.gradients, marked.trainable_count * 4);
+    assert_eq!(marked.memory.optimizer, 2 * marked.trainable_count * 4);
+}

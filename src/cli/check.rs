@@ -151,10 +151,17 @@ fn print_report(report: &Report) {
     println!("preset            {}", report.preset);
     println!("parameters        {}", group_digits(report.param_count));
     if report.trainable_count + report.buffer_count < report.param_count {
+        // Where a model has adapters only they train; elsewhere the `frozen` marks say.
+        let adapters = report.params.iter().any(|p| p.name.ends_with(".lora_a"));
         println!(
-            "trainable         {} (adapters; {} frozen)",
+            "trainable         {} ({}; {} frozen)",
             group_digits(report.trainable_count),
-            group_digits(report.param_count - report.trainable_count)
+            if adapters {
+                "adapters"
+            } else {
+                "`frozen` marks"
+            },
+            group_digits(report.param_count - report.trainable_count - report.buffer_count)
         );
     }
     if report.buffer_count > 0 {

@@ -7,7 +7,7 @@ use super::{BlockInfo, Checker, Context, Signature};
 use crate::ast::{self, ListCount, ParamGroup, ParamKind};
 use crate::diag::Diagnostic;
 use crate::dim::Dim;
-use crate::ir::{ArgTy, Init, LayerKind, ParamEntry, ParamNode, ParamTree};
+use crate::ir::{ArgTy, Init, LayerKind, Marks, ParamEntry, ParamNode, ParamTree};
 use crate::span::Span;
 use crate::text::expr_text;
 use crate::types::{ExpertsTy, LayerTy, ModuleTy, StaticTy, TensorTy, Ty};
@@ -140,6 +140,59 @@ impl Checker<'_> {
         }
     }
 
+    /// The masks an entry's marks set. A mark written twice, or on an entry with no leaves of
+    /// its own to mark (a buffer, never trained or decayed; a tied entry, whose weight is its
+    /// target's), is an error, reported once.
+    fn check_marks(&mut self, p: &ast::Param) -> Marks {
+        let mut marks = Marks::default();
+        let mut seen: Vec<&ast::Mark> = Vec::new();
+        for mark in &p.marks {
+            let keyword = mark.kind.keyword();
+            if let Some(first) = seen.iter().find(|m| m.kind == mark.kind) {
+                self.error(
+                    Diagnostic::new(
+                        "lmx::params::duplicate_mark",
+                        format!("`{}` is marked `{keyword}` twice", p.name.name),
+                        mark.span,
+                        "marked again here",
+                    )
+                    .with_label(first.span, "first marked here")
+                    .with_help("remove one of them"),
+                );
+                continue;
+            }
+            seen.push(mark);
+            let nothing = match &p.kind {
+                ParamKind::Tensor { buffer: true, .. } => Some((
+                    "a buffer, which is never trained or decayed",
+                    "remove the mark: a buffer has no gradient, optimizer state or weight decay",
+                )),
+                ParamKind::Tied(_) => Some((
+                    "tied: its weight is the target's",
+                    "mark the entry it is tied to instead",
+                )),
+                _ => None,
+            };
+            if let Some((what, help)) = nothing {
+                self.error(
+                    Diagnostic::new(
+                        "lmx::params::mark",
+                        format!("`{keyword}` has nothing to mark on `{}`", p.name.name),
+                        mark.span,
+                        format!("`{}` is {what}", p.name.name),
+                    )
+                    .with_help(help),
+                );
+                continue;
+            }
+            match mark.kind {
+                ast::MarkKind::Frozen => marks.frozen = true,
+                ast::MarkKind::NoDecay => marks.no_decay = true,
+            }
+        }
+        marks
+    }
+
     /// Checks the model's root parameter group.
     pub(crate) fn check_root_params(&mut self, g: &ParamGroup) -> (ParamTree, Ty) {
         let mut scope = self.globals.clone();
@@ -191,10 +244,12 @@ impl Checker<'_> {
                 } => self.check_tensor(shape, init.as_ref(), *span, *buffer, scope),
                 ParamKind::Tied(target) => self.check_tied(target, &types),
             };
+            let marks = self.check_marks(p);
             tree.entries.push(ParamEntry {
                 name: p.name.name.clone(),
                 guard,
                 node,
+                marks,
             });
             types.push((p.name.name.clone(), ty));
         }

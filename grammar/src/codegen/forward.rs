@@ -1027,6 +1027,7 @@ impl<'g, 'm> Fx<'g, 'm> {
                     let weight = crate::ir::ParamEntry {
                         name: "weight".to_owned(),
                         guard: None,
+                        marks: crate::ir::Marks::default(),
                         node: ParamNode::Tensor {
                             shape: Vec::new(),
                             init: crate::ir::Init {

@@ -186,7 +186,10 @@ fn struct_tree(
         // A buffer is a leaf of its own role: never trained, decayed or given optimizer state.
         let role = matches!(entry.node, ParamNode::Tensor { buffer: true, .. })
             .then(|| quote!(#[lmx(role = buffer)]));
-        defs.push(quote!(#[doc = #fdoc] #rename #role pub #f: #full_ty,));
+        // The entry's marks, as a person writes them on a `#[lmx::model]` field.
+        let frozen = entry.marks.frozen.then(|| quote!(#[lmx(frozen)]));
+        let no_decay = entry.marks.no_decay.then(|| quote!(#[lmx(no_decay)]));
+        defs.push(quote!(#[doc = #fdoc] #rename #role #frozen #no_decay pub #f: #full_ty,));
         group_names.push(group);
     }
     if defs.is_empty() {
