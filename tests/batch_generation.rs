@@ -400,3 +400,69 @@ fn grpo_rollouts_are_each_rows_own_generation() -> Result<()> {
     assert_eq!(rollouts.completions[4], decode(&alone(4, None)?[..3]));
     Ok(())
 }
+
+/// A generator takes up new parameters between generations (GRPO's policy between updates):
+/// rows that sample alike (the same settings, their own seeds) then get what a generator made
+/// with those parameters gives them, through the decode step already traced. While sequences
+/// run, new parameters are refused.
+#[test]
+fn new_parameters_reuse_the_compiled_step_between_generations() -> Result<()> {
+    let config = llama::Config::preset("tiny").expect("llama has a tiny preset");
+    let (first, second) = (
+        llama::Llama::init(&config, 0)?,
+        llama::Llama::init(&config, 1)?,
+    );
+    let limits = BatchLimits {
+        max_batch: 4,
+        max_waiting: 4,
+    };
+    let requests = (0..4u64)
+        .map(|i| {
+            Ok(Request {
+                prompt: tokens(256, 3 + i as usize, i)?,
+                sampling: Sampling {
+                    temperature: 1.0,
+                    top_k: Some(50),
+                    seed: 7 + i,
+                    max_tokens: 6 + i as usize,
+                    ..Sampling::default()
+                },
+                stop_tokens: Vec::new(),
+            })
+        })
+        .collect::<Result<Vec<_>>>()?;
+    let generate = |generator: &mut BatchGenerator<llama::Llama>| -> Result<Vec<Outcome>> {
+        let ids: Vec<SeqId> = requests
+            .iter()
+            .map(|request| generator.insert(request.clone()))
+            .collect::<Result<_>>()?;
+        let mut outcomes = HashMap::new();
+        while generator.active() > 0 {
+            record(&mut outcomes, generator.step()?);
+        }
+        Ok(ids.iter().map(|id| outcomes.remove(id).unwrap()).collect())
+    };
+    let mut reused =
+        BatchGenerator::<llama::Llama>::new(first.clone(), config.clone(), limits.clone())?;
+    let before = generate(&mut reused)?;
+    let traces = reused.traces();
+    reused.set_params(second.clone())?;
+    let after = generate(&mut reused)?;
+    assert_eq!(reused.traces(), traces, "no new trace for new parameters");
+    let mut fresh = BatchGenerator::<llama::Llama>::new(second.clone(), config.clone(), limits)?;
+    assert_eq!(after, generate(&mut fresh)?);
+    assert_ne!(before, after, "the new parameters were used");
+    for (request, outcome) in requests.iter().zip(&after) {
+        assert_eq!(*outcome, alone::<llama::Llama>(&second, &config, request)?);
+    }
+
+    reused.insert(requests[0].clone())?;
+    let refused = reused.set_params(first).unwrap_err().to_string();
+    assert!(
+        refused.contains(
+            "the parameters change between generations: 1 sequences are running or waiting"
+        ),
+        "{refused}"
+    );
+    Ok(())
+}

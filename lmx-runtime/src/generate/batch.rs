@@ -20,6 +20,7 @@
 use super::batch_step::BatchStep;
 use super::cache::KvCache;
 use super::decode::PREFILL_CHUNK;
+use super::row_sampler::RowSampler;
 use super::sampler::Sampler;
 use super::{check_prompt, Sampling};
 use crate::error::{Error, Result};
@@ -120,6 +121,8 @@ pub struct BatchGenerator<M: LanguageModel> {
     /// The compiled decode step, made at the first step (its inputs' count is the prefilled
     /// cache's).
     decoder: Option<BatchStep>,
+    /// The compiled draw of rows that sample alike, made when they first do.
+    row_sampler: Option<RowSampler>,
     /// The token each row produced last and has not reported yet (`uint32`, `[rows]`, queued).
     pending: Option<Array>,
     waiting: VecDeque<Waiting>,
@@ -145,6 +148,7 @@ impl<M: LanguageModel> BatchGenerator<M> {
             cache_rows: 0,
             rows: Vec::new(),
             decoder: None,
+            row_sampler: None,
             pending: None,
             waiting: VecDeque::new(),
             next_id: 0,
@@ -180,6 +184,27 @@ impl<M: LanguageModel> BatchGenerator<M> {
         self.next_id += 1;
         self.waiting.push_back(Waiting { id, request, limit });
         Ok(id)
+    }
+
+    /// Generates from now on with `params` (trained further, say: GRPO's policy between
+    /// updates), keeping the compiled steps, whose traces take the parameters as inputs. The
+    /// parameters must have the shapes and dtypes of the ones they replace.
+    ///
+    /// # Errors
+    /// [`Error::Config`] while sequences are running or waiting: their caches were computed with
+    /// the parameters they started with.
+    pub fn set_params(&mut self, params: M::Params) -> Result<()> {
+        if self.active() > 0 {
+            return Err(Error::Config(format!(
+                "the parameters change between generations: {} sequences are running or waiting",
+                self.active()
+            )));
+        }
+        if let Some(decoder) = &mut self.decoder {
+            decoder.set_params(&params);
+        }
+        self.params = params;
+        Ok(())
     }
 
     /// Sequences running or waiting.
@@ -258,14 +283,30 @@ impl<M: LanguageModel> BatchGenerator<M> {
             .decoder
             .get_or_insert_with(|| BatchStep::new::<M>(params, config, cache.states.len()));
         let logits = decoder.step(cache, &input)?;
-        let logits = if bucket > rows {
-            logits.index(..rows as i32)
-        } else {
-            logits
-        };
-        let next = sample(&mut self.rows, &logits)?;
+        let next = self.sample_bucket(&logits)?;
         async_eval([&next])?;
         Ok(next)
+    }
+
+    /// The next token of every row after the bucket's `logits` (`[bucket, vocab]`: the rows,
+    /// then copies of the first): one `argmax` when every row decodes greedily as is, one
+    /// compiled draw when they sample alike ([`RowSampler`]), else each row's own sampler.
+    fn sample_bucket(&mut self, logits: &Array) -> Result<Array> {
+        let rows = self.rows.len() as i32;
+        let samplers: Vec<&Sampler> = self.rows.iter().map(|row| &row.sampler).collect();
+        let greedy = samplers.iter().all(|sampler| sampler.is_plain_greedy());
+        let shared = RowSampler::shared(&samplers).filter(|_| !greedy);
+        let Some(settings) = shared else {
+            return sample(&mut self.rows, &logits.index(..rows));
+        };
+        let row_sampler = match self.row_sampler.take() {
+            Some(current) if current.draws(&settings) => current,
+            _ => RowSampler::new(settings)?,
+        };
+        let row_sampler = self.row_sampler.insert(row_sampler);
+        let mut samplers: Vec<&mut Sampler> =
+            self.rows.iter_mut().map(|row| &mut row.sampler).collect();
+        row_sampler.next(&mut samplers, logits)
     }
 
     /// Times the compiled decode step was traced: at most once per (bucket of rows, cache

@@ -22,7 +22,7 @@ use super::state::RecurrentStates;
 use super::step::{traced_forward, with_leaves};
 use crate::error::{Error, Result};
 use crate::model::LanguageModel;
-use crate::tree::flatten;
+use crate::tree::{flatten, Tree};
 use mlx_rs::error::Exception;
 use mlx_rs::ops::indexing::IndexOp;
 use mlx_rs::transforms::compile::compile;
@@ -53,7 +53,9 @@ impl BatchStep {
     ) -> BatchStep {
         let leaves = flatten(params);
         let leaf_count = leaves.len();
-        let template = params.clone();
+        // The tree's shape alone: the trace reads every leaf from its inputs, and a template of
+        // the weights themselves would keep them alive after `set_params`.
+        let template = params.map_same(&mut |_| Array::from_f32(0.0));
         let config = config.clone();
         let traces = Rc::new(Cell::new(0));
         let counter = Rc::clone(&traces);
@@ -115,6 +117,12 @@ impl BatchStep {
         cache.states = RecurrentStates::from_arrays(states);
         cache.put_buffers(outputs.split_off(1), 1);
         Ok(outputs.swap_remove(0))
+    }
+
+    /// Takes up `params` (the tree it was made for, same shapes): its traces hold, since the
+    /// parameters are inputs.
+    pub(crate) fn set_params<P: Tree<Array>>(&mut self, params: &P) {
+        self.params = flatten(params);
     }
 
     /// Times the step was traced: once per (rows, capacity) it met.

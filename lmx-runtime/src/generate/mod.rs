@@ -9,6 +9,7 @@ mod batch_step;
 pub(crate) mod cache;
 mod decode;
 pub(crate) mod ring;
+mod row_sampler;
 pub mod sampler;
 mod search;
 mod speculative;

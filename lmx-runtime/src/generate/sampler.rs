@@ -54,6 +54,17 @@ impl Sampler {
         })
     }
 
+    /// The settings it samples with.
+    pub(crate) fn settings(&self) -> &Sampling {
+        &self.sampling
+    }
+
+    /// Whether its state is its key alone: no logit bias, no penalty (whose recent tokens it
+    /// keeps), so that a draw depends on its settings, its key and the logits only.
+    pub(crate) fn keeps_key_only(&self) -> bool {
+        self.bias.is_none() && self.recent.is_none()
+    }
+
     /// Whether the token is the most likely one of the logits as they are: no bias, no
     /// penalty, temperature 0 (a batch of such rows takes one `argmax`).
     pub fn is_plain_greedy(&self) -> bool {

@@ -6,10 +6,10 @@
 
 use super::grpo;
 use super::rewards::Reward;
-use super::rollout::{sample, Prompt};
+use super::rollout::{generator, sample_with, Prompt};
 use crate::checkpoint::{self, Checkpoints};
 use crate::error::{Error, Result};
-use crate::generate::Sampling;
+use crate::generate::{BatchGenerator, Sampling};
 use crate::model::LanguageModel;
 use crate::optim::Optimizer;
 use crate::schedule::Schedule;
@@ -54,10 +54,12 @@ pub struct GrpoConfig {
 
 /// A GRPO run of model `M` with optimizer `O`.
 pub struct GrpoRun<M: LanguageModel, O: Optimizer> {
-    config: M::Config,
     run: GrpoConfig,
     state: TrainState<M::Params, O>,
     step: TrainStep<M::Params, O>,
+    /// Samples every update's rollouts: one for the run, so that its compiled steps are traced
+    /// once, not once per update.
+    generator: BatchGenerator<M>,
     prompts: Vec<Prompt>,
     width: usize,
     reward: Box<dyn Reward>,
@@ -97,9 +99,11 @@ where
         let longest = prompts.iter().map(|p| p.ids.len()).max().unwrap_or(0);
         let width = longest + run.max_tokens;
         let objective = grpo::<M>(&params, run.beta, run.epsilon);
+        let rows = run.prompts_per_step * run.group;
+        let generator = generator::<M>(params.clone(), config.clone(), rows)?;
         let state = TrainState::new(params, &optimizer, run.seed)?;
         let loss = objective.loss.clone();
-        let model = config.clone();
+        let model = config;
         let step = TrainStep::with_frozen_metrics(
             &state,
             optimizer,
@@ -112,10 +116,10 @@ where
         )?;
         let checkpoints = Checkpoints::new(run.out_dir.join("checkpoints"));
         Ok(GrpoRun {
-            config,
             run,
             state,
             step,
+            generator,
             prompts,
             width,
             reward,
@@ -192,10 +196,11 @@ where
                 ..Sampling::default()
             };
             let building = Instant::now();
-            let rollouts = sample::<M>(
-                &self.state.params,
-                &self.config,
-                &self.prompts_of(index),
+            self.generator.set_params(self.state.params.clone())?;
+            let prompts = self.prompts_of(index);
+            let rollouts = sample_with(
+                &mut self.generator,
+                &prompts,
                 self.run.group,
                 &sampling,
                 self.run.stop,

@@ -78,6 +78,45 @@ pub fn sample<M: LanguageModel>(
     decode: &dyn Fn(&[u32]) -> String,
     reward: &dyn Reward,
 ) -> Result<Rollouts> {
+    let mut generator = generator::<M>(params.clone(), config.clone(), prompts.len() * group)?;
+    sample_with(
+        &mut generator,
+        prompts,
+        group,
+        sampling,
+        stop,
+        width,
+        decode,
+        reward,
+    )
+}
+
+/// A generator for rollouts of `rows` completions at once, for [`sample_with`].
+pub fn generator<M: LanguageModel>(
+    params: M::Params,
+    config: M::Config,
+    rows: usize,
+) -> Result<BatchGenerator<M>> {
+    let limits = BatchLimits {
+        max_batch: rows.max(1),
+        max_waiting: rows.max(1),
+    };
+    BatchGenerator::<M>::new(params, config, limits)
+}
+
+/// [`sample`] through `generator` (made by [`generator`] for at least `prompts.len() * group`
+/// rows, its parameters the policy's), so that a run's updates reuse its compiled steps.
+#[allow(clippy::too_many_arguments)]
+pub fn sample_with<M: LanguageModel>(
+    generator: &mut BatchGenerator<M>,
+    prompts: &[Prompt],
+    group: usize,
+    sampling: &Sampling,
+    stop: Option<u32>,
+    width: usize,
+    decode: &dyn Fn(&[u32]) -> String,
+    reward: &dyn Reward,
+) -> Result<Rollouts> {
     if group == 0 || prompts.is_empty() {
         return Err(Error::Config(
             "GRPO samples at least one completion of at least one prompt".into(),
@@ -93,7 +132,7 @@ pub fn sample<M: LanguageModel>(
             )));
         }
     }
-    let completions = complete::<M>(params, config, prompts, group, sampling, stop)?;
+    let completions = complete(generator, prompts, group, sampling, stop)?;
     let rows = prompts.len() * group;
     let (mut tokens, mut targets) = (vec![0i32; rows * width], vec![IGNORE_TARGET; rows * width]);
     let (mut texts, mut answers) = (Vec::with_capacity(rows), Vec::with_capacity(rows));
@@ -127,19 +166,13 @@ pub fn sample<M: LanguageModel>(
 /// The generated ids of every row (`group` consecutive rows a prompt), decoded together in one
 /// batch: row `i` samples with seed `sampling.seed + i` and stops at `stop`.
 fn complete<M: LanguageModel>(
-    params: &M::Params,
-    config: &M::Config,
+    generator: &mut BatchGenerator<M>,
     prompts: &[Prompt],
     group: usize,
     sampling: &Sampling,
     stop: Option<u32>,
 ) -> Result<Vec<Vec<u32>>> {
     let rows = prompts.len() * group;
-    let limits = BatchLimits {
-        max_batch: rows,
-        max_waiting: rows,
-    };
-    let mut generator = BatchGenerator::<M>::new(params.clone(), config.clone(), limits)?;
     let mut row_of = HashMap::with_capacity(rows);
     for row in 0..rows {
         let request = Request {
