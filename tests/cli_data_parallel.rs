@@ -2,8 +2,8 @@
 //! ranks at batch b each (`--batch-size 2b`, the whole batch) train as one process at 2b; a
 //! sharded optimizer state, with or without gradient accumulation, changes no loss; a checkpoint
 //! of two ranks resumes on one and the reverse; the objectives with frozen models (DPO,
-//! distillation) train on two ranks as in one process, metrics included; a rank that dies or
-//! hangs ends the other with an error instead of a hang.
+//! distillation, GRPO) train on two ranks as in one process, metrics included; a rank that dies
+//! or hangs ends the other with an error instead of a hang.
 
 use crate::support::preferences;
 use std::path::Path;
@@ -226,6 +226,96 @@ fn objectives_with_frozen_models_train_on_two_ranks_as_in_one_process() {
                 step + 1
             );
         }
+    }
+}
+
+/// GRPO on two ranks, each sampling and training on half of every update's prompts (its
+/// completions seeded as one process seeds them), makes one process's updates: every step's
+/// loss, mean reward and KL within 1e-5, and the run resumes on one process. (LLaMA: its rows
+/// decode in a padded batch as alone; GPT-2's learned positions are read from the batch's slots,
+/// so its completions depend on the prompts padded with them.)
+#[test]
+fn grpo_on_two_ranks_makes_one_process_s_updates() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("prompts.jsonl");
+    let lines: String = [
+        "To be",
+        "All the",
+        "Once more",
+        "Now is",
+        "What is",
+        "If it",
+    ]
+    .iter()
+    .map(|prompt| format!("{}\n", serde_json::json!({"prompt": prompt})))
+    .collect();
+    std::fs::write(&data, lines).unwrap();
+    let data = data.display().to_string();
+    // About half of the completions hold a vowel: the rewards differ within groups.
+    let grpo = [
+        "--step",
+        "grpo",
+        "--data",
+        &data,
+        "--reward",
+        "regex:(?s).*[aeiou].*",
+        "--group",
+        "4",
+    ];
+    let (single, two) = (dir.path().join("grpo-1"), dir.path().join("grpo-2"));
+    let grpo_run = |ranks: usize, run: &Path, extra: &[&str]| {
+        let out = run.display().to_string();
+        let mut args = match ranks {
+            1 => vec!["train"],
+            _ => vec!["launch", "-n", "2", "--", "train"],
+        };
+        args.extend([
+            "--model",
+            "llama",
+            "--set",
+            "vocab=257",
+            "--tokenizer",
+            "byte",
+        ]);
+        args.extend(["--steps", "8"]);
+        args.extend(COMMON.iter().skip(2).copied());
+        args.extend(["4", "--preset", "tiny", "--out", &out]);
+        args.extend(grpo);
+        args.extend(extra);
+        succeeds(&args);
+    };
+    grpo_run(1, &single, &[]);
+    grpo_run(2, &two, &[]);
+    for name in ["loss", "mean_reward", "kl"] {
+        let (one, other) = (metric(&single, name), metric(&two, name));
+        assert_eq!((one.len(), other.len()), (8, 8), "{name}");
+        for (step, (a, b)) in one.iter().zip(&other).enumerate() {
+            assert!(
+                (a - b).abs() <= 1e-5,
+                "{name} at step {}: {a} against {b}",
+                step + 1
+            );
+        }
+    }
+    assert!(
+        metric(&single, "loss").iter().any(|loss| *loss != 0.0),
+        "GRPO had a gradient"
+    );
+    assert!(
+        metric(&single, "kl")[7] > 0.0,
+        "the policy moved from its reference"
+    );
+
+    // Two ranks' checkpoint goes on in one process.
+    let from = two.join("checkpoints/step-000004").display().to_string();
+    grpo_run(1, &two, &["--resume-from", &from]);
+    let (one, other) = (metric(&single, "loss"), metric(&two, "loss"));
+    for (step, (a, b)) in one.iter().zip(&other).enumerate() {
+        assert!(
+            (a - b).abs() <= 1e-5,
+            "loss at step {}: {a} against {b}",
+            step + 1
+        );
     }
 }
 

@@ -7,6 +7,7 @@
 
 use super::interrupt::{Interrupted, StopSignals};
 use super::objective::{parse_reward, ObjectiveSettings};
+use super::parallel::Rank;
 use super::run_dir::RunDir;
 use super::run_file::RunFile;
 use super::tokenizer::ForTraining;
@@ -77,6 +78,8 @@ pub struct Prepared<'a, S: TrainingStep> {
     pub run_dir: RunDir,
     pub run_file: RunFile,
     pub tokenizer: ForTraining,
+    /// This process's rank of a data-parallel run.
+    pub rank: Option<Rank>,
 }
 
 /// Trains the GRPO run `prepared` describes; `Ok(false)` when there was nothing to train.
@@ -94,7 +97,9 @@ where
         run_dir,
         run_file,
         tokenizer,
+        rank,
     } = prepared;
+    let leader = rank.as_ref().is_none_or(Rank::leads);
     let Some(ObjectiveSettings::Grpo {
         reward,
         group,
@@ -121,14 +126,17 @@ where
         out_dir: out_dir.clone(),
     };
     let reward = parse_reward(reward, train.seq_len)?;
-    if request.overwrite {
-        run_dir.clear()?;
+    // Only rank 0 writes the run folder.
+    if leader {
+        if request.overwrite {
+            run_dir.clear()?;
+        }
+        run_dir.probe()?;
+        tokenizer.save(&out_dir)?;
     }
-    run_dir.probe()?;
-    tokenizer.save(&out_dir)?;
     let decoder = tokenizer.tokenizer;
     let decode = move |ids: &[u32]| decoder.decode(ids).unwrap_or_default();
-    let mut run = GrpoRun::<S::Model, S::Optimizer>::new(
+    let mut run = GrpoRun::<S::Model, S::Optimizer>::data_parallel(
         model_config,
         config,
         train.precision.cast(&start)?,
@@ -137,6 +145,7 @@ where
         prompts,
         reward,
         Box::new(decode),
+        rank.as_ref().map(|rank| rank.parallel.clone()),
     )?;
     let checkpoint = match &request.resume {
         Some(Resume::From(dir)) => Some(run_dir.own_checkpoint(dir)?),
@@ -147,6 +156,15 @@ where
         run.resume(dir)?;
     }
     let done = run.steps_done();
+    let signals = StopSignals::install()?;
+    run.add_callback(StopOn(signals.flag()));
+    if let Some(rank) = rank {
+        run.add_callback(rank.progress());
+        if !leader {
+            run.run()?;
+            return Ok(false);
+        }
+    }
     if done >= train.steps {
         eprintln!(
             "nothing to train: the run in {} has made {done} of its {} steps",
@@ -168,8 +186,6 @@ where
     if request.progress {
         run.add_callback(ProgressBar::new(train.steps, done, train.log_every));
     }
-    let signals = StopSignals::install()?;
-    run.add_callback(StopOn(signals.flag()));
     run.run()?;
     println!(
         "trained {} with GRPO to step {}",

@@ -322,9 +322,6 @@ where
         )?,
         Data::Rows(data) => data,
         Data::Prompts(prompts) => {
-            if rank.is_some() {
-                anyhow::bail!("--step grpo does not train data-parallel yet");
-            }
             // The reference is the run's start, also when it resumes.
             let start = match &init {
                 Some(folder) => hf::load_model::<S::Model>(folder, None)?.1,
@@ -338,7 +335,9 @@ where
                 run_dir,
                 run_file,
                 tokenizer: prepared,
-            });
+                rank,
+            })
+            .map_err(|err| in_rank(err, &rank_name));
         }
     };
     // A LoRA run over a folder reads its frozen base from there even when it resumes: its

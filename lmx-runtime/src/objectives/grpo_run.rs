@@ -8,6 +8,7 @@ use super::grpo;
 use super::rewards::Reward;
 use super::rollout::{generator, sample_with, Prompt};
 use crate::checkpoint::{self, Checkpoints};
+use crate::distributed::{DataParallel, DistributedError};
 use crate::error::{Error, Result};
 use crate::generate::{BatchGenerator, Sampling};
 use crate::model::LanguageModel;
@@ -67,6 +68,9 @@ pub struct GrpoRun<M: LanguageModel, O: Optimizer> {
     checkpoints: Checkpoints,
     callbacks: Vec<Box<dyn Callback>>,
     done: u64,
+    /// The ranks of a data-parallel run: each samples and trains on its share of every update's
+    /// prompts.
+    parallel: Option<DataParallel>,
 }
 
 impl<M: LanguageModel, O: Optimizer> GrpoRun<M, O>
@@ -90,21 +94,60 @@ where
         reward: Box<dyn Reward>,
         decode: Decode,
     ) -> Result<Self> {
+        Self::data_parallel(
+            config, run, params, optimizer, options, prompts, reward, decode, None,
+        )
+    }
+
+    /// [`new`](Self::new) on one rank of a data-parallel run (of one process for `None`). Each
+    /// rank samples the completions of its equal share of every update's prompts, seeded as
+    /// one process seeds those rows, and the gradients, the loss and the metrics are averaged
+    /// over the ranks: every rank makes the update one process makes on the whole batch. (The
+    /// loss is a mean over completions, so the average is exact; `kl` and `clip_fraction` are
+    /// means over completion tokens, exact while every rank's completions hold as many tokens,
+    /// as without a stop token.) Only rank 0 writes checkpoints.
+    ///
+    /// # Errors
+    /// As [`new`](Self::new), and [`DistributedError::Uneven`] when the ranks cannot share the
+    /// prompts of an update evenly.
+    #[allow(clippy::too_many_arguments)]
+    pub fn data_parallel(
+        config: M::Config,
+        run: GrpoConfig,
+        params: M::Params,
+        optimizer: O,
+        options: StepOptions,
+        prompts: Vec<Prompt>,
+        reward: Box<dyn Reward>,
+        decode: Decode,
+        parallel: Option<DataParallel>,
+    ) -> Result<Self> {
         if prompts.is_empty() || run.prompts_per_step == 0 || run.group == 0 {
             return Err(Error::Config(
                 "GRPO needs prompts, at least one per update, and groups of at least one".into(),
             ));
         }
+        let ranks = parallel
+            .as_ref()
+            .map_or(1, |parallel| parallel.group.size());
+        if run.prompts_per_step % ranks != 0 {
+            return Err(DistributedError::Uneven {
+                what: "prompts per update (batch_size)",
+                value: run.prompts_per_step,
+                ranks,
+            }
+            .into());
+        }
         // Every batch is as wide as the longest prompt and completion, so one trace serves all.
         let longest = prompts.iter().map(|p| p.ids.len()).max().unwrap_or(0);
         let width = longest + run.max_tokens;
         let objective = grpo::<M>(&params, run.beta, run.epsilon);
-        let rows = run.prompts_per_step * run.group;
+        let rows = run.prompts_per_step / ranks * run.group;
         let generator = generator::<M>(params.clone(), config.clone(), rows)?;
         let state = TrainState::new(params, &optimizer, run.seed)?;
         let loss = objective.loss.clone();
         let model = config;
-        let step = TrainStep::with_frozen_metrics(
+        let step = TrainStep::data_parallel_with_frozen(
             &state,
             optimizer,
             objective.frozen.clone(),
@@ -113,6 +156,7 @@ where
             },
             objective.metrics.len(),
             options,
+            parallel.as_ref(),
         )?;
         let checkpoints = Checkpoints::new(run.out_dir.join("checkpoints"));
         Ok(GrpoRun {
@@ -127,6 +171,7 @@ where
             checkpoints,
             callbacks: Vec::new(),
             done: 0,
+            parallel,
         })
     }
 
@@ -167,12 +212,29 @@ where
         &self.state
     }
 
-    /// The prompts of update `index`: the next `prompts_per_step`, wrapping around.
-    fn prompts_of(&self, index: u64) -> Vec<Prompt> {
+    /// This rank's prompts of update `index` (the update's: the next `prompts_per_step`,
+    /// wrapping around, shared out in order over the ranks) and the index of its first
+    /// completion among the update's.
+    fn prompts_of(&self, index: u64) -> (Vec<Prompt>, usize) {
         let per = self.run.prompts_per_step;
-        (0..per)
+        let (rank, ranks) = self.parallel.as_ref().map_or((0, 1), |parallel| {
+            (parallel.group.rank(), parallel.group.size())
+        });
+        let share = per / ranks;
+        let prompts = (rank * share..(rank + 1) * share)
             .map(|i| self.prompts[(index as usize * per + i) % self.prompts.len()].clone())
-            .collect()
+            .collect();
+        (prompts, rank * share * self.run.group)
+    }
+
+    /// `value`'s mean over the ranks (itself in one process): every rank scores as many
+    /// completions.
+    fn over_ranks(&self, value: f32) -> Result<f32> {
+        let Some(parallel) = &self.parallel else {
+            return Ok(value);
+        };
+        let sum = parallel.group.all_sum(&Array::from_f32(value))?;
+        Ok(sum.item_exact::<f32>() / parallel.group.size() as f32)
     }
 
     /// Makes the remaining updates, or stops where a callback says so (after a checkpoint).
@@ -197,7 +259,12 @@ where
             };
             let building = Instant::now();
             self.generator.set_params(self.state.params.clone())?;
-            let prompts = self.prompts_of(index);
+            let (prompts, first) = self.prompts_of(index);
+            // Completion `i` of the update draws with seed `seed + i` on whichever rank.
+            let sampling = Sampling {
+                seed: sampling.seed.wrapping_add(first as u64),
+                ..sampling
+            };
             let rollouts = sample_with(
                 &mut self.generator,
                 &prompts,
@@ -227,7 +294,7 @@ where
             }
             let seconds = building.elapsed().as_secs_f64();
             let mut values = std::collections::BTreeMap::new();
-            values.insert("mean_reward", rollouts.mean_reward());
+            values.insert("mean_reward", self.over_ranks(rollouts.mean_reward())?);
             values.insert("kl", metrics.metrics[0].item_exact::<f32>());
             values.insert("clip_fraction", metrics.metrics[1].item_exact::<f32>());
             let report = StepReport {
@@ -249,10 +316,14 @@ where
             for callback in &mut self.callbacks {
                 stop |= matches!(callback.on_step(&report)?, Control::Stop(_));
             }
+            // The ranks stop together, after the update any of them was asked to stop after (a
+            // signal reaches them at different times).
+            stop = self.over_ranks(f32::from(u8::from(stop)))? > 0.0;
             let due = self.run.checkpoint_every > 0 && self.done % self.run.checkpoint_every == 0;
+            let writes = self.parallel.as_ref().is_none_or(|p| p.group.rank() == 0);
             // As the plain trainer: the last update and the one a stop follows are always kept,
             // so that a run without periodic checkpoints still leaves its trained policy.
-            if due || stop || self.done == self.run.steps {
+            if writes && (due || stop || self.done == self.run.steps) {
                 let trainer = serde_json::json!({ "step": self.done });
                 self.checkpoints.save(self.done, &self.state, &trainer)?;
             }
