@@ -7,7 +7,8 @@
 #
 # Environment: LMX (the lmx binary, default target/release/lmx), PYTHON (with MLX and mlx-lm,
 # default python3), STEPS (default 100), LAYERS (blocks adapted, default 16), DEVICE (lmx's
-# --device, default gpu), PRESET (make_finetune_inputs.py's, default tinyllama).
+# --device, default gpu), PRESET (make_finetune_inputs.py's, default tinyllama), ROWS (which
+# rows to run, default "lora qlora load").
 # Both trainers: the last 16 blocks' linear layers (mlx-lm's default keys), rank 8, scale 20,
 # batch 4, examples of exactly 512 tokens (so neither pads), learning rate 1e-5.
 set -u
@@ -40,14 +41,19 @@ lmx_lora() {  # name, model folder
     cp "$work/run-$1/metrics.jsonl" "$out/$1-metrics.jsonl" 2>/dev/null
 }
 
-anchor mlx-lm-lora "$work/model"
-lmx_lora lmx-lora "$work/model"
-anchor mlx-lm-qlora "$work/model-4bit"
-lmx_lora lmx-qlora "$work/model-4bit"
-for i in 1 2; do
+rows=" ${ROWS:-lora qlora load} "
+case $rows in *" lora "*)
+    anchor mlx-lm-lora "$work/model"
+    lmx_lora lmx-lora "$work/model"
+esac
+case $rows in *" qlora "*)
+    anchor mlx-lm-qlora "$work/model-4bit"
+    lmx_lora lmx-qlora "$work/model-4bit"
+esac
+case $rows in *" load "*) for i in 1 2; do
     "$python" "$here/measure.py" mlx-lm-load -- "$python" "$here/generate_anchor_load.py" \
         "$work/model" >> "$out/load.jsonl"
     "$python" "$here/measure.py" lmx-load -- "$lmx" --device "$device" generate \
         --model "$work/model" --prompt "w1 w2 w3 w4" --max-tokens 1 >> "$out/load.jsonl"
-done
+done; esac
 rm -rf "$work"

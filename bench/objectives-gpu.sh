@@ -26,6 +26,8 @@
 # 2048, 22, 32, 4, 5632), CTX (lmx's model context, 2048), BATCH, SEQ, PROMPT, PROMPTS, GROUP,
 # MAX_TOKENS (SIZE=1b: 4, 512, 32, 4, 8, 96). OUT gets each run's output, lmx's metrics.jsonl
 # and summary.txt, one line a row.
+# TRACE=1 also records each run's GPU timeline with CUPTI (bench/cupti_trace.c) and writes
+# profile.txt, each run's kernels summarized by bench/trace_summary.py (traced steps run slower).
 set -u
 out=${1:?output folder}
 mkdir -p "$out"
@@ -75,11 +77,16 @@ with open(f"{work}/prompts.jsonl", "w") as f:
         f.write(json.dumps({"prompt": text(prompt), "answer": "a"}) + "\n")
 PY
 
+[ "${TRACE:-0}" = 1 ] && source "$here/cupti-build.sh"
 run() {  # name, then the command
     local name=$1
     shift
     local started=$(date +%s)
-    "$@" > "$out/$name.txt" 2>&1
+    if [ "${TRACE:-0}" = 1 ]; then
+        LMX_TRACE_OUT=$work/$name.tsv LD_PRELOAD=$work/trace.so "$@" > "$out/$name.txt" 2>&1
+    else
+        "$@" > "$out/$name.txt" 2>&1
+    fi
     echo "exit status $? after $(($(date +%s) - started)) s" >> "$out/$name.txt"
 }
 lmx_train() {  # name, steps, then the objective's settings
@@ -175,5 +182,13 @@ for name, ours, theirs in [("dpo step", lmx_dpo, anchor("mlx-dpo")),
 for note in notes:
     print(note)
 PY
+if [ "${TRACE:-0}" = 1 ]; then
+    for name in lmx-dpo mlx-dpo lmx-grpo mlx-grpo; do
+        [ -f "$work/$name.tsv" ] || continue
+        echo "=== $name"
+        "$python" "$here/trace_summary.py" "$work/$name.tsv" --last 0.5 --top 25
+        echo
+    done > "$out/profile.txt" 2>&1
+fi
 cat "$out/summary.txt"
 rm -rf "$work"
