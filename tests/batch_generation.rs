@@ -3,7 +3,7 @@
 //! the batch to drain, per-sequence stop tokens, lengths and sampling settings; and a prompt
 //! cache reused for a longer prompt gives the tokens of a fresh generation.
 
-use lmx::models::{hybrid, llama, mamba2, mistral};
+use lmx::models::{gpt2, hybrid, llama, mamba2, mistral};
 use lmx::runtime::generate::{
     generate, generate_cached, BatchGenerator, BatchLimits, Event, FinishReason, PromptCache,
     Request, Sampling, SeqId,
@@ -158,6 +158,14 @@ fn batch_matches_alone<M: LanguageModel>(config: &M::Config) -> Result<()> {
 fn llama_batched_generation_matches_one_at_a_time() -> Result<()> {
     let config = llama::Config::preset("tiny").expect("llama has a tiny preset");
     batch_matches_alone::<llama::Llama>(&config)
+}
+
+/// Learned absolute positions: a padded or joining row counts its positions from its own first
+/// slot, as alone.
+#[test]
+fn gpt2_batched_generation_matches_one_at_a_time() -> Result<()> {
+    let config = gpt2::Config::preset("tiny").expect("gpt2 has a tiny preset");
+    batch_matches_alone::<gpt2::Gpt2>(&config)
 }
 
 /// Sliding-window attention builds its own mask, which must hide the padding too.

@@ -231,9 +231,7 @@ fn objectives_with_frozen_models_train_on_two_ranks_as_in_one_process() {
 
 /// GRPO on two ranks, each sampling and training on half of every update's prompts (its
 /// completions seeded as one process seeds them), makes one process's updates: every step's
-/// loss, mean reward and KL within 1e-5, and the run resumes on one process. (LLaMA: its rows
-/// decode in a padded batch as alone; GPT-2's learned positions are read from the batch's slots,
-/// so its completions depend on the prompts padded with them.)
+/// loss, mean reward and KL within 1e-5, and the run resumes on one process.
 #[test]
 fn grpo_on_two_ranks_makes_one_process_s_updates() {
     let dir = tempfile::tempdir().unwrap();

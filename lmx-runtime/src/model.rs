@@ -207,6 +207,7 @@ impl Context {
                 .cache
                 .as_ref()
                 .map_or(q_len, |cache| cache.key_len(q_len)),
+            rows: self.cache.as_ref().and_then(KvCache::row_starts),
         }
     }
 

@@ -13,9 +13,9 @@
 //! running rows, rounded up to a bucket with copies of the first.
 //!
 //! Attention then sees only distances between slots, so a sequence's tokens are the same as when
-//! decoded alone for models whose positions are relative (rotary embeddings, ALiBi). A model with
-//! learned absolute positions (GPT-2) reads a joining or padded sequence's positions from its
-//! slots, which start after the padding.
+//! decoded alone for models whose positions are relative (rotary embeddings, ALiBi); absolute
+//! positions (GPT-2's learned table, sinusoids) count from each row's own first slot
+//! ([`Positions::rows`](crate::nn::Positions)), so those rows decode as alone too.
 
 use super::batch_step::BatchStep;
 use super::cache::KvCache;

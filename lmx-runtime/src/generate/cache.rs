@@ -144,6 +144,12 @@ impl KvCache {
             .map(|starts| Array::from_slice(starts, &[starts.len() as i32]))
     }
 
+    /// Every row's first slot, inside a traced batched step or out: what absolute positions
+    /// count from ([`Positions::rows`](crate::nn::Positions)).
+    pub(crate) fn row_starts(&self) -> Option<Array> {
+        self.traced_starts.clone().or_else(|| self.starts())
+    }
+
     /// Per layer, the shape of a layer whose buffers are a ring.
     pub(crate) fn rings(&self) -> Vec<Option<Ring>> {
         self.rings.clone()

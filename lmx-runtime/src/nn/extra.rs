@@ -109,13 +109,30 @@ pub struct Positions {
     /// How many keys each attention call sees: the tokens before this call and its own or, in a
     /// traced decode step, the cache's capacity (the slots past the call's last token masked).
     pub keys: i32,
+    /// In a batch whose rows start at different slots (left-padded prompts, rows that joined a
+    /// running batch): each row's first slot, `[B]` int32. The offset counts slots; a row's
+    /// absolute positions ([`arange`], [`sinusoidal`]) count from its own first slot, so that it
+    /// reads the position table as alone. (Relative positions, RoPE's and ALiBi's, see only
+    /// differences of slots.)
+    pub rows: Option<Array>,
 }
 
-/// Int32 positions `0 .. len`, after `start`'s offset when given.
+/// Int32 positions `0 .. len`, after `start`'s offset when given: `[len]`, or `[B, len]` for a
+/// batch of rows that start at different slots, each row's counted from its first slot (the
+/// padding before it at position 0: it is masked, any row of the table would do).
 pub fn arange(start: Option<&Positions>, len: i32) -> Result<Array> {
-    match start {
-        Some(start) => positions_after(&start.offset, len),
-        None => Ok(Array::arange::<_, i32>(None, len, None)?),
+    let Some(start) = start else {
+        return Ok(Array::arange::<_, i32>(None, len, None)?);
+    };
+    let slots = positions_after(&start.offset, len)?;
+    match &start.rows {
+        Some(rows) => Ok(ops::maximum(
+            slots
+                .reshape(&[1, len])?
+                .subtract(rows.reshape(&[-1, 1])?)?,
+            Array::from_int(0),
+        )?),
+        None => Ok(slots),
     }
 }
 
@@ -161,12 +178,13 @@ pub fn sinusoidal(start: Option<&Positions>, len: i32, dim: i32) -> Result<Array
     let positions = arange(start, len)?.as_dtype(Dtype::Float32)?;
     let exponents = Array::arange::<_, f32>(None, half as f32, None)?
         .multiply(Array::from_f32(-(10000f32.ln()) / half.max(1) as f32))?;
+    // `[len, half]`, or `[B, len, half]` for rows counted from their own first slots.
     let angles = positions
-        .reshape(&[len, 1])?
+        .expand_dims(-1)?
         .multiply(ops::exp(exponents)?.reshape(&[1, half])?)?;
     Ok(ops::concatenate(
         &[ops::sin(&angles)?, ops::cos(&angles)?],
-        1,
+        -1,
     )?)
 }
 
