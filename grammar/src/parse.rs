@@ -151,8 +151,8 @@ fn describe(rule: Rule) -> &'static str {
         Rule::static_type | Rule::INT | Rule::FLOAT | Rule::BOOL | Rule::STR | Rule::ENUM => {
             "a type"
         }
-        Rule::param | Rule::param_group => "a parameter",
-        Rule::param_mark | Rule::NO_DECAY => "`frozen` or `no_decay`",
+        // A parameter may begin with a mark: where one was expected, a parameter was.
+        Rule::param | Rule::param_group | Rule::param_mark | Rule::NO_DECAY => "a parameter",
         Rule::block_list | Rule::tied | Rule::raw_tensor | Rule::module => "a parameter kind",
         Rule::shape | Rule::tensor_type => "a shape",
         Rule::body => "`{`",
