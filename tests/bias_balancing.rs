@@ -214,26 +214,20 @@ fn training_evens_out_a_skewed_routers_load() {
     assert!(after < 0.6 * before, "imbalance {before} -> {after}");
 }
 
-/// A run resumed from its step-2 checkpoint ends with the uninterrupted run's biases (and
-/// every other leaf), bit for bit; the export names the bias as transformers does.
-#[test]
-fn the_bias_resumes_exactly_and_exports_under_its_name() {
-    let config = config();
-    let start: Vec<f32> = (0..8).map(|e| 0.01 * e as f32).collect();
-    let params = || with_router(DeepseekV3::init(&config, 0).unwrap(), 1.0, &start);
+/// Trains `trainer(dir, 4)` uninterrupted, and `trainer(dir, 2)` then `trainer(dir, 4)` resumed
+/// from its step-2 checkpoint in another folder; asserts every leaf the same, bit for bit, and
+/// returns the uninterrupted run's parameters.
+fn resumes_exactly(trainer: impl Fn(&Path, u64) -> Trainer<Train>) -> Params {
     let whole = tempfile::tempdir().unwrap();
-    let mut uninterrupted = trainer(whole.path(), &config, params(), 4, 1e-3);
+    let mut uninterrupted = trainer(whole.path(), 4);
     uninterrupted.run().unwrap();
     let parts = tempfile::tempdir().unwrap();
-    trainer(parts.path(), &config, params(), 2, 1e-3)
-        .run()
-        .unwrap();
-    let mut resumed = trainer(parts.path(), &config, params(), 4, 1e-3);
+    trainer(parts.path(), 2).run().unwrap();
+    let mut resumed = trainer(parts.path(), 4);
     let latest = resumed.latest_checkpoint().unwrap().expect("a checkpoint");
     resumed.resume(&latest).unwrap();
     resumed.run().unwrap();
     let (a, b) = (&uninterrupted.state().params, &resumed.state().params);
-    assert_ne!(biases(a)[0], start, "the bias moved");
     for ((name, x), y) in tree::names(a)
         .iter()
         .zip(tree::flatten(a))
@@ -241,6 +235,18 @@ fn the_bias_resumes_exactly_and_exports_under_its_name() {
     {
         assert!(x.eq_values(&y).unwrap(), "{name} differs after resuming");
     }
+    a.clone()
+}
+
+/// A run resumed from its step-2 checkpoint ends with the uninterrupted run's biases (and
+/// every other leaf), bit for bit; the export names the bias as transformers does.
+#[test]
+fn the_bias_resumes_exactly_and_exports_under_its_name() {
+    let config = config();
+    let start: Vec<f32> = (0..8).map(|e| 0.01 * e as f32).collect();
+    let params = || with_router(DeepseekV3::init(&config, 0).unwrap(), 1.0, &start);
+    let a = &resumes_exactly(|dir, steps| trainer(dir, &config, params(), steps, 1e-3));
+    assert_ne!(biases(a)[0], start, "the bias moved");
     let exported = hf::hf_tensors(Family::DeepseekV3, a, Dtype::Float32).unwrap();
     let (_, bias) = exported
         .iter()
@@ -270,24 +276,8 @@ fn a_lora_run_keeps_the_bias_in_its_checkpoints_and_its_adapters() {
         trainer.omit_frozen_from_checkpoints();
         trainer
     };
-    let whole = tempfile::tempdir().unwrap();
-    let mut uninterrupted = lora_trainer(whole.path(), 4);
-    uninterrupted.run().unwrap();
-    let parts = tempfile::tempdir().unwrap();
-    lora_trainer(parts.path(), 2).run().unwrap();
-    let mut resumed = lora_trainer(parts.path(), 4);
-    let latest = resumed.latest_checkpoint().unwrap().expect("a checkpoint");
-    resumed.resume(&latest).unwrap();
-    resumed.run().unwrap();
-    let (a, b) = (&uninterrupted.state().params, &resumed.state().params);
+    let a = &resumes_exactly(lora_trainer);
     assert_ne!(biases(a)[0], start, "the bias moved");
-    for ((name, x), y) in tree::names(a)
-        .iter()
-        .zip(tree::flatten(a))
-        .zip(tree::flatten(b))
-    {
-        assert!(x.eq_values(&y).unwrap(), "{name} differs after resuming");
-    }
 
     let adapters = tempfile::tempdir().unwrap();
     let adapter_config = AdapterConfig {

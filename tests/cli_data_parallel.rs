@@ -155,6 +155,19 @@ fn metric(run: &Path, name: &str) -> Vec<f64> {
         .collect()
 }
 
+/// Every one of the `steps` steps of `one` and `other` logs `name` within 1e-5.
+fn assert_same_metric(one: &Path, other: &Path, name: &str, steps: usize) {
+    let (one, other) = (metric(one, name), metric(other, name));
+    assert_eq!((one.len(), other.len()), (steps, steps), "{name}");
+    for (step, (a, b)) in one.iter().zip(&other).enumerate() {
+        assert!(
+            (a - b).abs() <= 1e-5,
+            "{name} at step {}: {a} against {b}",
+            step + 1
+        );
+    }
+}
+
 /// DPO (lmx's, and GPT-2's declared step; the frozen reference whole on each rank), distillation (a frozen teacher; the loss a
 /// mean over kept targets) and multi-token prediction on two ranks train as one process on the
 /// whole batch: every step's loss and metrics (DPO's reward margin and preference accuracy, the
@@ -177,15 +190,7 @@ fn objectives_with_frozen_models_train_on_two_ranks_as_in_one_process() {
         train(2, &[], &two, "20", "10", &dpo);
         assert_same_losses(&single, &two);
         for name in ["reward_margin", "accuracy"] {
-            let (one, other) = (metric(&single, name), metric(&two, name));
-            assert_eq!(one.len(), 20);
-            for (step, (a, b)) in one.iter().zip(&other).enumerate() {
-                assert!(
-                    (a - b).abs() <= 1e-5,
-                    "{name} at step {}: {a} against {b}",
-                    step + 1
-                );
-            }
+            assert_same_metric(&single, &two, name, 20);
         }
         assert!(metric(&single, "reward_margin")[19] > 0.0, "{step} trained");
     }
@@ -217,15 +222,7 @@ fn objectives_with_frozen_models_train_on_two_ranks_as_in_one_process() {
     mtp(2, &two);
     assert_same_losses(&single, &two);
     for name in ["main_loss", "mtp_loss"] {
-        let (one, other) = (metric(&single, name), metric(&two, name));
-        assert_eq!(one.len(), 20);
-        for (step, (a, b)) in one.iter().zip(&other).enumerate() {
-            assert!(
-                (a - b).abs() <= 1e-5,
-                "{name} at step {}: {a} against {b}",
-                step + 1
-            );
-        }
+        assert_same_metric(&single, &two, name, 20);
     }
 }
 
@@ -285,15 +282,7 @@ fn grpo_on_two_ranks_makes_one_process_s_updates() {
     grpo_run(1, &single, &[]);
     grpo_run(2, &two, &[]);
     for name in ["loss", "mean_reward", "kl"] {
-        let (one, other) = (metric(&single, name), metric(&two, name));
-        assert_eq!((one.len(), other.len()), (8, 8), "{name}");
-        for (step, (a, b)) in one.iter().zip(&other).enumerate() {
-            assert!(
-                (a - b).abs() <= 1e-5,
-                "{name} at step {}: {a} against {b}",
-                step + 1
-            );
-        }
+        assert_same_metric(&single, &two, name, 8);
     }
     assert!(
         metric(&single, "loss").iter().any(|loss| *loss != 0.0),
@@ -307,14 +296,7 @@ fn grpo_on_two_ranks_makes_one_process_s_updates() {
     // Two ranks' checkpoint goes on in one process.
     let from = two.join("checkpoints/step-000004").display().to_string();
     grpo_run(1, &two, &["--resume-from", &from]);
-    let (one, other) = (metric(&single, "loss"), metric(&two, "loss"));
-    for (step, (a, b)) in one.iter().zip(&other).enumerate() {
-        assert!(
-            (a - b).abs() <= 1e-5,
-            "loss at step {}: {a} against {b}",
-            step + 1
-        );
-    }
+    assert_same_metric(&single, &two, "loss", 8);
 }
 
 #[test]
