@@ -149,13 +149,17 @@ async fn listen(options: &Options, shared: Arc<http::Shared>) -> anyhow::Result<
             anyhow::anyhow!("cannot listen on {}:{}: {err}", options.host, options.port)
         })?;
     let address = listener.local_addr()?;
+    // Installed before the address is announced: from then on a signal is the server's to
+    // handle. (Installed lazily, a SIGTERM that came before axum first polled its shutdown
+    // future met the default disposition and killed the process.)
+    let signalled_by = signal();
     println!("listening on http://{address}");
     std::io::stdout().flush()?;
     let app = http::router(shared.clone(), options.max_body_bytes);
     let signalled = Arc::new(tokio::sync::Notify::new());
     let on_signal = signalled.clone();
     let server = axum::serve(listener, app).with_graceful_shutdown(async move {
-        signal().await;
+        signalled_by.await;
         eprintln!("shutting down: finishing the requests in flight");
         shared.close();
         on_signal.notify_one();
@@ -176,19 +180,23 @@ async fn listen(options: &Options, shared: Arc<http::Shared>) -> anyhow::Result<
     Ok(())
 }
 
-/// The first SIGINT or SIGTERM.
-async fn signal() {
+/// The first SIGINT or SIGTERM from now on: the handlers are installed when this is called, not
+/// when the future is first polled.
+fn signal() -> impl std::future::Future<Output = ()> {
     use tokio::signal::unix::{signal, SignalKind};
-    let (Ok(mut interrupt), Ok(mut terminate)) = (
+    let handlers = (
         signal(SignalKind::interrupt()),
         signal(SignalKind::terminate()),
-    ) else {
-        // Without signal handlers the server runs until killed.
-        return std::future::pending().await;
-    };
-    tokio::select! {
-        _ = interrupt.recv() => {}
-        _ = terminate.recv() => {}
+    );
+    async move {
+        let (Ok(mut interrupt), Ok(mut terminate)) = handlers else {
+            // Without signal handlers the server runs until killed.
+            return std::future::pending().await;
+        };
+        tokio::select! {
+            _ = interrupt.recv() => {}
+            _ = terminate.recv() => {}
+        }
     }
 }
 

@@ -318,9 +318,19 @@ impl<M: LanguageModel> BatchGenerator<M> {
     /// Drops every row, and the cache with them.
     fn clear(&mut self) {
         self.rows.clear();
-        self.pending = None;
+        self.settle();
         self.ctx = Context::generation();
         self.cache_rows = 0;
+    }
+
+    /// Waits for the step queued last and drops its tokens. Queued work that nothing waits for
+    /// runs on MLX's own thread: a process that ends under it (a server shut down with its
+    /// sequences cancelled) tears MLX down while that thread still runs, and corrupts the heap.
+    fn settle(&mut self) {
+        if let Some(pending) = self.pending.take() {
+            // Nothing reads these tokens: a failure here is the step's, already dropped.
+            let _ = eval([&pending]);
+        }
     }
 
     /// Keeps the rows `keep` (in order), in the cache (padded to their bucket) and in the
@@ -472,6 +482,12 @@ impl<M: LanguageModel> BatchGenerator<M> {
         });
         self.rows.extend(rows);
         Ok(())
+    }
+}
+
+impl<M: LanguageModel> Drop for BatchGenerator<M> {
+    fn drop(&mut self) {
+        self.settle();
     }
 }
 
