@@ -213,7 +213,13 @@ pub fn generate_cached<M: LanguageModel>(
         let go_on = on_token(token);
         match queued {
             Some(next) if go_on && Some(token) != stop => pending = next,
-            _ => break,
+            // The step queued ahead is not read, but waited for: queued work that nothing waits
+            // for runs on MLX's own thread, and a process that ends under it corrupts the heap.
+            Some(next) => {
+                eval([&next])?;
+                break;
+            }
+            None => break,
         }
     }
     let decode_seconds = decode_started.elapsed().as_secs_f64();
