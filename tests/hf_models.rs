@@ -9,6 +9,7 @@
 //! Checked: lmx's logits equal transformers' within 1e-4 (absolute, float32); an export reloads
 //! with bit-identical tensors and the same logits; bad folders fail with exact messages.
 
+use crate::support::reference::max_error;
 use lmx::models::{
     deepseek_v2, deepseek_v3, gemma, gemma2, gemma3_text, gpt2, llama, mamba2, mistral, mixtral,
     mpt, phi3, qwen2, qwen3, qwen3_next,
@@ -34,12 +35,6 @@ fn reference(dir: &Path) -> (Array, Array) {
     let path = dir.join("reference.safetensors");
     let mut io = Array::load_safetensors(&path).unwrap_or_else(|err| panic!("{path:?}: {err}"));
     (io.remove("tokens").unwrap(), io.remove("logits").unwrap())
-}
-
-fn max_error(actual: &Array, expected: &Array) -> f32 {
-    assert_eq!(actual.shape(), expected.shape(), "logit shapes");
-    let error = actual.subtract(expected).unwrap().abs().unwrap();
-    error.max(false).unwrap().item_exact::<f32>()
 }
 
 /// `M`'s logits for the fixture's tokens, with the folder at `dir` loaded in float32.

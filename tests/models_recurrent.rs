@@ -5,6 +5,7 @@
 //! decoding through the cache's recurrent states, in prefill chunks and single tokens that cross
 //! the scan's chunk boundaries, gives the full forward pass's logits.
 
+use crate::support::reference::max_error;
 use lmx::models::{hybrid, mamba2, qwen3_next};
 use lmx::runtime::generate::{
     generate, generate_cached, speculative_generate, Models, PromptCache, Sampling,
@@ -14,12 +15,6 @@ use lmx::runtime::state::TrainState;
 use lmx::runtime::step::TrainStep;
 use lmx::runtime::tree::{self, Tree};
 use lmx::runtime::{mlx_rs, Array, Result};
-
-fn max_error(actual: &Array, expected: &Array) -> f32 {
-    assert_eq!(actual.shape(), expected.shape());
-    let error = actual.subtract(expected).unwrap().abs().unwrap();
-    error.max(false).unwrap().item_exact::<f32>()
-}
 
 /// The generated tree of `M` at `preset` against the report of `file`.
 fn names_match_report<M: LanguageModel>(file: &str, preset: &str) -> Result<()> {

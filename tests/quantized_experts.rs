@@ -12,8 +12,8 @@
 //! Tolerance: the same MLX kernels on the same packed weights and float32 scales; 1e-4 absolute
 //! as in `quantized_models.rs`.
 
+use crate::support::reference::{assert_logits_and_greedy, fixture, max_error};
 use lmx::models::mixtral::Mixtral;
-use lmx::runtime::generate::{generate, Sampling};
 use lmx::runtime::hf::{self, HfFolder};
 use lmx::runtime::lora::{self, FineTuneType, LoraParameters};
 use lmx::runtime::mlx_rs::Dtype;
@@ -30,20 +30,8 @@ const DOWN_1: &str = "model.layers.1.block_sparse_moe.switch_mlp.down_proj";
 type Config = <Mixtral as LanguageModel>::Config;
 type Params = <Mixtral as LanguageModel>::Params;
 
-fn fixture(name: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/fixtures")
-        .join(name)
-}
-
 fn load(dir: &Path) -> Result<(Config, Params)> {
     hf::load_model::<Mixtral>(&HfFolder::open(dir)?, Some(Dtype::Float32))
-}
-
-fn max_error(actual: &Array, expected: &Array) -> f32 {
-    assert_eq!(actual.shape(), expected.shape(), "logit shapes");
-    let error = actual.subtract(expected).unwrap().abs().unwrap();
-    error.max(false).unwrap().item_exact::<f32>()
 }
 
 fn logits(params: &Params, config: &Config, tokens: &Array) -> Result<Array> {
@@ -71,27 +59,14 @@ fn a_mixtral_quantized_by_mlx_lm_loads_matches_its_logits_and_generates() -> Res
 
     let mut io = Array::load_safetensors(fixture("mixtral_q_mlx_lm_io.safetensors")).unwrap();
     let (tokens, expected) = (io.remove("tokens").unwrap(), io.remove("logits").unwrap());
-    let error = max_error(&logits(&params, &config, &tokens)?, &expected);
-    println!("max |lmx - mlx-lm| = {error:.2e}");
-    assert!(error <= TOLERANCE, "logits differ by {error:e}");
-
     let greedy: Vec<u32> = io["greedy"]
         .as_slice::<i32>()
         .iter()
         .map(|&t| t as u32)
         .collect();
-    let prompt: Vec<u32> = tokens.as_slice::<i32>()[..20]
-        .iter()
-        .map(|&t| t as u32)
-        .collect();
-    let sampling = Sampling {
-        temperature: 0.0,
-        max_tokens: greedy.len(),
-        ..Sampling::default()
-    };
-    let generation = generate::<Mixtral>(&params, &config, &prompt, &sampling, None, |_| {})?;
-    assert_eq!(generation.tokens, greedy, "mlx-lm's greedy continuation");
-    Ok(())
+    assert_logits_and_greedy::<Mixtral>(
+        &params, &config, &tokens, &expected, &greedy, 20, TOLERANCE,
+    )
 }
 
 /// The float Mixtral the fixture was converted from, quantized by lmx with the fixture's

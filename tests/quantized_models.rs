@@ -12,8 +12,8 @@
 //! rounding in differently fused element-wise code: 1e-4 absolute (the logits are of order 1),
 //! as for the float models of `hf_models.rs`.
 
+use crate::support::reference::{assert_logits_and_greedy, fixture, max_error};
 use lmx::models::llama::Llama;
-use lmx::runtime::generate::{generate, Sampling};
 use lmx::runtime::hf::{self, HfFolder};
 use lmx::runtime::mlx_rs::Dtype;
 use lmx::runtime::model::{Context, LanguageModel};
@@ -25,12 +25,6 @@ use std::path::{Path, PathBuf};
 
 const TOLERANCE: f32 = 1e-4;
 
-fn fixture(name: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/fixtures")
-        .join(name)
-}
-
 fn io() -> (Array, Array, Vec<u32>) {
     let path = fixture("llama_q_mlx_lm_io.safetensors");
     let mut io = Array::load_safetensors(&path).unwrap_or_else(|err| panic!("{path:?}: {err}"));
@@ -41,12 +35,6 @@ fn io() -> (Array, Array, Vec<u32>) {
         io.remove("logits").unwrap(),
         greedy,
     )
-}
-
-fn max_error(actual: &Array, expected: &Array) -> f32 {
-    assert_eq!(actual.shape(), expected.shape(), "logit shapes");
-    let error = actual.subtract(expected).unwrap().abs().unwrap();
-    error.max(false).unwrap().item_exact::<f32>()
 }
 
 fn load(
@@ -84,23 +72,7 @@ fn a_model_quantized_by_mlx_lm_loads_matches_its_logits_and_generates() -> Resul
     quant::check_tree(&params)?;
 
     let (tokens, expected, greedy) = io();
-    let logits = Llama::forward(&params, &config, &tokens, &mut Context::evaluation())?;
-    let error = max_error(&logits, &expected);
-    println!("max |lmx - mlx-lm| = {error:.2e}");
-    assert!(error <= TOLERANCE, "logits differ by {error:e}");
-
-    let prompt: Vec<u32> = tokens.as_slice::<i32>()[..8]
-        .iter()
-        .map(|&t| t as u32)
-        .collect();
-    let sampling = Sampling {
-        temperature: 0.0,
-        max_tokens: greedy.len(),
-        ..Sampling::default()
-    };
-    let generation = generate::<Llama>(&params, &config, &prompt, &sampling, None, |_| {})?;
-    assert_eq!(generation.tokens, greedy, "mlx-lm's greedy continuation");
-    Ok(())
+    assert_logits_and_greedy::<Llama>(&params, &config, &tokens, &expected, &greedy, 8, TOLERANCE)
 }
 
 /// Quantizes the float LLaMA of `hf_models.rs` (its `lm_head` in 8 bits first, then every other

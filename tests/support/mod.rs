@@ -4,3 +4,4 @@
 pub mod cli;
 pub mod llama;
 pub mod preferences;
+pub mod reference;
