@@ -5,9 +5,10 @@
 //! distillation, GRPO) train on two ranks as in one process, metrics included; a rank that dies
 //! or hangs ends the other with an error instead of a hang.
 
+use crate::support::cli::{lmx, losses};
 use crate::support::preferences;
 use std::path::Path;
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 /// A tiny model, 4 x 32 tokens a step (each of two ranks: 2 x 32), no evaluation.
@@ -25,13 +26,6 @@ const COMMON: [&str; 12] = [
     "0",
     "--checkpoint-every",
 ];
-
-fn lmx(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_lmx"))
-        .args(args)
-        .output()
-        .expect("lmx runs")
-}
 
 fn succeeds(args: &[&str]) -> String {
     let output = lmx(args);
@@ -59,22 +53,6 @@ fn train(ranks: usize, launch: &[&str], run: &Path, steps: &str, every: &str, ex
     args.extend([every, "--out", run.to_str().unwrap()]);
     args.extend(extra);
     succeeds(&args);
-}
-
-/// The training losses of `run`'s `metrics.jsonl`, by step.
-fn losses(run: &Path) -> Vec<(u64, f64)> {
-    std::fs::read_to_string(run.join("metrics.jsonl"))
-        .unwrap()
-        .lines()
-        .map(|line| serde_json::from_str::<serde_json::Value>(line).unwrap())
-        .filter(|value| value["kind"] == "step")
-        .map(|value| {
-            (
-                value["step"].as_u64().unwrap(),
-                value["loss"].as_f64().unwrap(),
-            )
-        })
-        .collect()
 }
 
 fn assert_same_losses(one: &Path, other: &Path) {

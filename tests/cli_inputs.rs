@@ -2,15 +2,8 @@
 //! token ids past the vocabulary, `--set` values the model's rules forbid, sampling flags out of
 //! range, an over-long prompt. Sampled bytes that are not UTF-8 come out as U+FFFD, not dropped.
 
+use crate::support::cli::lmx;
 use std::path::Path;
-use std::process::{Command, Output};
-
-fn lmx(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_lmx"))
-        .args(args)
-        .output()
-        .expect("lmx runs")
-}
 
 /// Runs `lmx`, expecting it to fail; returns its stderr.
 fn fails(args: &[&str]) -> String {

@@ -3,15 +3,8 @@
 //! all decode the same greedy text, which the base alone does not; the base's checkpoint is
 //! untouched, and the adapters folder is mlx-lm's.
 
+use crate::support::cli::lmx;
 use std::path::Path;
-use std::process::{Command, Output};
-
-fn lmx(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_lmx"))
-        .args(args)
-        .output()
-        .expect("lmx runs")
-}
 
 fn ok(args: &[&str]) -> String {
     let output = lmx(args);

@@ -3,15 +3,9 @@
 //! that model; another is built into a program of its own, which needs lmx's source), and `lmx
 //! new`'s refusals. Building a crate is tests/new_crate.rs's part.
 
+use crate::support::cli::lmx;
 use std::path::Path;
 use std::process::{Command, Output};
-
-fn lmx(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_lmx"))
-        .args(args)
-        .output()
-        .expect("lmx runs")
-}
 
 fn succeeds(args: &[&str]) -> String {
     let output = lmx(args);

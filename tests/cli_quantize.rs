@@ -3,20 +3,13 @@
 //! back with `--dequantize`; unsupported settings fail naming the flag's value
 //! before any work, and nothing is written.
 
+use crate::support::cli::lmx;
 use lmx::models::llama::Llama;
 use lmx::runtime::generate::{generate, Sampling};
 use lmx::runtime::hf::{self, HfFolder};
 use lmx::runtime::mlx_rs::Dtype;
 use lmx::runtime::nn::Quantization;
 use std::path::PathBuf;
-use std::process::{Command, Output};
-
-fn lmx(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_lmx"))
-        .args(args)
-        .output()
-        .expect("lmx runs")
-}
 
 fn llama() -> String {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
