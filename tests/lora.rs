@@ -5,12 +5,13 @@
 
 use lmx::models::gpt2::{self, Gpt2};
 use lmx::models::llama::{self, Llama};
+use lmx::models::mixtral::{self, Mixtral};
 use lmx::runtime::hf::Family;
 use lmx::runtime::lora::{self, AdapterConfig, FineTuneType, LoraParameters};
 use lmx::runtime::model::{Context, LanguageModel, TrainingStep};
 use lmx::runtime::state::TrainState;
 use lmx::runtime::step::TrainStep;
-use lmx::runtime::tree::{self, LeafRole, Tree};
+use lmx::runtime::tree::{self, LayerMut, LeafRole, Scope, Tree};
 use lmx::runtime::{mlx_rs, Array, Result};
 use std::path::Path;
 
@@ -598,5 +599,150 @@ fn dora_adapters_written_by_mlx_lm_give_mlx_lm_s_logits() -> Result<()> {
         &reference["fused_logits"],
     );
     assert!(error < 1e-4, "fused: max difference {error:e}");
+    Ok(())
+}
+
+type MixtralParams = <Mixtral as LanguageModel>::Params;
+
+/// `tests/fixtures/lora/mixtral/`: a tiny Mixtral adapted by mlx-lm with its default keys, which
+/// take the stacked experts (`LoRASwitchLinear`: one adapter per expert, `lora_a [experts,
+/// rank, in]`) beside the attention and the router. lmx chooses the same layers, reads the
+/// adapters onto its own tree and gives mlx-lm's logits, writes them back bit for bit, and
+/// fuses them as `LoRASwitchLinear.fuse` does.
+#[test]
+fn expert_adapters_written_by_mlx_lm_give_mlx_lm_s_logits() -> Result<()> {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/lora/mixtral");
+    let config = Mixtral::preset("tiny").expect("mixtral has a tiny preset");
+    let template = Mixtral::init(&config, 0)?;
+    let mut params =
+        lmx::runtime::checkpoint::load_tree(&dir.join("model.safetensors"), &template)?;
+    let adapters = dir.join("adapters");
+    let read = lora::load_adapters(&mut params, &adapters, Some(Family::Mixtral))?;
+    let reference =
+        Array::load_safetensors(dir.join("logits.safetensors")).expect("the fixture's logits");
+    let input = reference["tokens"].clone();
+    let forward =
+        |p: &MixtralParams| Mixtral::forward(p, &config, &input, &mut Context::evaluation());
+    let error = max_difference(&forward(&params)?, &reference["logits"]);
+    assert!(error < 1e-4, "max difference {error:e}");
+    // The experts' adapters count: without them the logits are not mlx-lm's.
+    let mut partial = params.clone();
+    partial.for_each_layer_mut(&Scope::root(), &mut |_, layer| {
+        if let LayerMut::SwitchLinear(switch) = layer {
+            switch.lora_a = None;
+            switch.lora_b = None;
+            switch.lora = None;
+        }
+    });
+    let error = max_difference(&forward(&partial)?, &reference["logits"]);
+    assert!(
+        error > 1e-3,
+        "the experts' adapters changed nothing ({error:e})"
+    );
+    // Saved again, they are mlx-lm's tensors by name, bit for bit.
+    let saved = tempfile::tempdir().unwrap();
+    lora::save_adapters(saved.path(), &params, &read, Some(Family::Mixtral))?;
+    let ours = Array::load_safetensors(saved.path().join(lora::ADAPTERS_FILE)).expect("saved");
+    let theirs = Array::load_safetensors(adapters.join(lora::ADAPTERS_FILE)).expect("fixture");
+    let mut names: Vec<&String> = ours.keys().collect();
+    names.sort();
+    let mut expected: Vec<&String> = theirs.keys().collect();
+    expected.sort();
+    assert_eq!(names, expected);
+    assert!(names.iter().any(|name| name.contains(".switch_mlp.")));
+    for name in names {
+        assert!(ours[name].eq_values(&theirs[name])?, "{name}");
+    }
+    let mut fused = params.clone();
+    assert_eq!(
+        lora::fuse(&mut fused)?,
+        8,
+        "four attention projections, the router and three expert stacks"
+    );
+    let error = max_difference(&forward(&fused)?, &reference["fused_logits"]);
+    assert!(error < 1e-4, "fused: max difference {error:e}");
+    Ok(())
+}
+
+/// Training a Mixtral with adapters on its experts: the compiled step holds optimizer moments
+/// for the adapters only, every expert adapter's up-projection moves, and the base (the stacked
+/// expert weights included) stays bit-identical. DoRA and dropout on stacked experts are refused
+/// by name, the tree unchanged.
+#[test]
+fn expert_adapters_train_alone_and_refuse_what_they_cannot_do() -> Result<()> {
+    let config = Mixtral::preset("tiny").expect("mixtral has a tiny preset");
+    let base = Mixtral::init(&config, 0)?;
+    for (kind, dropout, why) in [
+        (FineTuneType::Dora, 0.0, "which DoRA does not adapt"),
+        (FineTuneType::Lora, 0.1, "whose adapters take no dropout"),
+    ] {
+        let mut tree = base.clone();
+        let parameters = LoraParameters {
+            dropout,
+            ..LoraParameters::default()
+        };
+        let err = lora::attach(&mut tree, &parameters, 1, 0, kind).unwrap_err();
+        let message = err.to_string();
+        assert!(
+            message
+                .contains("names the stacked experts `model.layers.1.block_sparse_moe.switch_mlp.")
+                && message.contains(why),
+            "{message}"
+        );
+        assert!(tree::specs(&tree)
+            .iter()
+            .all(|spec| spec.role != LeafRole::Adapter));
+    }
+    let mut adapted = base.clone();
+    let attached = lora::attach(
+        &mut adapted,
+        &LoraParameters::default(),
+        1,
+        0,
+        FineTuneType::Lora,
+    )?;
+    assert!(attached.contains(&"model.layers.1.block_sparse_moe.switch_mlp.down_proj".to_owned()));
+    let input = tokens(256, 3)?;
+    let before = Mixtral::forward(&base, &config, &input, &mut Context::evaluation())?;
+    let after = Mixtral::forward(&adapted, &config, &input, &mut Context::evaluation())?;
+    assert!(
+        before.eq_values(&after)?,
+        "fresh adapters changed the outputs"
+    );
+    let optimizer = mixtral::Train::optimizer();
+    let mut state = TrainState::new(adapted.clone(), &optimizer, 0)?;
+    let cfg = config.clone();
+    let mut step = TrainStep::new(
+        &state,
+        optimizer,
+        move |p: &MixtralParams, b: &[Array], k: &Array| mixtral::Train::loss(p, &cfg, b, Some(k)),
+        mixtral::Train::options(),
+    )?;
+    let targets = input
+        .add(Array::from_int(1))?
+        .remainder(Array::from_int(256))?;
+    let batch = [input, targets];
+    for _ in 0..3 {
+        step.step(&mut state, 1e-2, &batch)?.loss.eval()?;
+    }
+    for name in state.declaration().iter().filter(|n| n.starts_with("opt.")) {
+        let param = name.trim_start_matches("opt.").rsplit_once('.').unwrap().0;
+        assert!(
+            param.ends_with(".lora_a") || param.ends_with(".lora_b"),
+            "{name}"
+        );
+    }
+    let specs = tree::specs(&state.params);
+    let (trained, started) = (tree::flatten(&state.params), tree::flatten(&adapted));
+    for ((spec, trained), started) in specs.iter().zip(&trained).zip(&started) {
+        let same = trained.eq_values(started)?;
+        match spec.role {
+            LeafRole::Adapter if spec.name.ends_with("lora_b") => {
+                assert!(!same, "{} did not change", spec.name)
+            }
+            LeafRole::Adapter => {}
+            _ => assert!(same, "{} changed", spec.name),
+        }
+    }
     Ok(())
 }

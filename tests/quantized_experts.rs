@@ -20,7 +20,7 @@ use lmx::runtime::mlx_rs::Dtype;
 use lmx::runtime::model::{Context, LanguageModel};
 use lmx::runtime::nn::Quantization;
 use lmx::runtime::quant::{self, layout};
-use lmx::runtime::tree;
+use lmx::runtime::tree::{self, Tree};
 use lmx::runtime::{Array, Result};
 use std::path::{Path, PathBuf};
 
@@ -191,11 +191,14 @@ fn deepseek_and_qwen3_next_experts_quantize() -> Result<()> {
     experts_quantize::<Qwen3Next>(2)
 }
 
-/// QLoRA over quantized experts: adapters go on the linear layers (attention, router), never on
-/// the stacked experts, which stay packed and frozen with everything else of the base.
+/// QLoRA over quantized experts, with mlx-lm's default keys: adapters on the attention, the
+/// router and each stacked expert projection (mlx-lm's `LoRASwitchLinear` over
+/// `QuantizedSwitchLinear`), the packed experts frozen with the rest of the base. Fresh adapters
+/// leave the outputs unchanged, and fusing leaves each stack quantized with its own settings.
 #[test]
-fn adapters_over_quantized_experts_leave_the_experts_frozen() -> Result<()> {
-    let (_, mut params) = load(&fixture("mixtral_q_mlx_lm"))?;
+fn adapters_over_quantized_experts_train_alone_and_fuse_packed() -> Result<()> {
+    let (config, base) = load(&fixture("mixtral_q_mlx_lm"))?;
+    let mut params = base.clone();
     let parameters = LoraParameters {
         rank: 4,
         scale: 20.0,
@@ -206,21 +209,38 @@ fn adapters_over_quantized_experts_leave_the_experts_frozen() -> Result<()> {
     assert!(adapted
         .iter()
         .any(|name| name.ends_with("self_attn.q_proj")));
-    assert!(!adapted.iter().any(|name| name.contains("switch_mlp")));
+    assert!(adapted
+        .iter()
+        .any(|name| name.ends_with("switch_mlp.up_proj")));
     for spec in tree::specs(&params) {
         let adapter = spec.name.ends_with(".lora_a") || spec.name.ends_with(".lora_b");
         assert_eq!(spec.trainable, adapter, "{}", spec.name);
     }
-
-    let keys = LoraParameters {
-        keys: Some(vec!["block_sparse_moe.switch_mlp.up_proj".into()]),
-        ..parameters
+    let tokens = Array::from_slice(&[1_i32, 5, 9, 200, 7, 3, 3, 42], &[1, 8]);
+    let before = Mixtral::forward(&base, &config, &tokens, &mut Context::evaluation())?;
+    let after = Mixtral::forward(&params, &config, &tokens, &mut Context::evaluation())?;
+    assert!(
+        before.eq_values(&after)?,
+        "fresh adapters changed the outputs"
+    );
+    let stacks = |tree: &Params| {
+        let mut found = Vec::new();
+        tree.for_each_layer(&tree::Scope::root(), &mut |scope, layer| {
+            if let tree::Layer::SwitchLinear(switch) = layer {
+                found.push((
+                    scope.name().to_owned(),
+                    switch.quantization,
+                    switch.lora_a.is_some(),
+                ));
+            }
+        });
+        found
     };
-    let (_, mut fresh) = load(&fixture("mixtral_q_mlx_lm"))?;
-    let error = lora::attach(&mut fresh, &keys, -1, 0, FineTuneType::Lora)
-        .expect_err("stacked experts take no adapter")
-        .to_string();
-    assert!(error.contains("stacked experts"), "{error}");
+    let mut fused = params.clone();
+    lora::fuse(&mut fused)?;
+    for ((name, packed, adapter), (_, was, _)) in stacks(&fused).into_iter().zip(stacks(&base)) {
+        assert!(packed.is_some() && packed == was && !adapter, "{name}");
+    }
     Ok(())
 }
 

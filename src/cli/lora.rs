@@ -31,7 +31,7 @@ pub struct LoraArgs {
     #[arg(long, value_parser = fine_tune_type, default_value = "lora")]
     pub fine_tune_type: FineTuneType,
     /// The layers adapted, by their name within a block (`self_attn.q_proj`), comma-separated;
-    /// by default every linear layer of the blocks, as mlx-lm.
+    /// by default every linear layer and stacked expert projection of the blocks, as mlx-lm.
     #[arg(long, value_delimiter = ',')]
     pub keys: Option<Vec<String>>,
     /// How many blocks, counted from the last, get adapters (-1: all).

@@ -1,10 +1,11 @@
-//! Adapters attached to a tree's linear layers, chosen as mlx-lm's `linear_to_lora_layers`
-//! chooses them: in the last `num_layers` blocks, the layers whose name within their block is one
-//! of `keys` (by default every linear layer of the blocks).
+//! Adapters attached to a tree's linear layers and stacked experts, chosen as mlx-lm's
+//! `linear_to_lora_layers` chooses them: in the last `num_layers` blocks, the layers whose name
+//! within their block is one of `keys` (by default every linear layer and stacked expert
+//! projection of the blocks).
 
 use crate::error::{Error, Result};
 use crate::nn::init::{uniform, Keys};
-use crate::nn::{dense_weight, row_norms, LinearParams, LoraSettings};
+use crate::nn::{dense_weight, row_norms, LinearParams, LoraSettings, SwitchLinearParams};
 use crate::tree::{Layer, LayerMut, Scope, Tree};
 use mlx_rs::{Array, Dtype};
 use std::collections::BTreeSet;
@@ -81,11 +82,15 @@ pub fn blocks<R: Tree<Array> + ?Sized>(tree: &R) -> usize {
     count
 }
 
-/// The names within a block of every linear layer in the blocks: mlx-lm's default `keys`.
+/// The names within a block of every linear layer and stacked expert projection in the blocks:
+/// mlx-lm's default `keys` (which also takes embeddings inside blocks, which no bundled model
+/// has).
 fn default_keys<R: Tree<Array> + ?Sized>(tree: &R) -> BTreeSet<String> {
     let mut keys = BTreeSet::new();
     tree.for_each_layer(&Scope::root(), &mut |scope, layer| {
-        if let (Layer::Linear(_), Some((_, key))) = (layer, in_block(scope.name())) {
+        if let (Layer::Linear(_) | Layer::SwitchLinear(_), Some((_, key))) =
+            (layer, in_block(scope.name()))
+        {
             keys.insert(key.to_owned());
         }
     });
@@ -101,11 +106,15 @@ fn default_keys<R: Tree<Array> + ?Sized>(tree: &R) -> BTreeSet<String> {
 /// `±1/sqrt(in)`, drawn from `seed` in traversal order, and `lora_b: [rank, out]` zeros, so
 /// that the adapted model computes exactly what the base does. DoRA's magnitude `m` starts as
 /// the norms of the weight's rows (computed in float32, as mlx-lm's `DoRALinear.set_linear`).
-/// Adapters take the dtype of the layer's weights (of its scales when it is quantized).
+/// A stacked expert projection gets one adapter per expert, as mlx-lm's `LoRASwitchLinear`:
+/// `lora_a: [experts, rank, in]` uniform in `±1/sqrt(in)`, `lora_b: [experts, out, rank]`
+/// zeros. Adapters take the dtype of the layer's weights (of its scales when it is quantized).
 ///
 /// Fails, leaving `tree` unchanged, on a rank below 1, a scale that is not finite, a dropout
-/// outside `[0, 1)`, more `num_layers` than blocks, a key that names no linear layer, or a layer
-/// that already has an adapter.
+/// outside `[0, 1)`, more `num_layers` than blocks, a key that names no linear layer or stacked
+/// experts, a layer that already has an adapter, or DoRA on stacked experts (which mlx-lm's DoRA
+/// does not adapt either), and on a dropout for stacked experts, whose product takes no
+/// training context to draw its mask from.
 pub fn attach<R: Tree<Array> + ?Sized>(
     tree: &mut R,
     parameters: &LoraParameters,
@@ -153,13 +162,16 @@ pub fn attach<R: Tree<Array> + ?Sized>(
             }
             Layer::Embedding(_) => {
                 problem.get_or_insert(format!(
-                    "key `{key}` names the embedding `{name}`; lmx adapts linear layers only"
+                    "key `{key}` names the embedding `{name}`; lmx adapts linear layers and stacked experts only"
                 ));
             }
-            Layer::SwitchLinear(_) => {
-                problem.get_or_insert(format!(
-                    "key `{key}` names the stacked experts `{name}`; lmx adapts linear layers only"
-                ));
+            Layer::SwitchLinear(switch) => {
+                matched.insert(key.to_owned());
+                if chosen(name) {
+                    if let Some(trouble) = experts_problem(name, key, switch, parameters, kind) {
+                        problem.get_or_insert(trouble);
+                    }
+                }
             }
         }
     });
@@ -168,8 +180,8 @@ pub fn attach<R: Tree<Array> + ?Sized>(
     }
     if let Some(missing) = keys.iter().find(|key| !matched.contains(*key)) {
         return Err(Error::Config(format!(
-            "LoRA key `{missing}` names no linear layer of the model; its linear layers within \
-             a block are {}",
+            "LoRA key `{missing}` names no linear layer or stacked experts of the model; those \
+             within a block are {}",
             default_keys(tree)
                 .into_iter()
                 .collect::<Vec<_>>()
@@ -180,11 +192,17 @@ pub fn attach<R: Tree<Array> + ?Sized>(
     let mut attached = Vec::new();
     let mut failed = None;
     tree.for_each_layer_mut(&Scope::root(), &mut |scope, layer| {
-        if let (LayerMut::Linear(linear), true, None) = (layer, chosen(scope.name()), &failed) {
-            match adapt(linear, parameters, &mut rng, kind) {
-                Ok(()) => attached.push(scope.name().to_owned()),
-                Err(err) => failed = Some(err),
-            }
+        if !chosen(scope.name()) || failed.is_some() {
+            return;
+        }
+        let adapted = match layer {
+            LayerMut::Linear(linear) => adapt(linear, parameters, &mut rng, kind),
+            LayerMut::SwitchLinear(switch) => adapt_experts(switch, parameters, &mut rng),
+            LayerMut::Embedding(_) => return,
+        };
+        match adapted {
+            Ok(()) => attached.push(scope.name().to_owned()),
+            Err(err) => failed = Some(err),
         }
     });
     match failed {
@@ -254,6 +272,58 @@ pub(crate) fn adapt(
         )?)?),
     };
     linear.lora = Some(LoraSettings {
+        scale: parameters.scale,
+        dropout: parameters.dropout,
+    });
+    Ok(())
+}
+
+/// Why the stacked experts `name` (of `key`) cannot take an adapter of `kind` with
+/// `parameters`, if they cannot.
+fn experts_problem(
+    name: &str,
+    key: &str,
+    switch: &SwitchLinearParams,
+    parameters: &LoraParameters,
+    kind: FineTuneType,
+) -> Option<String> {
+    if switch.lora_a.is_some() {
+        Some(format!("layer `{name}` already has an adapter"))
+    } else if kind == FineTuneType::Dora {
+        Some(format!(
+            "key `{key}` names the stacked experts `{name}`, which DoRA does not adapt (nor does \
+             mlx-lm's); use LoRA or keys without them"
+        ))
+    } else if parameters.dropout > 0.0 {
+        Some(format!(
+            "key `{key}` names the stacked experts `{name}`, whose adapters take no dropout in \
+             lmx; use dropout 0 or keys without them"
+        ))
+    } else {
+        None
+    }
+}
+
+/// Gives the stacked expert projection `switch` fresh adapters, one per expert, initialised as
+/// mlx-lm's `LoRASwitchLinear`.
+fn adapt_experts(
+    switch: &mut SwitchLinearParams,
+    parameters: &LoraParameters,
+    keys: &mut Keys,
+) -> Result<()> {
+    let shape = switch.weight.shape();
+    let (experts, output, mut input) = (shape[0], shape[1], shape[2]);
+    let mut dtype = switch.weight.dtype();
+    if let (Some(q), Some(scales)) = (switch.quantization, &switch.scales) {
+        input = input * 32 / q.bits;
+        dtype = scales.dtype();
+    }
+    let bound = (input as f32).powf(-0.5);
+    let a = uniform(&[experts, parameters.rank, input], bound, &keys.next()?)?;
+    let b = Array::zeros::<f32>(&[experts, output, parameters.rank])?;
+    switch.lora_a = Some(a.as_dtype(dtype)?);
+    switch.lora_b = Some(b.as_dtype(dtype)?);
+    switch.lora = Some(LoraSettings {
         scale: parameters.scale,
         dropout: parameters.dropout,
     });

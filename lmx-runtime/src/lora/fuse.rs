@@ -1,8 +1,8 @@
-//! Adapters fused into the weights they adapt, as mlx-lm's `LoRALinear.fuse` and
-//! `DoRALinear.fuse`.
+//! Adapters fused into the weights they adapt, as mlx-lm's `LoRALinear.fuse`,
+//! `DoRALinear.fuse` and `LoRASwitchLinear.fuse`.
 
 use crate::error::Result;
-use crate::nn::{adapted_weight, dense_weight, row_norms, LinearParams};
+use crate::nn::{adapted_weight, dense_weight, row_norms, LinearParams, SwitchLinearParams};
 use crate::tree::{LayerMut, Scope, Tree};
 use mlx_rs::{ops, Array};
 
@@ -14,12 +14,18 @@ pub fn fuse<R: Tree<Array> + ?Sized>(tree: &mut R) -> Result<usize> {
     let mut fused = 0;
     let mut failed = None;
     tree.for_each_layer_mut(&Scope::root(), &mut |scope, layer| {
-        if let (LayerMut::Linear(linear), None) = (layer, &failed) {
-            match fuse_layer(scope.name(), linear) {
-                Ok(true) => fused += 1,
-                Ok(false) => {}
-                Err(err) => failed = Some(err),
-            }
+        if failed.is_some() {
+            return;
+        }
+        let done = match layer {
+            LayerMut::Linear(linear) => fuse_layer(scope.name(), linear),
+            LayerMut::SwitchLinear(switch) => fuse_experts(scope.name(), switch),
+            LayerMut::Embedding(_) => Ok(false),
+        };
+        match done {
+            Ok(true) => fused += 1,
+            Ok(false) => {}
+            Err(err) => failed = Some(err),
         }
     });
     match failed {
@@ -53,5 +59,40 @@ fn fuse_layer(name: &str, linear: &mut LinearParams) -> Result<bool> {
     linear.lora_b = None;
     linear.m = None;
     linear.lora = None;
+    Ok(true)
+}
+
+/// Fuses the adapters of the stacked experts `switch` (the layer `name`), if it has them: each
+/// expert's `W_e + scale * B_e A_e` in the weight's dtype, as mlx-lm's `LoRASwitchLinear.fuse`
+/// (a quantized stack dequantized, fused and quantized again).
+fn fuse_experts(name: &str, switch: &mut SwitchLinearParams) -> Result<bool> {
+    let (Some(a), Some(b), Some(lora)) = (&switch.lora_a, &switch.lora_b, switch.lora) else {
+        return Ok(false);
+    };
+    let quantization = switch.packed().map(|p| p.quantization);
+    let dense = match switch.packed() {
+        Some(p) => ops::dequantize(
+            p.weight,
+            p.scales,
+            p.biases,
+            p.quantization.group_size,
+            p.quantization.bits,
+        )?,
+        None => switch.weight.clone(),
+    };
+    let delta = ops::matmul(&ops::multiply(b, Array::from_f32(lora.scale))?, a)?;
+    let weight = ops::add(&dense, &delta.as_dtype(dense.dtype())?)?;
+    match quantization {
+        Some(q) => {
+            let (packed, scales, biases) = crate::quant::quantize_weight(name, &weight, q)?;
+            switch.weight = packed;
+            switch.scales = Some(scales);
+            switch.biases = Some(biases);
+        }
+        None => switch.weight = weight,
+    }
+    switch.lora_a = None;
+    switch.lora_b = None;
+    switch.lora = None;
     Ok(true)
 }

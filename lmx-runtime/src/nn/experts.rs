@@ -20,7 +20,7 @@
 //! groups whose two best experts score highest), then the `k` best experts of those groups.
 
 use super::custom_vjp::{self, WithGradient};
-use super::{scalar, silu, Packed};
+use super::{literal, scalar, silu, Packed};
 use crate::error::{Error, Result};
 use mlx_rs::{ops, Array, Dtype};
 
@@ -42,11 +42,10 @@ pub fn switch_glu(
     gathered_glu(
         x,
         indices,
-        [
-            Stacked::Dense(gate),
-            Stacked::Dense(up),
-            Stacked::Dense(down),
-        ],
+        [gate, up, down].map(|w| Projection {
+            stacked: Stacked::Dense(w),
+            adapter: None,
+        }),
     )
 }
 
@@ -79,11 +78,40 @@ impl Stacked<'_> {
     }
 }
 
+/// Each expert's low-rank adapter of a stacked projection, as mlx-lm's `LoRASwitchLinear`
+/// holds it: `a [experts, rank, in]`, `b [experts, out, rank]`, the term added
+/// `scale * (rows a_e^T) b_e^T` for the chosen expert `e`.
+pub(crate) struct StackedAdapter<'a> {
+    pub a: &'a Array,
+    pub b: &'a Array,
+    pub scale: f32,
+}
+
+/// A stacked projection and its adapter, if it has one.
+pub(crate) struct Projection<'a> {
+    pub stacked: Stacked<'a>,
+    pub adapter: Option<StackedAdapter<'a>>,
+}
+
+impl Projection<'_> {
+    /// `rows [.., 1, in]` times the experts `idx` chose, adapters included: `[.., 1, out]`.
+    fn gather(&self, rows: &Array, idx: &Array, sorted: bool) -> Result<Array> {
+        let y = self.stacked.gather(rows, idx, sorted)?;
+        let Some(adapter) = &self.adapter else {
+            return Ok(y);
+        };
+        let low = ops::gather_mm(rows, adapter.a.swap_axes(-1, -2)?, None, idx, sorted)?;
+        let low = ops::gather_mm(&low, adapter.b.swap_axes(-1, -2)?, None, idx, sorted)?;
+        let low = low.multiply(literal(f64::from(adapter.scale), &low)?)?;
+        Ok(y.add(low.as_dtype(y.dtype())?)?)
+    }
+}
+
 /// [`switch_glu`] over `[gate, up, down]`, whichever form each is stored in.
 pub(crate) fn gathered_glu(
     x: &Array,
     indices: &Array,
-    [gate, up, down]: [Stacked<'_>; 3],
+    [gate, up, down]: [Projection<'_>; 3],
 ) -> Result<Array> {
     let width = *x
         .shape()

@@ -4,11 +4,13 @@
 //!
 //! Each stacked projection is a layer that `Tree::for_each_layer` visits, so that quantization
 //! rewrites it as it does a linear layer (mlx-lm's `QuantizedSwitchLinear`: the packed weight,
-//! `scales` and `biases` keep the leading experts axis, and the product is MLX's `gather_qmm`).
+//! `scales` and `biases` keep the leading experts axis, and the product is MLX's `gather_qmm`),
+//! and LoRA adapts it as mlx-lm's `LoRASwitchLinear` does: one adapter per expert, gathered by
+//! the same choices as the weights.
 
-use super::experts::{gathered_glu, Stacked};
+use super::experts::{gathered_glu, Projection, Stacked, StackedAdapter};
 use super::init::{uniform, Keys};
-use super::{Packed, Quantization};
+use super::{LoraSettings, Packed, Quantization};
 use crate::error::Result;
 use mlx_rs::Array;
 
@@ -24,9 +26,19 @@ pub struct SwitchLinearParams<T = Array> {
     pub scales: Option<T>,
     #[lmx(role = quantization)]
     pub biases: Option<T>,
+    /// Each expert's adapter down-projection `[experts, rank, in]` (mlx-lm's
+    /// `LoRASwitchLinear.lora_a`, the transpose of a linear layer's).
+    #[lmx(role = adapter)]
+    pub lora_a: Option<T>,
+    /// Each expert's adapter up-projection `[experts, out, rank]`.
+    #[lmx(role = adapter)]
+    pub lora_b: Option<T>,
     /// How `weight` is quantized, when it is.
     #[lmx(skip)]
     pub quantization: Option<Quantization>,
+    /// The adapters' settings, when there are adapters.
+    #[lmx(skip)]
+    pub lora: Option<LoraSettings>,
 }
 
 impl<T> SwitchLinearParams<T> {
@@ -36,7 +48,10 @@ impl<T> SwitchLinearParams<T> {
             weight,
             scales: None,
             biases: None,
+            lora_a: None,
+            lora_b: None,
             quantization: None,
+            lora: None,
         }
     }
 
@@ -47,11 +62,20 @@ impl<T> SwitchLinearParams<T> {
 }
 
 impl SwitchLinearParams {
-    fn stacked(&self) -> Stacked<'_> {
-        match self.packed() {
+    fn stacked(&self) -> Projection<'_> {
+        let stacked = match self.packed() {
             Some(p) => Stacked::Packed(p),
             None => Stacked::Dense(&self.weight),
-        }
+        };
+        let adapter = match (&self.lora_a, &self.lora_b, self.lora) {
+            (Some(a), Some(b), Some(lora)) => Some(StackedAdapter {
+                a,
+                b,
+                scale: lora.scale,
+            }),
+            _ => None,
+        };
+        Projection { stacked, adapter }
     }
 }
 

@@ -389,6 +389,7 @@ fn parts<'a>(
             scales,
             biases,
             quantization,
+            ..
         }) => (weight, scales, biases, quantization),
     }
 }
