@@ -20,3 +20,10 @@ pub(super) fn many_rows_on_gpu(x: &Array) -> Result<bool> {
     let rows: i32 = shape[..shape.len().saturating_sub(1)].iter().product();
     Ok(rows >= MIN_ROWS && default_kind()? == DeviceKind::Gpu)
 }
+
+/// Whether `x @ W.T` runs on a GPU over a single row of `x` (decoding one token).
+pub(super) fn one_row_on_gpu(x: &Array) -> Result<bool> {
+    let shape = x.shape();
+    let rows: i32 = shape[..shape.len().saturating_sub(1)].iter().product();
+    Ok(rows == 1 && default_kind()? == DeviceKind::Gpu)
+}

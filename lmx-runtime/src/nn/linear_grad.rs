@@ -15,6 +15,7 @@
 
 use super::column_sum::column_sum;
 use super::custom_vjp::{self, WithGradient};
+use super::gpu_rows::one_row_on_gpu;
 use crate::error::{Error, Result};
 use mlx_rs::{ops, Array};
 
@@ -29,6 +30,10 @@ impl WithGradient for Linear {
     fn forward(&self, inputs: &[Array]) -> Result<Vec<Array>> {
         let y = match inputs {
             [x, w] => x.matmul(w.t())?,
+            // MLX's CUDA backend multiplies one row by its matrix-vector kernel only when no bias
+            // is fused in; with one it goes to cuBLASLt, whose host-side setup per product (a
+            // stream capture into a child graph) costs a decoded token more than the kernel.
+            [x, w, b] if one_row_on_gpu(x)? => ops::add(&x.matmul(w.t())?, b)?,
             [x, w, b] => ops::addmm(b, x, w.t(), None, None)?,
             _ => return Err(arity(inputs.len())),
         };
