@@ -9,6 +9,7 @@ use lmx::models::mixtral::{self, Mixtral};
 use lmx::runtime::hf::Family;
 use lmx::runtime::lora::{self, AdapterConfig, FineTuneType, LoraParameters};
 use lmx::runtime::model::{Context, LanguageModel, TrainingStep};
+use lmx::runtime::optim::Optimizer;
 use lmx::runtime::state::TrainState;
 use lmx::runtime::step::TrainStep;
 use lmx::runtime::tree::{self, LayerMut, LeafRole, Scope, Tree};
@@ -41,20 +42,28 @@ fn max_difference(a: &Array, b: &Array) -> f32 {
         .expect("a difference")
 }
 
-/// A few compiled AdamW steps of llama's declared step on one batch; returns the state.
-fn train(
-    params: Params,
-    config: &Config,
+/// A few compiled steps of the model's declared step `S` on one batch; returns the state.
+#[allow(clippy::type_complexity)]
+fn train<S: TrainingStep>(
+    params: <S::Model as LanguageModel>::Params,
+    config: &<S::Model as LanguageModel>::Config,
     steps: usize,
-) -> Result<TrainState<Params, <llama::Train as TrainingStep>::Optimizer>> {
-    let optimizer = llama::Train::optimizer();
+) -> Result<TrainState<<S::Model as LanguageModel>::Params, S::Optimizer>>
+where
+    <<S::Model as LanguageModel>::Params as Tree<Array>>::Of<
+        Option<<S::Optimizer as Optimizer>::Leaf>,
+    >: Clone,
+{
+    let optimizer = S::optimizer();
     let mut state = TrainState::new(params, &optimizer, 0)?;
     let cfg = config.clone();
     let mut step = TrainStep::new(
         &state,
         optimizer,
-        move |p: &Params, b: &[Array], k: &Array| llama::Train::loss(p, &cfg, b, Some(k)),
-        llama::Train::options(),
+        move |p: &<S::Model as LanguageModel>::Params, b: &[Array], k: &Array| {
+            S::loss(p, &cfg, b, Some(k))
+        },
+        S::options(),
     )?;
     let input = tokens(256, 1)?;
     let targets = input
@@ -65,6 +74,57 @@ fn train(
         step.step(&mut state, 1e-2, &batch)?.loss.eval()?;
     }
     Ok(state)
+}
+
+/// Asserts that the safetensors files `ours` and `theirs` hold the same tensors by name, bit for
+/// bit; returns the names.
+fn same_tensors_by_name(ours: &Path, theirs: &Path) -> Result<Vec<String>> {
+    let ours = Array::load_safetensors(ours).expect("saved adapters");
+    let theirs = Array::load_safetensors(theirs).expect("the fixture's adapters");
+    let mut names: Vec<String> = ours.keys().cloned().collect();
+    names.sort();
+    let mut expected: Vec<String> = theirs.keys().cloned().collect();
+    expected.sort();
+    assert_eq!(names, expected);
+    for name in &names {
+        assert!(ours[name].eq_values(&theirs[name])?, "{name}");
+    }
+    Ok(names)
+}
+
+/// The trained tree against the one training started from: every adapter's `lora_b` moved,
+/// every leaf that is not an adapter is bit-identical.
+fn assert_only_adapters_moved<P: Tree<Array>>(trained: &P, started: &P) -> Result<()> {
+    let specs = tree::specs(trained);
+    let (after, before) = (tree::flatten(trained), tree::flatten(started));
+    for ((spec, after), before) in specs.iter().zip(&after).zip(&before) {
+        let same = after.eq_values(before)?;
+        match spec.role {
+            LeafRole::Adapter if spec.name.ends_with("lora_b") => {
+                assert!(!same, "{} did not change", spec.name)
+            }
+            LeafRole::Adapter => {}
+            _ => assert!(same, "{} changed", spec.name),
+        }
+    }
+    Ok(())
+}
+
+/// The compiled step's optimizer entries (`opt.<param>.<moment>`), each an adapter's.
+fn optimizer_entries_of_adapters_only(declaration: Vec<String>) -> Vec<String> {
+    let entries: Vec<String> = declaration
+        .into_iter()
+        .filter(|name| name.starts_with("opt."))
+        .collect();
+    assert!(!entries.is_empty());
+    for name in &entries {
+        let param = name.trim_start_matches("opt.").rsplit_once('.').unwrap().0;
+        assert!(
+            param.ends_with(".lora_a") || param.ends_with(".lora_b"),
+            "{name}"
+        );
+    }
+    entries
 }
 
 #[test]
@@ -154,36 +214,12 @@ fn only_adapters_train_and_the_base_stays_bit_identical() -> Result<()> {
         FineTuneType::Lora,
     )?;
     let before = adapted.clone();
-    let state = train(adapted, &config, 3)?;
+    let state = train::<llama::Train>(adapted, &config, 3)?;
     // The compiled step's declared state: every parameter, optimizer moments for adapters only.
-    let optimizer_entries: Vec<String> = state
-        .declaration()
-        .into_iter()
-        .filter(|name| name.starts_with("opt."))
-        .collect();
-    assert!(!optimizer_entries.is_empty());
-    for name in &optimizer_entries {
-        let param = name.trim_start_matches("opt.").rsplit_once('.').unwrap().0;
-        assert!(
-            param.ends_with(".lora_a") || param.ends_with(".lora_b"),
-            "{name}"
-        );
-    }
+    let optimizer_entries = optimizer_entries_of_adapters_only(state.declaration());
     // AdamW: two moments for each of the 7 adapted layers' two matrices.
     assert_eq!(optimizer_entries.len(), 7 * 2 * 2);
-    let specs = tree::specs(&state.params);
-    let (after, before) = (tree::flatten(&state.params), tree::flatten(&before));
-    for ((spec, after), before) in specs.iter().zip(&after).zip(&before) {
-        let same = after.eq_values(before)?;
-        match spec.role {
-            LeafRole::Adapter if spec.name.ends_with("lora_b") => {
-                assert!(!same, "{} did not change", spec.name)
-            }
-            LeafRole::Adapter => {}
-            _ => assert!(same, "{} changed", spec.name),
-        }
-    }
-    Ok(())
+    assert_only_adapters_moved(&state.params, &before)
 }
 
 #[test]
@@ -196,7 +232,7 @@ fn fused_weights_compute_what_base_and_adapters_did() -> Result<()> {
         0,
         FineTuneType::Lora,
     )?;
-    let trained = train(adapted, &config, 3)?.params;
+    let trained = train::<llama::Train>(adapted, &config, 3)?.params;
     let mut fused = trained.clone();
     assert_eq!(lora::fuse(&mut fused)?, 14);
     assert_eq!(tree::names(&fused), tree::names(&tiny()?.1));
@@ -219,7 +255,7 @@ fn adapters_round_trip_through_mlx_lm_s_files() -> Result<()> {
         ..LoraParameters::default()
     };
     lora::attach(&mut adapted, &parameters, 2, 0, FineTuneType::Lora)?;
-    let trained = train(adapted, &config, 2)?.params;
+    let trained = train::<llama::Train>(adapted, &config, 2)?.params;
     let dir = tempfile::tempdir().unwrap();
     let adapter_config = AdapterConfig {
         fine_tune_type: FineTuneType::Lora,
@@ -319,17 +355,10 @@ fn adapters_written_by_mlx_lm_give_mlx_lm_s_logits() -> Result<()> {
     let saved = keep.unwrap_or_else(|| temp.path().to_owned());
     let config_read = lora::read_config(&dir.join("adapters"))?;
     lora::save_adapters(&saved, &params, &config_read, Some(Family::Llama))?;
-    let ours = Array::load_safetensors(saved.join(lora::ADAPTERS_FILE)).expect("saved adapters");
-    let theirs =
-        Array::load_safetensors(dir.join("adapters").join(lora::ADAPTERS_FILE)).expect("fixture");
-    let mut names: Vec<&String> = ours.keys().collect();
-    names.sort();
-    let mut expected: Vec<&String> = theirs.keys().collect();
-    expected.sort();
-    assert_eq!(names, expected);
-    for name in names {
-        assert!(ours[name].eq_values(&theirs[name])?, "{name}");
-    }
+    same_tensors_by_name(
+        &saved.join(lora::ADAPTERS_FILE),
+        &dir.join("adapters").join(lora::ADAPTERS_FILE),
+    )?;
     assert_eq!(lora::read_config(&saved)?, config_read);
     let fused_reference = &reference["fused_logits"];
     let mut fused = params.clone();
@@ -537,7 +566,7 @@ fn dora_starts_as_the_base_trains_its_magnitudes_and_fuses() -> Result<()> {
         max_difference(&base_logits, &logits(&adapted, &config, &input)?),
         0.0
     );
-    let state = train(adapted, &config, 3)?;
+    let state = train::<llama::Train>(adapted, &config, 3)?;
     // AdamW's two moments for each adapted layer's `lora_a`, `lora_b` and `m`.
     let moments: Vec<String> = state
         .declaration()
@@ -580,17 +609,11 @@ fn dora_adapters_written_by_mlx_lm_give_mlx_lm_s_logits() -> Result<()> {
     // Saved again, they are mlx-lm's tensors by name, bit for bit, and its configuration.
     let saved = tempfile::tempdir().unwrap();
     lora::save_adapters(saved.path(), &params, &read, Some(Family::Llama))?;
-    let ours = Array::load_safetensors(saved.path().join(lora::ADAPTERS_FILE)).expect("saved");
-    let theirs = Array::load_safetensors(adapters.join(lora::ADAPTERS_FILE)).expect("fixture");
-    let mut names: Vec<&String> = ours.keys().collect();
-    names.sort();
-    let mut expected: Vec<&String> = theirs.keys().collect();
-    expected.sort();
-    assert_eq!(names, expected);
+    let names = same_tensors_by_name(
+        &saved.path().join(lora::ADAPTERS_FILE),
+        &adapters.join(lora::ADAPTERS_FILE),
+    )?;
     assert!(names.iter().any(|name| name.ends_with(".m")));
-    for name in names {
-        assert!(ours[name].eq_values(&theirs[name])?, "{name}");
-    }
     assert_eq!(lora::read_config(saved.path())?, read);
     let mut fused = params.clone();
     lora::fuse(&mut fused)?;
@@ -642,17 +665,11 @@ fn expert_adapters_written_by_mlx_lm_give_mlx_lm_s_logits() -> Result<()> {
     // Saved again, they are mlx-lm's tensors by name, bit for bit.
     let saved = tempfile::tempdir().unwrap();
     lora::save_adapters(saved.path(), &params, &read, Some(Family::Mixtral))?;
-    let ours = Array::load_safetensors(saved.path().join(lora::ADAPTERS_FILE)).expect("saved");
-    let theirs = Array::load_safetensors(adapters.join(lora::ADAPTERS_FILE)).expect("fixture");
-    let mut names: Vec<&String> = ours.keys().collect();
-    names.sort();
-    let mut expected: Vec<&String> = theirs.keys().collect();
-    expected.sort();
-    assert_eq!(names, expected);
+    let names = same_tensors_by_name(
+        &saved.path().join(lora::ADAPTERS_FILE),
+        &adapters.join(lora::ADAPTERS_FILE),
+    )?;
     assert!(names.iter().any(|name| name.contains(".switch_mlp.")));
-    for name in names {
-        assert!(ours[name].eq_values(&theirs[name])?, "{name}");
-    }
     let mut fused = params.clone();
     assert_eq!(
         lora::fuse(&mut fused)?,
@@ -709,40 +726,12 @@ fn expert_adapters_train_alone_and_refuse_what_they_cannot_do() -> Result<()> {
         before.eq_values(&after)?,
         "fresh adapters changed the outputs"
     );
-    let optimizer = mixtral::Train::optimizer();
-    let mut state = TrainState::new(adapted.clone(), &optimizer, 0)?;
-    let cfg = config.clone();
-    let mut step = TrainStep::new(
-        &state,
-        optimizer,
-        move |p: &MixtralParams, b: &[Array], k: &Array| mixtral::Train::loss(p, &cfg, b, Some(k)),
-        mixtral::Train::options(),
-    )?;
-    let targets = input
-        .add(Array::from_int(1))?
-        .remainder(Array::from_int(256))?;
-    let batch = [input, targets];
-    for _ in 0..3 {
-        step.step(&mut state, 1e-2, &batch)?.loss.eval()?;
-    }
-    for name in state.declaration().iter().filter(|n| n.starts_with("opt.")) {
-        let param = name.trim_start_matches("opt.").rsplit_once('.').unwrap().0;
-        assert!(
-            param.ends_with(".lora_a") || param.ends_with(".lora_b"),
-            "{name}"
-        );
-    }
-    let specs = tree::specs(&state.params);
-    let (trained, started) = (tree::flatten(&state.params), tree::flatten(&adapted));
-    for ((spec, trained), started) in specs.iter().zip(&trained).zip(&started) {
-        let same = trained.eq_values(started)?;
-        match spec.role {
-            LeafRole::Adapter if spec.name.ends_with("lora_b") => {
-                assert!(!same, "{} did not change", spec.name)
-            }
-            LeafRole::Adapter => {}
-            _ => assert!(same, "{} changed", spec.name),
-        }
-    }
-    Ok(())
+    let state = train::<mixtral::Train>(adapted.clone(), &config, 3)?;
+    // Moments for the last block's 8 adapted layers' two matrices: four attention projections,
+    // the router and three expert stacks.
+    assert_eq!(
+        optimizer_entries_of_adapters_only(state.declaration()).len(),
+        8 * 2 * 2
+    );
+    assert_only_adapters_moved(&state.params, &adapted)
 }

@@ -71,13 +71,7 @@ fn fuse_experts(name: &str, switch: &mut SwitchLinearParams) -> Result<bool> {
     };
     let quantization = switch.packed().map(|p| p.quantization);
     let dense = match switch.packed() {
-        Some(p) => ops::dequantize(
-            p.weight,
-            p.scales,
-            p.biases,
-            p.quantization.group_size,
-            p.quantization.bits,
-        )?,
+        Some(p) => p.dequantized()?,
         None => switch.weight.clone(),
     };
     let delta = ops::matmul(&ops::multiply(b, Array::from_f32(lora.scale))?, a)?;

@@ -208,16 +208,23 @@ fn adapted(params: &LinearParams, x: &Array, adapter_x: &Array) -> Result<Array>
 
 /// The dense weight of a layer: its packed one dequantized.
 pub(crate) fn dense_weight(params: &LinearParams) -> Result<Array> {
-    Ok(match params.packed() {
-        Some(p) => ops::dequantize(
-            p.weight,
-            p.scales,
-            p.biases,
-            p.quantization.group_size,
-            p.quantization.bits,
-        )?,
-        None => params.weight.clone(),
-    })
+    match params.packed() {
+        Some(p) => p.dequantized(),
+        None => Ok(params.weight.clone()),
+    }
+}
+
+impl Packed<'_, Array> {
+    /// The packed weight's values, dequantized (in the scales' dtype, as MLX gives them).
+    pub(crate) fn dequantized(&self) -> Result<Array> {
+        Ok(ops::dequantize(
+            self.weight,
+            self.scales,
+            self.biases,
+            self.quantization.group_size,
+            self.quantization.bits,
+        )?)
+    }
 }
 
 /// The L2 norm of each row of `w` (MLX's `linalg.norm(w, axis=1)`): DoRA's magnitudes.
