@@ -5,7 +5,9 @@
 
 use crate::error::{Error, Result};
 use crate::nn::init::{uniform, Keys};
-use crate::nn::{dense_weight, row_norms, LinearParams, LoraSettings, SwitchLinearParams};
+use crate::nn::{
+    dense_weight, row_norms, LinearParams, LoraSettings, Quantization, SwitchLinearParams,
+};
 use crate::tree::{Layer, LayerMut, Scope, Tree};
 use mlx_rs::{Array, Dtype};
 use std::collections::BTreeSet;
@@ -245,14 +247,8 @@ pub(crate) fn adapt(
     keys: &mut Keys,
     kind: FineTuneType,
 ) -> Result<()> {
-    let shape = linear.weight.shape();
-    let (output, mut input) = (shape[0], shape[1]);
-    let mut dtype = linear.weight.dtype();
-    if let (Some(q), Some(scales)) = (linear.quantization, &linear.scales) {
-        // Packed: 32 / bits values per uint32.
-        input = input * 32 / q.bits;
-        dtype = scales.dtype();
-    }
+    let output = linear.weight.shape()[0];
+    let (input, dtype) = adapted_input(&linear.weight, linear.quantization, &linear.scales);
     let bound = (input as f32).powf(-0.5);
     let a = uniform(&[input, parameters.rank], bound, &keys.next()?)?;
     let b = Array::zeros::<f32>(&[parameters.rank, output])?;
@@ -271,11 +267,31 @@ pub(crate) fn adapt(
             &dense_weight(linear)?.as_dtype(Dtype::Float32)?,
         )?)?),
     };
-    linear.lora = Some(LoraSettings {
+    linear.lora = Some(settings(parameters));
+    Ok(())
+}
+
+/// The input features of a layer's weight (its last axis; for a packed weight, the values its
+/// `uint32`s hold, `32 / bits` each) and the dtype its adapters take: the weight's, or its
+/// scales' when it is quantized.
+fn adapted_input(
+    weight: &Array,
+    quantization: Option<Quantization>,
+    scales: &Option<Array>,
+) -> (i32, Dtype) {
+    let input = weight.shape().last().copied().unwrap_or(0);
+    match (quantization, scales) {
+        (Some(q), Some(scales)) => (input * 32 / q.bits, scales.dtype()),
+        _ => (input, weight.dtype()),
+    }
+}
+
+/// The settings an adapter keeps of `parameters`.
+fn settings(parameters: &LoraParameters) -> LoraSettings {
+    LoraSettings {
         scale: parameters.scale,
         dropout: parameters.dropout,
-    });
-    Ok(())
+    }
 }
 
 /// Why the stacked experts `name` (of `key`) cannot take an adapter of `kind` with
@@ -311,22 +327,14 @@ fn adapt_experts(
     parameters: &LoraParameters,
     keys: &mut Keys,
 ) -> Result<()> {
-    let shape = switch.weight.shape();
-    let (experts, output, mut input) = (shape[0], shape[1], shape[2]);
-    let mut dtype = switch.weight.dtype();
-    if let (Some(q), Some(scales)) = (switch.quantization, &switch.scales) {
-        input = input * 32 / q.bits;
-        dtype = scales.dtype();
-    }
+    let (experts, output) = (switch.weight.shape()[0], switch.weight.shape()[1]);
+    let (input, dtype) = adapted_input(&switch.weight, switch.quantization, &switch.scales);
     let bound = (input as f32).powf(-0.5);
     let a = uniform(&[experts, parameters.rank, input], bound, &keys.next()?)?;
     let b = Array::zeros::<f32>(&[experts, output, parameters.rank])?;
     switch.lora_a = Some(a.as_dtype(dtype)?);
     switch.lora_b = Some(b.as_dtype(dtype)?);
-    switch.lora = Some(LoraSettings {
-        scale: parameters.scale,
-        dropout: parameters.dropout,
-    });
+    switch.lora = Some(settings(parameters));
     Ok(())
 }
 

@@ -2,7 +2,9 @@
 //! `DoRALinear.fuse` and `LoRASwitchLinear.fuse`.
 
 use crate::error::Result;
-use crate::nn::{adapted_weight, dense_weight, row_norms, LinearParams, SwitchLinearParams};
+use crate::nn::{
+    adapted_weight, dense_weight, row_norms, LinearParams, Quantization, SwitchLinearParams,
+};
 use crate::tree::{LayerMut, Scope, Tree};
 use mlx_rs::{ops, Array};
 
@@ -46,15 +48,14 @@ fn fuse_layer(name: &str, linear: &mut LinearParams) -> Result<bool> {
         let rows = ops::divide(m, &row_norms(&weight)?)?.expand_dims(-1)?;
         weight = ops::multiply(&rows, &weight)?.as_dtype(weight.dtype())?;
     }
-    match quantization {
-        Some(q) => {
-            let (packed, scales, biases) = crate::quant::quantize_weight(name, &weight, q)?;
-            linear.weight = packed;
-            linear.scales = Some(scales);
-            linear.biases = Some(biases);
-        }
-        None => linear.weight = weight,
-    }
+    store(
+        name,
+        weight,
+        quantization,
+        &mut linear.weight,
+        &mut linear.scales,
+        &mut linear.biases,
+    )?;
     linear.lora_a = None;
     linear.lora_b = None;
     linear.m = None;
@@ -69,24 +70,44 @@ fn fuse_experts(name: &str, switch: &mut SwitchLinearParams) -> Result<bool> {
     let (Some(a), Some(b), Some(lora)) = (&switch.lora_a, &switch.lora_b, switch.lora) else {
         return Ok(false);
     };
-    let quantization = switch.packed().map(|p| p.quantization);
-    let dense = match switch.packed() {
+    let packed = switch.packed();
+    let quantization = packed.as_ref().map(|p| p.quantization);
+    let dense = match packed {
         Some(p) => p.dequantized()?,
         None => switch.weight.clone(),
     };
     let delta = ops::matmul(&ops::multiply(b, Array::from_f32(lora.scale))?, a)?;
     let weight = ops::add(&dense, &delta.as_dtype(dense.dtype())?)?;
-    match quantization {
-        Some(q) => {
-            let (packed, scales, biases) = crate::quant::quantize_weight(name, &weight, q)?;
-            switch.weight = packed;
-            switch.scales = Some(scales);
-            switch.biases = Some(biases);
-        }
-        None => switch.weight = weight,
-    }
+    store(
+        name,
+        weight,
+        quantization,
+        &mut switch.weight,
+        &mut switch.scales,
+        &mut switch.biases,
+    )?;
     switch.lora_a = None;
     switch.lora_b = None;
     switch.lora = None;
     Ok(true)
+}
+
+/// Stores the fused `weight` of the layer `name` in its `slot`s: quantized again with the
+/// layer's own `quantization` when it had one, as mlx-lm fuses.
+fn store(
+    name: &str,
+    weight: Array,
+    quantization: Option<Quantization>,
+    slot: &mut Array,
+    scales: &mut Option<Array>,
+    biases: &mut Option<Array>,
+) -> Result<()> {
+    match quantization {
+        Some(q) => {
+            let (packed, s, b) = crate::quant::quantize_weight(name, &weight, q)?;
+            (*slot, *scales, *biases) = (packed, Some(s), Some(b));
+        }
+        None => *slot = weight,
+    }
+    Ok(())
 }

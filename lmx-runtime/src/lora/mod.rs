@@ -1,8 +1,8 @@
 //! Low-rank adapters (LoRA, Hu et al., 2021, and DoRA, Liu et al., 2024) as mlx-lm makes, saves
-//! and fuses them: attached to
-//! chosen linear layers and stacked experts of any parameter tree ([`attach`]), saved apart from the base in mlx-lm's
-//! adapter layout ([`save_adapters`], [`load_adapters`]), and fused into the base weights
-//! ([`fuse`]). While a tree holds adapters only they train (`tree::specs`).
+//! and fuses them: attached to chosen linear layers and stacked experts of any parameter tree
+//! ([`attach`]), saved apart from the base in mlx-lm's adapter layout ([`save_adapters`],
+//! [`load_adapters`]), and fused into the base weights ([`fuse`]). While a tree holds adapters
+//! only they train (`tree::specs`).
 
 mod attach;
 mod files;

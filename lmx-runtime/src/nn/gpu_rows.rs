@@ -16,14 +16,16 @@ pub(super) const MIN_ROWS: i32 = 256;
 /// Whether `x @ W.T` runs on a GPU over at least [`MIN_ROWS`] rows of `x` (all its axes but the
 /// last).
 pub(super) fn many_rows_on_gpu(x: &Array) -> Result<bool> {
-    let shape = x.shape();
-    let rows: i32 = shape[..shape.len().saturating_sub(1)].iter().product();
-    Ok(rows >= MIN_ROWS && default_kind()? == DeviceKind::Gpu)
+    Ok(rows(x) >= MIN_ROWS && default_kind()? == DeviceKind::Gpu)
 }
 
 /// Whether `x @ W.T` runs on a GPU over a single row of `x` (decoding one token).
 pub(super) fn one_row_on_gpu(x: &Array) -> Result<bool> {
+    Ok(rows(x) == 1 && default_kind()? == DeviceKind::Gpu)
+}
+
+/// The rows of `x` as a product's left operand: the product of all its axes but the last.
+fn rows(x: &Array) -> i32 {
     let shape = x.shape();
-    let rows: i32 = shape[..shape.len().saturating_sub(1)].iter().product();
-    Ok(rows == 1 && default_kind()? == DeviceKind::Gpu)
+    shape[..shape.len().saturating_sub(1)].iter().product()
 }
