@@ -10,12 +10,14 @@
 //! [`gelu`](crate::nn::gelu), ...) that computes the same with MLX's ops on every other backend.
 
 mod activation;
+mod decode_attention;
 mod kernel;
 mod layer_norm;
 mod pack;
 mod sums;
 
 pub(crate) use activation::{activation, activation_backward, activation_fits};
+pub(crate) use decode_attention::{decode_attention, decode_attention_fits};
 pub(crate) use layer_norm::{layer_norm_backward, LAYER_NORM_MAX_COLUMNS};
 pub(crate) use pack::pack_with_squares;
 pub(crate) use sums::column_sum;

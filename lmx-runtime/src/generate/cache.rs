@@ -342,6 +342,16 @@ impl KvCache {
         Ok(filled)
     }
 
+    /// In a traced step of one token per row, which of the buffers' slots its queries see (the
+    /// same view as [`mask`](Self::mask), for attention that reads only those slots).
+    pub(crate) fn decode_slots(&self, q_len: i32) -> Option<nn::DecodeSlots> {
+        let position = self.traced.clone().filter(|_| q_len == 1)?;
+        Some(nn::DecodeSlots {
+            position,
+            starts: self.traced_starts.clone(),
+        })
+    }
+
     /// The boolean mask `[B, 1, T_q, T_k]` of which keys the last `q_len` slots' queries see, `None`
     /// where no row is padded (plain causal attention then). A query sees its own row's slots
     /// from the row's start up to itself; a query on a padding slot sees only itself, so that

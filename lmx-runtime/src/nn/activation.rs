@@ -97,7 +97,12 @@ impl WithGradient for Activation {
     }
 }
 
-/// `activation` of `x`: lmx's kernels where they run, MLX's operations elsewhere.
+/// `activation` of `x`: lmx's kernels where they run and a gradient may be taken, MLX's
+/// operations elsewhere. lmx's kernels pay in training (one read and one write of the
+/// activations in each pass, the backward pass from `x` alone); a pass whose gradient is never
+/// taken (generation, [`without_gradients`](super::without_gradients)) takes MLX's operations,
+/// which a compiled step fuses with their neighbours (the bias added before GELU, the product of
+/// a gated MLP after SiLU): one kernel fewer a layer for each token decoded.
 fn apply(activation: Activation, x: &Array) -> Result<Array> {
     if x.size() == 0 {
         // MLX's CUDA backend divides by zero launching a compiled kernel over an empty array
@@ -105,7 +110,7 @@ fn apply(activation: Activation, x: &Array) -> Result<Array> {
         // operations take one.
         return activation.value(x);
     }
-    if !(cuda::available() && cuda::activation_fits(x)) {
+    if custom_vjp::gradient_free() || !(cuda::available() && cuda::activation_fits(x)) {
         return fused(activation, x);
     }
     custom_vjp::apply(&activation, std::slice::from_ref(x))?
@@ -313,7 +318,7 @@ mod tests {
     }
 
     #[test]
-    fn the_gradient_is_the_same_compiled_and_without_gradients_the_values_are() {
+    fn the_gradient_is_the_same_compiled_and_the_values_without_gradients() {
         for activation in ALL {
             let f = public(activation);
             let grads_of = move |args: &[Array]| -> std::result::Result<Vec<Array>, Exception> {
@@ -334,11 +339,12 @@ mod tests {
                 &format!("{activation:?}: compiled gradient"),
             );
             let with = f(&values()).unwrap();
+            // Without gradients MLX's operations run on CUDA too: equal within float32's rounding.
             let without = without_gradients(|| f(&values()).unwrap());
             assert_close(
                 without.as_slice::<f32>(),
                 with.as_slice::<f32>(),
-                0.0,
+                tolerance(Dtype::Float32),
                 &format!("{activation:?}: without gradients"),
             );
         }

@@ -5,7 +5,8 @@
 //! value); later calls with an equal value reuse that closure, so a model calls it like any op.
 //! Inside [`without_gradients`] the forward pass runs directly, without the custom function and
 //! its few microseconds of host time per call: the same numbers, for passes whose gradient is
-//! never taken (generation).
+//! never taken (generation). (The activations go further there: they take MLX's operations,
+//! which fuse with their neighbours; `activation`.)
 
 use crate::error::{Error, Result};
 use mlx_rs::error::Exception;

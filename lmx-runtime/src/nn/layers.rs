@@ -396,6 +396,34 @@ pub fn attention(q: &Array, k: &Array, v: &Array, mask: AttentionMask<'_>) -> Re
     )?)
 }
 
+/// Which slots of a traced decode step's key-value buffers its one query per row sees: the row's
+/// slots from `starts[b]` (`[B]` int32; slot 0 in every row without them) up to `position` (an
+/// int32 scalar, the query's own slot).
+pub struct DecodeSlots {
+    /// The query's slot.
+    pub position: Array,
+    /// Each row's first slot, where rows start at different slots.
+    pub starts: Option<Array>,
+}
+
+/// Attention of one query per row, `q: [B, heads, 1, head_dim]`, over a traced decode step's
+/// whole buffers `k`, `v: [B, kv_heads, capacity, head_dim]`, of which it sees `slots`. On MLX's
+/// CUDA backend this is lmx's kernel, which reads only the slots seen (MLX's fused attention takes
+/// no array mask there); elsewhere MLX's fused attention under the mask that `mask` builds (the
+/// same view, `[B, 1, 1, capacity]` bool).
+pub fn decode_attention(
+    q: &Array,
+    k: &Array,
+    v: &Array,
+    slots: &DecodeSlots,
+    mask: impl FnOnce() -> Result<Array>,
+) -> Result<Array> {
+    if crate::cuda::available() && crate::cuda::decode_attention_fits(q, k, v) {
+        return crate::cuda::decode_attention(q, k, v, &slots.position, slots.starts.as_ref());
+    }
+    attention(q, k, v, AttentionMask::Array(&mask()?))
+}
+
 /// Rotary position embedding over the last axis of `[B, heads, T, head_dim]`, positions starting
 /// at `offset`, an int32 scalar (MLX's fused kernel, non-traditional half-split layout as in
 /// LLaMA's HF weights). The offset is an array so that a traced decode step does not depend on

@@ -1,0 +1,303 @@
+//! Attention of one query per row over a decode step's key-value buffers, in one kernel.
+//!
+//! A traced decode step reads its cache's whole capacity, the slots past the token masked
+//! (the generation cache's traced form), and MLX's fused attention takes no array mask
+//! on CUDA: MLX then computes it in parts (a batched product of the scores, the scale, the mask's
+//! select, the softmax, a product with the values; six kernels a layer, the batched product with
+//! cuBLAS's host setup). Here one block of warps ([`warps`]) takes one query head of one row and
+//! reads only the slots it sees, each warp an online softmax over every `WARPS`-th slot, the
+//! warps' partial results then merged in shared memory. Past [`SLOTS_PER_BLOCK`] slots of
+//! capacity the slots are split over several blocks per head, whose partial results a second
+//! kernel merges.
+
+use super::kernel::{with_kernel, Kernel, Launch, TemplateArg};
+use crate::error::Result;
+use mlx_rs::{Array, Dtype};
+
+/// Warps per block, each reading every `WARPS`-th slot of its block's share: 32 (1,024 threads)
+/// up to a head size of 64, fewer for larger heads, whose threads hold more registers (a block's
+/// threads share 65,536 of them).
+fn warps(head_dim: i32) -> i32 {
+    match head_dim {
+        ..=64 => 32,
+        128 => 16,
+        _ => 8,
+    }
+}
+
+/// Most slots of capacity one block per head takes; beyond, the slots are split over blocks.
+const SLOTS_PER_BLOCK: i32 = 1024;
+
+/// Most blocks one head's slots are split over.
+const MAX_SPLITS: i32 = 64;
+
+/// The online softmax of one block's share of the slots, in float32, for query head `bh`'s row
+/// (`q: [B, H, 1, D]`, `k`, `v: [B, KVH, C, D]`, `position: [1]` the query's slot, `starts: [B]`
+/// each row's first slot where `HAS_STARTS`, else every row starts at slot 0). Leaves the share's maximum score `M`, its sum of exponentials `L` and
+/// this thread's output value `o` (thread `t < D` for component `t`). A query on its row's
+/// padding (before the row's start) sees only its own slot. Each lane holds `D / 32` neighbouring
+/// components; `UNROLL` slots' loads are in flight at once.
+const SHARE: &str = r#"
+  constexpr int E = D / 32;
+  constexpr int UNROLL = 4;
+  struct alignas(sizeof(T) * E) Pack {
+    T v[E];
+  };
+  __shared__ float shared_m[WARPS];
+  __shared__ float shared_l[WARPS];
+  __shared__ float shared_o[WARPS][D];
+  const int heads = q_shape[1];
+  const int kv_heads = k_shape[1];
+  const int capacity = k_shape[2];
+  const int bh = blockIdx.y;
+  const int b = bh / heads;
+  const int kvh = (bh % heads) / (heads / kv_heads);
+  const int warp = threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
+  const int pos = position[0];
+  const int first = HAS_STARTS ? min(starts[b], pos) : 0;
+  const int count = pos - first + 1;
+  const int per_block = (count + gridDim.x - 1) / gridDim.x;
+  const int lo = first + blockIdx.x * per_block;
+  const int hi = min(pos + 1, lo + per_block);
+  const float scale = rsqrtf(static_cast<float>(D));
+  const Pack qp = *reinterpret_cast<const Pack*>(q + static_cast<size_t>(bh) * D + lane * E);
+  float qv[E];
+#pragma unroll
+  for (int e = 0; e < E; ++e) {
+    qv[e] = static_cast<float>(qp.v[e]) * scale;
+  }
+  const size_t base = (static_cast<size_t>(b) * kv_heads + kvh) * capacity * D + lane * E;
+  float m = -INFINITY;
+  float l = 0.f;
+  float acc[E];
+#pragma unroll
+  for (int e = 0; e < E; ++e) {
+    acc[e] = 0.f;
+  }
+  for (int j0 = lo + warp; j0 < hi; j0 += WARPS * UNROLL) {
+    Pack kp[UNROLL];
+    Pack vp[UNROLL];
+#pragma unroll
+    for (int u = 0; u < UNROLL; ++u) {
+      const int j = j0 + u * WARPS;
+      if (j < hi) {
+        kp[u] = *reinterpret_cast<const Pack*>(k + base + static_cast<size_t>(j) * D);
+        vp[u] = *reinterpret_cast<const Pack*>(v + base + static_cast<size_t>(j) * D);
+      }
+    }
+    float s[UNROLL];
+#pragma unroll
+    for (int u = 0; u < UNROLL; ++u) {
+      s[u] = 0.f;
+#pragma unroll
+      for (int e = 0; e < E; ++e) {
+        s[u] += qv[e] * static_cast<float>(kp[u].v[e]);
+      }
+    }
+#pragma unroll
+    for (int offset = 16; offset > 0; offset /= 2) {
+#pragma unroll
+      for (int u = 0; u < UNROLL; ++u) {
+        s[u] += __shfl_xor_sync(0xffffffff, s[u], offset);
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < UNROLL; ++u) {
+      if (j0 + u * WARPS < hi) {
+        const float next = fmaxf(m, s[u]);
+        const float keep = __expf(m - next);
+        const float p = __expf(s[u] - next);
+        l = l * keep + p;
+#pragma unroll
+        for (int e = 0; e < E; ++e) {
+          acc[e] = acc[e] * keep + p * static_cast<float>(vp[u].v[e]);
+        }
+        m = next;
+      }
+    }
+  }
+  if (lane == 0) {
+    shared_m[warp] = m;
+    shared_l[warp] = l;
+  }
+#pragma unroll
+  for (int e = 0; e < E; ++e) {
+    shared_o[warp][lane * E + e] = acc[e];
+  }
+  __syncthreads();
+  const int t = threadIdx.x;
+  if (t >= D) {
+    return;
+  }
+  float M = -INFINITY;
+#pragma unroll
+  for (int w = 0; w < WARPS; ++w) {
+    M = fmaxf(M, shared_m[w]);
+  }
+  float L = 0.f;
+  float o = 0.f;
+#pragma unroll
+  for (int w = 0; w < WARPS; ++w) {
+    const float f = shared_m[w] == -INFINITY ? 0.f : __expf(shared_m[w] - M);
+    L += shared_l[w] * f;
+    o += shared_o[w][t] * f;
+  }
+"#;
+
+/// One block per head: the head's output, `out: [B, H, 1, D]`.
+const WHOLE: &str = r#"
+  out[static_cast<size_t>(bh) * D + t] = static_cast<T>(o / L);
+"#;
+
+/// Several blocks per head: block `s`'s unnormalised output `parts: [B * H, S, D]` and its
+/// maximum and sum `stats: [B * H, S, 2]` (a block whose share is empty leaves -inf and 0).
+const PART: &str = r#"
+  const size_t part = static_cast<size_t>(bh) * gridDim.x + blockIdx.x;
+  parts[part * D + t] = o;
+  if (t == 0) {
+    stats[part * 2] = M;
+    stats[part * 2 + 1] = L;
+  }
+"#;
+
+/// The merge of a head's blocks' parts: `out: [B, H, 1, D]` from `parts` and `stats`, thread `t`
+/// of block `bh` for component `t`.
+const MERGE: &str = r#"
+  const int splits = stats_shape[1];
+  const int bh = blockIdx.y;
+  const int t = threadIdx.x;
+  float M = -INFINITY;
+  for (int s = 0; s < splits; ++s) {
+    M = fmaxf(M, stats[(static_cast<size_t>(bh) * splits + s) * 2]);
+  }
+  float L = 0.f;
+  float o = 0.f;
+  for (int s = 0; s < splits; ++s) {
+    const size_t part = static_cast<size_t>(bh) * splits + s;
+    const float m = stats[part * 2];
+    const float f = m == -INFINITY ? 0.f : __expf(m - M);
+    L += stats[part * 2 + 1] * f;
+    o += parts[part * D + t] * f;
+  }
+  out[static_cast<size_t>(bh) * D + t] = static_cast<T>(o / L);
+"#;
+
+const INPUTS: &[&str] = &["q", "k", "v", "position", "starts"];
+
+thread_local! {
+    static WHOLE_KERNEL: Result<Kernel> = Kernel::new(
+        "lmx_decode_attention",
+        INPUTS,
+        &["out"],
+        "",
+        &format!("{SHARE}{WHOLE}"),
+    );
+    static PART_KERNEL: Result<Kernel> = Kernel::new(
+        "lmx_decode_attention_part",
+        INPUTS,
+        &["parts", "stats"],
+        "",
+        &format!("{SHARE}{PART}"),
+    );
+    static MERGE_KERNEL: Result<Kernel> =
+        Kernel::new("lmx_decode_attention_merge", &["parts", "stats"], &["out"], "", MERGE);
+}
+
+/// Whether [`decode_attention`] takes these queries and buffers: one float query per row, a head
+/// size of 32, 64, 128 or 256 (a warp's lanes then load whole, aligned packs), and query heads
+/// a multiple of the buffers' heads.
+pub(crate) fn decode_attention_fits(q: &Array, k: &Array, v: &Array) -> bool {
+    use mlx_rs::Dtype::{Bfloat16, Float16, Float32};
+    let (qs, ks) = (q.shape(), k.shape());
+    qs.len() == 4
+        && ks.len() == 4
+        && qs[2] == 1
+        && qs[0] == ks[0]
+        && qs[3] == ks[3]
+        && matches!(qs[3], 32 | 64 | 128 | 256)
+        && ks[1] > 0
+        && qs[1] % ks[1] == 0
+        && v.shape() == ks
+        && q.dtype() == k.dtype()
+        && q.dtype() == v.dtype()
+        && matches!(q.dtype(), Float32 | Float16 | Bfloat16)
+}
+
+/// `softmax(q k^T / sqrt(D)) v` of `q: [B, H, 1, D]` over the slots of `k`, `v: [B, KVH, C, D]`
+/// that each row's query sees: from `starts[b]` (`[B]` int32; slot 0 for every row without them)
+/// up to `position` (an int32 scalar, the query's slot), only its own slot where that is before
+/// the row's start. Computed in float32 and returned in `q`'s dtype. Callers check
+/// [`decode_attention_fits`].
+pub(crate) fn decode_attention(
+    q: &Array,
+    k: &Array,
+    v: &Array,
+    position: &Array,
+    starts: Option<&Array>,
+) -> Result<Array> {
+    let (rows, heads, head_dim) = (q.shape()[0], q.shape()[1], q.shape()[3]);
+    let capacity = k.shape()[2];
+    let splits = ((capacity + SLOTS_PER_BLOCK - 1) / SLOTS_PER_BLOCK).clamp(1, MAX_SPLITS);
+    let dtype = q.dtype();
+    let warps = warps(head_dim);
+    let inputs = [
+        q.clone(),
+        k.clone(),
+        v.clone(),
+        position.reshape(&[1])?.as_dtype(Dtype::Int32)?,
+        // Without starts the kernel reads none: a scalar stands in.
+        match starts {
+            Some(starts) => starts.as_dtype(Dtype::Int32)?,
+            None => Array::from_int(0),
+        },
+    ];
+    let template = [
+        TemplateArg::Type("T", dtype),
+        TemplateArg::Int("D", head_dim),
+        TemplateArg::Int("WARPS", warps),
+        TemplateArg::Int("HAS_STARTS", i32::from(starts.is_some())),
+    ];
+    let grid = (splits * warps * 32, rows * heads, 1);
+    let block = (warps * 32, 1, 1);
+    if splits == 1 {
+        let mut out = with_kernel(&WHOLE_KERNEL, |kernel| {
+            kernel.launch(
+                &inputs,
+                &Launch {
+                    outputs: &[(q.shape(), dtype)],
+                    grid,
+                    block,
+                    template: &template,
+                },
+            )
+        })?;
+        return Ok(out.remove(0));
+    }
+    let parts = with_kernel(&PART_KERNEL, |kernel| {
+        kernel.launch(
+            &inputs,
+            &Launch {
+                outputs: &[
+                    (&[rows * heads, splits, head_dim], Dtype::Float32),
+                    (&[rows * heads, splits, 2], Dtype::Float32),
+                ],
+                grid,
+                block,
+                template: &template,
+            },
+        )
+    })?;
+    let mut out = with_kernel(&MERGE_KERNEL, |kernel| {
+        kernel.launch(
+            &parts,
+            &Launch {
+                outputs: &[(q.shape(), dtype)],
+                grid: (head_dim, rows * heads, 1),
+                block: (head_dim, 1, 1),
+                template: &template[..2],
+            },
+        )
+    })?;
+    Ok(out.remove(0))
+}

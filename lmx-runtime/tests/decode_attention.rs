@@ -1,0 +1,214 @@
+//! One query per row over a decode step's whole key-value buffers (`nn::decode_attention`)
+//! against a float64 softmax over the slots each row sees, computed here: MLX's fused attention
+//! under a mask on the CPU, lmx's kernel on MLX's CUDA backend (`tests/gpu.sh`), whose split form
+//! (past 1,024 slots of capacity) and rows that start late are covered too.
+
+use lmx_runtime::nn::{self, DecodeSlots};
+use lmx_runtime::Array;
+use mlx_rs::{random, Dtype};
+
+/// Normal values of `shape`, rounded to `dtype`.
+fn normal(shape: &[i32], seed: u64, dtype: Dtype) -> Array {
+    let key = random::key(seed).unwrap();
+    random::normal::<f32>(shape, None, None, &key)
+        .unwrap()
+        .as_dtype(dtype)
+        .unwrap()
+}
+
+/// The values of `a` as float64, row-major.
+fn values(a: &Array) -> Vec<f64> {
+    let a = a.as_dtype(Dtype::Float32).unwrap();
+    a.as_slice::<f32>().iter().map(|&v| v as f64).collect()
+}
+
+/// The slots row `b` sees: its start up to the query's slot, or the query's slot alone where
+/// that comes before the row's start.
+fn seen(position: i32, start: i32) -> std::ops::RangeInclusive<i32> {
+    if position < start {
+        position..=position
+    } else {
+        start..=position
+    }
+}
+
+struct Case {
+    rows: i32,
+    heads: i32,
+    kv_heads: i32,
+    capacity: i32,
+    head_dim: i32,
+    position: i32,
+    starts: Option<Vec<i32>>,
+    dtype: Dtype,
+}
+
+fn check(case: &Case) {
+    let Case {
+        rows,
+        heads,
+        kv_heads,
+        capacity,
+        head_dim: d,
+        position,
+        dtype,
+        ..
+    } = *case;
+    let q = normal(&[rows, heads, 1, d], 1, dtype);
+    let k = normal(&[rows, kv_heads, capacity, d], 2, dtype);
+    let v = normal(&[rows, kv_heads, capacity, d], 3, dtype);
+    let starts = case.starts.clone().unwrap_or(vec![0; rows as usize]);
+    let slots = DecodeSlots {
+        position: Array::from_int(position),
+        starts: case.starts.as_ref().map(|s| Array::from_slice(s, &[rows])),
+    };
+    let mask = || {
+        let visible: Vec<bool> = (0..rows)
+            .flat_map(|b| {
+                let range = seen(position, starts[b as usize]);
+                (0..capacity).map(move |j| range.contains(&j))
+            })
+            .collect();
+        Ok(Array::from_slice(&visible, &[rows, 1, 1, capacity]))
+    };
+    let out = nn::decode_attention(&q, &k, &v, &slots, mask).unwrap();
+    assert_eq!(out.shape(), [rows, heads, 1, d]);
+    assert_eq!(out.dtype(), dtype);
+
+    let (qv, kv, vv) = (values(&q), values(&k), values(&v));
+    let (d_u, cap_u) = (d as usize, capacity as usize);
+    let group = heads / kv_heads;
+    let mut expected = Vec::new();
+    for b in 0..rows {
+        for h in 0..heads {
+            let query = &qv[((b * heads + h) as usize) * d_u..][..d_u];
+            let base = ((b * kv_heads + h / group) as usize) * cap_u * d_u;
+            let scores: Vec<(usize, f64)> = seen(position, starts[b as usize])
+                .map(|j| {
+                    let key = &kv[base + j as usize * d_u..][..d_u];
+                    let dot: f64 = query.iter().zip(key).map(|(a, b)| a * b).sum();
+                    (j as usize, dot / (d as f64).sqrt())
+                })
+                .collect();
+            let top = scores.iter().fold(f64::MIN, |m, (_, s)| m.max(*s));
+            let total: f64 = scores.iter().map(|(_, s)| (s - top).exp()).sum();
+            for c in 0..d_u {
+                expected.push(
+                    scores
+                        .iter()
+                        .map(|(j, s)| (s - top).exp() / total * vv[base + j * d_u + c])
+                        .sum::<f64>(),
+                );
+            }
+        }
+    }
+    let got = values(&out);
+    let worst = got
+        .iter()
+        .zip(&expected)
+        .fold(0.0f64, |m, (g, e)| m.max((g - e).abs()));
+    // Outputs are averages of unit normals: the bound is absolute. bfloat16 rounds the output
+    // once (8 bits), and MLX's path on the CPU also rounds its scores and weights.
+    let bound = match dtype {
+        Dtype::Float32 => 1e-5,
+        Dtype::Float16 => 5e-3,
+        _ => 3e-2,
+    };
+    assert!(
+        worst < bound,
+        "{rows}x{heads}/{kv_heads} heads, {capacity} slots, d {d}, position {position}, \
+         starts {:?}, {dtype:?}: largest difference {worst}",
+        case.starts
+    );
+}
+
+#[test]
+fn one_query_sees_the_slots_up_to_its_own() {
+    for position in [0, 37, 255] {
+        check(&Case {
+            rows: 1,
+            heads: 4,
+            kv_heads: 2,
+            capacity: 256,
+            head_dim: 64,
+            position,
+            starts: None,
+            dtype: Dtype::Float32,
+        });
+    }
+    check(&Case {
+        rows: 1,
+        heads: 32,
+        kv_heads: 4,
+        capacity: 512,
+        head_dim: 64,
+        position: 383,
+        starts: None,
+        dtype: Dtype::Bfloat16,
+    });
+    check(&Case {
+        rows: 2,
+        heads: 2,
+        kv_heads: 1,
+        capacity: 64,
+        head_dim: 256,
+        position: 20,
+        starts: None,
+        dtype: Dtype::Float16,
+    });
+    // A head size the kernel does not take goes through MLX's attention everywhere.
+    check(&Case {
+        rows: 1,
+        heads: 2,
+        kv_heads: 2,
+        capacity: 32,
+        head_dim: 80,
+        position: 9,
+        starts: None,
+        dtype: Dtype::Float32,
+    });
+}
+
+#[test]
+fn rows_that_start_later_see_only_their_own_slots() {
+    // Row 2's query at slot 40 is on its padding (it starts at 50): it sees only itself.
+    for position in [40, 95] {
+        check(&Case {
+            rows: 3,
+            heads: 8,
+            kv_heads: 8,
+            capacity: 96,
+            head_dim: 32,
+            position,
+            starts: Some(vec![0, 5, 50]),
+            dtype: Dtype::Float32,
+        });
+    }
+}
+
+#[test]
+fn slots_past_a_thousand_are_split_over_blocks() {
+    // 2,304 slots of capacity: three blocks a head on CUDA. At slot 5 two of them see nothing.
+    for position in [5, 1500, 2303] {
+        check(&Case {
+            rows: 2,
+            heads: 4,
+            kv_heads: 2,
+            capacity: 2304,
+            head_dim: 128,
+            position,
+            starts: Some(vec![0, 3]),
+            dtype: Dtype::Float32,
+        });
+    }
+    check(&Case {
+        rows: 1,
+        heads: 8,
+        kv_heads: 2,
+        capacity: 4096,
+        head_dim: 64,
+        position: 4000,
+        starts: None,
+        dtype: Dtype::Bfloat16,
+    });
+}
