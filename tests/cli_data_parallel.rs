@@ -149,7 +149,8 @@ fn assert_same_metric(one: &Path, other: &Path, name: &str, steps: usize) {
 /// DPO (lmx's, and GPT-2's declared step; the frozen reference whole on each rank), distillation (a frozen teacher; the loss a
 /// mean over kept targets) and multi-token prediction on two ranks train as one process on the
 /// whole batch: every step's loss and metrics (DPO's reward margin and preference accuracy, the
-/// heads' losses), averaged over the ranks as the loss is, within 1e-5.
+/// heads' losses), averaged over the ranks as the loss is, within 1e-5; DPO also with its state
+/// packed flat and sharded over the ranks.
 #[test]
 fn objectives_with_frozen_models_train_on_two_ranks_as_in_one_process() {
     let dir = tempfile::tempdir().unwrap();
@@ -171,6 +172,24 @@ fn objectives_with_frozen_models_train_on_two_ranks_as_in_one_process() {
             assert_same_metric(&single, &two, name, 20);
         }
         assert!(metric(&single, "reward_margin")[19] > 0.0, "{step} trained");
+    }
+    // The same DPO with its state packed flat (the default on CUDA), and sharded over the ranks.
+    let dpo = [
+        "--step",
+        "builtin:dpo",
+        "--data",
+        &data,
+        "--state-packing",
+        "flat",
+    ];
+    let single = dir.path().join("builtin-dpo-1");
+    for (name, launch) in [("flat", &[][..]), ("sharded", &["--shard-optimizer"][..])] {
+        let two = dir.path().join(format!("dpo-{name}-2"));
+        train(2, launch, &two, "20", "10", &dpo);
+        assert_same_losses(&single, &two);
+        for metric in ["reward_margin", "accuracy"] {
+            assert_same_metric(&single, &two, metric, 20);
+        }
     }
 
     let teacher = dir.path().join("teacher");

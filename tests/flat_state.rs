@@ -142,6 +142,98 @@ fn a_flat_step_computes_the_per_parameter_steps_numbers() -> Result<()> {
     Ok(())
 }
 
+/// A loss that reads a frozen model (a linear layer's leaves, `frozen`) and reports a metric
+/// after itself: the squared distance of the net's outputs from the frozen layer's, and the mean
+/// output.
+fn loss_with_frozen(
+    params: &Net,
+    frozen: &[Array],
+    batch: &[Array],
+    key: &Array,
+) -> Result<Vec<Array>> {
+    let reference = LinearParams::new(frozen[0].clone(), Some(frozen[1].clone()));
+    let target = nn::linear(&reference, &batch[0])?;
+    let hidden = nn::linear(&params.fixed, &batch[0])?;
+    let out = nn::linear(&params.proj, &hidden)?.multiply(&params.scale)?;
+    let mean = out.mean(false)?;
+    let loss = out.subtract(&target)?.square()?.mean(false)?;
+    Ok(vec![loss.add(self::loss(params, batch, key)?)?, mean])
+}
+
+#[test]
+fn a_flat_step_over_frozen_models_reports_the_per_parameter_steps_loss_and_metrics() -> Result<()> {
+    let mut keys = Keys::from_seed(9)?;
+    let reference = nn::init::linear(4, 3, true, &mut keys)?;
+    let frozen = vec![
+        reference.weight.clone(),
+        reference.bias.clone().expect("a bias"),
+    ];
+    for (compile, accumulation) in [(true, 1), (false, 1), (true, 2), (false, 2)] {
+        let options = StepOptions {
+            compile,
+            accumulation,
+            clip_norm: Some(0.5),
+            ..StepOptions::default()
+        };
+        let what = format!("compiled {compile}, {accumulation} micro-batches");
+        let mut state = TrainState::new(net()?, &optimizer(), 0)?;
+        let mut flat_step = FlatStep::data_parallel_with_frozen(
+            &state,
+            optimizer(),
+            frozen.clone(),
+            loss_with_frozen,
+            1,
+            options,
+            None,
+        )?
+        .expect("packs");
+        let mut flat = flat_step.pack(&state)?;
+        let mut step = TrainStep::with_frozen_metrics(
+            &state,
+            optimizer(),
+            frozen.clone(),
+            loss_with_frozen,
+            1,
+            options,
+        )?;
+        for index in 0..5 {
+            let batch = batch(20 + index);
+            let ours = flat_step.step(&mut flat, 0.05, &batch)?;
+            let theirs = step.step(&mut state, 0.05, &batch)?;
+            assert_relative(
+                ours.loss.item_exact::<f32>(),
+                theirs.loss.item_exact::<f32>(),
+                1e-6,
+                &format!("{what}, step {index}: loss"),
+            );
+            assert_eq!(ours.metrics.len(), 1);
+            assert_relative(
+                ours.metrics[0].item_exact::<f32>(),
+                theirs.metrics[0].item_exact::<f32>(),
+                1e-6,
+                &format!("{what}, step {index}: metric"),
+            );
+            assert_relative(
+                ours.grad_norm.item_exact::<f32>(),
+                theirs.grad_norm.item_exact::<f32>(),
+                1e-5,
+                &format!("{what}, step {index}: norm"),
+            );
+        }
+        let unpacked = flat_step.unpack(&flat)?;
+        for ((name, got), expected) in tree::names(&state.params)
+            .iter()
+            .zip(unpacked.flatten())
+            .zip(state.flatten())
+        {
+            for (a, b) in values(&got).iter().zip(&values(&expected)) {
+                assert!((a - b).abs() <= 1e-6, "{what}: {name}: {a} vs {b}");
+            }
+        }
+    }
+    Ok(())
+}
+
 /// A linear loss whose gradients are its batch: `sum(w * batch[0]) + sum(b * batch[1])`.
 #[lmx::model]
 pub struct Wide {

@@ -22,7 +22,10 @@ use crate::distributed::{self, DataParallel, Shard};
 use crate::error::{Error, Result};
 use crate::optim::{DecayScope, Optimizer, StepScalars};
 use crate::state::{StateTemplate, TrainState};
-use crate::step::{accumulate, loss_and_grads, prepare, Loss, Mode, StepMetrics, StepOptions};
+use crate::step::{
+    accumulate, prepare, values_and_grads, Loss, MetricsLoss, Mode, StepMetrics, StepOptions,
+    ValuesFn,
+};
 use crate::tree::{self, Tree};
 use mlx_rs::ops::indexing::IndexOp;
 use mlx_rs::{ops, random, Array, Dtype};
@@ -301,6 +304,10 @@ pub struct FlatStep<P: Tree<Array>, O: Optimizer> {
     mode: Mode,
     /// The batch input of target ids, if the batch has one.
     targets: Option<usize>,
+    /// The frozen models' leaves, inputs of every step after the learning rate.
+    frozen: Vec<Array>,
+    /// How many metrics the loss reports after itself.
+    metrics: usize,
     layout: FlatLayout,
     template: StateTemplate<P, O>,
     traces: Rc<Cell<usize>>,
@@ -345,6 +352,70 @@ where
         options: StepOptions,
         parallel: Option<&DataParallel>,
     ) -> Result<Option<Self>> {
+        let values =
+            move |params: &P, batch: &[Array], key: &Array| Ok(vec![loss(params, batch, key)?]);
+        Self::with_values(
+            state,
+            optimizer,
+            Vec::new(),
+            Rc::new(values),
+            0,
+            options,
+            parallel,
+        )
+    }
+
+    /// [`data_parallel`](Self::data_parallel) for a loss that reads frozen models and reports
+    /// `metrics` values after itself, as
+    /// [`TrainStep::data_parallel_with_frozen`](crate::step::TrainStep::data_parallel_with_frozen)
+    /// takes it: the frozen models' leaves are inputs of every step, with no gradient and no
+    /// optimizer state, and the metrics are averaged over the ranks with the loss. `None` also
+    /// where the model has buffers, which a flat step does not write.
+    pub fn data_parallel_with_frozen(
+        state: &TrainState<P, O>,
+        optimizer: O,
+        frozen: Vec<Array>,
+        loss: impl MetricsLoss<P>,
+        metrics: usize,
+        options: StepOptions,
+        parallel: Option<&DataParallel>,
+    ) -> Result<Option<Self>> {
+        if crate::buffers::count(&state.params) > 0 {
+            return Ok(None);
+        }
+        let count = frozen.len();
+        let values = move |params: &P, inputs: &[Array], key: &Array| {
+            let (frozen, batch) = inputs.split_at(count);
+            let values = loss(params, frozen, batch, key)?;
+            if values.len() != metrics + 1 {
+                return Err(Error::Layout(format!(
+                    "the loss returned {} values, expected itself and {metrics} metrics",
+                    values.len()
+                )));
+            }
+            Ok(values)
+        };
+        Self::with_values(
+            state,
+            optimizer,
+            frozen,
+            Rc::new(values),
+            metrics,
+            options,
+            parallel,
+        )
+    }
+
+    /// The step of `values` (`(params, frozen ++ batch, key) -> [loss, metric...]`).
+    fn with_values(
+        state: &TrainState<P, O>,
+        optimizer: O,
+        frozen: Vec<Array>,
+        values: Rc<ValuesFn<P>>,
+        metrics: usize,
+        options: StepOptions,
+        parallel: Option<&DataParallel>,
+    ) -> Result<Option<Self>> {
         if options.accumulation == 0 {
             return Err(Error::Config(
                 "gradient accumulation needs at least 1 micro-batch".into(),
@@ -370,7 +441,9 @@ where
             trainable: state.specs().iter().map(|spec| spec.trainable).collect(),
             leaf,
             optimizer,
-            loss: Rc::new(loss),
+            values,
+            frozen: frozen.len(),
+            metrics,
             clip_norm: options.clip_norm,
             traces: traces.clone(),
         };
@@ -389,6 +462,8 @@ where
         Ok(Some(FlatStep {
             mode,
             targets: options.targets,
+            frozen,
+            metrics,
             layout,
             template,
             traces,
@@ -442,6 +517,7 @@ where
         let outputs = match &mut self.mode {
             Mode::Fused(fused) => {
                 inputs.push(Array::from_f32(lr));
+                inputs.extend(self.frozen.iter().cloned());
                 inputs.extend(batch.iter().cloned());
                 fused(&inputs)?
             }
@@ -450,9 +526,11 @@ where
                 apply,
                 parts,
             } => {
-                let (grads, loss, _) = accumulate(
+                let mut fixed = inputs.clone();
+                fixed.extend(self.frozen.iter().cloned());
+                let (grads, loss, metrics) = accumulate(
                     micro,
-                    &inputs,
+                    &fixed,
                     &flat[n - 1],
                     batch,
                     *parts,
@@ -462,22 +540,23 @@ where
                 inputs.push(Array::from_f32(lr));
                 inputs.extend(grads);
                 inputs.push(loss);
+                inputs.extend(metrics);
                 inputs.extend(batch.iter().cloned());
                 apply(&inputs)?
             }
         };
-        if outputs.len() != n + 2 {
+        let expected = n + 2 + self.metrics;
+        if outputs.len() != expected {
             return Err(Error::Layout(format!(
-                "the flat step returned {} arrays, expected {}",
+                "the flat step returned {} arrays, expected {expected}",
                 outputs.len(),
-                n + 2
             )));
         }
         *flat = outputs[..n].to_vec();
         Ok(StepMetrics {
             loss: outputs[n].clone(),
             grad_norm: outputs[n + 1].clone(),
-            metrics: Vec::new(),
+            metrics: outputs[n + 2..].to_vec(),
             outputs,
         })
     }
@@ -502,48 +581,55 @@ struct FlatBody<P: Tree<Array>, O: Optimizer> {
     /// An optimizer state of the right structure, to rebuild a group's state from its arrays.
     leaf: O::Leaf,
     optimizer: O,
-    loss: Rc<dyn Loss<P>>,
+    /// `(params, frozen ++ batch, key) -> [loss, metric...]`.
+    values: Rc<ValuesFn<P>>,
+    /// How many frozen leaves come before the batch.
+    frozen: usize,
+    /// How many metrics follow the loss.
+    metrics: usize,
     clip_norm: Option<f32>,
     traces: Rc<Cell<usize>>,
 }
 
 impl<P: Tree<Array>, O: Optimizer> FlatBody<P, O> {
-    /// `[flat state..., lr, batch...] -> [flat state'..., loss, grad_norm]`.
+    /// `[flat state..., lr, frozen..., batch...] -> [flat state'..., loss, grad_norm,
+    /// metric...]`.
     fn fused(&self, inputs: &[Array]) -> Result<Vec<Array>> {
         self.count_trace();
         let n = self.layout.len();
-        self.check_inputs(inputs, n + 1)?;
+        self.check_inputs(inputs, n + 1 + self.frozen)?;
         let (state, rest) = inputs.split_at(n);
-        let (lr, batch) = (&rest[0], &rest[1..]);
+        let (lr, inputs) = (&rest[0], &rest[1..]);
         let (key, subkey) = random::split(&state[n - 1], 2)?;
-        let (grads, grad_norm, loss) = self.gradients(state, batch, &subkey)?;
-        self.update(state, lr, key, grads, grad_norm, loss, batch)
+        let (grads, grad_norm, values) = self.gradients(state, inputs, &subkey)?;
+        let batch = &inputs[self.frozen..];
+        self.update(state, lr, key, grads, grad_norm, values, batch)
     }
 
-    /// `[flat state..., micro-batch..., key] -> [packed grads..., loss]`.
+    /// `[flat state..., frozen..., micro-batch..., key] -> [packed grads..., loss, metric...]`.
     fn micro(&self, inputs: &[Array]) -> Result<Vec<Array>> {
         self.count_trace();
         let n = self.layout.len();
-        self.check_inputs(inputs, n + 1)?;
+        self.check_inputs(inputs, n + 1 + self.frozen)?;
         let (state, rest) = inputs.split_at(n);
-        let (batch, key) = rest.split_at(rest.len() - 1);
-        let (mut grads, _, loss) = self.gradients(state, batch, &key[0])?;
-        grads.push(loss);
+        let (inputs, key) = rest.split_at(rest.len() - 1);
+        let (mut grads, _, values) = self.gradients(state, inputs, &key[0])?;
+        grads.extend(values);
         Ok(grads)
     }
 
-    /// `[flat state..., lr, packed mean grads..., mean loss, batch...] -> [flat state'..., loss,
-    /// grad_norm]`: the update over the micro-batches' mean (the batch is read for its targets,
-    /// this rank's share of the ranks' kept ones).
+    /// `[flat state..., lr, packed mean grads..., mean loss, mean metric..., batch...] -> [flat
+    /// state'..., loss, grad_norm, metric...]`: the update over the micro-batches' mean (the
+    /// batch is read for its targets, this rank's share of the ranks' kept ones).
     fn apply(&self, inputs: &[Array]) -> Result<Vec<Array>> {
         self.count_trace();
         let n = self.layout.len();
         let groups = self.layout.groups.len();
-        self.check_inputs(inputs, n + groups + 2)?;
+        self.check_inputs(inputs, n + groups + 2 + self.metrics)?;
         let (state, rest) = inputs.split_at(n);
         let (lr, rest) = (&rest[0], &rest[1..]);
         let (grads, rest) = rest.split_at(groups);
-        let (loss, batch) = (&rest[0], &rest[1..]);
+        let (values, batch) = rest.split_at(1 + self.metrics);
         let (key, _) = random::split(&state[n - 1], 2)?;
         let grad_norm = clip::global_norm(grads)?;
         self.update(
@@ -552,7 +638,7 @@ impl<P: Tree<Array>, O: Optimizer> FlatBody<P, O> {
             key,
             grads.to_vec(),
             grad_norm,
-            loss.clone(),
+            values.to_vec(),
             batch,
         )
     }
@@ -571,30 +657,31 @@ impl<P: Tree<Array>, O: Optimizer> FlatBody<P, O> {
         Ok(())
     }
 
-    /// The loss at the parameters of the flat `state` on `batch`, and its gradients packed by
-    /// group with their global norm: `(grads, grad_norm, loss)`.
+    /// The loss and its metrics at the parameters of the flat `state` on `inputs` (the frozen
+    /// leaves, then the batch), and the loss's gradients packed by group with their global norm:
+    /// `(grads, grad_norm, [loss, metric...])`.
     fn gradients(
         &self,
         state: &[Array],
-        batch: &[Array],
+        inputs: &[Array],
         key: &Array,
-    ) -> Result<(Vec<Array>, Array, Array)> {
+    ) -> Result<(Vec<Array>, Array, Vec<Array>)> {
         let params = self.layout.params(state)?;
-        let (loss, grads) = loss_and_grads(
+        let (values, grads) = values_and_grads(
             &self.template,
-            &self.loss,
+            &*self.values,
             &self.trainable,
             &params,
-            batch,
+            inputs,
             key,
         )?;
         let (grads, grad_norm) = self.layout.pack_grads(&grads)?;
-        Ok((grads, grad_norm, loss))
+        Ok((grads, grad_norm, values))
     }
 
-    /// Averages the packed gradients `grads` (of global norm `grad_norm`) and `loss` over the
-    /// ranks, clips and applies the optimizer: `[flat state'..., loss, grad_norm]`, the state's
-    /// key carried on as `key`.
+    /// Averages the packed gradients `grads` (of global norm `grad_norm`) and `values` (the
+    /// loss and its metrics) over the ranks, clips and applies the optimizer: `[flat state'...,
+    /// loss, grad_norm, metric...]`, the state's key carried on as `key`.
     #[allow(clippy::too_many_arguments)]
     fn update(
         &self,
@@ -603,22 +690,25 @@ impl<P: Tree<Array>, O: Optimizer> FlatBody<P, O> {
         key: Array,
         grads: Vec<Array>,
         grad_norm: Array,
-        loss: Array,
+        values: Vec<Array>,
         batch: &[Array],
     ) -> Result<Vec<Array>> {
         let layout = &self.layout;
         let n = layout.len();
         let targets = self.targets.and_then(|index| batch.get(index));
-        let (grads, grad_norm, loss) = match (&self.group, &self.shard) {
-            (None, _) => (grads, grad_norm, loss),
+        let (grads, grad_norm, values) = match (&self.group, &self.shard) {
+            (None, _) => (grads, grad_norm, values),
             (Some(group), None) => {
-                let (grads, mut values) = distributed::average(group, grads, vec![loss], targets)?;
+                let (grads, values) = distributed::average(group, grads, values, targets)?;
                 let norm = clip::global_norm(&grads)?;
-                (grads, norm, values.remove(0))
+                (grads, norm, values)
             }
             (Some(group), Some(shard)) => {
                 let share = distributed::share(group, targets)?;
-                let loss = group.all_sum(&loss.multiply(&share)?)?;
+                let values = values
+                    .iter()
+                    .map(|value| Ok(group.all_sum(&value.multiply(&share)?)?))
+                    .collect::<Result<Vec<_>>>()?;
                 let parts = grads
                     .iter()
                     .zip(&layout.lengths)
@@ -629,7 +719,7 @@ impl<P: Tree<Array>, O: Optimizer> FlatBody<P, O> {
                     .collect::<Result<Vec<_>>>()?;
                 let local = clip::global_norm(&parts)?;
                 let norm = group.all_sum(&local.multiply(&local)?)?.sqrt()?;
-                (parts, norm, loss)
+                (parts, norm, values)
             }
         };
         let grads = match self.clip_norm {
@@ -663,7 +753,12 @@ impl<P: Tree<Array>, O: Optimizer> FlatBody<P, O> {
         let mut outputs = params;
         outputs.extend(opt);
         outputs.extend(state[n - 2 - layout.frozen..n - 2].iter().cloned());
+        let mut values = values.into_iter();
+        let loss = values
+            .next()
+            .ok_or_else(|| Error::Layout("the loss returned nothing".into()))?;
         outputs.extend([step, key, loss, grad_norm]);
+        outputs.extend(values);
         Ok(outputs)
     }
 }

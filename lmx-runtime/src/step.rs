@@ -51,7 +51,7 @@ impl<P, F: Fn(&P, &[Array], &[Array], &Array) -> Result<Vec<Array>> + 'static> M
 }
 
 /// `(params, batch, key) -> [loss, metric...]`, the form every step function differentiates.
-type ValuesFn<P> = dyn Fn(&P, &[Array], &Array) -> Result<Vec<Array>>;
+pub(crate) type ValuesFn<P> = dyn Fn(&P, &[Array], &Array) -> Result<Vec<Array>>;
 
 /// How the step is run.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -694,29 +694,10 @@ where
     }
 }
 
-/// The loss at `params` (every leaf, in traversal order) and its gradients with respect to the
-/// leaves that `trainable` marks, in traversal order.
-pub(crate) fn loss_and_grads<P: Tree<Array>, O: Optimizer>(
-    template: &StateTemplate<P, O>,
-    loss: &Rc<dyn Loss<P>>,
-    trainable: &[bool],
-    params: &[Array],
-    batch: &[Array],
-    key: &Array,
-) -> Result<(Array, Vec<Array>)> {
-    let values = |params: &P, batch: &[Array], key: &Array| Ok(vec![loss(params, batch, key)?]);
-    let (values, grads) = values_and_grads(template, &values, trainable, params, batch, key)?;
-    let loss = values
-        .into_iter()
-        .next()
-        .ok_or_else(|| Error::Layout("the loss returned nothing".into()))?;
-    Ok((loss, grads))
-}
-
 /// The loss and its metrics (`[loss, metric...]`, MLX differentiating the first and stopping
 /// the gradient of the others) at `params`, and the loss's gradients with respect to the leaves
 /// that `trainable` marks, in traversal order.
-fn values_and_grads<P, O, F>(
+pub(crate) fn values_and_grads<P, O, F>(
     template: &StateTemplate<P, O>,
     loss: &F,
     trainable: &[bool],

@@ -14,7 +14,8 @@ use lmx_runtime::optim::AdamW;
 use lmx_runtime::schedule::Schedule;
 use lmx_runtime::step::StepOptions;
 use lmx_runtime::train::{
-    Callback, Control, JsonlLog, Objective, StepReport, TrainConfig, TrainData, Trainer,
+    Callback, Control, JsonlLog, Objective, StatePacking, StepReport, TrainConfig, TrainData,
+    Trainer,
 };
 use lmx_runtime::{Array, Result};
 use std::path::Path;
@@ -577,11 +578,13 @@ impl Callback for Updates {
 }
 
 /// A GRPO run of the bigram on three prompts (2 an update, groups of 4, 2 tokens each) making
-/// `steps` updates, with a checkpoint every `checkpoint_every`.
+/// `steps` updates, with a checkpoint every `checkpoint_every`, its state laid out as `packing`
+/// says.
 fn tiny_grpo(
     dir: &Path,
     steps: u64,
     checkpoint_every: u64,
+    packing: StatePacking,
 ) -> lmx_runtime::objectives::GrpoRun<Bigram, AdamW> {
     use lmx_runtime::objectives::{Format, GrpoConfig, GrpoRun, Prompt};
     let prompts = ["The ", "and ", "is "]
@@ -607,6 +610,7 @@ fn tiny_grpo(
         seed: 1,
         checkpoint_every,
         out_dir: dir.to_path_buf(),
+        state_packing: packing,
     };
     GrpoRun::<Bigram, AdamW>::new(
         257,
@@ -622,11 +626,18 @@ fn tiny_grpo(
 }
 
 /// A GRPO run (rollouts from the current policy each update, checkpoints) continued from a
-/// checkpoint computes the uninterrupted run's losses and rewards, bit for bit.
+/// checkpoint computes the uninterrupted run's losses and rewards, bit for bit, with its state
+/// per parameter or flat (CUDA's default).
 #[test]
 fn a_resumed_grpo_run_computes_the_uninterrupted_one() {
+    for packing in [StatePacking::PerParameter, StatePacking::Flat] {
+        resumed_grpo_run_computes_the_uninterrupted_one(packing);
+    }
+}
+
+fn resumed_grpo_run_computes_the_uninterrupted_one(packing: StatePacking) {
     let run = |dir: &Path, stop: u64, resume: bool| -> Vec<(u64, f32, f32)> {
-        let mut grpo = tiny_grpo(dir, 6, 3);
+        let mut grpo = tiny_grpo(dir, 6, 3, packing);
         if resume {
             let latest = grpo.latest_checkpoint().unwrap().expect("a checkpoint");
             grpo.resume(&latest).unwrap();
@@ -652,7 +663,7 @@ fn a_resumed_grpo_run_computes_the_uninterrupted_one() {
 fn a_grpo_run_without_periodic_checkpoints_keeps_its_last_update() {
     let last = |steps: u64, stop: u64| {
         let dir = tempfile::tempdir().unwrap();
-        let mut grpo = tiny_grpo(dir.path(), steps, 0);
+        let mut grpo = tiny_grpo(dir.path(), steps, 0, StatePacking::Auto);
         grpo.add_callback(Updates(Default::default(), stop));
         grpo.run().unwrap();
         let latest = grpo.latest_checkpoint().unwrap().expect("a checkpoint");

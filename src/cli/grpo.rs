@@ -124,6 +124,7 @@ where
         seed: train.seed,
         checkpoint_every: train.checkpoint_every,
         out_dir: out_dir.clone(),
+        state_packing: train.state_packing,
     };
     let reward = parse_reward(reward, train.seq_len)?;
     // Only rank 0 writes the run folder.

@@ -15,8 +15,8 @@ use crate::model::LanguageModel;
 use crate::optim::Optimizer;
 use crate::schedule::Schedule;
 use crate::state::TrainState;
-use crate::step::{StepOptions, TrainStep};
-use crate::train::{Callback, Control, StepReport};
+use crate::step::StepOptions;
+use crate::train::{Callback, Control, StatePacking, StepReport, Stepper};
 use mlx_rs::Array;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
@@ -51,13 +51,15 @@ pub struct GrpoConfig {
     pub checkpoint_every: u64,
     /// Where checkpoints go (`checkpoints/` inside).
     pub out_dir: PathBuf,
+    /// How the update's state is laid out (flat on CUDA by default, as the trainer's).
+    pub state_packing: StatePacking,
 }
 
 /// A GRPO run of model `M` with optimizer `O`.
 pub struct GrpoRun<M: LanguageModel, O: Optimizer> {
     run: GrpoConfig,
-    state: TrainState<M::Params, O>,
-    step: TrainStep<M::Params, O>,
+    /// The update's step and the state it owns.
+    stepper: Stepper<M::Params, O>,
     /// Samples every update's rollouts: one for the run, so that its compiled steps are traced
     /// once, not once per update.
     generator: BatchGenerator<M>,
@@ -147,8 +149,9 @@ where
         let state = TrainState::new(params, &optimizer, run.seed)?;
         let loss = objective.loss.clone();
         let model = config;
-        let step = TrainStep::data_parallel_with_frozen(
-            &state,
+        let packing = run.state_packing;
+        let stepper = Stepper::with_frozen(
+            state,
             optimizer,
             objective.frozen.clone(),
             move |params: &M::Params, frozen: &[Array], batch: &[Array], key: &Array| {
@@ -156,13 +159,13 @@ where
             },
             objective.metrics.len(),
             options,
+            packing,
             parallel.as_ref(),
         )?;
         let checkpoints = Checkpoints::new(run.out_dir.join("checkpoints"));
         Ok(GrpoRun {
             run,
-            state,
-            step,
+            stepper,
             generator,
             prompts,
             width,
@@ -189,7 +192,9 @@ where
     /// # Errors
     /// The checkpoint's errors; [`Error::Checkpoint`] when it records no step.
     pub fn resume(&mut self, dir: &Path) -> Result<()> {
-        let trainer = checkpoint::load(dir, &mut self.state)?;
+        let trainer = self
+            .stepper
+            .change_state(|state| checkpoint::load(dir, state))?;
         self.done = trainer["step"].as_u64().ok_or_else(|| Error::Checkpoint {
             path: dir.to_owned(),
             message: "trainer.json records no `step`".into(),
@@ -209,7 +214,7 @@ where
 
     /// The state after the last update.
     pub fn state(&self) -> &TrainState<M::Params, O> {
-        &self.state
+        self.stepper.state()
     }
 
     /// This rank's prompts of update `index` (the update's: the next `prompts_per_step`,
@@ -258,7 +263,8 @@ where
                 ..Sampling::default()
             };
             let building = Instant::now();
-            self.generator.set_params(self.state.params.clone())?;
+            self.generator
+                .set_params(self.stepper.state().params.clone())?;
             let (prompts, first) = self.prompts_of(index);
             // Completion `i` of the update draws with seed `seed + i` on whichever rank.
             let sampling = Sampling {
@@ -278,7 +284,7 @@ where
             let rollout_s = building.elapsed().as_secs_f64();
             let lr = self.run.schedule.lr(index);
             let submitting = Instant::now();
-            let metrics = self.step.step(&mut self.state, lr, &rollouts.batch())?;
+            let metrics = self.stepper.step(lr, &rollouts.batch())?;
             let submit_s = submitting.elapsed().as_secs_f64();
             let waiting = Instant::now();
             mlx_rs::transforms::eval(&metrics.outputs)?;
@@ -325,7 +331,8 @@ where
             // so that a run without periodic checkpoints still leaves its trained policy.
             if writes && (due || stop || self.done == self.run.steps) {
                 let trainer = serde_json::json!({ "step": self.done });
-                self.checkpoints.save(self.done, &self.state, &trainer)?;
+                self.checkpoints
+                    .save(self.done, self.stepper.state(), &trainer)?;
             }
             if stop {
                 break;

@@ -26,4 +26,5 @@ pub use overlap::Overlap;
 pub use packing::StatePacking;
 pub use precision::Precision;
 pub use progress::{ProgressBar, ProgressLines};
+pub(crate) use stepper::Stepper;
 pub use trainer::{TrainData, TrainSummary, Trainer};

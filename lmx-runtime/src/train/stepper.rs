@@ -12,7 +12,7 @@ use mlx_rs::Array;
 use std::cell::OnceCell;
 
 /// A training step and the state it owns.
-pub(super) enum Stepper<P: Tree<Array>, O: Optimizer> {
+pub(crate) enum Stepper<P: Tree<Array>, O: Optimizer> {
     /// One array per parameter and optimizer state array.
     PerParameter {
         step: TrainStep<P, O>,
@@ -33,7 +33,7 @@ where
     O: Optimizer,
 {
     /// The step over `state`, laid out as `packing` says.
-    pub(super) fn new(
+    pub(crate) fn new(
         state: TrainState<P, O>,
         optimizer: O,
         loss: impl Loss<P> + Clone,
@@ -41,50 +41,16 @@ where
         packing: StatePacking,
         parallel: Option<&DataParallel>,
     ) -> Result<Self> {
-        let shard = parallel.is_some_and(|parallel| parallel.shard_optimizer);
-        // The flat step sums the gradients over the ranks inside itself only.
-        let reduce_in_step = parallel.is_none_or(|parallel| parallel.reduce == Reduce::InStep);
-        let flat = match packing {
-            StatePacking::Auto => (crate::cuda::available() || shard) && reduce_in_step,
-            StatePacking::Flat => true,
-            StatePacking::PerParameter => false,
-        };
-        if shard && !flat {
-            return Err(Error::Config(
-                "a sharded optimizer state is a flat one: it needs the flat state packing \
-                 and the gradients summed in the step"
-                    .into(),
-            ));
-        }
-        if flat {
-            if !reduce_in_step {
-                return Err(Error::Config(
-                    "a flat state sums the gradients over the ranks inside its step".into(),
-                ));
-            }
-            match FlatStep::data_parallel(
+        if flat_wanted(packing, parallel)? {
+            let step = FlatStep::data_parallel(
                 &state,
                 optimizer.clone(),
                 loss.clone(),
                 options,
                 parallel,
-            )? {
-                Some(step) => {
-                    let flat = step.pack(&state)?;
-                    return Ok(Stepper::Flat {
-                        step,
-                        flat,
-                        unpacked: OnceCell::new(),
-                    });
-                }
-                None if packing == StatePacking::Flat => {
-                    return Err(Error::Config(format!(
-                        "the state of `{}` cannot be packed flat: its update is not elementwise \
-                         or the model has nothing to train; use per-parameter state",
-                        optimizer.name()
-                    )))
-                }
-                None => {}
+            )?;
+            if let Some(flat) = Self::flat(step, &state, &optimizer, packing)? {
+                return Ok(flat);
             }
         }
         Ok(Stepper::PerParameter {
@@ -94,26 +60,33 @@ where
     }
 
     /// The step of a loss that reads `frozen` leaves besides the parameters and reports
-    /// `metrics` values after itself ([`TrainStep::data_parallel_with_frozen`]): per-parameter
-    /// state, as a flat step has no frozen inputs.
+    /// `metrics` values after itself ([`TrainStep::data_parallel_with_frozen`]), laid out as
+    /// `packing` says; per parameter where the model has buffers, which a flat step does not
+    /// write.
     #[allow(clippy::too_many_arguments)]
-    pub(super) fn with_frozen(
+    pub(crate) fn with_frozen(
         state: TrainState<P, O>,
         optimizer: O,
         frozen: Vec<Array>,
-        loss: impl MetricsLoss<P>,
+        loss: impl MetricsLoss<P> + Clone,
         metrics: usize,
         options: StepOptions,
         packing: StatePacking,
         parallel: Option<&DataParallel>,
     ) -> Result<Self> {
-        let shard = parallel.is_some_and(|parallel| parallel.shard_optimizer);
-        if packing == StatePacking::Flat || shard {
-            return Err(Error::Config(
-                "a step with frozen models, metrics of its own or buffers keeps per-parameter \
-                 state: drop the flat state packing and the sharded optimizer state"
-                    .into(),
-            ));
+        if flat_wanted(packing, parallel)? {
+            let step = FlatStep::data_parallel_with_frozen(
+                &state,
+                optimizer.clone(),
+                frozen.clone(),
+                loss.clone(),
+                metrics,
+                options,
+                parallel,
+            )?;
+            if let Some(flat) = Self::flat(step, &state, &optimizer, packing)? {
+                return Ok(flat);
+            }
         }
         Ok(Stepper::PerParameter {
             step: TrainStep::data_parallel_with_frozen(
@@ -123,8 +96,34 @@ where
         })
     }
 
+    /// The flat stepper over `state` where `step` could be made; where it could not, `None` to
+    /// fall back to per-parameter state, or the reason when `packing` asked for flat.
+    fn flat(
+        step: Option<FlatStep<P, O>>,
+        state: &TrainState<P, O>,
+        optimizer: &O,
+        packing: StatePacking,
+    ) -> Result<Option<Self>> {
+        match step {
+            Some(step) => {
+                let flat = step.pack(state)?;
+                Ok(Some(Stepper::Flat {
+                    step,
+                    flat,
+                    unpacked: OnceCell::new(),
+                }))
+            }
+            None if packing == StatePacking::Flat => Err(Error::Config(format!(
+                "the state of `{}` cannot be packed flat: its update is not elementwise, the \
+                 model has nothing to train or it has buffers; use per-parameter state",
+                optimizer.name()
+            ))),
+            None => Ok(None),
+        }
+    }
+
     /// The state after the last step.
-    pub(super) fn state(&self) -> &TrainState<P, O> {
+    pub(crate) fn state(&self) -> &TrainState<P, O> {
         match self {
             Stepper::PerParameter { state, .. } => state,
             Stepper::Flat {
@@ -139,7 +138,7 @@ where
     }
 
     /// Changes the state through `change` (on a flat state: unpacked, changed, packed again).
-    pub(super) fn change_state<R>(
+    pub(crate) fn change_state<R>(
         &mut self,
         change: impl FnOnce(&mut TrainState<P, O>) -> Result<R>,
     ) -> Result<R> {
@@ -160,7 +159,7 @@ where
     }
 
     /// Runs one step (lazily: nothing is evaluated here).
-    pub(super) fn step(&mut self, lr: f32, batch: &[Array]) -> Result<StepMetrics> {
+    pub(crate) fn step(&mut self, lr: f32, batch: &[Array]) -> Result<StepMetrics> {
         match self {
             Stepper::PerParameter { step, state } => step.step(state, lr, batch),
             Stepper::Flat {
@@ -175,7 +174,7 @@ where
     }
 
     /// How many times the step has been traced.
-    pub(super) fn traces(&self) -> usize {
+    pub(crate) fn traces(&self) -> usize {
         match self {
             Stepper::PerParameter { step, .. } => step.traces(),
             Stepper::Flat { step, .. } => step.traces(),
@@ -183,7 +182,33 @@ where
     }
 
     /// Whether the state is packed flat.
-    pub(super) fn is_flat(&self) -> bool {
+    pub(crate) fn is_flat(&self) -> bool {
         matches!(self, Stepper::Flat { .. })
     }
+}
+
+/// Whether `packing` asks for the flat state in this run: `Auto` on CUDA or with a sharded
+/// optimizer state, where the gradients are summed over the ranks inside the step (the flat step
+/// sums them there only).
+fn flat_wanted(packing: StatePacking, parallel: Option<&DataParallel>) -> Result<bool> {
+    let shard = parallel.is_some_and(|parallel| parallel.shard_optimizer);
+    let reduce_in_step = parallel.is_none_or(|parallel| parallel.reduce == Reduce::InStep);
+    let flat = match packing {
+        StatePacking::Auto => (crate::cuda::available() || shard) && reduce_in_step,
+        StatePacking::Flat => true,
+        StatePacking::PerParameter => false,
+    };
+    if shard && !flat {
+        return Err(Error::Config(
+            "a sharded optimizer state is a flat one: it needs the flat state packing \
+             and the gradients summed in the step"
+                .into(),
+        ));
+    }
+    if flat && !reduce_in_step {
+        return Err(Error::Config(
+            "a flat state sums the gradients over the ranks inside its step".into(),
+        ));
+    }
+    Ok(flat)
 }
