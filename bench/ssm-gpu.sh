@@ -1,7 +1,10 @@
 #!/bin/bash
-# Mamba-2 training tokens/s: lmx's models/mamba2.lmx (the chunked `ssd` scan, in the compiled
-# step) against mlx-lm's own Mamba-2 in Python MLX (bench/ssm_anchor_mlx.py), same settings, one
-# GPU, in one call on the GPU machine with MLX's CUDA build staged (../shared/gpu/README.md):
+# Recurrent layers' training tokens/s (issue 24): lmx's models/mamba2.lmx (the chunked `ssd`
+# scan, in the compiled step) against mlx-lm's own Mamba-2, and models/qwen3_next.lmx with dense
+# MLPs (Gated DeltaNet layers, the chunked `gated_delta`, and gated attention every 4th layer)
+# against mlx-lm's own `qwen3_next` at the same settings, in Python MLX
+# (bench/ssm_anchor_mlx.py), one GPU, in one call on the GPU machine with MLX's CUDA build staged
+# (../shared/gpu/README.md):
 #
 #     bash bench/ssm-gpu.sh OUT
 #
@@ -10,8 +13,14 @@
 # shapes, batch x sequence tokens a step; summary.txt holds the table.
 # Environment: LMX (default target/release/lmx), PYTHON (default python3, with mlx and mlx-lm),
 # STEPS (default 40), SIZES (default "mamba2-130m:768:24 mamba2-370m:1024:48": preset, d_model,
-# layers), BATCH (default 8), SEQ (default 1024), DTYPE (bfloat16 or float32).
-# A tiny check on the CPU: LMX_DEVICE=cpu SIZES=tiny:64:2 BATCH=2 SEQ=64 STEPS=12 DTYPE=float32.
+# layers), BATCH (default 8), SEQ (default 1024), DTYPE (bfloat16 or float32); DELTANET (default
+# "deltanet:1024:8": name, d_model, layers; "" for none) at DELTA_SEQ positions (default 512:
+# mlx-lm's gated delta rule runs one position after another outside Metal, which its compiled
+# step unrolls), VOCAB (default 32000), the rest of its shape fixed below (8 attention heads of
+# 128, 2 key/value heads, a quarter of them rotated; 8 DeltaNet key heads and 16 value heads of
+# 64; MLP 2816 wide; chunks of 64).
+# A tiny check on the CPU: LMX_DEVICE=cpu SIZES=tiny:64:2 DELTANET=deltanet-tiny:64:4 BATCH=2
+# SEQ=64 DELTA_SEQ=64 VOCAB=257 STEPS=12 DTYPE=float32.
 set -u
 out=${1:?output folder}
 mkdir -p "$out"
@@ -22,7 +31,10 @@ batch=${BATCH:-8}
 seq=${SEQ:-1024}
 dtype=${DTYPE:-bfloat16}
 device=${LMX_DEVICE:-gpu}
-sizes=${SIZES:-"mamba2-130m:768:24 mamba2-370m:1024:48"}
+sizes=${SIZES-"mamba2-130m:768:24 mamba2-370m:1024:48"}
+deltanet=${DELTANET-"deltanet:1024:8"}
+delta_seq=${DELTA_SEQ:-512}
+vocab=${VOCAB:-32000}
 here=$(dirname "$0")
 work=$(mktemp -d)
 { nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>/dev/null
@@ -58,7 +70,28 @@ for size in $sizes; do
         --warmup 10 --dtype "$dtype"
 done
 
-"$python" - "$out" "$sizes" > "$out/summary.txt" 2>&1 <<'PY'
+for size in $deltanet; do
+    IFS=: read -r name d_model layers <<< "$size"
+    shape=(--heads 8 --kv-heads 2 --head-dim 128 --rope-dims 32 --lin-k-heads 8 --lin-v-heads 16
+        --lin-k-dim 64 --lin-v-dim 64 --d-ff 2816 --attn-every 4)
+    settings=()
+    for pair in n_heads=8 n_kv_heads=2 head_dim=128 rope_dims=32 lin_k_heads=8 lin_v_heads=16 \
+        lin_k_dim=64 lin_v_dim=64 d_ff=2816 attn_every=4 chunk=64 n_experts=0 tie=false; do
+        settings+=(--set "$pair")
+    done
+    precision=$([ "$dtype" = bfloat16 ] && echo bfloat16 || echo float32)
+    run "lmx-$name" "$lmx" train --device "$device" --model qwen3_next --preset dense-tiny \
+        "${settings[@]}" --set "vocab=$vocab" --set "d_model=$d_model" --set "n_layers=$layers" \
+        --set "ctx=$delta_seq" --tokenizer byte --data data/shakespeare.txt --seq-len "$delta_seq" \
+        --batch-size "$batch" --precision "$precision" --steps "$steps" --eval-every 0 \
+        --checkpoint-every 0 --quiet --sample 0 --out "$work/$name"
+    cp "$work/$name/metrics.jsonl" "$out/lmx-$name.jsonl" 2>/dev/null
+    run "anchor-$name" "$python" "$here/ssm_anchor_mlx.py" --family qwen3_next --vocab "$vocab" \
+        --d-model "$d_model" --layers "$layers" "${shape[@]}" --batch "$batch" --seq "$delta_seq" \
+        --steps "$((steps - 10))" --warmup 10 --dtype "$dtype"
+done
+
+"$python" - "$out" "$sizes $deltanet" > "$out/summary.txt" 2>&1 <<'PY'
 import json, statistics, sys
 out, sizes = sys.argv[1], sys.argv[2].split()
 print(f"{'preset':<14} {'lmx tok/s':>12} {'mlx-lm tok/s':>13} {'ratio':>7}  lmx peak MiB / anchor peak MiB")
