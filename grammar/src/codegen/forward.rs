@@ -338,6 +338,9 @@ pub(crate) struct Fx<'g, 'm> {
     pub drops: bool,
     /// Whether it applies a linear layer, whose adapter may draw dropout masks (`pass.linear`).
     pub linears: bool,
+    /// Whether it applies a stacked experts layer, whose adapters may draw dropout masks
+    /// (`pass.experts`).
+    pub experts: bool,
     /// Whether it gives a buffer its next value (`pass.write_buffer`).
     pub writes: bool,
     /// In a step: the context its `forward(..)` calls share (one dropout key stream per step).
@@ -363,6 +366,7 @@ impl<'g, 'm> Fx<'g, 'm> {
             recurs: false,
             drops: false,
             linears: false,
+            experts: false,
             writes: false,
             step_ctx: None,
             frozen: Vec::new(),
@@ -1234,10 +1238,17 @@ impl<'g, 'm> Fx<'g, 'm> {
             } => {
                 let input = self.arg_tensor(args, 0, "x", span)?;
                 if kind == LayerKind::Experts {
+                    // Through the pass, as a linear layer: its adapters' dropout draws from the
+                    // step's key.
+                    self.uses_pass = true;
+                    self.pass_mut = true;
+                    self.experts = true;
                     let x = self.hoist(input, "experts_in").r();
                     let idx = self.arg_tensor(args, 1, "indices", span)?;
-                    let idx = idx.r();
-                    return Ok(X::Tensor(T::owned(quote!(nn::experts(&#place, #x, #idx)?))));
+                    let idx = self.hoist(idx, "experts_idx").r();
+                    return Ok(X::Tensor(T::owned(
+                        quote!(pass.experts(&#place, #x, #idx)?),
+                    )));
                 }
                 let x = input.r();
                 let arg = |name: &str| layer_args.iter().find(|(n, _)| n == name).map(|(_, e)| e);

@@ -111,6 +111,8 @@ pub(crate) struct BlockInfo {
     pub drops: bool,
     /// Whether it applies a linear layer (whose adapter's dropout draws masks).
     pub linears: bool,
+    /// Whether it applies a stacked experts layer (whose adapters' dropout draws masks).
+    pub experts: bool,
     /// Whether it gives a buffer its next value.
     pub writes: bool,
     /// The `impl` with its forward method.
@@ -431,6 +433,7 @@ impl<'m> Gen<'m> {
                     recurs: false,
                     drops: false,
                     linears: false,
+                    experts: false,
                     writes: false,
                     code: TokenStream::new(),
                 }
@@ -522,6 +525,7 @@ impl<'m> Gen<'m> {
             recurs: fx.recurs,
             drops: fx.drops,
             linears: fx.linears,
+            experts: fx.experts,
             writes: fx.writes,
             code,
         })
@@ -559,8 +563,10 @@ impl<'m> Gen<'m> {
         let has_scan = fx.recurs || self.any_block(|b| b.recurs);
         let has_dropout = fx.drops || self.any_block(|b| b.drops);
         let has_linear = fx.linears || self.any_block(|b| b.linears);
+        let has_experts = fx.experts || self.any_block(|b| b.experts);
         let has_writes = fx.writes || self.any_block(|b| b.writes);
-        let has_ctx = has_attention || has_scan || has_dropout || has_linear || has_writes;
+        let has_ctx =
+            has_attention || has_scan || has_dropout || has_linear || has_experts || has_writes;
         let any_pass = fx.uses_pass || self.any_block(|b| b.needs_pass);
         let first_input = inputs_names(ast).into_iter().next().unwrap_or_default();
         let first = ident(&first_input);
@@ -582,7 +588,7 @@ impl<'m> Gen<'m> {
         if has_ctx {
             let doc = match (
                 has_attention || has_scan,
-                has_dropout || has_linear || has_writes,
+                has_dropout || has_linear || has_experts || has_writes,
             ) {
                 (true, true) => {
                     " The runtime context: the key-value cache during generation, the dropout key \
@@ -634,6 +640,19 @@ impl<'m> Gen<'m> {
                     }
                 }
             });
+            let experts = has_experts.then(|| {
+                quote! {
+                    /// A stacked experts layer, its adapters' dropout on in a training step.
+                    fn experts(
+                        &mut self,
+                        params: &nn::SwitchGluParams,
+                        x: &Array,
+                        indices: &Array,
+                    ) -> Result<Array> {
+                        nn::experts_in(params, x, indices, self.ctx)
+                    }
+                }
+            });
             let scan = has_scan.then(|| {
                 quote! {
                     /// The runtime context and the next recurrent slot, for a recurrence's call
@@ -654,7 +673,7 @@ impl<'m> Gen<'m> {
                 }
             });
             let methods = if has_ctx {
-                quote!(impl Pass<'_> { #attend #scan #dropout #linear #write })
+                quote!(impl Pass<'_> { #attend #scan #dropout #linear #experts #write })
             } else {
                 TokenStream::new()
             };

@@ -115,8 +115,7 @@ fn default_keys<R: Tree<Array> + ?Sized>(tree: &R) -> BTreeSet<String> {
 /// Fails, leaving `tree` unchanged, on a rank below 1, a scale that is not finite, a dropout
 /// outside `[0, 1)`, more `num_layers` than blocks, a key that names no linear layer or stacked
 /// experts, a layer that already has an adapter, or DoRA on stacked experts (which mlx-lm's DoRA
-/// does not adapt either), and on a dropout for stacked experts, whose product takes no
-/// training context to draw its mask from.
+/// does not adapt either).
 pub fn attach<R: Tree<Array> + ?Sized>(
     tree: &mut R,
     parameters: &LoraParameters,
@@ -170,7 +169,7 @@ pub fn attach<R: Tree<Array> + ?Sized>(
             Layer::SwitchLinear(switch) => {
                 matched.insert(key.to_owned());
                 if chosen(name) {
-                    if let Some(trouble) = experts_problem(name, key, switch, parameters, kind) {
+                    if let Some(trouble) = experts_problem(name, key, switch, kind) {
                         problem.get_or_insert(trouble);
                     }
                 }
@@ -294,13 +293,11 @@ fn settings(parameters: &LoraParameters) -> LoraSettings {
     }
 }
 
-/// Why the stacked experts `name` (of `key`) cannot take an adapter of `kind` with
-/// `parameters`, if they cannot.
+/// Why the stacked experts `name` (of `key`) cannot take an adapter of `kind`, if they cannot.
 fn experts_problem(
     name: &str,
     key: &str,
     switch: &SwitchLinearParams,
-    parameters: &LoraParameters,
     kind: FineTuneType,
 ) -> Option<String> {
     if switch.lora_a.is_some() {
@@ -309,11 +306,6 @@ fn experts_problem(
         Some(format!(
             "key `{key}` names the stacked experts `{name}`, which DoRA does not adapt (nor does \
              mlx-lm's); use LoRA or keys without them"
-        ))
-    } else if parameters.dropout > 0.0 {
-        Some(format!(
-            "key `{key}` names the stacked experts `{name}`, whose adapters take no dropout in \
-             lmx; use dropout 0 or keys without them"
         ))
     } else {
         None

@@ -20,8 +20,9 @@
 //! groups whose two best experts score highest), then the `k` best experts of those groups.
 
 use super::custom_vjp::{self, WithGradient};
-use super::{literal, scalar, silu, Packed};
+use super::{dropout, literal, scalar, silu, Packed};
 use crate::error::{Error, Result};
+use crate::model::Context;
 use mlx_rs::{ops, Array, Dtype};
 
 /// From this many (token, choice) rows on, [`switch_glu`] sorts the rows by expert (mlx-lm's
@@ -46,6 +47,7 @@ pub fn switch_glu(
             stacked: Stacked::Dense(w),
             adapter: None,
         }),
+        None,
     )
 }
 
@@ -80,11 +82,13 @@ impl Stacked<'_> {
 
 /// Each expert's low-rank adapter of a stacked projection, as mlx-lm's `LoRASwitchLinear`
 /// holds it: `a [experts, rank, in]`, `b [experts, out, rank]`, the term added
-/// `scale * (rows a_e^T) b_e^T` for the chosen expert `e`.
+/// `scale * (dropout(rows) a_e^T) b_e^T` for the chosen expert `e`.
 pub(crate) struct StackedAdapter<'a> {
     pub a: &'a Array,
     pub b: &'a Array,
     pub scale: f32,
+    /// The probability of dropping an input of the adapter, in a training step.
+    pub dropout: f32,
 }
 
 /// A stacked projection and its adapter, if it has one.
@@ -94,11 +98,27 @@ pub(crate) struct Projection<'a> {
 }
 
 impl Projection<'_> {
-    /// `rows [.., 1, in]` times the experts `idx` chose, adapters included: `[.., 1, out]`.
-    fn gather(&self, rows: &Array, idx: &Array, sorted: bool) -> Result<Array> {
+    /// `rows [.., 1, in]` times the experts `idx` chose, adapters included: `[.., 1, out]`. An
+    /// adapter with a dropout probability sees `rows` through [`dropout`], its mask drawn from
+    /// `ctx`'s key (so only in a training step), as mlx-lm's `LoRASwitchLinear` in training mode.
+    fn gather(
+        &self,
+        rows: &Array,
+        idx: &Array,
+        sorted: bool,
+        ctx: Option<&mut Context>,
+    ) -> Result<Array> {
         let y = self.stacked.gather(rows, idx, sorted)?;
         let Some(adapter) = &self.adapter else {
             return Ok(y);
+        };
+        let dropped;
+        let rows = match ctx {
+            Some(ctx) if adapter.dropout > 0.0 => {
+                dropped = dropout(rows, adapter.dropout, ctx)?;
+                &dropped
+            }
+            _ => rows,
         };
         let low = ops::gather_mm(rows, adapter.a.swap_axes(-1, -2)?, None, idx, sorted)?;
         let low = ops::gather_mm(&low, adapter.b.swap_axes(-1, -2)?, None, idx, sorted)?;
@@ -108,10 +128,14 @@ impl Projection<'_> {
 }
 
 /// [`switch_glu`] over `[gate, up, down]`, whichever form each is stored in.
+///
+/// Adapters' dropout draws from `ctx` where one is given (a forward pass's); without one, as in
+/// evaluation, it is off.
 pub(crate) fn gathered_glu(
     x: &Array,
     indices: &Array,
     [gate, up, down]: [Projection<'_>; 3],
+    mut ctx: Option<&mut Context>,
 ) -> Result<Array> {
     let width = *x
         .shape()
@@ -135,8 +159,9 @@ pub(crate) fn gathered_glu(
     } else {
         (rows, indices, None)
     };
-    let hidden = silu(&gate.gather(&rows, &idx, sort)?)?.multiply(up.gather(&rows, &idx, sort)?)?;
-    let y = down.gather(&hidden, &idx, sort)?;
+    let gated = gate.gather(&rows, &idx, sort, ctx.as_deref_mut())?;
+    let hidden = silu(&gated)?.multiply(up.gather(&rows, &idx, sort, ctx.as_deref_mut())?)?;
+    let y = down.gather(&hidden, &idx, sort, ctx)?;
     let y = match inverse {
         Some(inverse) => {
             let out = *y.shape().last().unwrap_or(&1);

@@ -33,5 +33,5 @@ pub use layers::*;
 pub use loss::*;
 pub use rope::*;
 pub use scan::*;
-pub use switch::{experts, SwitchGluParams, SwitchLinearParams};
+pub use switch::{experts, experts_in, SwitchGluParams, SwitchLinearParams};
 pub use tiled_attention::causal_attention;

@@ -12,6 +12,7 @@ use super::experts::{gathered_glu, Projection, Stacked, StackedAdapter};
 use super::init::{uniform, Keys};
 use super::{LoraSettings, Packed, Quantization};
 use crate::error::Result;
+use crate::model::Context;
 use mlx_rs::Array;
 
 /// One stacked projection: `weight [experts, out, in]`, one linear layer's weight per expert.
@@ -72,6 +73,7 @@ impl SwitchLinearParams {
                 a,
                 b,
                 scale: lora.scale,
+                dropout: lora.dropout,
             }),
             _ => None,
         };
@@ -91,17 +93,32 @@ pub struct SwitchGluParams<T = Array> {
 
 /// The `.lmx` layer `experts(..)` called on `x [..., dim]` and the experts each token chose,
 /// `indices [..., k]`: [`switch_glu`](super::switch_glu) of the layer's three projections,
-/// `[..., k, dim]`.
+/// `[..., k, dim]`. Adapters' dropout is not applied: [`experts_in`] applies it in a training
+/// step.
 pub fn experts(params: &SwitchGluParams, x: &Array, indices: &Array) -> Result<Array> {
-    gathered_glu(
-        x,
-        indices,
+    gathered_glu(x, indices, params.projections(), None)
+}
+
+/// [`experts`] inside a forward pass: an adapter with a dropout probability sees its input
+/// through [`dropout`](super::dropout), whose mask is drawn from `ctx`'s key, so only in a
+/// training step (as mlx-lm's `LoRASwitchLinear` in training mode).
+pub fn experts_in(
+    params: &SwitchGluParams,
+    x: &Array,
+    indices: &Array,
+    ctx: &mut Context,
+) -> Result<Array> {
+    gathered_glu(x, indices, params.projections(), Some(ctx))
+}
+
+impl SwitchGluParams {
+    fn projections(&self) -> [Projection<'_>; 3] {
         [
-            params.gate_proj.stacked(),
-            params.up_proj.stacked(),
-            params.down_proj.stacked(),
-        ],
-    )
+            self.gate_proj.stacked(),
+            self.up_proj.stacked(),
+            self.down_proj.stacked(),
+        ]
+    }
 }
 
 /// `experts(dim, hidden, count)` as mlx-lm initialises `SwitchGLU`: each projection uniform in
