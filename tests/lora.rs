@@ -727,6 +727,71 @@ fn expert_adapter_dropout_follows_the_step_s_key() -> Result<()> {
     Ok(())
 }
 
+/// A Rust model's stacked experts (`tensor::Context::experts`) are the `.lmx` layer's: with
+/// adapters whose dropout is 0.5, a training step's pass equals `nn::experts_in` under the same
+/// key and differs from evaluation, which equals `nn::experts` and `tensor::nn::experts`.
+#[test]
+fn a_rust_model_s_experts_are_the_lmx_layer() -> Result<()> {
+    use lmx::runtime::nn::{self, LoraSettings};
+    use lmx::runtime::tensor::host;
+    let mut keys = nn::init::Keys::from_seed(5)?;
+    let mut layer = nn::init::experts(8, 16, 4, &mut keys)?;
+    for (index, projection) in [
+        &mut layer.gate_proj,
+        &mut layer.up_proj,
+        &mut layer.down_proj,
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let shape = projection.weight.shape().to_vec();
+        let (experts, out, input) = (shape[0], shape[1], shape[2]);
+        let key = |k: u64| mlx_rs::random::key(20 + 2 * index as u64 + k).unwrap();
+        projection.lora_a = Some(mlx_rs::random::normal::<f32>(
+            &[experts, 2, input],
+            None,
+            0.3,
+            &key(0),
+        )?);
+        projection.lora_b = Some(mlx_rs::random::normal::<f32>(
+            &[experts, out, 2],
+            None,
+            0.3,
+            &key(1),
+        )?);
+        projection.lora = Some(LoraSettings {
+            scale: 2.0,
+            dropout: 0.5,
+        });
+    }
+    let x = mlx_rs::random::normal::<f32>(&[2, 3, 8], None, None, &mlx_rs::random::key(3)?)?;
+    let indices = Array::from_slice(&[0i32, 1, 2, 3, 1, 2, 3, 0, 0, 2, 1, 3], &[2, 3, 2]);
+    let key = mlx_rs::random::key(9)?;
+    let rust_front = |key: Option<&Array>| {
+        host::loss(
+            "experts",
+            &layer,
+            &[x.clone(), indices.clone()],
+            key,
+            |p, [x, i], ctx| ctx.experts(p, &x, &i),
+        )
+    };
+    let trained = nn::experts_in(&layer, &x, &indices, &mut Context::training(&key))?;
+    let evaluated = nn::experts(&layer, &x, &indices)?;
+    assert_eq!(max_difference(&rust_front(Some(&key))?, &trained), 0.0);
+    assert!(max_difference(&trained, &evaluated) > 1e-3);
+    assert_eq!(max_difference(&rust_front(None)?, &evaluated), 0.0);
+    let plain = host::loss(
+        "experts",
+        &layer,
+        &[x.clone(), indices.clone()],
+        None,
+        |p, [x, i], _| lmx::runtime::tensor::nn::experts(p, &x, &i),
+    )?;
+    assert_eq!(max_difference(&plain, &evaluated), 0.0);
+    Ok(())
+}
+
 /// Training a Mixtral with adapters on its experts: the compiled step holds optimizer moments
 /// for the adapters only, every expert adapter's up-projection moves, and the base (the stacked
 /// expert weights included) stays bit-identical. DoRA on stacked experts is refused by name, the

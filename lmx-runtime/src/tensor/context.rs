@@ -171,6 +171,20 @@ impl<'a> Context<'a> {
         Ok(Tensor(crate::nn::linear_in(&params, &x.0, self.inner)?))
     }
 
+    /// Stacked experts (`tensor::nn::experts`) whose adapters' dropout is on in a training step,
+    /// its masks drawn from the step's key; elsewhere the same as `tensor::nn::experts`.
+    pub fn experts(
+        &mut self,
+        params: &crate::nn::SwitchGluParams<Tensor>,
+        x: &Tensor,
+        indices: &Tensor,
+    ) -> Result<Tensor> {
+        let params = params.map(&mut |leaf| leaf.0.clone());
+        Ok(Tensor(crate::nn::experts_in(
+            &params, &x.0, &indices.0, self.inner,
+        )?))
+    }
+
     /// Dropout with probability `p` in `[0, 1)`: in a training step each call draws a fresh mask
     /// from the step's random key; in evaluation, validation and generation it is the identity.
     pub fn dropout(&mut self, x: &Tensor, p: f32) -> Result<Tensor> {

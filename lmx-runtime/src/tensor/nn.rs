@@ -2,13 +2,22 @@
 //! pass's [`Context`](super::Context).
 
 use super::{arrays, Tensor};
-use crate::nn::{self, EmbeddingParams, LayerNormParams, LinearParams, RmsNormParams};
+use crate::nn::{
+    self, EmbeddingParams, LayerNormParams, LinearParams, RmsNormParams, SwitchGluParams,
+};
 use crate::Result;
 
 /// `x W^T + b` (and an adapter's term, without its dropout: `Context::linear` applies that in
 /// a training step).
 pub fn linear(params: &LinearParams<Tensor>, x: &Tensor) -> Result<Tensor> {
     Ok(Tensor(nn::linear(&arrays(params), &x.0)?))
+}
+
+/// Stacked experts (mlx-lm's `SwitchGLU`, the `.lmx` layer `experts(..)`) over `x [..., dim]`
+/// and the experts each token chose, `indices [..., k]`: `[..., k, dim]` (and the adapters'
+/// terms, without their dropout: `Context::experts` applies that in a training step).
+pub fn experts(params: &SwitchGluParams<Tensor>, x: &Tensor, indices: &Tensor) -> Result<Tensor> {
+    Ok(Tensor(nn::experts(&arrays(params), &x.0, &indices.0)?))
 }
 
 /// The rows of the table for integer `ids`.
