@@ -707,7 +707,7 @@ impl<P: Tree<Array>, O: Optimizer> FlatBody<P, O> {
                 let share = distributed::share(group, targets)?;
                 let values = values
                     .iter()
-                    .map(|value| Ok(group.all_sum(&value.multiply(&share)?)?))
+                    .map(|value| group.all_sum(&value.multiply(&share)?))
                     .collect::<Result<Vec<_>>>()?;
                 let parts = grads
                     .iter()
