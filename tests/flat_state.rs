@@ -9,7 +9,7 @@ use lmx::runtime::nn::{self, init::Keys, LinearParams};
 use lmx::runtime::optim::{Adafactor, AdamW, Optimizer};
 use lmx::runtime::schedule::Schedule;
 use lmx::runtime::state::TrainState;
-use lmx::runtime::step::{StepOptions, TrainStep};
+use lmx::runtime::step::{StepMetrics, StepOptions, TrainStep};
 use lmx::runtime::train::{Callback, Control, StatePacking, StepReport, TrainConfig, Trainer};
 use lmx::runtime::tree;
 use lmx::runtime::{mlx_rs, Array, Error, Result};
@@ -67,6 +67,41 @@ fn assert_relative(a: f32, b: f32, tolerance: f32, what: &str) {
     assert!((a - b).abs() <= tolerance * b.abs(), "{what}: {a} vs {b}");
 }
 
+/// Asserts that a flat step reported the per-parameter step's loss and metrics (to 1e-6) and
+/// gradient norm (to 1e-5).
+fn assert_same_report(ours: &StepMetrics, theirs: &StepMetrics, what: &str) {
+    let value = |a: &Array| a.item_exact::<f32>();
+    assert_relative(
+        value(&ours.loss),
+        value(&theirs.loss),
+        1e-6,
+        &format!("{what}: loss"),
+    );
+    assert_eq!(ours.metrics.len(), theirs.metrics.len(), "{what}: metrics");
+    for (index, (a, b)) in ours.metrics.iter().zip(&theirs.metrics).enumerate() {
+        assert_relative(value(a), value(b), 1e-6, &format!("{what}: metric {index}"));
+    }
+    let norm = |m: &StepMetrics| value(&m.grad_norm);
+    assert_relative(norm(ours), norm(theirs), 1e-5, &format!("{what}: norm"));
+}
+
+/// Asserts that the flat state `flat` unpacks to `state`, every value within 1e-6.
+fn assert_same_state(
+    flat_step: &FlatStep<Net, AdamW>,
+    flat: &[Array],
+    state: &TrainState<Net, AdamW>,
+    what: &str,
+) -> Result<TrainState<Net, AdamW>> {
+    let unpacked = flat_step.unpack(flat)?;
+    let names = tree::names(&state.params);
+    for ((name, got), expected) in names.iter().zip(unpacked.flatten()).zip(state.flatten()) {
+        for (a, b) in values(&got).iter().zip(&values(&expected)) {
+            assert!((a - b).abs() <= 1e-6, "{what}: {name}: {a} vs {b}");
+        }
+    }
+    Ok(unpacked)
+}
+
 fn optimizer() -> AdamW {
     AdamW {
         weight_decay: 0.1,
@@ -109,30 +144,10 @@ fn a_flat_step_computes_the_per_parameter_steps_numbers() -> Result<()> {
             let batch = batch(index);
             let ours = flat_step.step(&mut flat, lr, &batch)?;
             let theirs = step.step(&mut state, lr, &batch)?;
-            assert_relative(
-                ours.loss.item_exact::<f32>(),
-                theirs.loss.item_exact::<f32>(),
-                1e-6,
-                &format!("step {index}: loss"),
-            );
-            assert_relative(
-                ours.grad_norm.item_exact::<f32>(),
-                theirs.grad_norm.item_exact::<f32>(),
-                1e-5,
-                &format!("step {index}: norm"),
-            );
+            assert_same_report(&ours, &theirs, &format!("compiled {compile}, step {index}"));
         }
-        let unpacked = flat_step.unpack(&flat)?;
-        let names = tree::names(&state.params);
-        for ((name, got), expected) in names.iter().zip(unpacked.flatten()).zip(state.flatten()) {
-            let (got, expected) = (values(&got), values(&expected));
-            for (a, b) in got.iter().zip(&expected) {
-                assert!(
-                    (a - b).abs() <= 1e-6,
-                    "{name} (compiled {compile}): {a} vs {b}"
-                );
-            }
-        }
+        let what = format!("compiled {compile}");
+        let unpacked = assert_same_state(&flat_step, &flat, &state, &what)?;
         assert_eq!(values(&unpacked.params.fixed.weight), frozen_before);
         assert_ne!(
             values(&unpacked.params.proj.weight),
@@ -200,36 +215,9 @@ fn a_flat_step_over_frozen_models_reports_the_per_parameter_steps_loss_and_metri
             let batch = batch(20 + index);
             let ours = flat_step.step(&mut flat, 0.05, &batch)?;
             let theirs = step.step(&mut state, 0.05, &batch)?;
-            assert_relative(
-                ours.loss.item_exact::<f32>(),
-                theirs.loss.item_exact::<f32>(),
-                1e-6,
-                &format!("{what}, step {index}: loss"),
-            );
-            assert_eq!(ours.metrics.len(), 1);
-            assert_relative(
-                ours.metrics[0].item_exact::<f32>(),
-                theirs.metrics[0].item_exact::<f32>(),
-                1e-6,
-                &format!("{what}, step {index}: metric"),
-            );
-            assert_relative(
-                ours.grad_norm.item_exact::<f32>(),
-                theirs.grad_norm.item_exact::<f32>(),
-                1e-5,
-                &format!("{what}, step {index}: norm"),
-            );
+            assert_same_report(&ours, &theirs, &format!("{what}, step {index}"));
         }
-        let unpacked = flat_step.unpack(&flat)?;
-        for ((name, got), expected) in tree::names(&state.params)
-            .iter()
-            .zip(unpacked.flatten())
-            .zip(state.flatten())
-        {
-            for (a, b) in values(&got).iter().zip(&values(&expected)) {
-                assert!((a - b).abs() <= 1e-6, "{what}: {name}: {a} vs {b}");
-            }
-        }
+        assert_same_state(&flat_step, &flat, &state, &what)?;
     }
     Ok(())
 }
@@ -334,34 +322,14 @@ fn an_accumulating_flat_step_computes_the_per_parameter_steps_numbers() -> Resul
             let batch = batch(10 + index);
             let ours = flat_step.step(&mut flat, 0.05, &batch)?;
             let theirs = step.step(&mut state, 0.05, &batch)?;
-            assert_relative(
-                ours.loss.item_exact::<f32>(),
-                theirs.loss.item_exact::<f32>(),
-                1e-6,
-                &format!("step {index}: loss"),
-            );
-            assert_relative(
-                ours.grad_norm.item_exact::<f32>(),
-                theirs.grad_norm.item_exact::<f32>(),
-                1e-5,
-                &format!("step {index}: norm"),
-            );
+            assert_same_report(&ours, &theirs, &format!("compiled {compile}, step {index}"));
         }
         // Two functions, each traced once (or run once per call when eager).
         if compile {
             assert_eq!(flat_step.traces(), 2);
         }
-        let unpacked = flat_step.unpack(&flat)?;
-        let names = tree::names(&state.params);
-        for ((name, got), expected) in names.iter().zip(unpacked.flatten()).zip(state.flatten()) {
-            let (got, expected) = (values(&got), values(&expected));
-            for (a, b) in got.iter().zip(&expected) {
-                assert!(
-                    (a - b).abs() <= 1e-6,
-                    "{name} (compiled {compile}): {a} vs {b}"
-                );
-            }
-        }
+        let unpacked =
+            assert_same_state(&flat_step, &flat, &state, &format!("compiled {compile}"))?;
         assert_ne!(
             values(&unpacked.params.proj.weight),
             values(&net()?.proj.weight)

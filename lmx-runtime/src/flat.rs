@@ -23,8 +23,8 @@ use crate::error::{Error, Result};
 use crate::optim::{DecayScope, Optimizer, StepScalars};
 use crate::state::{StateTemplate, TrainState};
 use crate::step::{
-    accumulate, prepare, values_and_grads, Loss, MetricsLoss, Mode, StepMetrics, StepOptions,
-    ValuesFn,
+    accumulate, frozen_values, prepare, values_and_grads, Loss, MetricsLoss, Mode, StepMetrics,
+    StepOptions, ValuesFn,
 };
 use crate::tree::{self, Tree};
 use mlx_rs::ops::indexing::IndexOp;
@@ -383,18 +383,7 @@ where
         if crate::buffers::count(&state.params) > 0 {
             return Ok(None);
         }
-        let count = frozen.len();
-        let values = move |params: &P, inputs: &[Array], key: &Array| {
-            let (frozen, batch) = inputs.split_at(count);
-            let values = loss(params, frozen, batch, key)?;
-            if values.len() != metrics + 1 {
-                return Err(Error::Layout(format!(
-                    "the loss returned {} values, expected itself and {metrics} metrics",
-                    values.len()
-                )));
-            }
-            Ok(values)
-        };
+        let values = frozen_values(loss, frozen.len(), metrics, 0);
         Self::with_values(
             state,
             optimizer,

@@ -309,18 +309,7 @@ where
                  routing bias from the batch's expert loads): it does not train data-parallel"
             )));
         }
-        let split = move |params: &P, inputs: &[Array], key: &Array| {
-            let (frozen, batch) = inputs.split_at(count);
-            let values = loss(params, frozen, batch, key)?;
-            if values.len() != metrics + 1 && values.len() != metrics + 1 + buffers {
-                return Err(Error::Layout(format!(
-                    "the loss returned {} values, expected itself and {metrics} metrics \
-                     (and the next values of the model's {buffers} buffers, if it writes them)",
-                    values.len()
-                )));
-            }
-            Ok(values)
-        };
+        let split = frozen_values(loss, count, metrics, buffers);
         let mut step =
             Self::with_values(state, optimizer, Rc::new(split), metrics, options, parallel)?;
         step.frozen = frozen;
@@ -407,6 +396,35 @@ where
 /// mean, or with `targets` (the batch input of target ids) each micro-batch weighed by its share
 /// of the kept targets. `fixed` is what every micro-step reads whole (the parameters, frozen
 /// models); the micro-steps' keys come from `key`, the state's.
+/// `loss` as the function a step differentiates, `(params, frozen ++ batch, key) -> [loss,
+/// metric...]`: its inputs the `count` frozen leaves, then the batch; it must return itself and
+/// `metrics` metrics, and may add the next values of the model's `buffers` buffers.
+pub(crate) fn frozen_values<P>(
+    loss: impl MetricsLoss<P>,
+    count: usize,
+    metrics: usize,
+    buffers: usize,
+) -> impl Fn(&P, &[Array], &Array) -> Result<Vec<Array>> + 'static {
+    move |params: &P, inputs: &[Array], key: &Array| {
+        let (frozen, batch) = inputs.split_at(count);
+        let values = loss(params, frozen, batch, key)?;
+        let written = buffers > 0 && values.len() == metrics + 1 + buffers;
+        if values.len() != metrics + 1 && !written {
+            let buffers = match buffers {
+                0 => String::new(),
+                n => {
+                    format!(" (and the next values of the model's {n} buffers, if it writes them)")
+                }
+            };
+            return Err(Error::Layout(format!(
+                "the loss returned {} values, expected itself and {metrics} metrics{buffers}",
+                values.len()
+            )));
+        }
+        Ok(values)
+    }
+}
+
 pub(crate) fn accumulate(
     micro: &mut PureFn,
     fixed: &[Array],

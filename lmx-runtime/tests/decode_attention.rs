@@ -3,24 +3,12 @@
 //! under a mask on the CPU, lmx's kernel on MLX's CUDA backend (`tests/gpu.sh`), whose split form
 //! (past 1,024 slots of capacity) and rows that start late are covered too.
 
+mod support;
+
 use lmx_runtime::nn::{self, DecodeSlots};
 use lmx_runtime::Array;
-use mlx_rs::{random, Dtype};
-
-/// Normal values of `shape`, rounded to `dtype`.
-fn normal(shape: &[i32], seed: u64, dtype: Dtype) -> Array {
-    let key = random::key(seed).unwrap();
-    random::normal::<f32>(shape, None, None, &key)
-        .unwrap()
-        .as_dtype(dtype)
-        .unwrap()
-}
-
-/// The values of `a` as float64, row-major.
-fn values(a: &Array) -> Vec<f64> {
-    let a = a.as_dtype(Dtype::Float32).unwrap();
-    a.as_slice::<f32>().iter().map(|&v| v as f64).collect()
-}
+use mlx_rs::Dtype;
+use support::{normal, values};
 
 /// The slots row `b` sees: its start up to the query's slot, or the query's slot alone where
 /// that comes before the row's start.

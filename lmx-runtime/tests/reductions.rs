@@ -1,26 +1,14 @@
 //! Column sums and the layer norm's gradient against float64 references computed here, on the
 //! default device: MLX's ops on the CPU, lmx's own kernels on MLX's CUDA backend (`tests/gpu.sh`).
 
+mod support;
+
 use lmx_runtime::nn::{self, LayerNormParams};
 use lmx_runtime::{cuda, Array};
 use mlx_rs::error::Exception;
 use mlx_rs::transforms::value_and_grad_with_argnums;
-use mlx_rs::{random, Dtype};
-
-/// Normal values of `shape`, rounded to `dtype`.
-fn normal(shape: &[i32], seed: u64, dtype: Dtype) -> Array {
-    let key = random::key(seed).unwrap();
-    random::normal::<f32>(shape, None, None, &key)
-        .unwrap()
-        .as_dtype(dtype)
-        .unwrap()
-}
-
-/// The values of `a` as float64, row-major.
-fn values(a: &Array) -> Vec<f64> {
-    let a = a.as_dtype(Dtype::Float32).unwrap();
-    a.as_slice::<f32>().iter().map(|&v| v as f64).collect()
-}
+use mlx_rs::Dtype;
+use support::{normal, values};
 
 /// The largest difference between `got` and `expected`, over the largest `|expected|`.
 fn relative_error(got: &Array, expected: &[f64]) -> f64 {
