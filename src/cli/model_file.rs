@@ -1,5 +1,6 @@
 //! `--model path/to/file.lmx` for a model this program does not hold: the file is compiled into a
-//! crate of its own (as `lmx new` writes one) in a cache folder keyed by the file's source, built
+//! crate of its own (as `lmx new` writes one) in a cache folder keyed by the file's source and the
+//! lmx checkout it builds against, built
 //! once with cargo in release mode, and the same command line runs in its binary. The generated
 //! code is the fast path: after the first build, a file trains as fast as a bundled model.
 
@@ -43,9 +44,9 @@ pub fn run_in_built_program(file: &ModelFile) -> anyhow::Result<()> {
 }
 
 /// The program for `file`, built in release mode: in `CACHE/models/NAME-HASH/` (HASH: the
-/// source's), with its target folder `CARGO_TARGET_DIR` if set, else `CACHE/target`, shared by
-/// every file's crate so that lmx and its dependencies build once. Cargo rebuilds it when lmx
-/// itself changed.
+/// source's and the lmx checkout's, [`program_hash`]), with its target folder `CARGO_TARGET_DIR`
+/// if set, else `CACHE/target`, shared by every file's crate so that lmx and its dependencies
+/// build once. Cargo rebuilds it when that checkout's sources changed.
 fn build(file: &ModelFile) -> anyhow::Result<PathBuf> {
     let lmx = new::lmx_checkout(std::env::var_os("LMX_SOURCE").as_deref().map(AsRef::as_ref))
         .map_err(|err| {
@@ -71,7 +72,11 @@ fn build(file: &ModelFile) -> anyhow::Result<PathBuf> {
         lmx_grammar::codegen::step_type_name(&first.name)
     );
     let cache = cache_dir()?;
-    let package = format!("lmx-model-{}-{:016x}", file.name, source_hash(&file.source));
+    let package = format!(
+        "lmx-model-{}-{:016x}",
+        file.name,
+        program_hash(&file.source, &lmx)
+    );
     let dir = cache.join("models").join(&package);
     if !dir.join("Cargo.toml").is_file() {
         let written = new::write_crate(
@@ -137,9 +142,32 @@ fn cache_dir() -> anyhow::Result<PathBuf> {
     }
 }
 
-/// A stable 64-bit hash of a model's source (FNV-1a): the key of its built program.
-fn source_hash(source: &str) -> u64 {
+/// A stable 64-bit hash (FNV-1a) of a model's source and of the lmx checkout its crate depends
+/// on: the key of its built program. The checkout is part of the key because the crate names it
+/// by path: a program built against another checkout (an older clone, another branch) would
+/// otherwise be found and run with that checkout's runtime.
+fn program_hash(source: &str, lmx: &std::path::Path) -> u64 {
     let mut hasher = fnv::FnvHasher::default();
     hasher.write(source.as_bytes());
+    // 0xff occurs in no UTF-8 text: the source's end cannot run into the path.
+    hasher.write(&[0xff]);
+    hasher.write(lmx.as_os_str().as_encoded_bytes());
     hasher.finish()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::program_hash;
+    use std::path::Path;
+
+    /// One source builds one program per lmx checkout, and the same one for the same checkout.
+    #[test]
+    fn a_program_is_keyed_by_its_source_and_its_lmx_checkout() {
+        let (a, b) = (Path::new("/src/lmx"), Path::new("/tmp/old-lmx"));
+        assert_eq!(program_hash("model M {}", a), program_hash("model M {}", a));
+        assert_ne!(program_hash("model M {}", a), program_hash("model M {}", b));
+        assert_ne!(program_hash("model M {}", a), program_hash("model N {}", a));
+        // FNV-1a of b"m\xff/x", computed apart from this code (in Python).
+        assert_eq!(program_hash("m", Path::new("/x")), 0xd935_f6a4_eb29_c1d2);
+    }
 }
