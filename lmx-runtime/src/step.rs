@@ -390,12 +390,6 @@ where
     }
 }
 
-/// Runs the micro-step `[fixed..., micro-batch..., key] -> [grads..., loss, metrics...]`
-/// (`n_grads` arrays of gradients) over `parts` slices of `batch` and returns the mean gradients,
-/// loss and metrics: the plain
-/// mean, or with `targets` (the batch input of target ids) each micro-batch weighed by its share
-/// of the kept targets. `fixed` is what every micro-step reads whole (the parameters, frozen
-/// models); the micro-steps' keys come from `key`, the state's.
 /// `loss` as the function a step differentiates, `(params, frozen ++ batch, key) -> [loss,
 /// metric...]`: its inputs the `count` frozen leaves, then the batch; it must return itself and
 /// `metrics` metrics, and may add the next values of the model's `buffers` buffers.
@@ -425,6 +419,12 @@ pub(crate) fn frozen_values<P>(
     }
 }
 
+/// Runs the micro-step `[fixed..., micro-batch..., key] -> [grads..., loss, metrics...]`
+/// (`n_grads` arrays of gradients) over `parts` slices of `batch` and returns the mean gradients,
+/// loss and metrics: the plain
+/// mean, or with `targets` (the batch input of target ids) each micro-batch weighed by its share
+/// of the kept targets. `fixed` is what every micro-step reads whole (the parameters, frozen
+/// models); the micro-steps' keys come from `key`, the state's.
 pub(crate) fn accumulate(
     micro: &mut PureFn,
     fixed: &[Array],

@@ -1,8 +1,8 @@
 //! `--model path/to/file.lmx` for a model this program does not hold: the file is compiled into a
 //! crate of its own (as `lmx new` writes one) in a cache folder keyed by the file's source and the
-//! lmx checkout it builds against, built
-//! once with cargo in release mode, and the same command line runs in its binary. The generated
-//! code is the fast path: after the first build, a file trains as fast as a bundled model.
+//! lmx checkout it builds against, built once with cargo in release mode, and the same command
+//! line runs in its binary. The generated code is the fast path: after the first build, a file
+//! trains as fast as a bundled model.
 
 use super::new::{self, CrateFiles};
 use super::resolve::ModelFile;

@@ -3,7 +3,6 @@
 use super::Tensor;
 use crate::error::Result;
 use crate::model;
-use crate::tree::Tree;
 
 /// How [`Context::attend_with`] masks and scales its scores: `causal: true` with the rest
 /// unset is what [`Context::attend`] does; the default masks nothing.
@@ -167,8 +166,11 @@ impl<'a> Context<'a> {
         params: &crate::nn::LinearParams<Tensor>,
         x: &Tensor,
     ) -> Result<Tensor> {
-        let params = params.map(&mut |leaf| leaf.0.clone());
-        Ok(Tensor(crate::nn::linear_in(&params, &x.0, self.inner)?))
+        Ok(Tensor(crate::nn::linear_in(
+            &super::arrays(params),
+            &x.0,
+            self.inner,
+        )?))
     }
 
     /// Stacked experts (`tensor::nn::experts`) whose adapters' dropout is on in a training step,
@@ -179,9 +181,11 @@ impl<'a> Context<'a> {
         x: &Tensor,
         indices: &Tensor,
     ) -> Result<Tensor> {
-        let params = params.map(&mut |leaf| leaf.0.clone());
         Ok(Tensor(crate::nn::experts_in(
-            &params, &x.0, &indices.0, self.inner,
+            &super::arrays(params),
+            &x.0,
+            &indices.0,
+            self.inner,
         )?))
     }
 
