@@ -4,7 +4,8 @@
 //! `SwitchGLU` does: the experts' weights are stacked (`[experts, out, in]`, each expert a linear
 //! layer's weight) and MLX's `gather_mm` multiplies every (token, choice) row by its expert's
 //! matrix. With many rows they are first sorted by expert (mlx-lm's `_gather_sort`), so the
-//! product walks each expert's rows together, and put back in order afterwards. MLX
+//! product walks each expert's rows together, and put back in order afterwards (`expert_rows`,
+//! whose gradients gather rather than scatter). MLX
 //! differentiates `gather_mm` with respect to both operands, so the experts train.
 //!
 //! [`balance`] adds the gradient of the Switch Transformer's auxiliary load-balancing loss (as
@@ -20,6 +21,7 @@
 //! groups whose two best experts score highest), then the `k` best experts of those groups.
 
 use super::custom_vjp::{self, WithGradient};
+use super::expert_rows::reorder;
 use super::{dropout, literal, scalar, silu, Packed};
 use crate::error::{Error, Result};
 use crate::model::Context;
@@ -153,9 +155,8 @@ pub(crate) fn gathered_glu(
         let flat = indices.flatten(None, None)?;
         let order = ops::argsort_axis(&flat, 0)?;
         let inverse = ops::argsort_axis(&order, 0)?;
-        let token = order.floor_divide(Array::from_int(k))?;
-        let rows = rows.reshape(&[-1, 1, width])?.take_axis(&token, 0)?;
-        (rows, flat.take_axis(&order, 0)?, Some(inverse))
+        let rows = reorder(&rows.reshape(&[-1, 1, width])?, &order, &inverse, k)?;
+        (rows, flat.take_axis(&order, 0)?, Some((order, inverse)))
     } else {
         (rows, indices, None)
     };
@@ -163,11 +164,11 @@ pub(crate) fn gathered_glu(
     let hidden = silu(&gated)?.multiply(up.gather(&rows, &idx, sort, ctx.as_deref_mut())?)?;
     let y = down.gather(&hidden, &idx, sort, ctx)?;
     let y = match inverse {
-        Some(inverse) => {
+        Some((order, inverse)) => {
             let out = *y.shape().last().unwrap_or(&1);
             let mut shape = idx_shape.clone();
             shape.extend([1, out]);
-            y.take_axis(&inverse, 0)?.reshape(&shape)?
+            reorder(&y, &inverse, &order, 1)?.reshape(&shape)?
         }
         None => y,
     };

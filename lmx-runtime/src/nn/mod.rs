@@ -7,6 +7,7 @@ mod column_sum;
 mod custom_vjp;
 mod dynamic;
 mod embedding_grad;
+mod expert_rows;
 mod experts;
 mod extra;
 mod gpu_rows;
