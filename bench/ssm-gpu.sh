@@ -86,9 +86,12 @@ for size in $deltanet; do
         --batch-size "$batch" --precision "$precision" --steps "$steps" --eval-every 0 \
         --checkpoint-every 0 --quiet --sample 0 --out "$work/$name"
     cp "$work/$name/metrics.jsonl" "$out/lmx-$name.jsonl" 2>/dev/null
-    run "anchor-$name" "$python" "$here/ssm_anchor_mlx.py" --family qwen3_next --vocab "$vocab" \
-        --d-model "$d_model" --layers "$layers" "${shape[@]}" --batch "$batch" --seq "$delta_seq" \
-        --steps "$((steps - 10))" --warmup 10 --dtype "$dtype"
+    # mlx-lm's step-by-step gated delta rule makes more CUDA graphs a step than MLX keeps by
+    # default (400): at the default its first steps stop with "Cache thrashing is happening".
+    MLX_CUDA_GRAPH_CACHE_SIZE=${MLX_CUDA_GRAPH_CACHE_SIZE:-4000} \
+        run "anchor-$name" "$python" "$here/ssm_anchor_mlx.py" --family qwen3_next --vocab "$vocab" \
+            --d-model "$d_model" --layers "$layers" "${shape[@]}" --batch "$batch" \
+            --seq "$delta_seq" --steps "$((steps - 10))" --warmup 10 --dtype "$dtype"
 done
 
 "$python" - "$out" "$sizes $deltanet" > "$out/summary.txt" 2>&1 <<'PY'
