@@ -892,6 +892,35 @@ mod tests {
         (value[0].clone(), grads)
     }
 
+    /// The chunked form's gradients are the step form's, a different algorithm over the same
+    /// recurrence, at a length the chunk does not divide (padding, and a block inverse of a size
+    /// that is not a power of two).
+    #[test]
+    fn gated_delta_chunked_gradients_are_the_step_forms() -> Result<()> {
+        let (t, h) = (13, 3);
+        let q = normal(&[2, t, h, 4], 70);
+        let k = normal(&[2, t, h, 4], 71).multiply(Array::from_f32(0.5))?;
+        let v = normal(&[2, t, h, 5], 72);
+        let g = mlx_rs::nn::log_sigmoid(normal(&[2, t, h], 73))?;
+        let beta = ops::sigmoid(normal(&[2, t, h], 74))?;
+        let args = [q, k, v, g, beta];
+        let w = normal(&[2, t, h, 5], 75);
+        let chunked =
+            |a: &[Array]| Ok(gated_delta_chunked(&a[0], &a[1], &a[2], &a[3], &a[4], 6, None)?.0);
+        let steps = |a: &[Array]| Ok(gated_delta_steps(&a[0], &a[1], &a[2], &a[3], &a[4], None)?.0);
+        let (value, grads) = value_and_grads(chunked, &args, &w);
+        let (reference, reference_grads) = value_and_grads(steps, &args, &w);
+        assert!(max_gap(&value, &reference) < 1e-4);
+        for (i, (ours, theirs)) in grads.iter().zip(&reference_grads).enumerate() {
+            assert!(
+                max_gap(ours, theirs) < 1e-4,
+                "input {i}: {}",
+                max_gap(ours, theirs)
+            );
+        }
+        Ok(())
+    }
+
     #[test]
     fn recomputed_scans_give_the_plain_forms_values_and_gradients() -> Result<()> {
         let ssd_args = inputs(11, 50).to_vec();
