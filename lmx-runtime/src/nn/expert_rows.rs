@@ -87,7 +87,7 @@ mod tests {
                 let y = f(&args[0]).map_err(Error::into_exception)?;
                 Ok(vec![y.multiply(&w)?.sum(None)?])
             };
-        let (_, grads) = value_and_grad(objective)(&[x.clone()]).unwrap();
+        let (_, grads) = value_and_grad(objective)(std::slice::from_ref(x)).unwrap();
         grads.into_iter().next().unwrap()
     }
 
@@ -109,13 +109,23 @@ mod tests {
         let rows = order.floor_divide(Array::from_int(k))?;
         let plain = x.take_axis(&rows, 0)?;
         let ours = reorder(&x, &order, &inverse, k)?;
-        assert_eq!(plain.subtract(&ours)?.abs()?.max(None)?.item::<f32>(), 0.0);
+        assert_eq!(
+            plain.subtract(&ours)?.abs()?.max(None)?.item_exact::<f32>(),
+            0.0
+        );
 
         let (o, i) = (order.clone(), inverse.clone());
         let spread = gradient(move |x| reorder(x, &o, &i, k), &x, &w);
         let r = rows.clone();
         let reference = gradient(move |x| Ok(x.take_axis(&r, 0)?), &x, &w);
-        assert!(spread.subtract(&reference)?.abs()?.max(None)?.item::<f32>() < 1e-6);
+        assert!(
+            spread
+                .subtract(&reference)?
+                .abs()?
+                .max(None)?
+                .item_exact::<f32>()
+                < 1e-6
+        );
 
         // Back to token order: the inverse permutation, one row each.
         let y = plain;
@@ -124,7 +134,10 @@ mod tests {
         let i = inverse.clone();
         let reference = gradient(move |y| Ok(y.take_axis(&i, 0)?), &y, &w);
         assert_eq!(
-            back.subtract(&reference)?.abs()?.max(None)?.item::<f32>(),
+            back.subtract(&reference)?
+                .abs()?
+                .max(None)?
+                .item_exact::<f32>(),
             0.0
         );
         Ok(())
