@@ -4,8 +4,8 @@
 //! [`switch_glu`](super::switch_glu) sorts its rows by expert before MLX's `gather_mm` and puts
 //! the products back in order afterwards, two `take`s by a permutation (the first also repeats
 //! each token once per choice). MLX differentiates a `take` by a scatter-add of the cotangent
-//! into zeros, which on its CUDA backend is an atomic add per element, emulated for bfloat16 by
-//! compare-and-swap loops: two scatters of `tokens * k` rows of the model's width per layer in
+//! into zeros: a zeroed buffer, then an atomic add per element on its CUDA backend (16-bit
+//! atomics in bfloat16), two scatters of `tokens * k` rows of the model's width per layer in
 //! every backward pass. The gradient of a permutation is the inverse permutation, a gather, and
 //! a token's repeats are then neighbours, summed by a reduction: the same sums, no atomics, and
 //! in a fixed order.
