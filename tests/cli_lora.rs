@@ -113,6 +113,29 @@ fn lora_generate_with_adapter_and_fuse() {
 
     let adapted = greedy(&base, Some(&adapters));
     assert_eq!(greedy(&lora, None), adapted);
+    // The LoRA run's checkpoint holds these adapters already: a second copy is refused, saying so.
+    let twice = lmx(&[
+        "generate",
+        "--run",
+        &s(&lora),
+        "--adapter",
+        &s(&adapters),
+        "--prompt",
+        "a",
+        "--max-tokens",
+        "1",
+    ]);
+    assert!(!twice.status.success());
+    assert_eq!(
+        String::from_utf8_lossy(&twice.stderr).trim(),
+        format!(
+            "error: {} is a LoRA run's, which holds its adapters already: leave out --adapter to \
+             use them, or fuse them first (`lmx fuse`) to add others over them: {}: \
+             configuration: layer `h.0.attn.c_attn` already has an adapter",
+            lora.join("checkpoints/step-000010").display(),
+            adapters.join("adapter_config.json").display()
+        )
+    );
     ok(&["fuse", "--run", &s(&lora), "--out", &s(&fused)]);
     assert_eq!(greedy(&fused, None), adapted);
     assert_ne!(

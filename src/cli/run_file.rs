@@ -282,7 +282,19 @@ pub fn load_params<M: LanguageModel>(
         false => checkpoint::load_tree_over(&file, &template)?,
     };
     if let Some(dir) = adapter {
-        lora::load_adapters(&mut params, dir, Family::of_model(&run.model))?;
+        let loaded = lora::load_adapters(&mut params, dir, Family::of_model(&run.model));
+        if run.lora.is_some() {
+            // Its checkpoint has put the run's own adapters in place already.
+            anyhow::Context::with_context(loaded, || {
+                format!(
+                    "{} is a LoRA run's, which holds its adapters already: leave out --adapter \
+                     to use them, or fuse them first (`lmx fuse`) to add others over them",
+                    checkpoint.display()
+                )
+            })?;
+        } else {
+            loaded?;
+        }
     }
     Ok(params)
 }
