@@ -2,6 +2,7 @@
 //! nothing but the directory, and so that a resumed run can tell what it would change.
 
 use super::tokenizer::TokenizerSpec;
+use anyhow::Context as _;
 use lmx::runtime::checkpoint::{self, Checkpoints, MODEL_FILE};
 use lmx::runtime::hf::{self, Family, HfFolder};
 use lmx::runtime::lora;
@@ -285,7 +286,7 @@ pub fn load_params<M: LanguageModel>(
         let loaded = lora::load_adapters(&mut params, dir, Family::of_model(&run.model));
         if run.lora.is_some() {
             // Its checkpoint has put the run's own adapters in place already.
-            anyhow::Context::with_context(loaded, || {
+            loaded.with_context(|| {
                 format!(
                     "{} is a LoRA run's, which holds its adapters already: leave out --adapter \
                      to use them, or fuse them first (`lmx fuse`) to add others over them",

@@ -5,8 +5,8 @@
 //! layer's weight) and MLX's `gather_mm` multiplies every (token, choice) row by its expert's
 //! matrix. With many rows they are first sorted by expert (mlx-lm's `_gather_sort`), so the
 //! product walks each expert's rows together, and put back in order afterwards (`expert_rows`,
-//! whose gradients gather rather than scatter). MLX
-//! differentiates `gather_mm` with respect to both operands, so the experts train.
+//! whose gradients gather rather than scatter). MLX differentiates `gather_mm` with respect to
+//! both operands, so the experts train.
 //!
 //! [`balance`] adds the gradient of the Switch Transformer's auxiliary load-balancing loss (as
 //! transformers' `load_balancing_loss_func` computes it for Mixtral) without adding the loss

@@ -363,18 +363,13 @@ fn unit_lower_inverse(n: &Array) -> Result<Array> {
     while side < size {
         let pairs = size / (2 * side);
         let halves = blocks.reshape(&with_lead(&[pairs, 2, side, side]))?;
-        let upper = halves
-            .index((Ellipsis, 0, .., ..))
-            .reshape(&with_lead(&[pairs, side, side]))?;
-        let lower = halves
-            .index((Ellipsis, 1, .., ..))
-            .reshape(&with_lead(&[pairs, side, side]))?;
+        let upper = halves.index((Ellipsis, 0, .., ..)); // [.., pairs, side, side]
+        let lower = halves.index((Ellipsis, 1, .., ..));
         // N's block below each pair's first diagonal block: rows (2j+1)·side.., columns 2j·side...
         let grid = n.reshape(&with_lead(&[pairs, 2, side, pairs, 2, side]))?;
         let coupling = grid
             .diagonal(0, rank, rank + 3)? // [.., 2, side, 2, side, pairs]
-            .index((Ellipsis, 1, .., 0, .., ..))
-            .reshape(&with_lead(&[side, side, pairs]))?
+            .index((Ellipsis, 1, .., 0, .., ..)) // [.., side, side, pairs]
             .move_axis(-1, rank)?;
         let corner = lower.matmul(&coupling)?.matmul(&upper)?;
         let top = ops::concatenate(&[upper.clone(), ops::zeros_like(&upper)?], -1)?;
