@@ -13,7 +13,7 @@ use lmx::runtime::optim::Optimizer;
 use lmx::runtime::state::TrainState;
 use lmx::runtime::step::TrainStep;
 use lmx::runtime::tree::{self, LayerMut, LeafRole, Scope, Tree};
-use lmx::runtime::{mlx_rs, Array, Result};
+use lmx::runtime::{mlx_rs, Array, Error, Result};
 use std::path::Path;
 
 type Params = <Llama as LanguageModel>::Params;
@@ -198,6 +198,49 @@ fn num_layers_and_keys_choose_the_layers_as_mlx_lm_does() -> Result<()> {
         tree::names(&unknown),
         tree::names(&base),
         "unchanged on error"
+    );
+    Ok(())
+}
+
+/// A second attach over adapted layers is refused as `AlreadyAdapted`, naming the first such
+/// layer, for a linear layer and for stacked experts, and leaves the tree as it was.
+#[test]
+fn adapting_an_adapted_layer_is_refused_by_name() -> Result<()> {
+    let (_, base) = tiny()?;
+    let mut adapted = base.clone();
+    lora::attach(
+        &mut adapted,
+        &LoraParameters::default(),
+        1,
+        0,
+        FineTuneType::Lora,
+    )?;
+    let before = tree::names(&adapted);
+    let err = lora::attach(
+        &mut adapted,
+        &LoraParameters::default(),
+        -1,
+        1,
+        FineTuneType::Lora,
+    )
+    .unwrap_err();
+    assert!(
+        matches!(&err, Error::AlreadyAdapted { layer } if layer == "model.layers.1.self_attn.q_proj"),
+        "{err:?}"
+    );
+    assert_eq!(tree::names(&adapted), before, "unchanged on error");
+    let mixtral = Mixtral::preset("tiny").expect("mixtral has a tiny preset");
+    let mut experts = Mixtral::init(&mixtral, 0)?;
+    let parameters = LoraParameters {
+        keys: Some(vec!["block_sparse_moe.switch_mlp.up_proj".into()]),
+        ..LoraParameters::default()
+    };
+    lora::attach(&mut experts, &parameters, 1, 0, FineTuneType::Lora)?;
+    let err = lora::attach(&mut experts, &parameters, 1, 0, FineTuneType::Lora).unwrap_err();
+    assert!(
+        matches!(&err, Error::AlreadyAdapted { layer }
+            if layer == "model.layers.1.block_sparse_moe.switch_mlp.up_proj"),
+        "{err:?}"
     );
     Ok(())
 }

@@ -93,6 +93,13 @@ pub enum Error {
         /// What it must be.
         expected: &'static str,
     },
+    /// A layer asked to take an adapter has one already (adapters go over a base model, or over
+    /// one whose adapters were fused into it).
+    #[error("layer `{layer}` already has an adapter")]
+    AlreadyAdapted {
+        /// The layer's dotted name.
+        layer: String,
+    },
     /// Speculative decoding with a model whose recurrent layers (a scan's state) cannot go back
     /// to the last accepted token.
     #[error("speculative decoding needs caches that can drop rejected tokens; {model}'s recurrent layers keep states that cannot (generate without a draft model)")]

@@ -2,7 +2,6 @@
 //! nothing but the directory, and so that a resumed run can tell what it would change.
 
 use super::tokenizer::TokenizerSpec;
-use anyhow::Context as _;
 use lmx::runtime::checkpoint::{self, Checkpoints, MODEL_FILE};
 use lmx::runtime::hf::{self, Family, HfFolder};
 use lmx::runtime::lora;
@@ -10,6 +9,7 @@ use lmx::runtime::model::LanguageModel;
 use lmx::runtime::objectives::is_head_tensor;
 use lmx::runtime::quant;
 use lmx::runtime::train::TrainConfig;
+use lmx::runtime::Error;
 use serde_json::Value;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -283,19 +283,16 @@ pub fn load_params<M: LanguageModel>(
         false => checkpoint::load_tree_over(&file, &template)?,
     };
     if let Some(dir) = adapter {
-        let loaded = lora::load_adapters(&mut params, dir, Family::of_model(&run.model));
-        if run.lora.is_some() {
+        match lora::load_adapters(&mut params, dir, Family::of_model(&run.model)) {
             // Its checkpoint has put the run's own adapters in place already.
-            loaded.with_context(|| {
-                format!(
-                    "{} is a LoRA run's, which holds its adapters already: leave out --adapter \
-                     to use them, or fuse them first (`lmx fuse`) to add others over them",
-                    checkpoint.display()
-                )
-            })?;
-        } else {
-            loaded?;
-        }
+            Err(Error::AlreadyAdapted { layer }) if run.lora.is_some() => anyhow::bail!(
+                "{} is a LoRA run's, which holds its adapters already (`{layer}` has one): leave \
+                 out --adapter to use them, or fuse them first (`lmx fuse`) to add others over \
+                 them",
+                checkpoint.display()
+            ),
+            loaded => loaded?,
+        };
     }
     Ok(params)
 }

@@ -114,8 +114,8 @@ fn default_keys<R: Tree<Array> + ?Sized>(tree: &R) -> BTreeSet<String> {
 ///
 /// Fails, leaving `tree` unchanged, on a rank below 1, a scale that is not finite, a dropout
 /// outside `[0, 1)`, more `num_layers` than blocks, a key that names no linear layer or stacked
-/// experts, a layer that already has an adapter, or DoRA on stacked experts (which mlx-lm's DoRA
-/// does not adapt either).
+/// experts, a layer that already has an adapter ([`Error::AlreadyAdapted`]), or DoRA on stacked
+/// experts (which mlx-lm's DoRA does not adapt either).
 pub fn attach<R: Tree<Array> + ?Sized>(
     tree: &mut R,
     parameters: &LoraParameters,
@@ -158,13 +158,15 @@ pub fn attach<R: Tree<Array> + ?Sized>(
             Layer::Linear(linear) => {
                 matched.insert(key.to_owned());
                 if chosen(name) && linear.lora_a.is_some() {
-                    problem.get_or_insert(format!("layer `{name}` already has an adapter"));
+                    problem.get_or_insert(Error::AlreadyAdapted {
+                        layer: name.to_owned(),
+                    });
                 }
             }
             Layer::Embedding(_) => {
-                problem.get_or_insert(format!(
+                problem.get_or_insert(Error::Config(format!(
                     "key `{key}` names the embedding `{name}`; lmx adapts linear layers and stacked experts only"
-                ));
+                )));
             }
             Layer::SwitchLinear(switch) => {
                 matched.insert(key.to_owned());
@@ -177,7 +179,7 @@ pub fn attach<R: Tree<Array> + ?Sized>(
         }
     });
     if let Some(problem) = problem {
-        return Err(Error::Config(problem));
+        return Err(problem);
     }
     if let Some(missing) = keys.iter().find(|key| !matched.contains(*key)) {
         return Err(Error::Config(format!(
@@ -299,14 +301,16 @@ fn experts_problem(
     key: &str,
     switch: &SwitchLinearParams,
     kind: FineTuneType,
-) -> Option<String> {
+) -> Option<Error> {
     if switch.lora_a.is_some() {
-        Some(format!("layer `{name}` already has an adapter"))
+        Some(Error::AlreadyAdapted {
+            layer: name.to_owned(),
+        })
     } else if kind == FineTuneType::Dora {
-        Some(format!(
+        Some(Error::Config(format!(
             "key `{key}` names the stacked experts `{name}`, which DoRA does not adapt (nor does \
              mlx-lm's); use LoRA or keys without them"
-        ))
+        )))
     } else {
         None
     }

@@ -142,7 +142,11 @@ pub fn load_adapters<R: Tree<Array> + Clone>(
         0,
         config.fine_tune_type,
     )
-    .map_err(|err| error(&dir.join(CONFIG_FILE), err.to_string()))?;
+    .map_err(|err| match err {
+        // The model's fault, not the file's.
+        Error::AlreadyAdapted { .. } => err,
+        other => error(&dir.join(CONFIG_FILE), other.to_string()),
+    })?;
     let expected = adapters(&adapted, family)
         .into_iter()
         .map(|(name, array)| Ok((name, array.as_dtype(Dtype::Float32)?)))
