@@ -27,7 +27,8 @@
 # MAX_TOKENS (SIZE=1b: 4, 512, 32, 4, 8, 96). OUT gets each run's output, lmx's metrics.jsonl
 # and summary.txt, one line a row.
 # TRACE=1 also records each run's GPU timeline with CUPTI (bench/cupti_trace.c) and writes
-# profile.txt, each run's kernels summarized by bench/trace_summary.py (traced steps run slower).
+# profile.txt, each run's kernels summarized by bench/trace_summary.py (traced steps run slower):
+# the last half of each run, but of lmx's GRPO run its last update alone.
 set -u
 out=${1:?output folder}
 mkdir -p "$out"
@@ -186,7 +187,11 @@ if [ "${TRACE:-0}" = 1 ]; then
     for name in lmx-dpo mlx-dpo lmx-grpo mlx-grpo; do
         [ -f "$work/$name.tsv" ] || continue
         echo "=== $name"
-        "$python" "$here/trace_summary.py" "$work/$name.tsv" --last 0.5 --top 25
+        # lmx's GRPO run alternates rollouts and updates: its last update is what follows the
+        # last rollout's decoding kernels.
+        window=(--last 0.5)
+        [ "$name" = lmx-grpo ] && window=(--last 1 --after decode_attention)
+        "$python" "$here/trace_summary.py" "$work/$name.tsv" "${window[@]}" --top 40
         echo
     done > "$out/profile.txt" 2>&1
 fi

@@ -1,11 +1,13 @@
 """Summarizes a GPU timeline written by bench/cupti_trace.c: where the steady-state steps spend
 their time on the GPU, and what the host does while the GPU waits.
 
-    python3 bench/trace_summary.py lmx.tsv --step-ms 1.9 [--last 0.5]
+    python3 bench/trace_summary.py lmx.tsv --step-ms 1.9 [--last 0.5] [--after NAME]
 
 The window is the last fraction of the kernels (by count; the steady-state steps, once the
-warm-up and the first compiled trace are behind). --step-ms, the run's measured time per step,
-turns the window's totals into per-step figures.
+warm-up and the first compiled trace are behind). --after NAME narrows it to the kernels after
+the last one whose name contains NAME: a GRPO run's last update, after its last rollout's
+decoding kernels. --step-ms, the run's measured time per step, turns the window's totals into
+per-step figures.
 """
 
 import argparse
@@ -48,6 +50,7 @@ def main():
     p.add_argument("--last", type=float, default=0.5)
     p.add_argument("--step-ms", type=float, default=None)
     p.add_argument("--top", type=int, default=15)
+    p.add_argument("--after", default=None)
     args = p.parse_args()
     if not 0 < args.last <= 1:
         p.error("--last is a fraction in (0, 1]")
@@ -60,6 +63,12 @@ def main():
         print("no kernels in", args.trace)
         return
     window = kernels[int(len(kernels) * (1 - args.last)):]
+    if args.after:
+        marks = [i for i, k in enumerate(window) if args.after in k[3]]
+        if not marks or marks[-1] + 1 == len(window):
+            print(f"no kernels after one named like {args.after!r} in the window")
+            return
+        window = window[marks[-1] + 1:]
     t0, t1 = window[0][0], max(end for _, end, _, _ in window)
     span = (t1 - t0) / 1e6
     steps = span / args.step_ms if args.step_ms else None
