@@ -15,7 +15,7 @@ use super::names::{ident, snake};
 use super::Gen;
 use crate::ast::{Arg, BinaryOp, Body, Expr, ExprKind, StmtKind, Subscript, UnaryOp};
 use crate::diag::Diagnostic;
-use crate::ir::{LayerKind, ParamNode, ParamTree};
+use crate::ir::{Form, LayerKind, ParamNode, ParamTree, Typed};
 use crate::span::Span;
 
 pub(crate) type R<T> = Result<T, Diagnostic>;
@@ -1056,8 +1056,54 @@ impl<'g, 'm> Fx<'g, 'm> {
     }
 
     fn binary(&mut self, op: BinaryOp, a: &Expr, b: &Expr, span: Span) -> R<X> {
+        if op == BinaryOp::Mul {
+            if let Some(x) = self.gated_product(a, b, span)? {
+                return Ok(x);
+            }
+        }
         let xa = self.expr(a)?;
         let xb = self.expr(b)?;
+        self.binary_values(op, xa, xb, span)
+    }
+
+    /// `silu(gate) * up` or `up * silu(gate)`, `silu` the built-in, as one gated product
+    /// (`nn::swiglu`: one fused function each way where the factors' shapes agree, the two
+    /// operations where they do not). `None` for any other product. The factors are lowered in
+    /// the source's order; a static `up` takes the two operations.
+    fn gated_product(&mut self, a: &Expr, b: &Expr, span: Span) -> R<Option<X>> {
+        let typed = &self.g.model.typed;
+        let (gate, up) = match (silu_input(typed, a), silu_input(typed, b)) {
+            (Some(gate), _) => {
+                let gate = self.tensor_expr(gate)?;
+                (gate, self.expr(b)?)
+            }
+            (None, Some(gate)) => {
+                // Bound first, so that what it draws from the step's key (an adapter's
+                // dropout) it draws before the gate, as written.
+                let up = match self.expr(a)? {
+                    X::Tensor(up) => X::Tensor(self.hoist(up, "value")),
+                    up => up,
+                };
+                (self.tensor_expr(gate)?, up)
+            }
+            (None, None) => return Ok(None),
+        };
+        let x = match up {
+            X::Tensor(up) => {
+                let (gate, up) = (gate.r(), up.r());
+                X::Tensor(T::owned(quote!(nn::swiglu(#gate, #up)?)))
+            }
+            up => {
+                let gate = gate.r();
+                let silu = X::Tensor(T::owned(quote!(nn::silu(#gate)?)));
+                self.binary_values(BinaryOp::Mul, silu, up, span)?
+            }
+        };
+        Ok(Some(x))
+    }
+
+    /// `op` of two lowered operands.
+    fn binary_values(&mut self, op: BinaryOp, xa: X, xb: X, span: Span) -> R<X> {
         match (xa, xb) {
             (X::Static(sa, ta), X::Static(sb, tb)) => static_binary(op, sa, ta, sb, tb, span),
             (xa, xb) => {
@@ -1491,6 +1537,18 @@ pub(crate) fn convert(s: &S, from: &SType, to: &SType) -> TokenStream {
         (SType::Int, SType::Float) => cast(s, from, "f64"),
         _ => s.ts.clone(),
     }
+}
+
+/// The input of `e` when it is a call of the built-in `silu` over a tensor.
+fn silu_input<'e>(typed: &Typed, e: &'e Expr) -> Option<&'e Expr> {
+    let ExprKind::Call(_, args) = &e.kind else {
+        return None;
+    };
+    let call = typed.call(e.span)?;
+    if call.builtin.name != "silu" || call.form != Form::Tensor {
+        return None;
+    }
+    args.get((*call.args.first()?)?).map(|arg| &arg.value)
 }
 
 fn static_binary(op: BinaryOp, sa: S, ta: SType, sb: S, tb: SType, span: Span) -> R<X> {

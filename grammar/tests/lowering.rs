@@ -1,0 +1,41 @@
+//! What the code generator lowers particular forms to.
+
+const MODEL: &str = r#"
+model Gated {
+    config {
+        vocab: int = 256
+        d_model: int = 64
+        d_ff: int = 128
+    }
+    params {
+        wte: embedding(vocab, d_model)
+        gate: linear(d_model, d_ff, bias = false)
+        up: linear(d_model, d_ff, bias = false)
+        down: linear(d_ff, d_model, bias = false)
+        proj: linear(d_model, vocab)
+    }
+    forward(tokens: [B, T] int) -> [B, T, vocab] {
+        let x = wte(tokens)
+        let a = down(silu(gate(x)) * up(x))
+        let b = down(up(x) * silu(gate(x)))
+        let c = silu(x) * 2.0
+        let d = sigmoid(x) * x
+        proj(a + b + c + d)
+    }
+}
+"#;
+
+/// `silu(gate) * up`, in either order, is one gated product; a static factor, or any other
+/// product, stays as written.
+#[test]
+fn a_silu_gated_product_is_one_function() {
+    let model =
+        lmx_grammar::check_source("gated.lmx", MODEL).unwrap_or_else(|text| panic!("{text}"));
+    let code = lmx_grammar::codegen::generate_module(&model, "")
+        .unwrap_or_else(|d| panic!("{}", lmx_grammar::render(&d, "gated.lmx", MODEL)))
+        .to_string();
+    let code: String = code.split_whitespace().collect();
+    assert_eq!(code.matches("nn::swiglu(").count(), 2, "{code}");
+    assert_eq!(code.matches("nn::silu(").count(), 1, "{code}");
+    assert!(code.contains(".multiply("), "{code}");
+}

@@ -1,0 +1,226 @@
+//! The SiLU-gated product of a gated MLP, `silu(gate) * up`, as one function.
+//!
+//! Written as two operations, the product is two kernels forward (the SiLU, then the product,
+//! with `silu(gate)` kept for the backward pass) and three backward. As one custom function
+//! whose forward and backward passes are each one compiled, fused function, the forward pass
+//! reads `gate` and `up` and writes the product, and the backward pass reads `gate`, `up` and the
+//! cotangent and writes both gradients, computing the sigmoid again instead of keeping it
+//! (docs/benchmarks.md, GRPO's update). The `.lmx` code generator lowers `silu(a) * b` to it.
+
+use super::activation::silu;
+use super::custom_vjp::{self, WithGradient};
+use crate::error::{Error, Result};
+use mlx_rs::error::Exception;
+use mlx_rs::transforms::compile::compile;
+use mlx_rs::{ops, Array};
+use std::cell::RefCell;
+
+type Compiled = Box<dyn FnMut(&[Array]) -> std::result::Result<Vec<Array>, Exception>>;
+
+thread_local! {
+    /// The forward and backward passes, compiled (shapeless) on first use on this thread.
+    static PASSES: RefCell<Option<(Compiled, Compiled)>> = const { RefCell::new(None) };
+}
+
+/// `silu(gate) * up` from `[gate, up]`.
+fn forward_pass(inputs: &[Array]) -> std::result::Result<Vec<Array>, Exception> {
+    let [gate, up] = inputs else {
+        return Err(Exception::custom(
+            "a gated product reads a gate and an input",
+        ));
+    };
+    Ok(vec![gate.multiply(ops::sigmoid(gate)?)?.multiply(up)?])
+}
+
+/// The gradients in `gate` and `up` from `[gate, up, cotangent]`: with `s = sigmoid(gate)`,
+/// `d gate = dy up s (1 + gate (1 - s))` and `d up = dy gate s`.
+fn backward_pass(inputs: &[Array]) -> std::result::Result<Vec<Array>, Exception> {
+    let [gate, up, dy] = inputs else {
+        return Err(Exception::custom(
+            "a gated product's gradient reads a gate, an input and a cotangent",
+        ));
+    };
+    let s = ops::sigmoid(gate)?;
+    let one = Array::from_f32(1.0).as_dtype(gate.dtype())?;
+    let slope = s.multiply(gate.multiply(one.subtract(&s)?)?.add(&one)?)?;
+    Ok(vec![
+        dy.multiply(up)?.multiply(&slope)?,
+        dy.multiply(gate.multiply(&s)?)?,
+    ])
+}
+
+/// Runs the compiled forward (`backward == false`) or backward pass on `inputs`.
+fn run(backward: bool, inputs: &[Array]) -> Result<Vec<Array>> {
+    PASSES.with(|cell| {
+        let mut passes = cell.borrow_mut();
+        let (forward, back) = passes.get_or_insert_with(|| {
+            (
+                Box::new(compile(forward_pass, true)),
+                Box::new(compile(backward_pass, true)),
+            )
+        });
+        let pass = if backward { back } else { forward };
+        pass(inputs).map_err(Error::from)
+    })
+}
+
+#[derive(Clone, Copy, PartialEq)]
+struct GatedProduct;
+
+impl WithGradient for GatedProduct {
+    const NAME: &'static str = "a SiLU-gated product";
+
+    fn forward(&self, inputs: &[Array]) -> Result<Vec<Array>> {
+        run(false, inputs)
+    }
+
+    fn vjp(&self, primals: &[Array], cotangents: &[Array]) -> Result<Vec<Array>> {
+        let (Some(gate), Some(up), Some(dy)) =
+            (primals.first(), primals.get(1), cotangents.first())
+        else {
+            return Err(Error::Layout(
+                "a gated product's gradient needs its gate, its input and one cotangent".into(),
+            ));
+        };
+        run(true, &[gate.clone(), up.clone(), dy.clone()])
+    }
+}
+
+/// `silu(gate) * up`, the gated MLP's product (SwiGLU's): one fused function each way where
+/// `gate` and `up` have one shape and dtype; the two operations otherwise (a broadcast, a
+/// promotion, or nothing to compute, which MLX's CUDA backend cannot launch a fused kernel over).
+pub fn swiglu(gate: &Array, up: &Array) -> Result<Array> {
+    if gate.shape() != up.shape() || gate.dtype() != up.dtype() || gate.size() == 0 {
+        return Ok(silu(gate)?.multiply(up)?);
+    }
+    custom_vjp::apply(&GatedProduct, &[gate.clone(), up.clone()])?
+        .pop()
+        .ok_or_else(|| Error::Layout("a gated product returned nothing".into()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::nn::without_gradients;
+    use mlx_rs::transforms::value_and_grad_with_argnums;
+
+    const GATE: [f32; 6] = [0.0, 1.0, -2.0, 3.5, -0.25, 0.75];
+    const UP: [f32; 6] = [1.0, 2.0, 3.0, -1.5, 0.5, -4.0];
+    const R: [f32; 6] = [1.0, 1.0, 1.0, 0.5, -2.0, 1.5];
+
+    /// `f(gate, up)` and the gradients of `sum(f(gate, up) * r)` in both.
+    fn value_and_gradients(
+        f: fn(&Array, &Array) -> Result<Array>,
+        gate: &Array,
+        up: &Array,
+        r: &Array,
+    ) -> (Array, Array, Array) {
+        let r = r.clone();
+        let objective = move |args: &[Array]| -> std::result::Result<Vec<Array>, Exception> {
+            let y = f(&args[0], &args[1]).map_err(Error::into_exception)?;
+            Ok(vec![y.multiply(&r)?.sum(false)?, y])
+        };
+        let (values, grads) =
+            value_and_grad_with_argnums(objective, &[0, 1])(&[gate.clone(), up.clone()]).unwrap();
+        (values[1].clone(), grads[0].clone(), grads[1].clone())
+    }
+
+    fn plain(gate: &Array, up: &Array) -> Result<Array> {
+        Ok(gate.multiply(ops::sigmoid(gate)?)?.multiply(up)?)
+    }
+
+    fn max_difference(a: &Array, b: &Array) -> f32 {
+        a.subtract(b)
+            .unwrap()
+            .abs()
+            .unwrap()
+            .max(false)
+            .unwrap()
+            .item_exact::<f32>()
+    }
+
+    /// The value and both gradients against the derivative written out in float64 on the host.
+    #[test]
+    fn value_and_gradients_match_the_closed_form() {
+        let gate = Array::from_slice(&GATE, &[2, 3]);
+        let up = Array::from_slice(&UP, &[2, 3]);
+        let r = Array::from_slice(&R, &[2, 3]);
+        let (y, d_gate, d_up) = value_and_gradients(swiglu, &gate, &up, &r);
+        for i in 0..GATE.len() {
+            let (g, u, r) = (GATE[i] as f64, UP[i] as f64, R[i] as f64);
+            let s = 1.0 / (1.0 + (-g).exp());
+            let want = [g * s * u, r * u * s * (1.0 + g * (1.0 - s)), r * g * s];
+            for (got, want) in [&y, &d_gate, &d_up].iter().zip(want) {
+                let got = got.as_slice::<f32>()[i] as f64;
+                assert!(
+                    (got - want).abs() < 1e-6 * (1.0 + want.abs()),
+                    "{i}: {got} against {want}"
+                );
+            }
+        }
+        // Hand-computed at gate 1, up 2: sigmoid(1) = 0.7310586, d gate = 2 (0.7310586 +
+        // 0.7310586 x 0.2689414) = 1.8553411, d up = 0.7310586.
+        assert!((d_gate.as_slice::<f32>()[1] - 1.855_341_1).abs() < 1e-6);
+        assert!((d_up.as_slice::<f32>()[1] - 0.731_058_6).abs() < 1e-6);
+    }
+
+    /// The same numbers as MLX's own derivative of the two operations, eagerly, inside a
+    /// compiled function, in bfloat16, and without gradients.
+    #[test]
+    fn it_computes_what_the_two_operations_compute() {
+        let gate = mlx_rs::random::normal::<f32>(&[4, 8, 16], None, None, None).unwrap();
+        let up = mlx_rs::random::normal::<f32>(&[4, 8, 16], None, None, None).unwrap();
+        let r = mlx_rs::random::normal::<f32>(&[4, 8, 16], None, None, None).unwrap();
+        let ours = value_and_gradients(swiglu, &gate, &up, &r);
+        let theirs = value_and_gradients(plain, &gate, &up, &r);
+        for (a, b) in [
+            (&ours.0, &theirs.0),
+            (&ours.1, &theirs.1),
+            (&ours.2, &theirs.2),
+        ] {
+            assert!(max_difference(a, b) < 1e-5, "{}", max_difference(a, b));
+        }
+        let in_compiled = |args: &[Array]| -> std::result::Result<Vec<Array>, Exception> {
+            let objective = |args: &[Array]| -> std::result::Result<Vec<Array>, Exception> {
+                let y = swiglu(&args[0], &args[1]).map_err(Error::into_exception)?;
+                Ok(vec![y.multiply(&args[2])?.sum(false)?])
+            };
+            Ok(value_and_grad_with_argnums(objective, &[0, 1])(args)?.1)
+        };
+        let grads = compile(in_compiled, false)(&[gate.clone(), up.clone(), r.clone()]).unwrap();
+        assert!(max_difference(&grads[0], &theirs.1) < 1e-5);
+        assert!(max_difference(&grads[1], &theirs.2) < 1e-5);
+        let half = |a: &Array| a.as_dtype(mlx_rs::Dtype::Bfloat16).unwrap();
+        let low = swiglu(&half(&gate), &half(&up)).unwrap();
+        assert_eq!(low.dtype(), mlx_rs::Dtype::Bfloat16);
+        let low = low.as_dtype(mlx_rs::Dtype::Float32).unwrap();
+        assert!(
+            max_difference(&low, &theirs.0) < 0.05,
+            "{}",
+            max_difference(&low, &theirs.0)
+        );
+        let free = without_gradients(|| swiglu(&gate, &up)).unwrap();
+        assert!(max_difference(&free, &theirs.0) < 1e-6);
+    }
+
+    /// A broadcast `up` (and an empty pair) take the two operations, gradients reduced over the
+    /// broadcast axis as MLX reduces them.
+    #[test]
+    fn a_broadcast_or_empty_pair_takes_the_two_operations() {
+        let gate = Array::from_slice(&GATE, &[2, 3]);
+        let up = Array::from_slice(&UP[..3], &[1, 3]);
+        let r = Array::from_slice(&R, &[2, 3]);
+        let ours = value_and_gradients(swiglu, &gate, &up, &r);
+        let theirs = value_and_gradients(plain, &gate, &up, &r);
+        assert_eq!(ours.2.shape(), [1, 3]);
+        for (a, b) in [
+            (&ours.0, &theirs.0),
+            (&ours.1, &theirs.1),
+            (&ours.2, &theirs.2),
+        ] {
+            assert!(max_difference(a, b) < 1e-6);
+        }
+        let empty = Array::from_slice::<f32>(&[], &[0, 3]);
+        assert_eq!(swiglu(&empty, &empty).unwrap().shape(), [0, 3]);
+    }
+}
