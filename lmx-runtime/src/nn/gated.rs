@@ -100,57 +100,54 @@ pub fn swiglu(gate: &Array, up: &Array) -> Result<Array> {
 
 #[cfg(test)]
 mod tests {
+    use super::super::same_gradients::assert_same_values_and_gradients;
     use super::*;
     use crate::nn::without_gradients;
     use mlx_rs::transforms::value_and_grad_with_argnums;
+    use mlx_rs::Dtype;
 
     const GATE: [f32; 6] = [0.0, 1.0, -2.0, 3.5, -0.25, 0.75];
     const UP: [f32; 6] = [1.0, 2.0, 3.0, -1.5, 0.5, -4.0];
     const R: [f32; 6] = [1.0, 1.0, 1.0, 0.5, -2.0, 1.5];
 
-    /// `f(gate, up)` and the gradients of `sum(f(gate, up) * r)` in both.
-    fn value_and_gradients(
-        f: fn(&Array, &Array) -> Result<Array>,
-        gate: &Array,
-        up: &Array,
-        r: &Array,
-    ) -> (Array, Array, Array) {
+    fn plain(args: &[Array]) -> Result<Array> {
+        Ok(args[0]
+            .multiply(ops::sigmoid(&args[0])?)?
+            .multiply(&args[1])?)
+    }
+
+    fn ours(args: &[Array]) -> Result<Array> {
+        swiglu(&args[0], &args[1])
+    }
+
+    /// `sum(swiglu(gate, up) * r)`'s gradients in `gate` and `up`, with `swiglu(gate, up)`.
+    fn value_and_gradients(args: &[Array], r: &Array) -> Vec<Array> {
         let r = r.clone();
         let objective = move |args: &[Array]| -> std::result::Result<Vec<Array>, Exception> {
-            let y = f(&args[0], &args[1]).map_err(Error::into_exception)?;
+            let y = ours(args).map_err(Error::into_exception)?;
             Ok(vec![y.multiply(&r)?.sum(false)?, y])
         };
-        let (values, grads) =
-            value_and_grad_with_argnums(objective, &[0, 1])(&[gate.clone(), up.clone()]).unwrap();
-        (values[1].clone(), grads[0].clone(), grads[1].clone())
+        let (values, grads) = value_and_grad_with_argnums(objective, &[0, 1])(args).unwrap();
+        vec![values[1].clone(), grads[0].clone(), grads[1].clone()]
     }
 
-    fn plain(gate: &Array, up: &Array) -> Result<Array> {
-        Ok(gate.multiply(ops::sigmoid(gate)?)?.multiply(up)?)
-    }
-
-    fn max_difference(a: &Array, b: &Array) -> f32 {
-        a.subtract(b)
-            .unwrap()
-            .abs()
-            .unwrap()
-            .max(false)
-            .unwrap()
-            .item_exact::<f32>()
+    fn close(a: &Array, b: &Array, tolerance: f64) -> bool {
+        a.shape() == b.shape() && a.all_close(b, tolerance, tolerance, None).unwrap()
     }
 
     /// The value and both gradients against the derivative written out in float64 on the host.
     #[test]
     fn value_and_gradients_match_the_closed_form() {
-        let gate = Array::from_slice(&GATE, &[2, 3]);
-        let up = Array::from_slice(&UP, &[2, 3]);
-        let r = Array::from_slice(&R, &[2, 3]);
-        let (y, d_gate, d_up) = value_and_gradients(swiglu, &gate, &up, &r);
+        let args = [
+            Array::from_slice(&GATE, &[2, 3]),
+            Array::from_slice(&UP, &[2, 3]),
+        ];
+        let got = value_and_gradients(&args, &Array::from_slice(&R, &[2, 3]));
         for i in 0..GATE.len() {
             let (g, u, r) = (GATE[i] as f64, UP[i] as f64, R[i] as f64);
             let s = 1.0 / (1.0 + (-g).exp());
             let want = [g * s * u, r * u * s * (1.0 + g * (1.0 - s)), r * g * s];
-            for (got, want) in [&y, &d_gate, &d_up].iter().zip(want) {
+            for (got, want) in got.iter().zip(want) {
                 let got = got.as_slice::<f32>()[i] as f64;
                 assert!(
                     (got - want).abs() < 1e-6 * (1.0 + want.abs()),
@@ -160,66 +157,41 @@ mod tests {
         }
         // Hand-computed at gate 1, up 2: sigmoid(1) = 0.7310586, d gate = 2 (0.7310586 +
         // 0.7310586 x 0.2689414) = 1.8553411, d up = 0.7310586.
-        assert!((d_gate.as_slice::<f32>()[1] - 1.855_341_1).abs() < 1e-6);
-        assert!((d_up.as_slice::<f32>()[1] - 0.731_058_6).abs() < 1e-6);
+        assert!((got[1].as_slice::<f32>()[1] - 1.855_341_1).abs() < 1e-6);
+        assert!((got[2].as_slice::<f32>()[1] - 0.731_058_6).abs() < 1e-6);
     }
 
-    /// The same numbers as MLX's own derivative of the two operations, eagerly, inside a
-    /// compiled function, in bfloat16, and without gradients.
+    /// The same numbers as MLX's own derivative of the two operations: eagerly, a broadcast
+    /// `up` (which takes the two operations), inside a compiled function, in bfloat16, and
+    /// without gradients; an empty pair computes nothing.
     #[test]
     fn it_computes_what_the_two_operations_compute() {
-        let gate = mlx_rs::random::normal::<f32>(&[4, 8, 16], None, None, None).unwrap();
-        let up = mlx_rs::random::normal::<f32>(&[4, 8, 16], None, None, None).unwrap();
-        let r = mlx_rs::random::normal::<f32>(&[4, 8, 16], None, None, None).unwrap();
-        let ours = value_and_gradients(swiglu, &gate, &up, &r);
-        let theirs = value_and_gradients(plain, &gate, &up, &r);
-        for (a, b) in [
-            (&ours.0, &theirs.0),
-            (&ours.1, &theirs.1),
-            (&ours.2, &theirs.2),
-        ] {
-            assert!(max_difference(a, b) < 1e-5, "{}", max_difference(a, b));
-        }
+        assert_same_values_and_gradients(&[&[4, 8, 16], &[4, 8, 16]], plain, ours, 1e-5);
+        assert_same_values_and_gradients(&[&[4, 8, 16], &[1, 16]], plain, ours, 1e-6);
+        let normal = || mlx_rs::random::normal::<f32>(&[4, 8, 16], None, None, None).unwrap();
+        let (args, r) = ([normal(), normal()], normal());
+        let eager = value_and_gradients(&args, &r);
         let in_compiled = |args: &[Array]| -> std::result::Result<Vec<Array>, Exception> {
             let objective = |args: &[Array]| -> std::result::Result<Vec<Array>, Exception> {
-                let y = swiglu(&args[0], &args[1]).map_err(Error::into_exception)?;
+                let y = ours(&args[..2]).map_err(Error::into_exception)?;
                 Ok(vec![y.multiply(&args[2])?.sum(false)?])
             };
             Ok(value_and_grad_with_argnums(objective, &[0, 1])(args)?.1)
         };
-        let grads = compile(in_compiled, false)(&[gate.clone(), up.clone(), r.clone()]).unwrap();
-        assert!(max_difference(&grads[0], &theirs.1) < 1e-5);
-        assert!(max_difference(&grads[1], &theirs.2) < 1e-5);
-        let half = |a: &Array| a.as_dtype(mlx_rs::Dtype::Bfloat16).unwrap();
-        let low = swiglu(&half(&gate), &half(&up)).unwrap();
-        assert_eq!(low.dtype(), mlx_rs::Dtype::Bfloat16);
-        let low = low.as_dtype(mlx_rs::Dtype::Float32).unwrap();
-        assert!(
-            max_difference(&low, &theirs.0) < 0.05,
-            "{}",
-            max_difference(&low, &theirs.0)
-        );
-        let free = without_gradients(|| swiglu(&gate, &up)).unwrap();
-        assert!(max_difference(&free, &theirs.0) < 1e-6);
-    }
-
-    /// A broadcast `up` (and an empty pair) take the two operations, gradients reduced over the
-    /// broadcast axis as MLX reduces them.
-    #[test]
-    fn a_broadcast_or_empty_pair_takes_the_two_operations() {
-        let gate = Array::from_slice(&GATE, &[2, 3]);
-        let up = Array::from_slice(&UP[..3], &[1, 3]);
-        let r = Array::from_slice(&R, &[2, 3]);
-        let ours = value_and_gradients(swiglu, &gate, &up, &r);
-        let theirs = value_and_gradients(plain, &gate, &up, &r);
-        assert_eq!(ours.2.shape(), [1, 3]);
-        for (a, b) in [
-            (&ours.0, &theirs.0),
-            (&ours.1, &theirs.1),
-            (&ours.2, &theirs.2),
-        ] {
-            assert!(max_difference(a, b) < 1e-6);
-        }
+        let compiled = compile(in_compiled, false)(&[args[0].clone(), args[1].clone(), r]).unwrap();
+        assert!(close(&compiled[0], &eager[1], 1e-5) && close(&compiled[1], &eager[2], 1e-5));
+        let half = args
+            .each_ref()
+            .map(|a| a.as_dtype(Dtype::Bfloat16).unwrap());
+        let low = ours(&half).unwrap();
+        assert_eq!(low.dtype(), Dtype::Bfloat16);
+        assert!(close(
+            &low.as_dtype(Dtype::Float32).unwrap(),
+            &eager[0],
+            0.05
+        ));
+        let free = without_gradients(|| ours(&args)).unwrap();
+        assert!(close(&free, &eager[0], 1e-6));
         let empty = Array::from_slice::<f32>(&[], &[0, 3]);
         assert_eq!(swiglu(&empty, &empty).unwrap().shape(), [0, 3]);
     }
