@@ -7,7 +7,7 @@ use lmx::runtime::nn::init::{self, Keys};
 use lmx::runtime::nn::{EmbeddingParams, LinearParams, RmsNormParams};
 use lmx::runtime::optim::AdamW;
 use lmx::runtime::tensor::nn::{
-    cross_entropy, embedding, linear, merge_heads, rms_norm, rope, silu, split_heads,
+    cross_entropy, embedding, linear, merge_heads, rms_norm, rope, split_heads, swiglu,
 };
 use lmx::runtime::tensor::{Context, Tensor};
 use lmx::runtime::Result;
@@ -105,7 +105,8 @@ pub struct Attention {
     pub o_proj: LinearParams,
 }
 
-/// SwiGLU: `down(silu(gate(x)) * up(x))`.
+/// SwiGLU: `down(silu(gate(x)) * up(x))`, the product as one function (`swiglu`), as in
+/// `llama.lmx`.
 #[lmx::model]
 pub struct Mlp {
     /// The gate projection.
@@ -195,10 +196,10 @@ fn attention(
 }
 
 fn mlp(params: &Mlp<Tensor>, x: &Tensor) -> Result<Tensor> {
-    let gate = silu(&linear(&params.gate_proj, x)?)?;
+    let gate = linear(&params.gate_proj, x)?;
     linear(
         &params.down_proj,
-        &gate.multiply(&linear(&params.up_proj, x)?)?,
+        &swiglu(&gate, &linear(&params.up_proj, x)?)?,
     )
 }
 

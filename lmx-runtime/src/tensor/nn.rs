@@ -45,6 +45,12 @@ pub fn silu(x: &Tensor) -> Result<Tensor> {
     Ok(Tensor(nn::silu(&x.0)?))
 }
 
+/// The gated MLP's product `silu(gate) * up` as one function (`nn::swiglu`), as the `.lmx` code
+/// generator lowers that product.
+pub fn swiglu(gate: &Tensor, up: &Tensor) -> Result<Tensor> {
+    Ok(Tensor(nn::swiglu(&gate.0, &up.0)?))
+}
+
 /// GELU with the exact error function.
 pub fn gelu(x: &Tensor) -> Result<Tensor> {
     Ok(Tensor(nn::gelu(&x.0)?))
