@@ -113,28 +113,30 @@ fn lora_generate_with_adapter_and_fuse() {
 
     let adapted = greedy(&base, Some(&adapters));
     assert_eq!(greedy(&lora, None), adapted);
-    // The LoRA run's checkpoint holds these adapters already: a second copy is refused, saying so.
-    let twice = lmx(&[
-        "generate",
-        "--run",
-        &s(&lora),
-        "--adapter",
-        &s(&adapters),
-        "--prompt",
-        "a",
-        "--max-tokens",
-        "1",
-    ]);
-    assert!(!twice.status.success());
-    assert_eq!(
-        String::from_utf8_lossy(&twice.stderr).trim(),
-        format!(
-            "error: {} is a LoRA run's, which holds its adapters already (`h.0.attn.c_attn` has \
-             one): leave out --adapter to use them, or fuse them first (`lmx fuse`) to add others \
-             over them",
-            lora.join("checkpoints/step-000010").display(),
-        )
-    );
+    // The LoRA run's checkpoint holds these adapters already: a second copy, or any other adapter
+    // folder (here one that does not exist), is refused, saying so.
+    for folder in [adapters.clone(), lora.join("no-such-adapters")] {
+        let twice = lmx(&[
+            "generate",
+            "--run",
+            &s(&lora),
+            "--adapter",
+            &s(&folder),
+            "--prompt",
+            "a",
+            "--max-tokens",
+            "1",
+        ]);
+        assert!(!twice.status.success());
+        assert_eq!(
+            String::from_utf8_lossy(&twice.stderr).trim(),
+            format!(
+                "error: {} is a LoRA run's, which holds its adapters already: leave out --adapter \
+                 to use them, or fuse them first (`lmx fuse`) to add others over them",
+                lora.join("checkpoints/step-000010").display(),
+            )
+        );
+    }
     ok(&["fuse", "--run", &s(&lora), "--out", &s(&fused)]);
     assert_eq!(greedy(&fused, None), adapted);
     assert_ne!(

@@ -18,15 +18,17 @@ model Gated {
         let x = wte(tokens)
         let a = down(silu(gate(x)) * up(x))
         let b = down(up(x) * silu(gate(x)))
-        let c = silu(x) * 2.0
+        let c = silu(x) * 2.0 + 2.0 * silu(x)
         let d = sigmoid(x) * x
-        proj(a + b + c + d)
+        let e = down(silu(x = gate(x)) * up(x))
+        proj(a + b + c + d + e)
     }
 }
 "#;
 
-/// `silu(gate) * up`, in either order, is one gated product; a static factor, or any other
-/// product, stays as written.
+/// `silu(gate) * up`, in either order and with `silu`'s argument by keyword, is one gated
+/// product whose first factor is bound before the second is lowered; a static factor, or any
+/// other product, stays as written.
 #[test]
 fn a_silu_gated_product_is_one_function() {
     let model =
@@ -35,7 +37,19 @@ fn a_silu_gated_product_is_one_function() {
         .unwrap_or_else(|d| panic!("{}", lmx_grammar::render(&d, "gated.lmx", MODEL)))
         .to_string();
     let code: String = code.split_whitespace().collect();
-    assert_eq!(code.matches("nn::swiglu(").count(), 2, "{code}");
-    assert_eq!(code.matches("nn::silu(").count(), 1, "{code}");
+    assert_eq!(code.matches("nn::swiglu(").count(), 3, "{code}");
+    assert_eq!(code.matches("nn::silu(").count(), 2, "{code}");
+    // Both orders: the first factor's linear layer bound, then the call over both.
+    for (first, second) in [("gate", "up"), ("up", "gate")] {
+        let bound = format!("=pass.linear(&params.{first},&x)?;");
+        let at = code
+            .find(&bound)
+            .unwrap_or_else(|| panic!("{first} not bound: {code}"));
+        let rest = &code[at..];
+        let second = format!("pass.linear(&params.{second},&x)?");
+        assert!(rest
+            .find("nn::swiglu(")
+            .is_some_and(|c| rest.find(&second).is_some_and(|s| s > c)));
+    }
     assert!(code.contains(".multiply("), "{code}");
 }

@@ -9,7 +9,6 @@ use lmx::runtime::model::LanguageModel;
 use lmx::runtime::objectives::is_head_tensor;
 use lmx::runtime::quant;
 use lmx::runtime::train::TrainConfig;
-use lmx::runtime::Error;
 use serde_json::Value;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -252,6 +251,15 @@ pub fn load_params<M: LanguageModel>(
     checkpoint: &Path,
     adapter: Option<&Path>,
 ) -> anyhow::Result<M::Params> {
+    if adapter.is_some() && run.lora.is_some() {
+        // Its checkpoints hold the run's own adapters, and an adapter folder loads over a model
+        // without any: whatever layers the folder's cover, it cannot go on top.
+        anyhow::bail!(
+            "{} is a LoRA run's, which holds its adapters already: leave out --adapter to use \
+             them, or fuse them first (`lmx fuse`) to add others over them",
+            checkpoint.display()
+        );
+    }
     let folder = run.init.as_deref().map(HfFolder::open).transpose()?;
     let template = match (&folder, &run.lora) {
         // A LoRA run's checkpoints leave out the frozen base, which is the folder's.
@@ -283,16 +291,7 @@ pub fn load_params<M: LanguageModel>(
         false => checkpoint::load_tree_over(&file, &template)?,
     };
     if let Some(dir) = adapter {
-        match lora::load_adapters(&mut params, dir, Family::of_model(&run.model)) {
-            // Its checkpoint has put the run's own adapters in place already.
-            Err(Error::AlreadyAdapted { layer }) if run.lora.is_some() => anyhow::bail!(
-                "{} is a LoRA run's, which holds its adapters already (`{layer}` has one): leave \
-                 out --adapter to use them, or fuse them first (`lmx fuse`) to add others over \
-                 them",
-                checkpoint.display()
-            ),
-            loaded => loaded?,
-        };
+        lora::load_adapters(&mut params, dir, Family::of_model(&run.model))?;
     }
     Ok(params)
 }

@@ -1067,19 +1067,20 @@ impl<'g, 'm> Fx<'g, 'm> {
     }
 
     /// `silu(gate) * up` or `up * silu(gate)`, `silu` the built-in, as one gated product
-    /// (`nn::swiglu`: one fused function each way where the factors' shapes agree, the two
-    /// operations where they do not). `None` for any other product. The factors are lowered in
-    /// the source's order; a static `up` takes the two operations.
+    /// (`nn::swiglu`: one function each way where the factors' shapes and dtypes agree, the two
+    /// operations where they do not). `None` for any other product. A static `up` takes the two
+    /// operations.
     fn gated_product(&mut self, a: &Expr, b: &Expr, span: Span) -> R<Option<X>> {
         let typed = &self.g.model.typed;
+        // Each factor is bound before the next is lowered, so that what they draw from the
+        // step's key (an adapter's dropout) they draw in the order written.
         let (gate, up) = match (silu_input(typed, a), silu_input(typed, b)) {
             (Some(gate), _) => {
                 let gate = self.tensor_expr(gate)?;
+                let gate = self.hoist(gate, "gate");
                 (gate, self.expr(b)?)
             }
             (None, Some(gate)) => {
-                // Bound first, so that what it draws from the step's key (an adapter's
-                // dropout) it draws before the gate, as written.
                 let up = match self.expr(a)? {
                     X::Tensor(up) => X::Tensor(self.hoist(up, "value")),
                     up => up,
