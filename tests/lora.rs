@@ -25,6 +25,18 @@ fn tiny() -> Result<(Config, Params)> {
     Ok((config, params))
 }
 
+/// LoRA adapters with mlx-lm's default settings on the last `num_layers` blocks of `tree` (-1:
+/// all), drawn from seed 0: the names of the adapted layers.
+fn attach_default<R: Tree<Array>>(tree: &mut R, num_layers: i64) -> Result<Vec<String>> {
+    lora::attach(
+        tree,
+        &LoraParameters::default(),
+        num_layers,
+        0,
+        FineTuneType::Lora,
+    )
+}
+
 fn tokens(vocab: i32, seed: u64) -> Result<Array> {
     let key = mlx_rs::random::key(seed)?;
     Ok(mlx_rs::random::randint::<_, i32>(0, vocab, &[2, 12], &key)?)
@@ -131,13 +143,7 @@ fn optimizer_entries_of_adapters_only(declaration: Vec<String>) -> Vec<String> {
 fn attached_adapters_leave_the_outputs_exactly_unchanged() -> Result<()> {
     let (config, base) = tiny()?;
     let mut adapted = base.clone();
-    let names = lora::attach(
-        &mut adapted,
-        &LoraParameters::default(),
-        -1,
-        0,
-        FineTuneType::Lora,
-    )?;
+    let names = attach_default(&mut adapted, -1)?;
     // Every linear layer of both blocks: 4 in attention, 3 in the MLP.
     assert_eq!(names.len(), 14, "{names:?}");
     let input = tokens(256, 3)?;
@@ -182,14 +188,7 @@ fn num_layers_and_keys_choose_the_layers_as_mlx_lm_does() -> Result<()> {
             .starts_with("configuration: LoRA key `self_attn.qkv` names no linear layer"),
         "{err}"
     );
-    let err = lora::attach(
-        &mut unknown,
-        &LoraParameters::default(),
-        3,
-        0,
-        FineTuneType::Lora,
-    )
-    .unwrap_err();
+    let err = attach_default(&mut unknown, 3).unwrap_err();
     assert_eq!(
         err.to_string(),
         "num_layers is 3; it must be at most the model's number of blocks (-1: all)"
@@ -208,22 +207,9 @@ fn num_layers_and_keys_choose_the_layers_as_mlx_lm_does() -> Result<()> {
 fn adapting_an_adapted_layer_is_refused_by_name() -> Result<()> {
     let (_, base) = tiny()?;
     let mut adapted = base.clone();
-    lora::attach(
-        &mut adapted,
-        &LoraParameters::default(),
-        1,
-        0,
-        FineTuneType::Lora,
-    )?;
+    attach_default(&mut adapted, 1)?;
     let before = tree::names(&adapted);
-    let err = lora::attach(
-        &mut adapted,
-        &LoraParameters::default(),
-        -1,
-        1,
-        FineTuneType::Lora,
-    )
-    .unwrap_err();
+    let err = attach_default(&mut adapted, -1).unwrap_err();
     assert!(
         matches!(&err, Error::AlreadyAdapted { layer } if layer == "model.layers.1.self_attn.q_proj"),
         "{err:?}"
@@ -249,13 +235,7 @@ fn adapting_an_adapted_layer_is_refused_by_name() -> Result<()> {
 fn only_adapters_train_and_the_base_stays_bit_identical() -> Result<()> {
     let (config, base) = tiny()?;
     let mut adapted = base.clone();
-    lora::attach(
-        &mut adapted,
-        &LoraParameters::default(),
-        1,
-        0,
-        FineTuneType::Lora,
-    )?;
+    attach_default(&mut adapted, 1)?;
     let before = adapted.clone();
     let state = train::<llama::Train>(adapted, &config, 3)?;
     // The compiled step's declared state: every parameter, optimizer moments for adapters only.
@@ -268,13 +248,7 @@ fn only_adapters_train_and_the_base_stays_bit_identical() -> Result<()> {
 #[test]
 fn fused_weights_compute_what_base_and_adapters_did() -> Result<()> {
     let (config, mut adapted) = tiny()?;
-    lora::attach(
-        &mut adapted,
-        &LoraParameters::default(),
-        -1,
-        0,
-        FineTuneType::Lora,
-    )?;
+    attach_default(&mut adapted, -1)?;
     let trained = train::<llama::Train>(adapted, &config, 3)?.params;
     let mut fused = trained.clone();
     assert_eq!(lora::fuse(&mut fused)?, 14);
@@ -420,13 +394,7 @@ fn gpt2_adapters_are_named_as_mlx_lm_s_modules() -> Result<()> {
     let config = gpt2::Config::preset("tiny").expect("tiny");
     let base = Gpt2::init(&config, 0)?;
     let mut adapted = base.clone();
-    lora::attach(
-        &mut adapted,
-        &LoraParameters::default(),
-        1,
-        0,
-        FineTuneType::Lora,
-    )?;
+    attach_default(&mut adapted, 1)?;
     // Adapters that are not zero, so that loading them changes the logits.
     let mut seed = 0;
     let specs = tree::specs(&adapted);
@@ -862,13 +830,7 @@ fn expert_adapters_train_alone_and_refuse_what_they_cannot_do() -> Result<()> {
         .iter()
         .all(|spec| spec.role != LeafRole::Adapter));
     let mut adapted = base.clone();
-    let attached = lora::attach(
-        &mut adapted,
-        &LoraParameters::default(),
-        1,
-        0,
-        FineTuneType::Lora,
-    )?;
+    let attached = attach_default(&mut adapted, 1)?;
     assert!(attached.contains(&"model.layers.1.block_sparse_moe.switch_mlp.down_proj".to_owned()));
     let input = tokens(256, 3)?;
     let before = Mixtral::forward(&base, &config, &input, &mut Context::evaluation())?;
