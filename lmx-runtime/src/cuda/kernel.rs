@@ -72,6 +72,29 @@ impl Kernel {
         header: &str,
         body: &str,
     ) -> Result<Kernel> {
+        Self::make(name, inputs, outputs, header, body, true)
+    }
+
+    /// As [`Kernel::new`], but the inputs are read as they lie, however strided: the body
+    /// indexes them through `name_strides` (in elements).
+    pub fn reading_strides(
+        name: &str,
+        inputs: &[&str],
+        outputs: &[&str],
+        header: &str,
+        body: &str,
+    ) -> Result<Kernel> {
+        Self::make(name, inputs, outputs, header, body, false)
+    }
+
+    fn make(
+        name: &str,
+        inputs: &[&str],
+        outputs: &[&str],
+        header: &str,
+        body: &str,
+        contiguous: bool,
+    ) -> Result<Kernel> {
         let name = &source_name(name, inputs, outputs, header, body);
         let text = |what: &str, value: &str| {
             CString::new(value).map_err(|_| {
@@ -96,7 +119,7 @@ impl Kernel {
                 outputs,
                 body_c.as_ptr(),
                 header_c.as_ptr(),
-                true,
+                contiguous,
                 0,
             );
             mlx_sys::mlx_vector_string_free(inputs);

@@ -424,14 +424,6 @@ pub fn decode_attention(
     attention(q, k, v, AttentionMask::Array(&mask()?))
 }
 
-/// Rotary position embedding over the last axis of `[B, heads, T, head_dim]`, positions starting
-/// at `offset`, an int32 scalar (MLX's fused kernel, non-traditional half-split layout as in
-/// LLaMA's HF weights). The offset is an array so that a traced decode step does not depend on
-/// its value.
-pub fn rope(x: &Array, dims: i32, base: f32, offset: &Array) -> Result<Array> {
-    Ok(fast::rope_dynamic(x, dims, false, base, 1.0, offset, None)?)
-}
-
 /// A scalar of `dtype`, for arithmetic that keeps its operand's precision.
 ///
 /// Floating and `int32` scalars are made directly in their type, with no conversion in the

@@ -1,15 +1,17 @@
-//! Rotary position embeddings with scaled frequencies: linear position scaling (Gemma 3's global
-//! layers), Llama 3's smooth per-frequency scaling, and YaRN (Peng et al., 2023).
+//! Rotary position embeddings: plain, and with scaled frequencies: linear position scaling
+//! (Gemma 3's global layers), Llama 3's smooth per-frequency scaling, and YaRN (Peng et al., 2023).
 //!
-//! Each variant computes its per-pair periods `1 / inv_freq` on the host, exactly as
-//! transformers' `ROPE_INIT_FUNCTIONS` compute `inv_freq`, and hands them to MLX's fused kernel
-//! (its `freqs` are periods: the angle of pair `i` at position `p` is `p / freqs[i]`). The
-//! periods depend on static settings only, so a compiled step holds them as a constant. The
-//! position offset is an int32 scalar array (`fast::rope_dynamic`): a traced decode step reads
-//! it as an input instead of freezing one value.
+//! Each scaled variant computes its per-pair periods `1 / inv_freq` on the host, exactly as
+//! transformers' `ROPE_INIT_FUNCTIONS` compute `inv_freq`. The periods depend on static settings
+//! only, so a compiled step holds them as a constant. The position offset is an int32 array (one
+//! value, or one per row): a traced decode step reads it as an input instead of freezing one
+//! value. On a CUDA GPU the rotation is lmx's kernel ([`crate::cuda`]), with its gradient the
+//! rotation back; elsewhere MLX's fused kernel (`fast::rope_dynamic`, whose `freqs` are periods).
 
-use crate::error::Result;
-use mlx_rs::{fast, Array};
+use super::custom_vjp::{self, WithGradient};
+use crate::cuda;
+use crate::error::{Error, Result};
+use mlx_rs::{fast, ops, Array};
 
 /// The rotated width: `dims` when given, else the whole last axis of `x`.
 fn rotated(x: &Array, dims: Option<i32>) -> i32 {
@@ -23,13 +25,85 @@ fn periods(dims: i32, base: f64) -> Vec<f64> {
         .collect()
 }
 
-/// RoPE with MLX's fused kernel over the given periods.
-fn rope_periods(x: &Array, dims: i32, periods: &[f64], offset: &Array) -> Result<Array> {
-    let freqs: Vec<f32> = periods.iter().map(|&p| p as f32).collect();
-    let freqs = Array::from_slice(&freqs, &[freqs.len() as i32]);
-    Ok(fast::rope_dynamic(
-        x, dims, false, None, 1.0, offset, &freqs,
-    )?)
+/// How fast each pair of a rotation turns with the position.
+enum Rates<'a> {
+    /// `scale / base^(2i / dims)`.
+    Base { base: f32, scale: f32 },
+    /// `1 / periods[i]`.
+    Periods(&'a [f64]),
+}
+
+impl Rates<'_> {
+    /// Each pair's angle per position, in float32.
+    fn per_pair(&self, dims: i32) -> Array {
+        let rates: Vec<f32> = match self {
+            Rates::Base { base, scale } => periods(dims, f64::from(*base))
+                .iter()
+                .map(|period| (f64::from(*scale) / period) as f32)
+                .collect(),
+            Rates::Periods(periods) => periods.iter().map(|period| (1.0 / period) as f32).collect(),
+        };
+        Array::from_slice(&rates, &[rates.len() as i32])
+    }
+}
+
+/// The rotation through lmx's CUDA kernel, its gradient the rotation back.
+#[derive(Clone, PartialEq)]
+struct Rotation;
+
+impl WithGradient for Rotation {
+    const NAME: &'static str = "RoPE";
+
+    /// `inputs`: `x`, the offset and each pair's rate.
+    fn forward(&self, inputs: &[Array]) -> Result<Vec<Array>> {
+        let [x, offset, rates] = inputs else {
+            return Err(arity(inputs.len()));
+        };
+        Ok(vec![cuda::rope(x, offset, rates, true)?])
+    }
+
+    /// A rotation's transpose turns the other way; the offset and the rates get zeros.
+    fn vjp(&self, primals: &[Array], cotangents: &[Array]) -> Result<Vec<Array>> {
+        let ([x, offset, rates], Some(dy)) = (primals, cotangents.first()) else {
+            return Err(arity(primals.len()));
+        };
+        let dx = cuda::rope(&dy.as_dtype(x.dtype())?, offset, rates, false)?;
+        Ok(vec![dx, ops::zeros_like(offset)?, ops::zeros_like(rates)?])
+    }
+}
+
+fn arity(count: usize) -> Error {
+    Error::Layout(format!(
+        "RoPE takes [x, offset, rates] and one cotangent, got {count} arrays"
+    ))
+}
+
+/// The first `dims` features of `x` (`[B, heads, T, head_dim]`) rotated pair by pair, the
+/// non-traditional half-split layout of LLaMA's HF weights: feature `i` with `i + dims / 2`.
+fn rotate(x: &Array, dims: i32, rates: Rates, offset: &Array) -> Result<Array> {
+    if cuda::available() && cuda::rope_fits(x, dims, offset) {
+        let inputs = [x.clone(), offset.clone(), rates.per_pair(dims)];
+        return custom_vjp::apply(&Rotation, &inputs)?
+            .pop()
+            .ok_or_else(|| Error::Layout("RoPE returned nothing".into()));
+    }
+    Ok(match rates {
+        Rates::Base { base, scale } => {
+            fast::rope_dynamic(x, dims, false, base, scale, offset, None)?
+        }
+        Rates::Periods(periods) => {
+            let freqs: Vec<f32> = periods.iter().map(|&p| p as f32).collect();
+            let freqs = Array::from_slice(&freqs, &[freqs.len() as i32]);
+            fast::rope_dynamic(x, dims, false, None, 1.0, offset, &freqs)?
+        }
+    })
+}
+
+/// Rotary position embedding of the first `dims` features of `[B, heads, T, head_dim]`, positions
+/// starting at `offset` (an int32 scalar, or one per row). The offset is an array so that a
+/// traced decode step does not depend on its value.
+pub fn rope(x: &Array, dims: i32, base: f32, offset: &Array) -> Result<Array> {
+    rotate(x, dims, Rates::Base { base, scale: 1.0 }, offset)
 }
 
 /// RoPE of the first `dims` features (all when `None`) with positions divided by `factor`
@@ -42,15 +116,8 @@ pub fn rope_linear(
     offset: &Array,
 ) -> Result<Array> {
     let dims = rotated(x, dims);
-    Ok(fast::rope_dynamic(
-        x,
-        dims,
-        false,
-        base,
-        1.0 / factor,
-        offset,
-        None,
-    )?)
+    let scale = 1.0 / factor;
+    rotate(x, dims, Rates::Base { base, scale }, offset)
 }
 
 /// Llama 3's frequency scaling (`rope_type: "llama3"`).
@@ -102,12 +169,8 @@ pub fn rope_llama3(
     offset: &Array,
 ) -> Result<Array> {
     let dims = rotated(x, dims);
-    rope_periods(
-        x,
-        dims,
-        &llama3_periods(dims, f64::from(base), scaling),
-        offset,
-    )
+    let periods = llama3_periods(dims, f64::from(base), scaling);
+    rotate(x, dims, Rates::Periods(&periods), offset)
 }
 
 /// YaRN's frequency scaling (`rope_type: "yarn"`).
@@ -198,7 +261,7 @@ pub fn rope_yarn(
         mlx_rs::ops::concatenate(&[head.multiply(super::literal(factor, x)?)?, tail], -1)?
     };
     let periods = scaling.periods(dims, f64::from(base));
-    rope_periods(&x, dims, &periods, offset)
+    rotate(&x, dims, Rates::Periods(&periods), offset)
 }
 
 /// `[..., start:end]`.
@@ -212,6 +275,166 @@ fn rotary_part(start: i32, end: i32) -> [super::Subscript; 2] {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    use crate::nn::without_gradients;
+    use mlx_rs::error::Exception;
+    use mlx_rs::transforms::{compile::compile, value_and_grad_with_argnums};
+    use mlx_rs::Dtype;
+
+    /// `x` (`[B, H, T, D]`, row-major) rotated in float64 on the host: pair `i` (features `i` and
+    /// `i + D / 2`) at position `t + offsets[b]` by that times `rates[i]`, back when `sign` is -1.
+    fn rotated_f64(
+        x: &[f64],
+        shape: [usize; 4],
+        offsets: &[i32],
+        rates: &[f64],
+        sign: f64,
+    ) -> Vec<f64> {
+        let [rows, heads, length, width] = shape;
+        let half = width / 2;
+        let mut y = vec![0.0; x.len()];
+        for b in 0..rows {
+            let offset = offsets[if offsets.len() == 1 { 0 } else { b }];
+            for h in 0..heads {
+                for t in 0..length {
+                    let row = ((b * heads + h) * length + t) * width;
+                    for i in 0..half {
+                        let angle = sign * (t as f64 + f64::from(offset)) * rates[i];
+                        let (s, c) = angle.sin_cos();
+                        let (a, e) = (x[row + i], x[row + i + half]);
+                        y[row + i] = a * c - e * s;
+                        y[row + i + half] = a * s + e * c;
+                    }
+                }
+            }
+        }
+        y
+    }
+
+    fn values_f64(a: &Array) -> Vec<f64> {
+        // A flat copy: `as_slice` reads only row-contiguous arrays, not a transposed view.
+        let a = a.as_dtype(Dtype::Float32).unwrap().reshape(&[-1]).unwrap();
+        a.as_slice::<f32>().iter().map(|&v| f64::from(v)).collect()
+    }
+
+    /// Largest gap relative to the larger of 1 and the expected value.
+    fn gap(got: &[f64], want: &[f64]) -> f64 {
+        assert_eq!(got.len(), want.len());
+        got.iter()
+            .zip(want)
+            .map(|(g, w)| (g - w).abs() / w.abs().max(1.0))
+            .fold(0.0, f64::max)
+    }
+
+    /// How far a rotation may be from float64, relative to the larger of 1 and the expected
+    /// value: in bfloat16 lmx's kernel rounds once from float32 (half a unit in the last place,
+    /// 2^-8 relative); MLX's CPU kernel rounds the sines and cosines to bfloat16 first.
+    fn tolerance(dtype: Dtype) -> f64 {
+        match dtype {
+            Dtype::Float32 => 2e-5,
+            _ if cuda::available() => 4.5e-3,
+            _ => 2e-2,
+        }
+    }
+
+    /// Plain, linear and Llama 3 rotations against float64 on the host: a contiguous input, the
+    /// model's transposed view of `[B, T, H, D]`, an input read with a stride along its features,
+    /// head counts that do and do not fill a thread's heads, one offset and one per row, float32
+    /// and bfloat16. On a CUDA GPU this is lmx's kernel (tests/gpu.sh), elsewhere MLX's.
+    #[test]
+    fn rotations_match_float64() -> Result<()> {
+        let llama3 = Llama3Scaling {
+            factor: 8.0,
+            low_freq_factor: 1.0,
+            high_freq_factor: 4.0,
+            original_ctx: 16.0,
+        };
+        for dtype in [Dtype::Float32, Dtype::Bfloat16] {
+            for (case, [rows, heads, length, width]) in [[2, 3, 5, 8], [2, 8, 6, 16], [1, 5, 7, 12]]
+                .into_iter()
+                .enumerate()
+            {
+                let key = mlx_rs::random::key(case as u64)?;
+                // Three layouts of the same logical [B, H, T, D] values.
+                let layouts: [Array; 3] = [
+                    mlx_rs::random::normal::<f32>(&[rows, heads, length, width], None, None, &key)?,
+                    mlx_rs::random::normal::<f32>(&[rows, length, heads, width], None, None, &key)?
+                        .transpose_axes(&[0, 2, 1, 3])?,
+                    mlx_rs::random::normal::<f32>(&[rows, heads, width, length], None, None, &key)?
+                        .transpose_axes(&[0, 1, 3, 2])?,
+                ];
+                for x in layouts {
+                    let x = x.as_dtype(dtype)?;
+                    let exact = values_f64(&x);
+                    let shape = [rows, heads, length, width].map(|n| n as usize);
+                    let tolerance = tolerance(dtype);
+                    let plain_rates: Vec<f64> =
+                        periods(width, 10000.0).iter().map(|p| 1.0 / p).collect();
+                    let per_row = Array::from_slice(&[3, 40][..rows as usize], &[rows]);
+                    let got = rope(&x, width, 10000.0, &per_row)?;
+                    let want = rotated_f64(&exact, shape, &[3, 40], &plain_rates, 1.0);
+                    assert_eq!(got.dtype(), dtype);
+                    assert!(
+                        gap(&values_f64(&got), &want) < tolerance,
+                        "{dtype:?} case {case} plain"
+                    );
+
+                    let got = rope_linear(&x, None, 10000.0, 4.0, &Array::from_int(9))?;
+                    let quarter: Vec<f64> = plain_rates.iter().map(|r| r / 4.0).collect();
+                    let want = rotated_f64(&exact, shape, &[9], &quarter, 1.0);
+                    assert!(
+                        gap(&values_f64(&got), &want) < tolerance,
+                        "{dtype:?} case {case} linear"
+                    );
+
+                    let got = rope_llama3(&x, None, 500000.0, llama3, &Array::from_int(2))?;
+                    let rates: Vec<f64> = llama3_periods(width, 500000.0, llama3)
+                        .iter()
+                        .map(|p| 1.0 / p)
+                        .collect();
+                    let want = rotated_f64(&exact, shape, &[2], &rates, 1.0);
+                    assert!(
+                        gap(&values_f64(&got), &want) < tolerance,
+                        "{dtype:?} case {case} llama3"
+                    );
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The gradient of `sum(rope(x) * r)` is `r` rotated back, eagerly and inside a compiled
+    /// function, with the model's transposed layout; without gradients the value is the same.
+    #[test]
+    fn the_gradient_is_the_rotation_back() -> Result<()> {
+        let [rows, heads, length, width] = [2, 6, 5, 16];
+        let key = mlx_rs::random::key(11)?;
+        let x = mlx_rs::random::normal::<f32>(&[rows, length, heads, width], None, None, &key)?
+            .transpose_axes(&[0, 2, 1, 3])?;
+        let r = mlx_rs::random::normal::<f32>(&[rows, heads, length, width], None, None, None)?;
+        let offsets = Array::from_slice(&[1, 17], &[2]);
+        let objective = |args: &[Array]| -> std::result::Result<Vec<Array>, Exception> {
+            let y = rope(&args[0], 16, 10000.0, &args[2]).map_err(Error::into_exception)?;
+            Ok(vec![y.multiply(&args[1])?.sum(false)?, y])
+        };
+        let args = [x.clone(), r.clone(), offsets.clone()];
+        let (values, grads) = value_and_grad_with_argnums(objective, &[0])(&args)?;
+        let rates: Vec<f64> = periods(width, 10000.0).iter().map(|p| 1.0 / p).collect();
+        let shape = [rows, heads, length, width].map(|n| n as usize);
+        let want = rotated_f64(&values_f64(&r), shape, &[1, 17], &rates, -1.0);
+        assert!(gap(&values_f64(&grads[0]), &want) < 2e-5);
+        let forward = rotated_f64(&values_f64(&x), shape, &[1, 17], &rates, 1.0);
+        assert!(gap(&values_f64(&values[1]), &forward) < 2e-5);
+
+        let in_compiled = move |args: &[Array]| -> std::result::Result<Vec<Array>, Exception> {
+            Ok(value_and_grad_with_argnums(objective, &[0])(args)?.1)
+        };
+        let compiled = compile(in_compiled, false)(&args)?;
+        assert!(gap(&values_f64(&compiled[0]), &want) < 2e-5);
+        let free = without_gradients(|| rope(&x, 16, 10000.0, &offsets))?;
+        assert!(gap(&values_f64(&free), &forward) < 2e-5);
+        Ok(())
+    }
 
     /// Relative agreement: transformers computes its `inv_freq` in float32.
     fn assert_close(got: &[f64], want: &[f64]) {
@@ -285,7 +508,7 @@ mod tests {
         let key = mlx_rs::random::key(3)?;
         let x = mlx_rs::random::normal::<f32>(&[1, 2, 1, 8], None, None, &key)?;
         let scaled = rope_linear(&x, None, 10000.0, 4.0, &Array::from_int(12))?;
-        let plain = super::super::rope(&x, 8, 10000.0, &Array::from_int(3))?;
+        let plain = rope(&x, 8, 10000.0, &Array::from_int(3))?;
         let gap = scaled
             .subtract(&plain)?
             .abs()?
