@@ -101,11 +101,67 @@ const BACKWARD: &str = elementwise_body!(
 "#
 );
 
+/// `y[i] = silu(x[i]) u[i]`, the gated MLP's product, laid out as [`FORWARD`].
+const GATED: &str = elementwise_body!(
+    r#"  if (i + VEC <= size && (reinterpret_cast<size_t>(x) | reinterpret_cast<size_t>(u) |
+                          reinterpret_cast<size_t>(y)) % sizeof(Pack) == 0) {
+    const Pack gate = *reinterpret_cast<const Pack*>(x + i);
+    const Pack up = *reinterpret_cast<const Pack*>(u + i);
+    Pack out;
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) {
+      out.v[j] = static_cast<T>(lmx_activation<2>(static_cast<float>(gate.v[j])) *
+                                static_cast<float>(up.v[j]));
+    }
+    *reinterpret_cast<Pack*>(y + i) = out;
+  } else {
+    for (size_t j = i; j < i + VEC && j < size; ++j) {
+      y[j] = static_cast<T>(lmx_activation<2>(static_cast<float>(x[j])) * static_cast<float>(u[j]));
+    }
+  }
+"#
+);
+
+/// The gated product's gradients, `dx[i] = dy[i] u[i] silu'(x[i])` and `du[i] = dy[i] silu(x[i])`,
+/// the sigmoid computed again from `x`; laid out as [`FORWARD`].
+const GATED_BACKWARD: &str = elementwise_body!(
+    r#"  if (i + VEC <= size &&
+      (reinterpret_cast<size_t>(x) | reinterpret_cast<size_t>(u) | reinterpret_cast<size_t>(dy) |
+       reinterpret_cast<size_t>(dx) | reinterpret_cast<size_t>(du)) % sizeof(Pack) == 0) {
+    const Pack gate = *reinterpret_cast<const Pack*>(x + i);
+    const Pack up = *reinterpret_cast<const Pack*>(u + i);
+    const Pack grad = *reinterpret_cast<const Pack*>(dy + i);
+    Pack d_gate;
+    Pack d_up;
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) {
+      const float g = static_cast<float>(gate.v[j]);
+      const float d = static_cast<float>(grad.v[j]);
+      d_gate.v[j] = static_cast<T>(d * static_cast<float>(up.v[j]) * lmx_activation_derivative<2>(g));
+      d_up.v[j] = static_cast<T>(d * lmx_activation<2>(g));
+    }
+    *reinterpret_cast<Pack*>(dx + i) = d_gate;
+    *reinterpret_cast<Pack*>(du + i) = d_up;
+  } else {
+    for (size_t j = i; j < i + VEC && j < size; ++j) {
+      const float g = static_cast<float>(x[j]);
+      const float d = static_cast<float>(dy[j]);
+      dx[j] = static_cast<T>(d * static_cast<float>(u[j]) * lmx_activation_derivative<2>(g));
+      du[j] = static_cast<T>(d * lmx_activation<2>(g));
+    }
+  }
+"#
+);
+
 thread_local! {
     static FORWARD_KERNEL: Result<Kernel> =
         Kernel::new("lmx_activation", &["x"], &["y"], HEADER, FORWARD);
     static BACKWARD_KERNEL: Result<Kernel> =
         Kernel::new("lmx_activation_backward", &["x", "dy"], &["dx"], HEADER, BACKWARD);
+    static GATED_KERNEL: Result<Kernel> =
+        Kernel::new("lmx_gated", &["x", "u"], &["y"], HEADER, GATED);
+    static GATED_BACKWARD_KERNEL: Result<Kernel> =
+        Kernel::new("lmx_gated_backward", &["x", "u", "dy"], &["dx", "du"], HEADER, GATED_BACKWARD);
 }
 
 /// Threads per block.
@@ -122,13 +178,14 @@ pub(crate) fn activation_fits(x: &Array) -> bool {
     matches!(x.dtype(), Float32 | Float16 | Bfloat16) && (1..=MAX_SIZE).contains(&x.size())
 }
 
-/// Launches the kernel made in `cell` on `inputs` (all of `x`'s shape, flattened), giving an
-/// array of `x`'s shape and dtype.
+/// Launches the kernel made in `cell` on `inputs` (all of `x`'s shape, flattened), giving
+/// `outputs` arrays of `x`'s shape and dtype.
 fn elementwise(
     cell: &'static std::thread::LocalKey<Result<Kernel>>,
     activation: Activation,
     inputs: &[&Array],
-) -> Result<Array> {
+    outputs: usize,
+) -> Result<Vec<Array>> {
     let x = inputs[0];
     let size = x.size() as i32;
     let vec = pack_width(x.dtype());
@@ -136,11 +193,13 @@ fn elementwise(
         .iter()
         .map(|input| Ok(input.reshape(&[-1])?))
         .collect::<Result<Vec<Array>>>()?;
-    let mut outputs = with_kernel(cell, |kernel| {
+    let flat_shape = [size];
+    let shapes = vec![(&flat_shape[..], x.dtype()); outputs];
+    let results = with_kernel(cell, |kernel| {
         kernel.launch(
             &flat,
             &Launch {
-                outputs: &[(&[size], x.dtype())],
+                outputs: &shapes,
                 grid: ((size + vec - 1) / vec, 1, 1),
                 block: (THREADS, 1, 1),
                 template: &[
@@ -151,17 +210,49 @@ fn elementwise(
             },
         )
     })?;
-    Ok(outputs.remove(0).reshape(x.shape())?)
+    results
+        .into_iter()
+        .map(|flat| Ok(flat.reshape(x.shape())?))
+        .collect()
+}
+
+/// The one array a kernel made.
+fn single(mut outputs: Vec<Array>) -> Array {
+    outputs.remove(0)
 }
 
 /// `f(x)`, elementwise, in `x`'s dtype.
 pub(crate) fn activation(activation: Activation, x: &Array) -> Result<Array> {
-    elementwise(&FORWARD_KERNEL, activation, &[x])
+    elementwise(&FORWARD_KERNEL, activation, &[x], 1).map(single)
 }
 
 /// `dy f'(x)`, elementwise, in `x`'s dtype (`dy` of `x`'s shape, read in `x`'s precision: a wider
 /// `dy` is rounded to it first).
 pub(crate) fn activation_backward(activation: Activation, x: &Array, dy: &Array) -> Result<Array> {
     let dy = dy.as_dtype(x.dtype())?;
-    elementwise(&BACKWARD_KERNEL, activation, &[x, &dy])
+    elementwise(&BACKWARD_KERNEL, activation, &[x, &dy], 1).map(single)
+}
+
+/// `silu(gate) * up` in `gate`'s dtype (`up` of `gate`'s shape and dtype).
+pub(crate) fn swiglu(gate: &Array, up: &Array) -> Result<Array> {
+    elementwise(&GATED_KERNEL, Activation::Silu, &[gate, up], 1).map(single)
+}
+
+/// The gradients of [`swiglu`] in `gate` and in `up` for the cotangent `dy` (read in `gate`'s
+/// precision).
+pub(crate) fn swiglu_backward(gate: &Array, up: &Array, dy: &Array) -> Result<[Array; 2]> {
+    let dy = dy.as_dtype(gate.dtype())?;
+    let mut both = elementwise(
+        &GATED_BACKWARD_KERNEL,
+        Activation::Silu,
+        &[gate, up, &dy],
+        2,
+    )?;
+    let d_up = both.pop();
+    match (both.pop(), d_up) {
+        (Some(d_gate), Some(d_up)) => Ok([d_gate, d_up]),
+        _ => Err(crate::error::Error::Layout(
+            "the gated product's gradient kernel returned fewer than two arrays".into(),
+        )),
+    }
 }

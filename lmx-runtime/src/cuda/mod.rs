@@ -17,7 +17,9 @@ mod pack;
 mod rope;
 mod sums;
 
-pub(crate) use activation::{activation, activation_backward, activation_fits};
+pub(crate) use activation::{
+    activation, activation_backward, activation_fits, swiglu, swiglu_backward,
+};
 pub(crate) use decode_attention::{decode_attention, decode_attention_fits};
 pub(crate) use layer_norm::{layer_norm_backward, LAYER_NORM_MAX_COLUMNS};
 pub(crate) use pack::pack_with_squares;

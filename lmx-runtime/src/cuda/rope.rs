@@ -53,32 +53,44 @@ const BODY: &str = r#"
   const bool packed = step == 1 &&
       (x_strides[0] % VEC | x_strides[1] % VEC | x_strides[2] % VEC | half % VEC) == 0 &&
       reinterpret_cast<size_t>(x) % sizeof(Pack) == 0;
-  for (int h = group * HEADS; h < min(heads, (group + 1) * HEADS); ++h) {
-    const T* in = x + b * x_strides[0] + h * x_strides[1] + t * x_strides[2];
-    T* out = y + ((static_cast<size_t>(b) * length + t) * heads + h) * width;
-    Pack x1;
-    Pack x2;
-    if (packed) {
-      x1 = *reinterpret_cast<const Pack*>(in + d);
-      x2 = *reinterpret_cast<const Pack*>(in + d + half);
-    } else {
+  // This thread's heads are `group`, `group + groups`, ...: a warp's neighbouring groups read
+  // and write neighbouring heads. Every head's loads are issued before any result is stored.
+  Pack x1[HEADS];
+  Pack x2[HEADS];
 #pragma unroll
-      for (int k = 0; k < VEC; ++k) {
-        x1.v[k] = in[(d + k) * step];
-        x2.v[k] = in[(d + half + k) * step];
+  for (int j = 0; j < HEADS; ++j) {
+    const int h = group + j * groups;
+    if (h < heads) {
+      const T* in = x + b * x_strides[0] + h * x_strides[1] + t * x_strides[2];
+      if (packed) {
+        x1[j] = *reinterpret_cast<const Pack*>(in + d);
+        x2[j] = *reinterpret_cast<const Pack*>(in + d + half);
+      } else {
+#pragma unroll
+        for (int k = 0; k < VEC; ++k) {
+          x1[j].v[k] = in[(d + k) * step];
+          x2[j].v[k] = in[(d + half + k) * step];
+        }
       }
     }
-    Pack y1;
-    Pack y2;
+  }
 #pragma unroll
-    for (int k = 0; k < VEC; ++k) {
-      const float a = static_cast<float>(x1.v[k]);
-      const float e = static_cast<float>(x2.v[k]);
-      y1.v[k] = static_cast<T>(a * c[k] - e * s[k]);
-      y2.v[k] = static_cast<T>(a * s[k] + e * c[k]);
+  for (int j = 0; j < HEADS; ++j) {
+    const int h = group + j * groups;
+    if (h < heads) {
+      Pack y1;
+      Pack y2;
+#pragma unroll
+      for (int k = 0; k < VEC; ++k) {
+        const float a = static_cast<float>(x1[j].v[k]);
+        const float e = static_cast<float>(x2[j].v[k]);
+        y1.v[k] = static_cast<T>(a * c[k] - e * s[k]);
+        y2.v[k] = static_cast<T>(a * s[k] + e * c[k]);
+      }
+      T* out = y + ((static_cast<size_t>(b) * length + t) * heads + h) * width;
+      *reinterpret_cast<Pack*>(out + d) = y1;
+      *reinterpret_cast<Pack*>(out + d + half) = y2;
     }
-    *reinterpret_cast<Pack*>(out + d) = y1;
-    *reinterpret_cast<Pack*>(out + d + half) = y2;
   }
 "#;
 
