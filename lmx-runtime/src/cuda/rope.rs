@@ -2,8 +2,7 @@
 //!
 //! A model rotates its queries and keys as `[B, heads, T, head_dim]`, a transposed view of the
 //! projection's `[B, T, heads, head_dim]` output. MLX's kernel reads that view one value per
-//! thread with a sine and cosine for each, and a GRPO update at TinyLlama's shape spends 59 us a
-//! call on it where the traffic takes about 10 (docs/benchmarks.md). Here each thread takes a
+//! thread with a sine and cosine for each (docs/benchmarks.md times both). Here each thread takes a
 //! vector of neighbouring pairs (`VEC` of each half of the head) at one position for `HEADS`
 //! heads, computing their angles once. The input is read where it lies, through its strides;
 //! the output is laid out `[B, T, heads, head_dim]` and returned as the `[B, heads, T, head_dim]`
