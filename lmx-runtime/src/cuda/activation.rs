@@ -5,7 +5,7 @@
 //! MLX's operations, GELU's gradient keeps `1 + erf(x / sqrt 2)` from the forward pass and both
 //! passes compile into two kernels each (docs/benchmarks.md).
 
-use super::kernel::{with_kernel, Kernel, Launch, TemplateArg};
+use super::kernel::{with_kernel, Inputs, Kernel, Launch, TemplateArg};
 use super::sums::pack_width;
 use crate::error::Result;
 use crate::nn::Activation;
@@ -155,13 +155,13 @@ const GATED_BACKWARD: &str = elementwise_body!(
 
 thread_local! {
     static FORWARD_KERNEL: Result<Kernel> =
-        Kernel::new("lmx_activation", &["x"], &["y"], HEADER, FORWARD);
+        Kernel::new("lmx_activation", (&["x"], Inputs::RowContiguous), &["y"], HEADER, FORWARD);
     static BACKWARD_KERNEL: Result<Kernel> =
-        Kernel::new("lmx_activation_backward", &["x", "dy"], &["dx"], HEADER, BACKWARD);
+        Kernel::new("lmx_activation_backward", (&["x", "dy"], Inputs::RowContiguous), &["dx"], HEADER, BACKWARD);
     static GATED_KERNEL: Result<Kernel> =
-        Kernel::new("lmx_gated", &["x", "u"], &["y"], HEADER, GATED);
+        Kernel::new("lmx_gated", (&["x", "u"], Inputs::RowContiguous), &["y"], HEADER, GATED);
     static GATED_BACKWARD_KERNEL: Result<Kernel> =
-        Kernel::new("lmx_gated_backward", &["x", "u", "dy"], &["dx", "du"], HEADER, GATED_BACKWARD);
+        Kernel::new("lmx_gated_backward", (&["x", "u", "dy"], Inputs::RowContiguous), &["dx", "du"], HEADER, GATED_BACKWARD);
 }
 
 /// Threads per block.

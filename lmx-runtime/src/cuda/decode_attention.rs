@@ -10,7 +10,7 @@
 //! capacity the slots are split over several blocks per head, whose partial results a second
 //! kernel merges.
 
-use super::kernel::{with_kernel, Kernel, Launch, TemplateArg};
+use super::kernel::{with_kernel, Inputs, Kernel, Launch, TemplateArg};
 use crate::error::Result;
 use mlx_rs::{Array, Dtype};
 
@@ -188,20 +188,20 @@ const INPUTS: &[&str] = &["q", "k", "v", "position", "starts"];
 thread_local! {
     static WHOLE_KERNEL: Result<Kernel> = Kernel::new(
         "lmx_decode_attention",
-        INPUTS,
+        (INPUTS, Inputs::RowContiguous),
         &["out"],
         "",
         &format!("{SHARE}{WHOLE}"),
     );
     static PART_KERNEL: Result<Kernel> = Kernel::new(
         "lmx_decode_attention_part",
-        INPUTS,
+        (INPUTS, Inputs::RowContiguous),
         &["parts", "stats"],
         "",
         &format!("{SHARE}{PART}"),
     );
     static MERGE_KERNEL: Result<Kernel> =
-        Kernel::new("lmx_decode_attention_merge", &["parts", "stats"], &["out"], "", MERGE);
+        Kernel::new("lmx_decode_attention_merge", (&["parts", "stats"], Inputs::RowContiguous), &["out"], "", MERGE);
 }
 
 /// Whether [`decode_attention`] takes these queries and buffers: one float query per row, a head

@@ -1,7 +1,7 @@
 //! A CUDA kernel of lmx's own, compiled by MLX at run time (`mlx::core::fast::cuda_kernel`).
 //!
 //! MLX wraps the kernel's body in a `__global__` function whose parameters are the inputs (`const
-//! T* name`, plus `name_shape` when the body mentions it), then the outputs (`U* name`), and whose
+//! T* name`, plus `name_shape` and `name_strides` when the body mentions them), then the outputs (`U* name`), and whose
 //! first lines declare the template arguments (`using T = __nv_bfloat16;`, `constexpr int N = 4;`).
 //! It compiles the function with NVRTC on first use and caches it by its name and template
 //! arguments alone, not by its source or its inputs' types, in memory and on disk (under
@@ -60,40 +60,25 @@ pub struct Launch<'a> {
     pub template: &'a [TemplateArg],
 }
 
+/// How a kernel's inputs reach its body.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Inputs {
+    /// Made row-contiguous before a launch (copied when they are not).
+    RowContiguous,
+    /// As they lie, however strided: the body indexes them through `name_strides` (in elements).
+    AsTheyLie,
+}
+
 impl Kernel {
     /// A kernel named `name` (and the hash of what MLX compiles, [`source_name`]) with `body` as
-    /// its function body (and `header` before the function), reading the inputs `inputs` and
-    /// writing the outputs `outputs`, by those names. Its inputs are made row-contiguous before a
-    /// launch.
+    /// its function body (and `header` before the function), reading the inputs `inputs` (laid
+    /// out as `layout` says) and writing the outputs `outputs`, by those names.
     pub fn new(
         name: &str,
-        inputs: &[&str],
+        (inputs, layout): (&[&str], Inputs),
         outputs: &[&str],
         header: &str,
         body: &str,
-    ) -> Result<Kernel> {
-        Self::make(name, inputs, outputs, header, body, true)
-    }
-
-    /// As [`Kernel::new`], but the inputs are read as they lie, however strided: the body
-    /// indexes them through `name_strides` (in elements).
-    pub fn reading_strides(
-        name: &str,
-        inputs: &[&str],
-        outputs: &[&str],
-        header: &str,
-        body: &str,
-    ) -> Result<Kernel> {
-        Self::make(name, inputs, outputs, header, body, false)
-    }
-
-    fn make(
-        name: &str,
-        inputs: &[&str],
-        outputs: &[&str],
-        header: &str,
-        body: &str,
-        contiguous: bool,
     ) -> Result<Kernel> {
         let name = &source_name(name, inputs, outputs, header, body);
         let text = |what: &str, value: &str| {
@@ -119,7 +104,7 @@ impl Kernel {
                 outputs,
                 body_c.as_ptr(),
                 header_c.as_ptr(),
-                contiguous,
+                layout == Inputs::RowContiguous,
                 0,
             );
             mlx_sys::mlx_vector_string_free(inputs);

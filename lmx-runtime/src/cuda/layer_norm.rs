@@ -6,7 +6,7 @@
 //! float32 sums of `g * x_hat` and `g` for the rows it handled; the total of those partial sums
 //! (`sums::total`) gives both gradients.
 
-use super::kernel::{with_kernel, Kernel, Launch, TemplateArg};
+use super::kernel::{with_kernel, Inputs, Kernel, Launch, TemplateArg};
 use super::sums::{total, vector_width};
 use crate::error::{Error, Result};
 use mlx_rs::{Array, Dtype};
@@ -163,7 +163,7 @@ const BODY: &str = r#"
 
 thread_local! {
     static KERNEL: Result<Kernel> =
-        Kernel::new("lmx_layer_norm_backward", &["x", "w", "g"], &["dx", "partials"], HEADER, BODY);
+        Kernel::new("lmx_layer_norm_backward", (&["x", "w", "g"], Inputs::RowContiguous), &["dx", "partials"], HEADER, BODY);
 }
 
 /// `[dx, dw, db]` of `layer_norm(x, w, b, eps)` over the last axis of `x: [rows, columns]` for

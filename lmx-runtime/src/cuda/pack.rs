@@ -10,7 +10,7 @@
 //! places, so it is made once for each layout (a model's gradients have one) and kept for the
 //! thread's lifetime.
 
-use super::kernel::{Kernel, Launch, TemplateArg};
+use super::kernel::{Inputs, Kernel, Launch, TemplateArg};
 use crate::error::{Error, Result};
 use mlx_rs::{Array, Dtype};
 use std::cell::RefCell;
@@ -71,7 +71,7 @@ fn kernel_for(sizes: &[usize]) -> Result<Rc<Kernel>> {
     let inputs: Vec<&str> = inputs.iter().map(String::as_str).collect();
     let kernel = Rc::new(Kernel::new(
         "lmx_pack",
-        &inputs,
+        (&inputs, Inputs::RowContiguous),
         &["out", "squares"],
         "",
         &body,

@@ -9,7 +9,7 @@
 //! view of it, so the projections on either side of the rotation read and write it in place, in
 //! the forward pass and in the backward one.
 
-use super::kernel::{with_kernel, Kernel, Launch, TemplateArg};
+use super::kernel::{with_kernel, Inputs, Kernel, Launch, TemplateArg};
 use super::sums::pack_width;
 use crate::error::{Error, Result};
 use mlx_rs::{Array, Dtype};
@@ -95,7 +95,7 @@ const BODY: &str = r#"
 
 thread_local! {
     static ROPE_KERNEL: Result<Kernel> =
-        Kernel::reading_strides("lmx_rope", &["x", "offset", "inv_freq"], &["y"], "", BODY);
+        Kernel::new("lmx_rope", (&["x", "offset", "inv_freq"], Inputs::AsTheyLie), &["y"], "", BODY);
 }
 
 /// Threads per block.

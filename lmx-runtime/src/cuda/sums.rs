@@ -1,7 +1,7 @@
 //! Column sums of a matrix in two kernels: partial sums over blocks of rows, in float32, then
 //! their total, added in a fixed order and rounded once to the matrix's precision.
 
-use super::kernel::{with_kernel, Kernel, Launch, TemplateArg};
+use super::kernel::{with_kernel, Inputs, Kernel, Launch, TemplateArg};
 use crate::error::Result;
 use mlx_rs::{Array, Dtype};
 
@@ -98,9 +98,9 @@ const TOTAL: &str = r#"
 
 thread_local! {
     static PARTIALS_KERNEL: Result<Kernel> =
-        Kernel::new("lmx_column_partials", &["x"], &["out"], "", PARTIALS);
+        Kernel::new("lmx_column_partials", (&["x"], Inputs::RowContiguous), &["out"], "", PARTIALS);
     static TOTAL_KERNEL: Result<Kernel> =
-        Kernel::new("lmx_column_total", &["partials"], &["out"], "", TOTAL);
+        Kernel::new("lmx_column_total", (&["partials"], Inputs::RowContiguous), &["out"], "", TOTAL);
 }
 
 /// The sums of the columns of `x: [rows, columns]`, accumulated in float32, as `x`'s dtype.
