@@ -1,7 +1,9 @@
-//! Elementwise activations and their derivatives, one pass each.
+//! Elementwise activations and their derivatives, and the gated product `f(gate) * up`, one pass
+//! each.
 //!
-//! Each kernel reads its inputs once and writes its output once, computing in float32: the
-//! forward pass `y = f(x)`, and the backward pass `dx = dy f'(x)` from `x` alone. Written with
+//! Each kernel reads its inputs once and writes its outputs once, computing in float32: the
+//! forward pass `y = f(x)`, the backward pass `dx = dy f'(x)` from `x` alone, and the gated
+//! product and both its gradients (the activation recomputed from `gate`). Written with
 //! MLX's operations, GELU's gradient keeps `1 + erf(x / sqrt 2)` from the forward pass and both
 //! passes compile into two kernels each (docs/benchmarks.md).
 
@@ -39,7 +41,7 @@ __device__ __forceinline__ float lmx_activation_derivative(float x) {
 }
 "#;
 
-/// A kernel's body: what both kernels open with, then `$rest`. The opening declares `Pack` (`VEC`
+/// A kernel's body: what every kernel here opens with, then `$rest`. The opening declares `Pack` (`VEC`
 /// values of `T`, loaded or stored at once) and `i`, this thread's first value; a thread past the
 /// end returns.
 macro_rules! elementwise_body {
@@ -101,7 +103,7 @@ const BACKWARD: &str = elementwise_body!(
 "#
 );
 
-/// `y[i] = silu(x[i]) u[i]`, the gated MLP's product, laid out as [`FORWARD`].
+/// `y[i] = f(x[i]) u[i]`, the gated MLP's product, laid out as [`FORWARD`].
 const GATED: &str = elementwise_body!(
     r#"  if (i + VEC <= size && (reinterpret_cast<size_t>(x) | reinterpret_cast<size_t>(u) |
                           reinterpret_cast<size_t>(y)) % sizeof(Pack) == 0) {
@@ -110,20 +112,20 @@ const GATED: &str = elementwise_body!(
     Pack out;
 #pragma unroll
     for (int j = 0; j < VEC; ++j) {
-      out.v[j] = static_cast<T>(lmx_activation<2>(static_cast<float>(gate.v[j])) *
+      out.v[j] = static_cast<T>(lmx_activation<ACT>(static_cast<float>(gate.v[j])) *
                                 static_cast<float>(up.v[j]));
     }
     *reinterpret_cast<Pack*>(y + i) = out;
   } else {
     for (size_t j = i; j < i + VEC && j < size; ++j) {
-      y[j] = static_cast<T>(lmx_activation<2>(static_cast<float>(x[j])) * static_cast<float>(u[j]));
+      y[j] = static_cast<T>(lmx_activation<ACT>(static_cast<float>(x[j])) * static_cast<float>(u[j]));
     }
   }
 "#
 );
 
-/// The gated product's gradients, `dx[i] = dy[i] u[i] silu'(x[i])` and `du[i] = dy[i] silu(x[i])`,
-/// the sigmoid computed again from `x`; laid out as [`FORWARD`].
+/// The gated product's gradients, `dx[i] = dy[i] u[i] f'(x[i])` and `du[i] = dy[i] f(x[i])`, the
+/// activation computed again from `x`; laid out as [`FORWARD`].
 const GATED_BACKWARD: &str = elementwise_body!(
     r#"  if (i + VEC <= size &&
       (reinterpret_cast<size_t>(x) | reinterpret_cast<size_t>(u) | reinterpret_cast<size_t>(dy) |
@@ -137,8 +139,8 @@ const GATED_BACKWARD: &str = elementwise_body!(
     for (int j = 0; j < VEC; ++j) {
       const float g = static_cast<float>(gate.v[j]);
       const float d = static_cast<float>(grad.v[j]);
-      d_gate.v[j] = static_cast<T>(d * static_cast<float>(up.v[j]) * lmx_activation_derivative<2>(g));
-      d_up.v[j] = static_cast<T>(d * lmx_activation<2>(g));
+      d_gate.v[j] = static_cast<T>(d * static_cast<float>(up.v[j]) * lmx_activation_derivative<ACT>(g));
+      d_up.v[j] = static_cast<T>(d * lmx_activation<ACT>(g));
     }
     *reinterpret_cast<Pack*>(dx + i) = d_gate;
     *reinterpret_cast<Pack*>(du + i) = d_up;
@@ -146,8 +148,8 @@ const GATED_BACKWARD: &str = elementwise_body!(
     for (size_t j = i; j < i + VEC && j < size; ++j) {
       const float g = static_cast<float>(x[j]);
       const float d = static_cast<float>(dy[j]);
-      dx[j] = static_cast<T>(d * static_cast<float>(u[j]) * lmx_activation_derivative<2>(g));
-      du[j] = static_cast<T>(d * lmx_activation<2>(g));
+      dx[j] = static_cast<T>(d * static_cast<float>(u[j]) * lmx_activation_derivative<ACT>(g));
+      du[j] = static_cast<T>(d * lmx_activation<ACT>(g));
     }
   }
 "#

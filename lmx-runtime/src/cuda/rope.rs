@@ -1,9 +1,10 @@
 //! Rotary position embeddings in one pass that reads each value once and writes it once.
 //!
 //! A model rotates its queries and keys as `[B, heads, T, head_dim]`, a transposed view of the
-//! projection's `[B, T, heads, head_dim]` output. MLX's kernel reads that view one value per
-//! thread with a sine and cosine for each (docs/benchmarks.md times both). Here each thread takes a
-//! vector of neighbouring pairs (`VEC` of each half of the head) at one position for `HEADS`
+//! projection's `[B, T, heads, head_dim]` output. MLX's kernel gives each thread one pair of one
+//! position over up to four heads, reading and writing a value at a time, and writes its output
+//! in its input's layout (docs/benchmarks.md times both). Here each thread takes a vector of
+//! neighbouring pairs (`VEC` of each half of the head, 16 bytes) at one position for `HEADS`
 //! heads, computing their angles once. The input is read where it lies, through its strides;
 //! the output is laid out `[B, T, heads, head_dim]` and returned as the `[B, heads, T, head_dim]`
 //! view of it, so the projections on either side of the rotation read and write it in place, in
@@ -15,7 +16,8 @@ use crate::error::{Error, Result};
 use mlx_rs::{Array, Dtype};
 
 /// Pair `i` of a head at position `p` turns by `p * inv_freq[i]`, forward (`FORWARD = 1`) or back
-/// (the backward pass). The position is `t + offset[b]` (`offset` of one value or one per row).
+/// (the backward pass). The position is `t + offset[b]` (`offset` of one value or one per row,
+/// read through its stride, as every input here).
 const BODY: &str = r#"
   struct alignas(sizeof(T) * VEC) Pack {
     T v[VEC];
@@ -37,7 +39,8 @@ const BODY: &str = r#"
   index /= groups;
   const int t = index % length;
   const int b = index / length;
-  const float position = static_cast<float>(t + offset[offset_shape[0] == 1 ? 0 : b]);
+  const float position =
+      static_cast<float>(t + offset[offset_shape[0] == 1 ? 0 : b * offset_strides[0]]);
   float c[VEC];
   float s[VEC];
 #pragma unroll
@@ -116,7 +119,8 @@ pub(crate) fn rope_fits(x: &Array, dims: i32, offset: &Array) -> bool {
         && dims % 2 == 0
         && (1..=i32::MAX as usize).contains(&x.size())
         && offset.dtype() == Dtype::Int32
-        && (offset.size() == 1 || (offset.ndim() == 1 && offset.size() == shape[0] as usize))
+        && offset.ndim() <= 1
+        && (offset.size() == 1 || offset.size() == shape[0] as usize)
 }
 
 /// `x` rotated forward (`forward`) or back by `offset + t` times `inv_freq` (float32, one angle

@@ -117,6 +117,7 @@ mod tests {
                 );
             }
         }
+        assert!(!cuda::available() || custom_vjp::is_made(&GatedProduct));
         // Hand-computed at gate 1, up 2: sigmoid(1) = 0.7310586, d gate = 2 (0.7310586 +
         // 0.7310586 x 0.2689414) = 1.8553411, d up = 0.7310586.
         assert!((got[1].as_slice::<f32>()[1] - 1.855_341_1).abs() < 1e-6);
@@ -149,10 +150,10 @@ mod tests {
     }
 
     /// In bfloat16 the value and both gradients are the float32 ones of the same bfloat16
-    /// inputs, rounded once on a CUDA GPU: equal but for the rare tie the two computations'
-    /// order tips (the two operations in bfloat16, rounding after every step, miss far more
-    /// often: 1,483 of these 4,096). Elsewhere, where the two operations run, within 1% of the
-    /// largest value (they were 0.3% off).
+    /// inputs, rounded once, on a CUDA GPU: equal but for the few a different contraction of the
+    /// arithmetic into fused multiply-adds may tip (the two operations in bfloat16, rounding after
+    /// every step, miss far more often).
+    /// Elsewhere, where the two operations run, within 1% of the largest value.
     #[test]
     fn bfloat16_rounds_each_output_once() {
         let normal = |seed| {

@@ -337,10 +337,11 @@ mod tests {
         }
     }
 
-    /// Plain, linear and Llama 3 rotations against float64 on the host: a contiguous input, the
-    /// model's transposed view of `[B, T, H, D]`, an input read with a stride along its features,
-    /// head counts that do and do not fill a thread's heads, one offset and one per row, float32
-    /// and bfloat16. On a CUDA GPU this is lmx's kernel (tests/gpu.sh), elsewhere MLX's.
+    /// Plain, linear, Llama 3 and YaRN rotations against float64 on the host: a contiguous input,
+    /// the model's transposed view of `[B, T, H, D]`, an input read with a stride along its
+    /// features, one whose first value is not 16-byte aligned, head counts that do and do not fill
+    /// a thread's heads, one offset and one per row, float32 and bfloat16. On a CUDA GPU this is
+    /// lmx's kernel (tests/gpu.sh), elsewhere MLX's.
     #[test]
     fn rotations_match_float64() -> Result<()> {
         let llama3 = Llama3Scaling {
@@ -349,90 +350,142 @@ mod tests {
             high_freq_factor: 4.0,
             original_ctx: 16.0,
         };
+        let yarn = YarnScaling {
+            factor: 4.0,
+            original_ctx: 16.0,
+            beta_fast: 32.0,
+            beta_slow: 1.0,
+            mscale: 1.0,
+            mscale_all_dim: 0.0,
+        };
         for dtype in [Dtype::Float32, Dtype::Bfloat16] {
             for (case, [rows, heads, length, width]) in [[2, 3, 5, 8], [2, 8, 6, 16], [1, 5, 7, 12]]
                 .into_iter()
                 .enumerate()
             {
                 let key = mlx_rs::random::key(case as u64)?;
-                // Three layouts of the same logical [B, H, T, D] values.
-                let layouts: [Array; 3] = [
-                    mlx_rs::random::normal::<f32>(&[rows, heads, length, width], None, None, &key)?,
-                    mlx_rs::random::normal::<f32>(&[rows, length, heads, width], None, None, &key)?
-                        .transpose_axes(&[0, 2, 1, 3])?,
-                    mlx_rs::random::normal::<f32>(&[rows, heads, width, length], None, None, &key)?
-                        .transpose_axes(&[0, 1, 3, 2])?,
+                let normal = |shape: &[i32]| -> Result<Array> {
+                    Ok(mlx_rs::random::normal::<f32>(shape, None, None, &key)?.as_dtype(dtype)?)
+                };
+                let size = rows * heads * length * width;
+                // Four layouts of logical [B, H, T, D] values, made in `dtype` so that no cast
+                // makes them contiguous.
+                let layouts: [Array; 4] = [
+                    normal(&[rows, heads, length, width])?,
+                    normal(&[rows, length, heads, width])?.transpose_axes(&[0, 2, 1, 3])?,
+                    normal(&[rows, heads, width, length])?.transpose_axes(&[0, 1, 3, 2])?,
+                    super::super::index(
+                        &normal(&[size + 1])?,
+                        &[super::super::Subscript::Range(Some(1), None)],
+                    )?
+                    .reshape(&[rows, heads, length, width])?,
                 ];
-                for x in layouts {
-                    let x = x.as_dtype(dtype)?;
-                    let exact = values_f64(&x);
+                for (layout, x) in layouts.iter().enumerate() {
+                    let exact = values_f64(x);
                     let shape = [rows, heads, length, width].map(|n| n as usize);
-                    let tolerance = tolerance(dtype);
-                    let plain_rates: Vec<f64> =
-                        periods(width, 10000.0).iter().map(|p| 1.0 / p).collect();
+                    let check = |got: Array, want: Vec<f64>, what: &str| {
+                        assert_eq!(got.dtype(), dtype);
+                        assert!(
+                            gap(&values_f64(&got), &want) < tolerance(dtype),
+                            "{dtype:?} case {case} layout {layout} {what}"
+                        );
+                    };
+                    let rates_of = |periods: Vec<f64>| -> Vec<f64> {
+                        periods.iter().map(|p| 1.0 / p).collect()
+                    };
+                    let plain = rates_of(periods(width, 10000.0));
                     let per_row = Array::from_slice(&[3, 40][..rows as usize], &[rows]);
-                    let got = rope(&x, width, 10000.0, &per_row)?;
-                    let want = rotated_f64(&exact, shape, &[3, 40], &plain_rates, 1.0);
-                    assert_eq!(got.dtype(), dtype);
-                    assert!(
-                        gap(&values_f64(&got), &want) < tolerance,
-                        "{dtype:?} case {case} plain"
+                    check(
+                        rope(x, width, 10000.0, &per_row)?,
+                        rotated_f64(&exact, shape, &[3, 40], &plain, 1.0),
+                        "plain",
                     );
-
-                    let got = rope_linear(&x, None, 10000.0, 4.0, &Array::from_int(9))?;
-                    let quarter: Vec<f64> = plain_rates.iter().map(|r| r / 4.0).collect();
-                    let want = rotated_f64(&exact, shape, &[9], &quarter, 1.0);
-                    assert!(
-                        gap(&values_f64(&got), &want) < tolerance,
-                        "{dtype:?} case {case} linear"
+                    let quarter: Vec<f64> = plain.iter().map(|r| r / 4.0).collect();
+                    check(
+                        rope_linear(x, None, 10000.0, 4.0, &Array::from_int(9))?,
+                        rotated_f64(&exact, shape, &[9], &quarter, 1.0),
+                        "linear",
                     );
-
-                    let got = rope_llama3(&x, None, 500000.0, llama3, &Array::from_int(2))?;
-                    let rates: Vec<f64> = llama3_periods(width, 500000.0, llama3)
-                        .iter()
-                        .map(|p| 1.0 / p)
-                        .collect();
-                    let want = rotated_f64(&exact, shape, &[2], &rates, 1.0);
-                    assert!(
-                        gap(&values_f64(&got), &want) < tolerance,
-                        "{dtype:?} case {case} llama3"
+                    check(
+                        rope_llama3(x, None, 500000.0, llama3, &Array::from_int(2))?,
+                        rotated_f64(
+                            &exact,
+                            shape,
+                            &[2],
+                            &rates_of(llama3_periods(width, 500000.0, llama3)),
+                            1.0,
+                        ),
+                        "llama3",
+                    );
+                    let factor = yarn.attention_factor();
+                    let scaled: Vec<f64> = exact.iter().map(|v| v * factor).collect();
+                    check(
+                        rope_yarn(x, None, 10000.0, yarn, &Array::from_int(5))?,
+                        rotated_f64(
+                            &scaled,
+                            shape,
+                            &[5],
+                            &rates_of(yarn.periods(width, 10000.0)),
+                            1.0,
+                        ),
+                        "yarn",
                     );
                 }
             }
         }
+        assert!(!cuda::available() || custom_vjp::is_made(&Rotation));
         Ok(())
     }
 
-    /// The gradient of `sum(rope(x) * r)` is `r` rotated back, eagerly and inside a compiled
-    /// function, with the model's transposed layout; without gradients the value is the same.
+    /// The gradient of `sum(rope(x) * r)` is `r` rotated back, in float32 and bfloat16, eagerly
+    /// and inside a compiled function, with the model's transposed layout; without gradients the
+    /// value is the same.
     #[test]
     fn the_gradient_is_the_rotation_back() -> Result<()> {
         let [rows, heads, length, width] = [2, 6, 5, 16];
-        let key = mlx_rs::random::key(11)?;
-        let x = mlx_rs::random::normal::<f32>(&[rows, length, heads, width], None, None, &key)?
-            .transpose_axes(&[0, 2, 1, 3])?;
-        let r = mlx_rs::random::normal::<f32>(&[rows, heads, length, width], None, None, None)?;
-        let offsets = Array::from_slice(&[1, 17], &[2]);
-        let objective = |args: &[Array]| -> std::result::Result<Vec<Array>, Exception> {
-            let y = rope(&args[0], 16, 10000.0, &args[2]).map_err(Error::into_exception)?;
-            Ok(vec![y.multiply(&args[1])?.sum(false)?, y])
-        };
-        let args = [x.clone(), r.clone(), offsets.clone()];
-        let (values, grads) = value_and_grad_with_argnums(objective, &[0])(&args)?;
-        let rates: Vec<f64> = periods(width, 10000.0).iter().map(|p| 1.0 / p).collect();
         let shape = [rows, heads, length, width].map(|n| n as usize);
-        let want = rotated_f64(&values_f64(&r), shape, &[1, 17], &rates, -1.0);
-        assert!(gap(&values_f64(&grads[0]), &want) < 2e-5);
-        let forward = rotated_f64(&values_f64(&x), shape, &[1, 17], &rates, 1.0);
-        assert!(gap(&values_f64(&values[1]), &forward) < 2e-5);
+        let rates: Vec<f64> = periods(width, 10000.0).iter().map(|p| 1.0 / p).collect();
+        let offsets = Array::from_slice(&[1, 17], &[2]);
+        for dtype in [Dtype::Float32, Dtype::Bfloat16] {
+            let key = mlx_rs::random::key(11)?;
+            let x = mlx_rs::random::normal::<f32>(&[rows, length, heads, width], None, None, &key)?
+                .as_dtype(dtype)?
+                .transpose_axes(&[0, 2, 1, 3])?;
+            let r = mlx_rs::random::normal::<f32>(&[rows, heads, length, width], None, None, None)?
+                .as_dtype(dtype)?;
+            let objective = |args: &[Array]| -> std::result::Result<Vec<Array>, Exception> {
+                let y = rope(&args[0], 16, 10000.0, &args[2]).map_err(Error::into_exception)?;
+                Ok(vec![y.multiply(&args[1])?.sum(false)?, y])
+            };
+            let args = [x.clone(), r.clone(), offsets.clone()];
+            let (values, grads) = value_and_grad_with_argnums(objective, &[0])(&args)?;
+            let want = rotated_f64(&values_f64(&r), shape, &[1, 17], &rates, -1.0);
+            assert_eq!(grads[0].dtype(), dtype);
+            assert!(
+                gap(&values_f64(&grads[0]), &want) < tolerance(dtype),
+                "{dtype:?}"
+            );
+            let forward = rotated_f64(&values_f64(&x), shape, &[1, 17], &rates, 1.0);
+            assert!(
+                gap(&values_f64(&values[1]), &forward) < tolerance(dtype),
+                "{dtype:?}"
+            );
 
-        let in_compiled = move |args: &[Array]| -> std::result::Result<Vec<Array>, Exception> {
-            Ok(value_and_grad_with_argnums(objective, &[0])(args)?.1)
-        };
-        let compiled = compile(in_compiled, false)(&args)?;
-        assert!(gap(&values_f64(&compiled[0]), &want) < 2e-5);
-        let free = without_gradients(|| rope(&x, 16, 10000.0, &offsets))?;
-        assert!(gap(&values_f64(&free), &forward) < 2e-5);
+            let in_compiled = move |args: &[Array]| -> std::result::Result<Vec<Array>, Exception> {
+                Ok(value_and_grad_with_argnums(objective, &[0])(args)?.1)
+            };
+            let compiled = compile(in_compiled, false)(&args)?;
+            assert!(
+                gap(&values_f64(&compiled[0]), &want) < tolerance(dtype),
+                "{dtype:?}"
+            );
+            let free = without_gradients(|| rope(&x, 16, 10000.0, &offsets))?;
+            assert!(
+                gap(&values_f64(&free), &forward) < tolerance(dtype),
+                "{dtype:?}"
+            );
+        }
+        assert!(!cuda::available() || custom_vjp::is_made(&Rotation));
         Ok(())
     }
 
