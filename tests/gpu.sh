@@ -13,6 +13,8 @@
 # .cargo/config.toml), with float32 matrix products in float32: MLX's CUDA backend otherwise
 # computes them in TF32 (MLX_ENABLE_TF32, on by default), about 1e-3 relative error, and the tests
 # compare with float32 references to 1e-4. The output of every binary lands in OUT/tests.txt.
+# Each binary gets TEST_TIMEOUT seconds (default 300): a debug build compiling its kernels on a
+# cold cache needs more for the integration binary's model modules.
 set -u
 out=${1:?output folder}
 shift
@@ -25,7 +27,7 @@ for argument in "$@"; do
     filters=()
     [ "$binary" != "$argument" ] && IFS=, read -ra filters <<< "${argument#*@}"
     echo "== $argument" >> "$out/tests.txt"
-    timeout 300 "$binary" "${filters[@]}" >> "$out/tests.txt" 2>&1
+    timeout "${TEST_TIMEOUT:-300}" "$binary" "${filters[@]}" >> "$out/tests.txt" 2>&1
     status=$?
     echo "exit status $status" >> "$out/tests.txt"
     [ $status -eq 0 ] || failed=1
