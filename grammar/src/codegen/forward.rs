@@ -1067,9 +1067,8 @@ impl<'g, 'm> Fx<'g, 'm> {
     }
 
     /// `silu(gate) * up` or `up * silu(gate)`, `silu` the built-in, as one gated product
-    /// (`nn::swiglu`: one function each way where the factors' shapes and dtypes agree, the two
-    /// operations where they do not). `None` for any other product. A static `up` takes the two
-    /// operations.
+    /// (`nn::swiglu`, which picks lmx's kernels or the two operations at run time). `None` for
+    /// any other product. A static `up` takes the two operations.
     fn gated_product(&mut self, a: &Expr, b: &Expr, span: Span) -> R<Option<X>> {
         let typed = &self.g.model.typed;
         // Each factor is bound before the next is lowered, so that what they draw from the

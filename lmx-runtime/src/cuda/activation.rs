@@ -41,9 +41,9 @@ __device__ __forceinline__ float lmx_activation_derivative(float x) {
 }
 "#;
 
-/// A kernel's body: what every kernel here opens with, then `$rest`. The opening declares `Pack` (`VEC`
-/// values of `T`, loaded or stored at once) and `i`, this thread's first value; a thread past the
-/// end returns.
+/// A kernel's body: what every kernel here opens with, then `$rest`. The opening declares `Pack`
+/// (`VEC` values of `T`, loaded or stored at once) and `i`, this thread's first value; a thread
+/// past the end returns.
 macro_rules! elementwise_body {
     ($rest:literal) => {
         concat!(
@@ -118,7 +118,8 @@ const GATED: &str = elementwise_body!(
     *reinterpret_cast<Pack*>(y + i) = out;
   } else {
     for (size_t j = i; j < i + VEC && j < size; ++j) {
-      y[j] = static_cast<T>(lmx_activation<ACT>(static_cast<float>(x[j])) * static_cast<float>(u[j]));
+      y[j] = static_cast<T>(lmx_activation<ACT>(static_cast<float>(x[j])) *
+                            static_cast<float>(u[j]));
     }
   }
 "#
@@ -139,7 +140,8 @@ const GATED_BACKWARD: &str = elementwise_body!(
     for (int j = 0; j < VEC; ++j) {
       const float g = static_cast<float>(gate.v[j]);
       const float d = static_cast<float>(grad.v[j]);
-      d_gate.v[j] = static_cast<T>(d * static_cast<float>(up.v[j]) * lmx_activation_derivative<ACT>(g));
+      const float slope = lmx_activation_derivative<ACT>(g);
+      d_gate.v[j] = static_cast<T>(d * static_cast<float>(up.v[j]) * slope);
       d_up.v[j] = static_cast<T>(d * lmx_activation<ACT>(g));
     }
     *reinterpret_cast<Pack*>(dx + i) = d_gate;
@@ -158,12 +160,22 @@ const GATED_BACKWARD: &str = elementwise_body!(
 thread_local! {
     static FORWARD_KERNEL: Result<Kernel> =
         Kernel::new("lmx_activation", (&["x"], Inputs::RowContiguous), &["y"], HEADER, FORWARD);
-    static BACKWARD_KERNEL: Result<Kernel> =
-        Kernel::new("lmx_activation_backward", (&["x", "dy"], Inputs::RowContiguous), &["dx"], HEADER, BACKWARD);
+    static BACKWARD_KERNEL: Result<Kernel> = Kernel::new(
+        "lmx_activation_backward",
+        (&["x", "dy"], Inputs::RowContiguous),
+        &["dx"],
+        HEADER,
+        BACKWARD,
+    );
     static GATED_KERNEL: Result<Kernel> =
         Kernel::new("lmx_gated", (&["x", "u"], Inputs::RowContiguous), &["y"], HEADER, GATED);
-    static GATED_BACKWARD_KERNEL: Result<Kernel> =
-        Kernel::new("lmx_gated_backward", (&["x", "u", "dy"], Inputs::RowContiguous), &["dx", "du"], HEADER, GATED_BACKWARD);
+    static GATED_BACKWARD_KERNEL: Result<Kernel> = Kernel::new(
+        "lmx_gated_backward",
+        (&["x", "u", "dy"], Inputs::RowContiguous),
+        &["dx", "du"],
+        HEADER,
+        GATED_BACKWARD,
+    );
 }
 
 /// Threads per block.
@@ -244,17 +256,13 @@ pub(crate) fn swiglu(gate: &Array, up: &Array) -> Result<Array> {
 /// precision).
 pub(crate) fn swiglu_backward(gate: &Array, up: &Array, dy: &Array) -> Result<[Array; 2]> {
     let dy = dy.as_dtype(gate.dtype())?;
-    let mut both = elementwise(
+    let both = elementwise(
         &GATED_BACKWARD_KERNEL,
         Activation::Silu,
         &[gate, up, &dy],
         2,
     )?;
-    let d_up = both.pop();
-    match (both.pop(), d_up) {
-        (Some(d_gate), Some(d_up)) => Ok([d_gate, d_up]),
-        _ => Err(crate::error::Error::Layout(
-            "the gated product's gradient kernel returned fewer than two arrays".into(),
-        )),
-    }
+    both.try_into().map_err(|_| {
+        crate::error::Error::Layout("the gated product's gradient kernel made no two arrays".into())
+    })
 }

@@ -200,8 +200,13 @@ thread_local! {
         "",
         &format!("{SHARE}{PART}"),
     );
-    static MERGE_KERNEL: Result<Kernel> =
-        Kernel::new("lmx_decode_attention_merge", (&["parts", "stats"], Inputs::RowContiguous), &["out"], "", MERGE);
+    static MERGE_KERNEL: Result<Kernel> = Kernel::new(
+        "lmx_decode_attention_merge",
+        (&["parts", "stats"], Inputs::RowContiguous),
+        &["out"],
+        "",
+        MERGE,
+    );
 }
 
 /// Whether [`decode_attention`] takes these queries and buffers: one float query per row, a head

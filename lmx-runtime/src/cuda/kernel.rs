@@ -1,8 +1,9 @@
 //! A CUDA kernel of lmx's own, compiled by MLX at run time (`mlx::core::fast::cuda_kernel`).
 //!
 //! MLX wraps the kernel's body in a `__global__` function whose parameters are the inputs (`const
-//! T* name`, plus `name_shape` and `name_strides` when the body mentions them), then the outputs (`U* name`), and whose
-//! first lines declare the template arguments (`using T = __nv_bfloat16;`, `constexpr int N = 4;`).
+//! T* name`, plus `name_shape` and `name_strides` when the body mentions them), then the outputs
+//! (`U* name`), and whose first lines declare the template arguments (`using T = __nv_bfloat16;`,
+//! `constexpr int N = 4;`).
 //! It compiles the function with NVRTC on first use and caches it by its name and template
 //! arguments alone, not by its source or its inputs' types, in memory and on disk (under
 //! `/tmp/mlx/<version>/ptx`, or `MLX_PTX_CACHE_DIR`), where it outlives the process. So every

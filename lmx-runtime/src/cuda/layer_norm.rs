@@ -162,8 +162,13 @@ const BODY: &str = r#"
 "#;
 
 thread_local! {
-    static KERNEL: Result<Kernel> =
-        Kernel::new("lmx_layer_norm_backward", (&["x", "w", "g"], Inputs::RowContiguous), &["dx", "partials"], HEADER, BODY);
+    static KERNEL: Result<Kernel> = Kernel::new(
+        "lmx_layer_norm_backward",
+        (&["x", "w", "g"], Inputs::RowContiguous),
+        &["dx", "partials"],
+        HEADER,
+        BODY,
+    );
 }
 
 /// `[dx, dw, db]` of `layer_norm(x, w, b, eps)` over the last axis of `x: [rows, columns]` for

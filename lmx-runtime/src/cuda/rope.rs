@@ -97,8 +97,13 @@ const BODY: &str = r#"
 "#;
 
 thread_local! {
-    static ROPE_KERNEL: Result<Kernel> =
-        Kernel::new("lmx_rope", (&["x", "offset", "inv_freq"], Inputs::AsTheyLie), &["y"], "", BODY);
+    static ROPE_KERNEL: Result<Kernel> = Kernel::new(
+        "lmx_rope",
+        (&["x", "offset", "inv_freq"], Inputs::AsTheyLie),
+        &["y"],
+        "",
+        BODY,
+    );
 }
 
 /// Threads per block.

@@ -99,8 +99,13 @@ const TOTAL: &str = r#"
 thread_local! {
     static PARTIALS_KERNEL: Result<Kernel> =
         Kernel::new("lmx_column_partials", (&["x"], Inputs::RowContiguous), &["out"], "", PARTIALS);
-    static TOTAL_KERNEL: Result<Kernel> =
-        Kernel::new("lmx_column_total", (&["partials"], Inputs::RowContiguous), &["out"], "", TOTAL);
+    static TOTAL_KERNEL: Result<Kernel> = Kernel::new(
+        "lmx_column_total",
+        (&["partials"], Inputs::RowContiguous),
+        &["out"],
+        "",
+        TOTAL,
+    );
 }
 
 /// The sums of the columns of `x: [rows, columns]`, accumulated in float32, as `x`'s dtype.

@@ -97,6 +97,12 @@ impl WithGradient for Activation {
     }
 }
 
+/// Whether lmx's elementwise kernels take `x` (here and in the gated product): on a CUDA GPU, in a
+/// pass whose gradient may be taken, for a floating-point array they can launch over.
+pub(super) fn kernels_take(x: &Array) -> bool {
+    !custom_vjp::gradient_free() && cuda::available() && cuda::activation_fits(x)
+}
+
 /// `activation` of `x`: lmx's kernels where they run and a gradient may be taken, MLX's
 /// operations elsewhere. lmx's kernels pay in training (one read and one write of the
 /// activations in each pass, the backward pass from `x` alone); a pass whose gradient is never
@@ -110,7 +116,7 @@ fn apply(activation: Activation, x: &Array) -> Result<Array> {
         // operations take one.
         return activation.value(x);
     }
-    if custom_vjp::gradient_free() || !(cuda::available() && cuda::activation_fits(x)) {
+    if !kernels_take(x) {
         return fused(activation, x);
     }
     custom_vjp::apply(&activation, std::slice::from_ref(x))?

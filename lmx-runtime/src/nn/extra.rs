@@ -72,7 +72,8 @@ pub fn one_hot(indices: &Array, n: i32) -> Result<Array> {
 }
 
 /// Rotary position embedding over the whole last axis of `[B, heads, T, head_dim]`, positions
-/// starting at `offset`, an int32 scalar (the half-split layout of LLaMA's weights; [`super::rope`]).
+/// starting at `offset`, an int32 scalar (the half-split layout of LLaMA's weights;
+/// [`super::rope`]).
 pub fn rotary(x: &Array, base: f32, offset: &Array) -> Result<Array> {
     let dims = x.shape()[x.ndim() - 1];
     super::rope(x, dims, base, offset)

@@ -10,7 +10,7 @@
 //! gradient is never taken, it is the two operations, which MLX fuses with their neighbours in a
 //! traced decode step. The `.lmx` code generator lowers `silu(a) * b` to it.
 
-use super::activation::silu;
+use super::activation::{kernels_take, silu};
 use super::custom_vjp::{self, WithGradient};
 use crate::cuda;
 use crate::error::{Error, Result};
@@ -45,12 +45,7 @@ fn arity() -> Error {
 /// gradient may be taken and `gate` and `up` have one shape and one floating dtype; the two
 /// operations otherwise (a broadcast, a promotion, integers, an empty pair, another backend).
 pub fn swiglu(gate: &Array, up: &Array) -> Result<Array> {
-    let kernels = cuda::available()
-        && !custom_vjp::gradient_free()
-        && gate.shape() == up.shape()
-        && gate.dtype() == up.dtype()
-        && cuda::activation_fits(gate);
-    if !kernels {
+    if !(kernels_take(gate) && gate.shape() == up.shape() && gate.dtype() == up.dtype()) {
         return Ok(silu(gate)?.multiply(up)?);
     }
     custom_vjp::apply(&GatedProduct, &[gate.clone(), up.clone()])?

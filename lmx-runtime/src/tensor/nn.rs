@@ -45,8 +45,8 @@ pub fn silu(x: &Tensor) -> Result<Tensor> {
     Ok(Tensor(nn::silu(&x.0)?))
 }
 
-/// The gated MLP's product `silu(gate) * up` as one function (`nn::swiglu`), as the `.lmx` code
-/// generator lowers that product.
+/// The gated MLP's product `silu(gate) * up` (`nn::swiglu`: lmx's kernels on a CUDA GPU), as the
+/// `.lmx` code generator lowers that product.
 pub fn swiglu(gate: &Tensor, up: &Tensor) -> Result<Tensor> {
     Ok(Tensor(nn::swiglu(&gate.0, &up.0)?))
 }
