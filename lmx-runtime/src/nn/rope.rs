@@ -417,8 +417,10 @@ mod tests {
                         ),
                         "llama3",
                     );
+                    // The attention factor scales the input in its own dtype before the
+                    // rotation, as mlx-lm's YaRN does: the rotation is checked from there.
                     let factor = yarn.attention_factor();
-                    let scaled: Vec<f64> = exact.iter().map(|v| v * factor).collect();
+                    let scaled = values_f64(&x.multiply(super::super::literal(factor, x)?)?);
                     check(
                         rope_yarn(x, None, 10000.0, yarn, &Array::from_int(5))?,
                         rotated_f64(
