@@ -187,9 +187,11 @@ fn attention(
     ctx: &mut Context,
 ) -> Result<Tensor> {
     let head_dim = config.head_dim();
-    let q = split_heads(&linear(&params.q_proj, x)?, config.heads)?;
-    let k = split_heads(&linear(&params.k_proj, x)?, config.kv_heads)?;
-    let v = split_heads(&linear(&params.v_proj, x)?, config.kv_heads)?;
+    // One product on a GPU over many rows, as the `.lmx` LLaMA's three calls on `x` are.
+    let [q, k, v] = ctx.linears([&params.q_proj, &params.k_proj, &params.v_proj], x)?;
+    let q = split_heads(&q, config.heads)?;
+    let k = split_heads(&k, config.kv_heads)?;
+    let v = split_heads(&v, config.kv_heads)?;
     let q = rope(&q, head_dim, config.rope_base, &ctx.offset())?;
     let k = rope(&k, head_dim, config.rope_base, &ctx.offset())?;
     linear(&params.o_proj, &merge_heads(&ctx.attend(&q, &k, &v)?)?)

@@ -12,6 +12,7 @@ use proc_macro2::{Literal, TokenStream};
 use quote::{format_ident, quote};
 
 use super::names::{ident, snake};
+use super::shared_input::{self, Call, CallKind};
 use super::Gen;
 use crate::ast::{Arg, BinaryOp, Body, Expr, ExprKind, StmtKind, Subscript, UnaryOp};
 use crate::diag::Diagnostic;
@@ -307,6 +308,16 @@ pub(crate) fn render(stmts: Vec<GenStmt>) -> TokenStream {
     out
 }
 
+/// Linear layers a body applies to one input (`shared_input`): their calls, the layers' names
+/// and places, and the names of their outputs once the group's product is emitted.
+#[derive(Debug, Clone)]
+pub(crate) struct Shared {
+    calls: Vec<Span>,
+    layers: Vec<String>,
+    places: Vec<TokenStream>,
+    outputs: Option<Vec<proc_macro2::Ident>>,
+}
+
 /// Where a body is translated: a block's method, the model's forward, or a step's loss.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub(crate) enum Site {
@@ -338,6 +349,10 @@ pub(crate) struct Fx<'g, 'm> {
     pub drops: bool,
     /// Whether it applies a linear layer, whose adapter may draw dropout masks (`pass.linear`).
     pub linears: bool,
+    /// Whether it applies linear layers to one input together (`pass.linears`).
+    pub shares_input: bool,
+    /// The groups of linear layers applied to one input in the bodies translated so far.
+    pub shared: Vec<Shared>,
     /// Whether it applies a stacked experts layer, whose adapters may draw dropout masks
     /// (`pass.experts`).
     pub experts: bool,
@@ -366,6 +381,8 @@ impl<'g, 'm> Fx<'g, 'm> {
             recurs: false,
             drops: false,
             linears: false,
+            shares_input: false,
+            shared: Vec::new(),
             experts: false,
             writes: false,
             step_ctx: None,
@@ -540,6 +557,9 @@ impl<'g, 'm> Fx<'g, 'm> {
 
     /// Translates the statements of `body` into the current scope; returns the tail value.
     pub fn stmts(&mut self, body: &Body) -> R<Option<X>> {
+        if self.site != Site::Step {
+            self.find_shared_inputs(body);
+        }
         let last = body.stmts.len().saturating_sub(1);
         let mut tail = None;
         for (i, stmt) in body.stmts.iter().enumerate() {
@@ -623,6 +643,98 @@ impl<'g, 'm> Fx<'g, 'm> {
             | StmtKind::Metrics(_)
             | StmtKind::Frozen(..) => Ok(()),
         }
+    }
+
+    /// Records the groups of linear layers `body` applies to one input (`shared_input`).
+    fn find_shared_inputs(&mut self, body: &Body) {
+        let mut kind = |call: &Call| {
+            let Call { callee, args, span } = *call;
+            if let Some(call) = self.g.model.typed.call(span) {
+                return if call.builtin.name == "dropout" {
+                    CallKind::Barrier
+                } else {
+                    CallKind::Pure
+                };
+            }
+            let layer = callee.and_then(|name| self.env.get(name));
+            let input = match args {
+                [Arg { name: None, value }] => match &value.kind {
+                    ExprKind::Name(name) => self.env.get(name),
+                    _ => None,
+                },
+                _ => None,
+            };
+            let Some(Val::Module(module)) = layer.map(|b| &b.val) else {
+                return CallKind::Barrier;
+            };
+            match (&**module, input.map(|b| &b.val)) {
+                (
+                    Module::Layer {
+                        kind: LayerKind::Linear,
+                        tied: false,
+                        ..
+                    },
+                    Some(Val::Tensor),
+                ) => CallKind::Linear,
+                // Norms and embeddings draw nothing.
+                (
+                    Module::Layer {
+                        kind: LayerKind::RmsNorm | LayerKind::LayerNorm | LayerKind::Embedding,
+                        ..
+                    },
+                    _,
+                ) => CallKind::Pure,
+                _ => CallKind::Barrier,
+            }
+        };
+        let groups = shared_input::groups(body, &mut kind);
+        for group in groups {
+            let places = group
+                .iter()
+                .map(|member| match self.env.get(&member.layer).map(|b| &b.val) {
+                    Some(Val::Module(module)) => match &**module {
+                        Module::Layer { place, .. } => Some(place.clone()),
+                        _ => None,
+                    },
+                    _ => None,
+                })
+                .collect::<Option<Vec<_>>>();
+            if let Some(places) = places {
+                self.shared.push(Shared {
+                    calls: group.iter().map(|member| member.call).collect(),
+                    layers: group.iter().map(|member| member.layer.clone()).collect(),
+                    places,
+                    outputs: None,
+                });
+            }
+        }
+    }
+
+    /// The output of the linear layer called at `span` when it is a member of a group: the
+    /// group's product is emitted at its first member met, over `input`.
+    fn shared_output(&mut self, span: Span, input: &T) -> Option<X> {
+        let group = self.shared.iter().position(|g| g.calls.contains(&span))?;
+        let index = self.shared[group].calls.iter().position(|&c| c == span)?;
+        if self.shared[group].outputs.is_none() {
+            let bases: Vec<String> = self.shared[group]
+                .layers
+                .iter()
+                .map(|layer| format!("{}_out", snake(layer)))
+                .collect();
+            let outputs: Vec<proc_macro2::Ident> =
+                bases.iter().map(|base| ident(&self.temp(base))).collect();
+            let places = &self.shared[group].places;
+            let x = input.r();
+            self.emit(GenStmt::Raw(
+                quote!(let [#(#outputs),*] = pass.linears([#(&#places),*], #x)?;),
+            ));
+            self.uses_pass = true;
+            self.pass_mut = true;
+            self.shares_input = true;
+            self.shared[group].outputs = Some(outputs);
+        }
+        let output = self.shared[group].outputs.as_ref()?[index].clone();
+        Some(X::Tensor(T::owned(quote!(#output))))
     }
 
     /// Binds `names` to `x` with a `let`.
@@ -1295,6 +1407,11 @@ impl<'g, 'm> Fx<'g, 'm> {
                     return Ok(X::Tensor(T::owned(
                         quote!(pass.experts(&#place, #x, #idx)?),
                     )));
+                }
+                if kind == LayerKind::Linear && !tied {
+                    if let Some(output) = self.shared_output(span, &input) {
+                        return Ok(output);
+                    }
                 }
                 let x = input.r();
                 let arg = |name: &str| layer_args.iter().find(|(n, _)| n == name).map(|(_, e)| e);

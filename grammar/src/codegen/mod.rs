@@ -14,6 +14,7 @@ mod config;
 mod forward;
 mod names;
 mod params;
+mod shared_input;
 mod step;
 
 use std::cell::RefCell;
@@ -111,6 +112,8 @@ pub(crate) struct BlockInfo {
     pub drops: bool,
     /// Whether it applies a linear layer (whose adapter's dropout draws masks).
     pub linears: bool,
+    /// Whether it applies linear layers to one input together (`pass.linears`).
+    pub shares_input: bool,
     /// Whether it applies a stacked experts layer (whose adapters' dropout draws masks).
     pub experts: bool,
     /// Whether it gives a buffer its next value.
@@ -433,6 +436,7 @@ impl<'m> Gen<'m> {
                     recurs: false,
                     drops: false,
                     linears: false,
+                    shares_input: false,
                     experts: false,
                     writes: false,
                     code: TokenStream::new(),
@@ -525,6 +529,7 @@ impl<'m> Gen<'m> {
             recurs: fx.recurs,
             drops: fx.drops,
             linears: fx.linears,
+            shares_input: fx.shares_input,
             experts: fx.experts,
             writes: fx.writes,
             code,
@@ -563,10 +568,16 @@ impl<'m> Gen<'m> {
         let has_scan = fx.recurs || self.any_block(|b| b.recurs);
         let has_dropout = fx.drops || self.any_block(|b| b.drops);
         let has_linear = fx.linears || self.any_block(|b| b.linears);
+        let has_shared = fx.shares_input || self.any_block(|b| b.shares_input);
         let has_experts = fx.experts || self.any_block(|b| b.experts);
         let has_writes = fx.writes || self.any_block(|b| b.writes);
-        let has_ctx =
-            has_attention || has_scan || has_dropout || has_linear || has_experts || has_writes;
+        let has_ctx = has_attention
+            || has_scan
+            || has_dropout
+            || has_linear
+            || has_shared
+            || has_experts
+            || has_writes;
         let any_pass = fx.uses_pass || self.any_block(|b| b.needs_pass);
         let first_input = inputs_names(ast).into_iter().next().unwrap_or_default();
         let first = ident(&first_input);
@@ -588,7 +599,7 @@ impl<'m> Gen<'m> {
         if has_ctx {
             let doc = match (
                 has_attention || has_scan,
-                has_dropout || has_linear || has_experts || has_writes,
+                has_dropout || has_linear || has_shared || has_experts || has_writes,
             ) {
                 (true, true) => {
                     " The runtime context: the key-value cache during generation, the dropout key \
@@ -640,6 +651,19 @@ impl<'m> Gen<'m> {
                     }
                 }
             });
+            let shared = has_shared.then(|| {
+                quote! {
+                    /// Linear layers applied to one input, as one product where that pays, their
+                    /// adapters' dropout on in a training step.
+                    fn linears<const N: usize>(
+                        &mut self,
+                        params: [&nn::LinearParams; N],
+                        x: &Array,
+                    ) -> Result<[Array; N]> {
+                        nn::linears_in(params, x, self.ctx)
+                    }
+                }
+            });
             let experts = has_experts.then(|| {
                 quote! {
                     /// A stacked experts layer, its adapters' dropout on in a training step.
@@ -673,7 +697,7 @@ impl<'m> Gen<'m> {
                 }
             });
             let methods = if has_ctx {
-                quote!(impl Pass<'_> { #attend #scan #dropout #linear #experts #write })
+                quote!(impl Pass<'_> { #attend #scan #dropout #linear #shared #experts #write })
             } else {
                 TokenStream::new()
             };

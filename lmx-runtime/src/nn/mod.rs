@@ -22,6 +22,7 @@ mod rope;
 #[cfg(test)]
 mod same_gradients;
 mod scan;
+mod shared_input;
 mod switch;
 mod tiled_attention;
 
@@ -36,5 +37,6 @@ pub use layers::*;
 pub use loss::*;
 pub use rope::*;
 pub use scan::*;
+pub use shared_input::linears_in;
 pub use switch::{experts, experts_in, SwitchGluParams, SwitchLinearParams};
 pub use tiled_attention::causal_attention;

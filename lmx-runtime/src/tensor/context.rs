@@ -173,6 +173,20 @@ impl<'a> Context<'a> {
         )?))
     }
 
+    /// Linear layers applied to one input, as [`linear`](Self::linear) applies each: attention's
+    /// query, key and value projections. Where that pays (plain layers, one of them narrow, over
+    /// many rows on a GPU) they are one product over the concatenated weights, split back, as a
+    /// `.lmx` model's calls of linear layers on one input are (`nn::linears_in`).
+    pub fn linears<const N: usize>(
+        &mut self,
+        params: [&crate::nn::LinearParams<Tensor>; N],
+        x: &Tensor,
+    ) -> Result<[Tensor; N]> {
+        let layers = params.map(super::arrays);
+        let outputs = crate::nn::linears_in(layers.each_ref(), &x.0, self.inner)?;
+        Ok(outputs.map(Tensor))
+    }
+
     /// Stacked experts (`tensor::nn::experts`) whose adapters' dropout is on in a training step,
     /// its masks drawn from the step's key; elsewhere the same as `tensor::nn::experts`.
     pub fn experts(
