@@ -15,6 +15,7 @@ mod kernel;
 mod layer_norm;
 mod pack;
 mod rope;
+mod rows;
 mod sums;
 
 pub(crate) use activation::{
@@ -24,6 +25,7 @@ pub(crate) use decode_attention::{decode_attention, decode_attention_fits};
 pub(crate) use layer_norm::{layer_norm_backward, LAYER_NORM_MAX_COLUMNS};
 pub(crate) use pack::pack_with_squares;
 pub(crate) use rope::{rope, rope_fits};
+pub(crate) use rows::{rows, rows_fit};
 pub(crate) use sums::column_sum;
 
 use crate::device::{default_kind, DeviceKind};

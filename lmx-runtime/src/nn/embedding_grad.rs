@@ -26,6 +26,10 @@ impl WithGradient for Lookup {
         let [table, ids] = inputs else {
             return Err(arity(inputs.len()));
         };
+        // On CUDA lmx's kernel copies whole 16-byte pieces of the rows (`cuda/rows.rs`).
+        if crate::cuda::available() && crate::cuda::rows_fit(table, ids) {
+            return Ok(vec![crate::cuda::rows(table, ids)?]);
+        }
         Ok(vec![table.take_axis(ids, 0)?])
     }
 
