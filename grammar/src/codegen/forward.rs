@@ -656,25 +656,31 @@ impl<'g, 'm> Fx<'g, 'm> {
                     CallKind::Pure
                 };
             }
-            let layer = callee.and_then(|name| self.env.get(name));
-            let input = match args {
-                [Arg { name: None, value }] => match &value.kind {
-                    ExprKind::Name(name) => self.env.get(name),
-                    _ => None,
-                },
-                _ => None,
-            };
-            let Some(Val::Module(module)) = layer.map(|b| &b.val) else {
+            let Some(Val::Module(module)) =
+                callee.and_then(|name| self.env.get(name)).map(|b| &b.val)
+            else {
                 return CallKind::Barrier;
             };
-            match (&**module, input.map(|b| &b.val)) {
+            // A name the checker let a linear layer read is a tensor, bound before the body or
+            // in it.
+            let one_name = matches!(
+                args,
+                [Arg {
+                    name: None,
+                    value: Expr {
+                        kind: ExprKind::Name(_),
+                        ..
+                    },
+                }]
+            );
+            match (&**module, one_name) {
                 (
                     Module::Layer {
                         kind: LayerKind::Linear,
                         tied: false,
                         ..
                     },
-                    Some(Val::Tensor),
+                    true,
                 ) => CallKind::Linear,
                 // Norms and embeddings draw nothing.
                 (

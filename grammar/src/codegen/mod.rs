@@ -1122,6 +1122,39 @@ mod tests {
         assert!(defaults.contains("relative_step:true,"), "{defaults}");
     }
 
+    /// Linear layers called on one input, the block's own or a local bound in the body, are
+    /// applied together where the first is; one on another input is applied alone.
+    #[test]
+    fn linear_layers_on_one_input_are_applied_together() {
+        let source = "model Par {
+            config { vocab: int = 16 }
+            block B {
+                params { norm: layer_norm(8) q: linear(8, 8) k: linear(8, 4) o: linear(8, 8) }
+                forward(x: [B, T, 8]) -> [B, T, 8] {
+                    let h = norm(x)
+                    let a = q(h)
+                    let b = k(h)
+                    o(a) + x
+                }
+            }
+            params { wte: embedding(vocab, 8) layers: [B; 2] head: linear(8, vocab) }
+            forward(tokens: [B, T] int) -> [B, T, vocab] {
+                let x = wte(tokens)
+                for layer in layers { x = layer(x) }
+                head(x)
+            }
+        }";
+        let code: String = generate(&crate::compile_str(source).expect("checks"))
+            .expect("generates")
+            .split_whitespace()
+            .collect();
+        assert!(
+            code.contains("let[q_out,k_out]=pass.linears([&self.q,&self.k],&h)?;"),
+            "{code}"
+        );
+        assert!(code.contains("pass.linear(&self.o,"), "{code}");
+    }
+
     #[test]
     fn every_bundled_model_generates_valid_rust() {
         let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/../models");
