@@ -6,7 +6,8 @@
 //! body, until `x` is bound again. The group is applied where its first call is, so no call that
 //! may draw from the step's key (a block, a linear layer over another input, stacked experts,
 //! `dropout`) may lie between its calls: an adapter's dropout masks are then drawn in the order the source gives.
-//! Statements with a nested body (`if`, `for`) end a group, as their calls run apart.
+//! A loop ends a group; an `if` statement does unless every call in it draws nothing and it
+//! binds no group's input.
 
 use crate::ast::{Arg, Body, Expr, ExprKind, StmtKind, Subscript};
 use crate::span::Span;
@@ -52,9 +53,23 @@ pub(crate) fn groups(body: &Body, kind: &mut dyn FnMut(&Call) -> CallKind) -> Ve
             StmtKind::Expr(value) => (Some(value), Vec::new()),
             _ => (None, Vec::new()),
         };
-        let mut calls = Vec::new();
-        if !value.is_some_and(|value| calls_in(value, &mut calls)) {
+        let Some(value) = value else {
             close(&mut open, &mut done);
+            continue;
+        };
+        let mut calls = Vec::new();
+        if !calls_in(value, &mut calls, None) {
+            // A statement with a nested body (an `if`) goes by when every call in it draws
+            // nothing and it binds no group's input: its calls need no place in the order.
+            let (mut calls, mut assigned) = (Vec::new(), bound.clone());
+            let goes_by = calls_in(value, &mut calls, Some(&mut assigned))
+                && calls.iter().all(|call| kind(call) == CallKind::Pure)
+                && open
+                    .first()
+                    .is_none_or(|first| !assigned.contains(&first.input.as_str()));
+            if !goes_by {
+                close(&mut open, &mut done);
+            }
             continue;
         }
         for call in calls {
@@ -102,28 +117,41 @@ fn close(open: &mut Vec<Member>, done: &mut Vec<Vec<Member>>) {
 }
 
 /// The calls in `e`, arguments before the call they are passed to, as the translator evaluates
-/// them; `false` when `e` holds a nested body (an `if`).
-fn calls_in<'e>(e: &'e Expr, out: &mut Vec<Call<'e>>) -> bool {
+/// them. Without `nested`, `false` when `e` holds a nested body (an `if`); with it, the calls of
+/// nested bodies too and, in `nested`, the names their statements assign (`false` for a loop or
+/// another statement in them).
+fn calls_in<'e>(
+    e: &'e Expr,
+    out: &mut Vec<Call<'e>>,
+    mut nested: Option<&mut Vec<&'e str>>,
+) -> bool {
     match &e.kind {
         ExprKind::Int(_)
         | ExprKind::Float(_)
         | ExprKind::Bool(_)
         | ExprKind::Str(_)
         | ExprKind::Name(_) => true,
-        ExprKind::List(items) => items.iter().all(|item| calls_in(item, out)),
-        ExprKind::Unary(_, inner) => calls_in(inner, out),
-        ExprKind::Binary(_, _, a, b) => calls_in(a, out) && calls_in(b, out),
+        ExprKind::List(items) => items
+            .iter()
+            .all(|item| calls_in(item, out, nested.as_deref_mut())),
+        ExprKind::Unary(_, inner) => calls_in(inner, out, nested),
+        ExprKind::Binary(_, _, a, b) => {
+            calls_in(a, out, nested.as_deref_mut()) && calls_in(b, out, nested)
+        }
         ExprKind::Call(callee, args) => {
             let name = match &callee.kind {
                 ExprKind::Name(name) => Some(name.as_str()),
                 _ => {
-                    if !calls_in(callee, out) {
+                    if !calls_in(callee, out, nested.as_deref_mut()) {
                         return false;
                     }
                     None
                 }
             };
-            if !args.iter().all(|arg| calls_in(&arg.value, out)) {
+            if !args
+                .iter()
+                .all(|arg| calls_in(&arg.value, out, nested.as_deref_mut()))
+            {
                 return false;
             }
             out.push(Call {
@@ -133,19 +161,38 @@ fn calls_in<'e>(e: &'e Expr, out: &mut Vec<Call<'e>>) -> bool {
             });
             true
         }
-        ExprKind::Member(target, _) => calls_in(target, out),
+        ExprKind::Member(target, _) => calls_in(target, out, nested),
         ExprKind::Index(target, subs) => {
-            calls_in(target, out)
+            calls_in(target, out, nested.as_deref_mut())
                 && subs.iter().all(|sub| match sub {
                     Subscript::Ellipsis(_) => true,
-                    Subscript::Index(i) => calls_in(i, out),
+                    Subscript::Index(i) => calls_in(i, out, nested.as_deref_mut()),
                     Subscript::Slice(a, b, _) => [a, b]
                         .into_iter()
                         .flatten()
-                        .all(|bound| calls_in(bound, out)),
+                        .all(|bound| calls_in(bound, out, nested.as_deref_mut())),
                 })
         }
-        ExprKind::If(..) => false,
+        ExprKind::If(cond, then, otherwise) => {
+            let Some(assigned) = nested else {
+                return false;
+            };
+            calls_in(cond, out, Some(&mut *assigned))
+                && [Some(then), otherwise.as_ref()]
+                    .into_iter()
+                    .flatten()
+                    .flat_map(|body| &body.stmts)
+                    .all(|stmt| match &stmt.kind {
+                        StmtKind::Let(_, value) | StmtKind::Expr(value) => {
+                            calls_in(value, out, Some(&mut *assigned))
+                        }
+                        StmtKind::Assign(name, value) => {
+                            assigned.push(name.name.as_str());
+                            calls_in(value, out, Some(&mut *assigned))
+                        }
+                        _ => false,
+                    })
+        }
     }
 }
 
@@ -186,6 +233,21 @@ mod tests {
         );
     }
 
+    /// Qwen2's attention: the rotation's `if` between the key's and the value's projections
+    /// draws nothing, so the value's joins the group.
+    #[test]
+    fn an_if_that_draws_nothing_leaves_the_group_open() {
+        let body = "let q = q_proj(x) \
+                    let k = k_proj(x) \
+                    if true { q = rope(q) k = rope(k) } else { q = rope(q) } \
+                    let v = v_proj(x) \
+                    o_proj(v)";
+        assert_eq!(
+            grouped(body, &["q_proj", "k_proj", "v_proj", "o_proj"]),
+            [["q_proj", "k_proj", "v_proj"]]
+        );
+    }
+
     #[test]
     fn binding_the_input_again_ends_its_group() {
         let body = "let a = q_proj(x) x = k_proj(x) let b = v_proj(x) let c = o_proj(x) b";
@@ -196,12 +258,16 @@ mod tests {
     }
 
     #[test]
-    fn a_call_that_may_draw_or_a_nested_body_ends_every_group() {
+    fn a_call_that_may_draw_a_loop_or_an_if_that_draws_ends_a_group() {
         let linears = ["q_proj", "k_proj", "v_proj"];
         let drawn = "let a = q_proj(x) let d = dropout(x, 0.1) let b = k_proj(x) b";
         assert!(grouped(drawn, &linears).is_empty());
-        let nested = "let a = q_proj(x) if true { a = a } let b = k_proj(x) b";
-        assert!(grouped(nested, &linears).is_empty());
+        let drawn_inside = "let a = q_proj(x) if true { a = dropout(a, 0.1) } let b = k_proj(x) b";
+        assert!(grouped(drawn_inside, &linears).is_empty());
+        let rebinds_input = "let a = q_proj(x) if true { x = rope(x) } let b = k_proj(x) b";
+        assert!(grouped(rebinds_input, &linears).is_empty());
+        let looped = "let a = q_proj(x) for i in 0..2 { a = rope(a) } let b = k_proj(x) b";
+        assert!(grouped(looped, &linears).is_empty());
         let other_input = "let a = q_proj(x) let b = k_proj(a) let c = v_proj(x) c";
         assert!(grouped(other_input, &linears).is_empty());
         let after = "let a = q_proj(x) let b = k_proj(x) let c = v_proj(a) let d = q_proj(a) d";
