@@ -16,6 +16,7 @@
 //! GPU's bandwidth.
 
 use super::kernel::{Inputs, Kernel, Launch, TemplateArg};
+use super::sums::pack_width;
 use crate::error::{Error, Result};
 use mlx_rs::{Array, Dtype};
 use std::cell::RefCell;
@@ -49,8 +50,7 @@ pub(crate) fn pack_with_squares(arrays: &[Array], dtype: Dtype) -> Result<(Array
     let blocks = largest
         .div_ceil(THREADS as usize)
         .clamp(1, MAX_BLOCKS_PER_INPUT as usize);
-    let width = arrays.first().map_or(1, Array::item_size);
-    let kernel = kernel_for(&sizes, width)?;
+    let kernel = kernel_for(&sizes, pack_width(dtype) as usize)?;
     let total = i32::try_from(total)
         .map_err(|_| Error::Layout(format!("cannot pack {total} values: over 2^31")))?;
     let partials = [blocks as i32 * arrays.len() as i32];
@@ -67,9 +67,9 @@ pub(crate) fn pack_with_squares(arrays: &[Array], dtype: Dtype) -> Result<(Array
     Ok((out.remove(0), partials.sum(false)?))
 }
 
-/// The kernel for inputs of `sizes` whose values take `width` bytes, made on first use.
-fn kernel_for(sizes: &[usize], width: usize) -> Result<Rc<Kernel>> {
-    let body = source(sizes, width);
+/// The kernel for inputs of `sizes` of which `lanes` values fill 16 bytes, made on first use.
+fn kernel_for(sizes: &[usize], lanes: usize) -> Result<Rc<Kernel>> {
+    let body = source(sizes, lanes);
     if let Some(kernel) = KERNELS.with(|kernels| kernels.borrow().get(&body).cloned()) {
         return Ok(kernel);
     }
@@ -90,17 +90,16 @@ fn kernel_for(sizes: &[usize], width: usize) -> Result<Rc<Kernel>> {
 const VECTOR_BYTES: usize = 16;
 
 /// The kernel's body: a case per input, copying it with a grid-sized stride and adding the
-/// squares; then each block's sum of squares, through its warps, into `squares[block]`. Values
-/// take `width` bytes each; an input whose size and offset are whole vectors is copied by
-/// vectors where its address allows.
-fn source(sizes: &[usize], width: usize) -> String {
+/// squares; then each block's sum of squares, through its warps, into `squares[block]`. `lanes`
+/// values fill a vector; an input whose size and offset are whole vectors is copied by vectors
+/// where its address allows.
+fn source(sizes: &[usize], lanes: usize) -> String {
     let mut body = String::from(
         "  const size_t first = size_t(blockIdx.x) * blockDim.x + threadIdx.x;\n  \
          const size_t stride = size_t(gridDim.x) * blockDim.x;\n  \
          float sum = 0.f;\n  \
          switch (blockIdx.y) {\n",
     );
-    let lanes = VECTOR_BYTES / width.max(1);
     let mut offset = 0;
     for (index, size) in sizes.iter().enumerate() {
         let scalar = format!(
@@ -169,7 +168,7 @@ mod tests {
     /// offset off the vector's edge keeps the value-by-value copy (bfloat16: 8 lanes).
     #[test]
     fn only_whole_vectors_at_vector_offsets_are_copied_by_vectors() {
-        let body = source(&[16, 5, 8, 24], 2);
+        let body = source(&[16, 5, 8, 24], 8);
         let vectorised = |index: usize| {
             let case = format!("case {index}:");
             let start = body.find(&case).expect("every input has a case");
@@ -183,7 +182,7 @@ mod tests {
             [true, false, false, false]
         );
         assert!(source(&[8, 8], 4).contains("j < 4"));
-        assert!(!source(&[8, 8], 16).contains("uint4"));
+        assert!(!source(&[8, 8], 1).contains("uint4"));
     }
 
     /// The packed buffer equals the inputs' concatenation and the sum of squares their sum in

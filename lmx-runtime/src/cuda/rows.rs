@@ -6,6 +6,7 @@
 //! thread moves one 16-byte piece of one row.
 
 use super::kernel::{with_kernel, Inputs, Kernel, Launch, TemplateArg};
+use super::sums::pack_width;
 use crate::error::Result;
 use mlx_rs::Array;
 
@@ -21,9 +22,6 @@ thread_local! {
 
 /// Threads per block.
 const THREADS: i32 = 256;
-
-/// Bytes a thread moves.
-const VECTOR_BYTES: i32 = 16;
 
 /// A thread's piece of the output: the `v`-th 16 bytes of the row of `ids[row]`. A negative id
 /// counts from the end, as MLX's `take` reads it; an id outside the table reads its nearest row
@@ -56,13 +54,13 @@ pub(crate) fn rows_fit(table: &Array, ids: &Array) -> bool {
     let &[rows, width] = table.shape() else {
         return false;
     };
-    let row_bytes = i64::from(width) * table.item_size() as i64;
-    let pieces = ids.size() as i64 * row_bytes / i64::from(VECTOR_BYTES);
+    let lanes = pack_width(table.dtype());
+    let pieces = ids.size() as i64 * i64::from(width / lanes);
     matches!(table.dtype(), Float32 | Float16 | Bfloat16)
         && matches!(ids.dtype(), Int32 | Uint32)
         && rows > 0
-        && row_bytes > 0
-        && row_bytes % i64::from(VECTOR_BYTES) == 0
+        && width > 0
+        && width % lanes == 0
         && (1..=i64::from(i32::MAX)).contains(&pieces)
 }
 
@@ -71,7 +69,7 @@ pub(crate) fn rows(table: &Array, ids: &Array) -> Result<Array> {
     let width = table.shape()[1];
     let mut shape = ids.shape().to_vec();
     shape.push(width);
-    let pieces = ids.size() as i32 * (width * table.item_size() as i32 / VECTOR_BYTES);
+    let pieces = ids.size() as i32 * (width / pack_width(table.dtype()));
     let mut outputs = with_kernel(&ROWS_KERNEL, |kernel| {
         kernel.launch(
             &[table.clone(), ids.clone()],

@@ -150,9 +150,12 @@ pub(crate) fn total(partials: &Array, dtype: Dtype) -> Result<Array> {
 
 /// How many values of `dtype` fill 16 bytes, the widest load a thread makes at once.
 pub(crate) fn pack_width(dtype: Dtype) -> i32 {
+    use Dtype::*;
     match dtype {
-        Dtype::Float32 => 4,
-        _ => 8,
+        Bool | Uint8 | Int8 => 16,
+        Uint16 | Int16 | Float16 | Bfloat16 => 8,
+        Uint32 | Int32 | Float32 => 4,
+        Uint64 | Int64 | Float64 | Complex64 => 2,
     }
 }
 
