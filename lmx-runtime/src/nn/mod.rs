@@ -5,6 +5,7 @@
 mod activation;
 mod column_sum;
 mod custom_vjp;
+mod decode_product;
 mod dynamic;
 mod embedding_grad;
 mod expert_rows;

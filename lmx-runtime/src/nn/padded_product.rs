@@ -11,6 +11,7 @@
 //! The padding copies the weight, so it is kept for compute-bound products on a GPU
 //! ([`gpu_rows`](super::gpu_rows)'s rule).
 
+use super::decode_product::decode_product;
 use super::gpu_rows::many_rows_on_gpu;
 use super::linear_grad::linear_with_row_major_grad;
 use crate::error::Result;
@@ -25,10 +26,14 @@ const ALIGN: i32 = 64;
 /// MLX computes in (8 bfloat16 values), which the vectorised kernels accept: no padding.
 const ALIGNED: i32 = 8;
 
-/// `x @ w.T (+ b)` through [`linear_with_row_major_grad`], with `w`'s rows (and `b`) padded to a
+/// `x @ w.T (+ b)`: decoding's few rows through [`decode_product`]; otherwise through
+/// [`linear_with_row_major_grad`], with `w`'s rows (and `b`) padded to a
 /// multiple of [`ALIGN`] when their count is not a multiple of [`ALIGNED`] and the product runs
 /// on a GPU over at least [`MIN_ROWS`](super::gpu_rows::MIN_ROWS) rows of `x`.
 pub fn linear(x: &Array, w: &Array, b: Option<&Array>) -> Result<Array> {
+    if let Some(y) = decode_product(x, &[w], b.map(|b| vec![b]).as_deref())? {
+        return Ok(y);
+    }
     let outputs = w.shape()[0];
     if outputs % ALIGNED == 0 || !many_rows_on_gpu(x)? {
         return linear_with_row_major_grad(x, w, b);

@@ -10,6 +10,7 @@
 //! narrow. Adapted, quantized or mixed layers are applied one after another, each as
 //! [`linear_in`] applies it.
 
+use super::decode_product::decode_products;
 use super::gpu_rows::many_rows_on_gpu;
 use super::{linear_in, padded_product, LinearParams};
 use crate::error::{Error, Result};
@@ -26,7 +27,9 @@ pub fn linears_in<const N: usize>(
     x: &Array,
     ctx: &mut Context,
 ) -> Result<[Array; N]> {
-    let outputs = if fusable(&layers) && many_rows_on_gpu(x)? {
+    let outputs = if let Some(outputs) = decode_products(&layers, x)? {
+        outputs
+    } else if fusable(&layers) && many_rows_on_gpu(x)? {
         one_product(&layers, x)?
     } else {
         layers

@@ -1,0 +1,319 @@
+//! A few rows times one or more weight matrices: decoding's products, in one kernel per group of
+//! layers over one input.
+//!
+//! Decoding one token multiplies one row by every weight of the model, so its time is the time to
+//! read the weights. MLX's CUDA matrix-vector kernel reads 8 bytes a thread, one row of the weight
+//! a warp, and reached under half of an H100's bandwidth on TinyLlama's products
+//! (docs/benchmarks.md). Here a warp also reads one row of a weight, but 16 bytes a thread, four
+//! loads in flight, and it takes all of a group's weights (attention's query, key and value
+//! projections; a gated MLP's gate and up projections) in one launch, whose output is their
+//! outputs side by side, a bias added where the layers have one. Each of the input's rows (at
+//! most [`MAX_ROWS`]) is multiplied by every weight row as that row is read, accumulated in
+//! float32.
+//!
+//! It has no gradient: it is taken only where none is ([`without_gradients`](crate::nn::without_gradients)).
+
+use super::kernel::{Inputs, Kernel, Launch, TemplateArg};
+use super::sums::pack_width;
+use crate::error::{Error, Result};
+use mlx_rs::{Array, Dtype};
+
+/// The most rows of the input one launch multiplies (a speculative verification's few tokens; a
+/// batch of more goes to MLX's matrix products).
+pub(crate) const MAX_ROWS: i32 = 8;
+
+/// The most weights one launch takes.
+pub(crate) const MAX_WEIGHTS: usize = 3;
+
+/// Threads per block: four warps, each one output feature.
+const THREADS: i32 = 128;
+
+thread_local! {
+    /// The kernel for 1, 2 and 3 weights, without and with biases.
+    static KERNELS: [[Result<Kernel>; 2]; MAX_WEIGHTS] = [1, 2, 3].map(|count| {
+        [false, true].map(|biased| {
+            let (inputs, body) = source(count, biased);
+            let inputs: Vec<&str> = inputs.iter().map(String::as_str).collect();
+            Kernel::new("lmx_matvec", (&inputs, Inputs::RowContiguous), &["y"], HEADER, &body)
+        })
+    });
+}
+
+/// `V` values of `T` from `p` as one 16-byte vector: one load where `p` is 16-byte aligned (MLX's
+/// allocations are; a view into one may not be), else value by value.
+const HEADER: &str = r#"
+template <typename T, int V>
+__device__ inline uint4 lmx_matvec_load(const T* p, bool aligned) {
+  if (aligned) {
+    return *reinterpret_cast<const uint4*>(p);
+  }
+  uint4 packed;
+  T* values = reinterpret_cast<T*>(&packed);
+#pragma unroll
+  for (int j = 0; j < V; ++j) {
+    values[j] = p[j];
+  }
+  return packed;
+}
+"#;
+
+/// The kernel's input names and body for `count` weights, with biases or not.
+///
+/// Template arguments: `T` (the element type), `R` (the input's rows) and `V` (values per 16
+/// bytes). Output feature `f` of row `r` is the dot product of input row `r` with row `f` of the
+/// weights stacked in order (then `+ b[f]`).
+fn source(count: usize, biased: bool) -> (Vec<String>, String) {
+    let mut inputs = vec!["x".to_owned()];
+    inputs.extend((0..count).map(|i| format!("w{i}")));
+    if biased {
+        inputs.extend((0..count).map(|i| format!("b{i}")));
+    }
+    // Which weight (and bias) feature `f` reads, and its row there.
+    let mut pick = String::from("  const T* w = w0;\n  int row = f;\n");
+    if biased {
+        pick.push_str("  const T* b = b0;\n");
+    }
+    for i in 1..count {
+        pick.push_str(&format!(
+            "  if (row >= w{prev}_shape[0]) {{ row -= w{prev}_shape[0]; w = w{i};{bias} }}\n",
+            prev = i - 1,
+            bias = if biased {
+                format!(" b = b{i};")
+            } else {
+                String::new()
+            },
+        ));
+    }
+    let total: Vec<String> = (0..count).map(|i| format!("w{i}_shape[0]")).collect();
+    let bias = if biased {
+        "static_cast<float>(b[row])"
+    } else {
+        "0.0f"
+    };
+    let body = format!(
+        r#"
+  constexpr int WARP = 32;
+  const int K = w0_shape[1];
+  const int total = {total};
+  const int f = (blockIdx.x * blockDim.x + threadIdx.x) / WARP;
+  const int lane = threadIdx.x % WARP;
+  if (f >= total) {{
+    return;
+  }}
+{pick}
+  const T* wr = w + size_t(row) * K;
+  const bool aligned =
+      ((reinterpret_cast<size_t>(wr) | reinterpret_cast<size_t>(x)) % 16) == 0;
+  const int vectors = K / V;
+  float acc[R];
+#pragma unroll
+  for (int r = 0; r < R; ++r) {{
+    acc[r] = 0.0f;
+  }}
+#pragma unroll 4
+  for (int i = lane; i < vectors; i += WARP) {{
+    const uint4 wp = lmx_matvec_load<T, V>(wr + size_t(i) * V, aligned);
+    const T* wt = reinterpret_cast<const T*>(&wp);
+#pragma unroll
+    for (int r = 0; r < R; ++r) {{
+      const uint4 xp = lmx_matvec_load<T, V>(x + size_t(r) * K + size_t(i) * V, aligned);
+      const T* xt = reinterpret_cast<const T*>(&xp);
+#pragma unroll
+      for (int j = 0; j < V; ++j) {{
+        acc[r] += static_cast<float>(wt[j]) * static_cast<float>(xt[j]);
+      }}
+    }}
+  }}
+#pragma unroll
+  for (int r = 0; r < R; ++r) {{
+#pragma unroll
+    for (int offset = WARP / 2; offset > 0; offset /= 2) {{
+      acc[r] += __shfl_xor_sync(0xffffffff, acc[r], offset);
+    }}
+  }}
+  if (lane == 0) {{
+    const float bias = {bias};
+#pragma unroll
+    for (int r = 0; r < R; ++r) {{
+      y[size_t(r) * total + f] = static_cast<T>(acc[r] + bias);
+    }}
+  }}
+"#,
+        total = total.join(" + "),
+    );
+    (inputs, body)
+}
+
+/// Whether the kernel multiplies `x` by `weights` (with `biases`, one per weight, if given): one
+/// to [`MAX_WEIGHTS`] floating-point `[features, K]` weights of `x`'s dtype whose rows are whole
+/// 16-byte vectors, `x` of at most [`MAX_ROWS`] rows of `K`, biases `[features]` of that dtype.
+pub(crate) fn matvec_fits(x: &Array, weights: &[&Array], biases: Option<&[&Array]>) -> bool {
+    use Dtype::{Bfloat16, Float16, Float32};
+    let dtype = x.dtype();
+    let Some(&k) = x.shape().last() else {
+        return false;
+    };
+    let rows = x.size() as i64 / i64::from(k.max(1));
+    let features: i64 = weights.iter().map(|w| i64::from(w.shape()[0])).sum();
+    let weight_fits = |w: &&Array| w.ndim() == 2 && w.shape()[1] == k && w.dtype() == dtype;
+    let bias_fits = |(b, w): (&&Array, &&Array)| {
+        b.ndim() == 1 && b.shape()[0] == w.shape()[0] && b.dtype() == dtype
+    };
+    matches!(dtype, Float32 | Float16 | Bfloat16)
+        && (1..=MAX_WEIGHTS).contains(&weights.len())
+        && k > 0
+        && k % pack_width(dtype) == 0
+        && (1..=i64::from(MAX_ROWS)).contains(&rows)
+        && weights.iter().all(weight_fits)
+        && biases.is_none_or(|b| b.len() == weights.len() && b.iter().zip(weights).all(bias_fits))
+        && features * 32 <= i64::from(i32::MAX)
+}
+
+/// `x @ concat(weights).T (+ concat(biases))`: `[..., sum of features]` in `x`'s dtype. Callers
+/// check [`matvec_fits`].
+pub(crate) fn matvec(x: &Array, weights: &[&Array], biases: Option<&[&Array]>) -> Result<Array> {
+    let k = *x.shape().last().unwrap_or(&1);
+    let rows = x.size() as i32 / k.max(1);
+    let features: i32 = weights.iter().map(|w| w.shape()[0]).sum();
+    let mut shape = x.shape().to_vec();
+    *shape.last_mut().unwrap_or(&mut 0) = features;
+    let mut inputs = vec![x.clone()];
+    inputs.extend(weights.iter().map(|&w| w.clone()));
+    inputs.extend(biases.into_iter().flatten().map(|&b| b.clone()));
+    let biased = biases.is_some();
+    let mut outputs =
+        KERNELS.with(
+            |kernels| match &kernels[weights.len() - 1][usize::from(biased)] {
+                Err(err) => Err(Error::Layout(err.to_string())),
+                Ok(kernel) => kernel.launch(
+                    &inputs,
+                    &Launch {
+                        outputs: &[(&shape, x.dtype())],
+                        grid: (features * 32, 1, 1),
+                        block: (THREADS, 1, 1),
+                        template: &[
+                            TemplateArg::Type("T", x.dtype()),
+                            TemplateArg::Int("R", rows),
+                            TemplateArg::Int("V", pack_width(x.dtype())),
+                        ],
+                    },
+                ),
+            },
+        )?;
+    Ok(outputs.remove(0))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use mlx_rs::ops;
+    use mlx_rs::ops::indexing::IndexOp;
+
+    fn normal(shape: &[i32], dtype: Dtype) -> Array {
+        mlx_rs::random::normal::<f32>(shape, None, None, None)
+            .unwrap()
+            .as_dtype(dtype)
+            .unwrap()
+    }
+
+    /// Up to three float weights of one dtype and width in whole 16-byte rows, at most eight
+    /// input rows, biases of the weights' lengths: nothing else fits.
+    #[test]
+    fn what_fits() {
+        let bf = Dtype::Bfloat16;
+        let (x, w, b) = (
+            normal(&[1, 1, 64], bf),
+            normal(&[8, 64], bf),
+            normal(&[8], bf),
+        );
+        assert!(matvec_fits(&x, &[&w], None));
+        assert!(matvec_fits(&x, &[&w, &w, &w], Some(&[&b, &b, &b])));
+        assert!(matvec_fits(&normal(&[8, 64], bf), &[&w], None));
+        assert!(!matvec_fits(&normal(&[9, 64], bf), &[&w], None));
+        assert!(!matvec_fits(&x, &[&w, &w, &w, &w], None));
+        assert!(!matvec_fits(&x, &[], None));
+        assert!(!matvec_fits(&x, &[&w], Some(&[&normal(&[7], bf)])));
+        assert!(!matvec_fits(&x, &[&w, &w], Some(&[&b])));
+        assert!(!matvec_fits(
+            &x,
+            &[&w.as_dtype(Dtype::Float32).unwrap()],
+            None
+        ));
+        let (x12, w12) = (normal(&[1, 12], bf), normal(&[4, 12], bf));
+        assert!(!matvec_fits(&x12, &[&w12], None));
+        let (x12, w12) = (
+            normal(&[1, 12], Dtype::Float32),
+            normal(&[4, 12], Dtype::Float32),
+        );
+        assert!(matvec_fits(&x12, &[&w12], None));
+        assert!(!matvec_fits(
+            &x.as_dtype(Dtype::Int32).unwrap(),
+            &[&w],
+            None
+        ));
+    }
+
+    /// Three weights (a query's and a narrower key's and value's) over 1, 3 and 8 rows, with and
+    /// without biases, in every float dtype, equal the products computed in float32, to the
+    /// output dtype's rounding; an input one value off 16 bytes (read value by value) too.
+    #[test]
+    fn products_equal_float32_products() {
+        if !crate::cuda::available() {
+            return;
+        }
+        for (dtype, tolerance) in [
+            (Dtype::Float32, 1e-4),
+            (Dtype::Float16, 4e-3),
+            (Dtype::Bfloat16, 2e-2),
+        ] {
+            let weights = [
+                normal(&[40, 136], dtype),
+                normal(&[8, 136], dtype),
+                normal(&[8, 136], dtype),
+            ];
+            let biases = [
+                normal(&[40], dtype),
+                normal(&[8], dtype),
+                normal(&[8], dtype),
+            ];
+            let w: Vec<&Array> = weights.iter().collect();
+            let b: Vec<&Array> = biases.iter().collect();
+            let f32 = |a: &Array| a.as_dtype(Dtype::Float32).unwrap();
+            let whole = ops::concatenate(&weights.iter().map(f32).collect::<Vec<_>>(), 0).unwrap();
+            let bias = ops::concatenate(&biases.iter().map(f32).collect::<Vec<_>>(), 0).unwrap();
+            for rows in [1, 3, 8] {
+                let flat = normal(&[rows * 136 + 1], dtype);
+                let aligned = flat.index(..rows * 136).reshape(&[rows, 1, 136]).unwrap();
+                let misaligned = flat.index(1..).reshape(&[rows, 1, 136]).unwrap();
+                for x in [aligned, misaligned] {
+                    let want = f32(&x).matmul(whole.t()).unwrap();
+                    let got = matvec(&x, &w, None).unwrap();
+                    assert_eq!(got.shape(), &[rows, 1, 56]);
+                    assert_eq!(got.dtype(), dtype);
+                    let close = |got: &Array, want: &Array| {
+                        let scale = want
+                            .abs()
+                            .unwrap()
+                            .max(None)
+                            .unwrap()
+                            .item_cast::<f32>()
+                            .max(1.0);
+                        let err = f32(got)
+                            .subtract(want)
+                            .unwrap()
+                            .abs()
+                            .unwrap()
+                            .max(None)
+                            .unwrap();
+                        err.item_cast::<f32>() / scale
+                    };
+                    let e = close(&got, &want);
+                    assert!(e <= tolerance, "{dtype:?} rows {rows}: {e}");
+                    let got = matvec(&x, &w, Some(&b)).unwrap();
+                    let e = close(&got, &want.add(&bias).unwrap());
+                    assert!(e <= tolerance, "{dtype:?} rows {rows} biased: {e}");
+                }
+            }
+        }
+    }
+}
