@@ -68,21 +68,23 @@ fn source(count: usize, biased: bool) -> (Vec<String>, String) {
     if biased {
         inputs.extend((0..count).map(|i| format!("b{i}")));
     }
-    // Which weight (and bias) feature `f` reads, and its row there.
+    // Which weight (and bias) feature `f` reads, and its row there: the first weight whose end
+    // (its features and those before it) lies past `f`.
     let mut pick = String::from("  const T* w = w0;\n  int row = f;\n");
     if biased {
         pick.push_str("  const T* b = b0;\n");
     }
+    let mut end = String::from("w0_shape[0]");
     for i in 1..count {
         pick.push_str(&format!(
-            "  if (row >= w{prev}_shape[0]) {{ row -= w{prev}_shape[0]; w = w{i};{bias} }}\n",
-            prev = i - 1,
+            "  if (f >= {end}) {{ w = w{i}; row = f - ({end});{bias} }}\n",
             bias = if biased {
                 format!(" b = b{i};")
             } else {
                 String::new()
             },
         ));
+        end = format!("{end} + w{i}_shape[0]");
     }
     let total: Vec<String> = (0..count).map(|i| format!("w{i}_shape[0]")).collect();
     let bias = if biased {
