@@ -24,12 +24,14 @@ pub const BUCKET_ELEMENTS: usize = 1 << 20;
 /// Each gradient of [`JOIN_BELOW`] elements or more is squared and summed on its own. Smaller
 /// ones are flattened and joined into buckets of up to [`BUCKET_ELEMENTS`], each squared and
 /// summed at once: two kernels per bucket rather than two per bias or norm scale, which is most
-/// of the norm's cost where a step's time is kernel launches.
+/// of the norm's cost where a step's time is kernel launches. On CUDA a bucket's squares are
+/// summed by lmx's kernel (`cuda::squares`), which reads it once and writes no float32 copy.
 pub fn global_norm(grads: &[Array]) -> Result<Array> {
     norm_in_buckets(grads, JOIN_BELOW, BUCKET_ELEMENTS)
 }
 
 fn norm_in_buckets(grads: &[Array], join_below: usize, limit: usize) -> Result<Array> {
+    let cuda = crate::cuda::available();
     let mut total = Array::from_f32(0.0);
     for bucket in buckets(grads, join_below, limit) {
         let joined = match bucket {
@@ -42,7 +44,12 @@ fn norm_in_buckets(grads: &[Array], join_below: usize, limit: usize) -> Result<A
                 ops::concatenate(&flat, 0)?
             }
         };
-        total = total.add(joined.as_dtype(Dtype::Float32)?.square()?.sum(false)?)?;
+        let squares = if cuda && crate::cuda::squares_fit(&joined) {
+            crate::cuda::squares(&joined)?
+        } else {
+            joined.as_dtype(Dtype::Float32)?.square()?.sum(false)?
+        };
+        total = total.add(squares)?;
     }
     Ok(total.sqrt()?)
 }

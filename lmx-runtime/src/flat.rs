@@ -230,13 +230,13 @@ impl FlatLayout {
         self.groups.len() + group * self.opt_arrays + index
     }
 
-    /// The gradients (of the trainable parameters, in traversal order) packed by group, and
-    /// their global norm.
+    /// The gradients (of the trainable parameters, in traversal order) packed by group, each
+    /// value times `weight` (a float32 scalar) if one is given, and their global norm.
     ///
-    /// On CUDA the kernel that packs a group also sums its squares. Elsewhere the norm is
+    /// On CUDA the kernel that packs a group also weighs it and sums its squares. Elsewhere the norm is
     /// [`clip::global_norm`] of the gradients as they come: squaring a whole packed gradient
     /// would take a float32 copy of it at once.
-    fn pack_grads(&self, grads: &[Array]) -> Result<(Vec<Array>, Array)> {
+    fn pack_grads(&self, grads: &[Array], weight: Option<&Array>) -> Result<(Vec<Array>, Array)> {
         let cuda = crate::cuda::available();
         let mut packed = Vec::with_capacity(self.groups.len());
         let mut squares = Vec::with_capacity(self.groups.len());
@@ -254,7 +254,7 @@ impl FlatLayout {
                 })
                 .collect::<Result<Vec<_>>>()?;
             if cuda {
-                let (flat, sum) = crate::cuda::pack_with_squares(&members, group.dtype)?;
+                let (flat, sum) = crate::cuda::pack_with_squares(&members, group.dtype, weight)?;
                 packed.push(flat);
                 squares.push(sum);
             } else {
@@ -262,7 +262,11 @@ impl FlatLayout {
                     .iter()
                     .map(|member| Ok(member.reshape(&[-1])?))
                     .collect::<Result<Vec<_>>>()?;
-                packed.push(ops::concatenate(&flat, 0)?);
+                let flat = ops::concatenate(&flat, 0)?;
+                packed.push(match weight {
+                    Some(weight) => flat.multiply(weight.as_dtype(group.dtype)?)?,
+                    None => flat,
+                });
             }
         }
         let norm = match squares.split_first() {
@@ -590,9 +594,15 @@ impl<P: Tree<Array>, O: Optimizer> FlatBody<P, O> {
         let (state, rest) = inputs.split_at(n);
         let (lr, inputs) = (&rest[0], &rest[1..]);
         let (key, subkey) = random::split(&state[n - 1], 2)?;
-        let (grads, grad_norm, values) = self.gradients(state, inputs, &subkey)?;
         let batch = &inputs[self.frozen..];
-        self.update(state, lr, key, grads, grad_norm, values, batch)
+        // Over ranks, each rank's gradients are weighed by its share of the global batch as they
+        // are packed, before they are summed.
+        let share = match &self.group {
+            Some(group) => Some(distributed::share(group, self.targets_in(batch))?),
+            None => None,
+        };
+        let (grads, grad_norm, values) = self.gradients(state, inputs, &subkey, share.as_ref())?;
+        self.update(state, lr, key, grads, grad_norm, values, batch, share)
     }
 
     /// `[flat state..., frozen..., micro-batch..., key] -> [packed grads..., loss, metric...]`.
@@ -602,7 +612,7 @@ impl<P: Tree<Array>, O: Optimizer> FlatBody<P, O> {
         self.check_inputs(inputs, n + 1 + self.frozen)?;
         let (state, rest) = inputs.split_at(n);
         let (inputs, key) = rest.split_at(rest.len() - 1);
-        let (mut grads, _, values) = self.gradients(state, inputs, &key[0])?;
+        let (mut grads, _, values) = self.gradients(state, inputs, &key[0], None)?;
         grads.extend(values);
         Ok(grads)
     }
@@ -629,7 +639,13 @@ impl<P: Tree<Array>, O: Optimizer> FlatBody<P, O> {
             grad_norm,
             values.to_vec(),
             batch,
+            None,
         )
+    }
+
+    /// The batch input of target ids in `batch`, if the step has one.
+    fn targets_in<'a>(&self, batch: &'a [Array]) -> Option<&'a Array> {
+        self.targets.and_then(|index| batch.get(index))
     }
 
     fn count_trace(&self) {
@@ -654,6 +670,7 @@ impl<P: Tree<Array>, O: Optimizer> FlatBody<P, O> {
         state: &[Array],
         inputs: &[Array],
         key: &Array,
+        weight: Option<&Array>,
     ) -> Result<(Vec<Array>, Array, Vec<Array>)> {
         let params = self.layout.params(state)?;
         let (values, grads) = values_and_grads(
@@ -664,13 +681,15 @@ impl<P: Tree<Array>, O: Optimizer> FlatBody<P, O> {
             inputs,
             key,
         )?;
-        let (grads, grad_norm) = self.layout.pack_grads(&grads)?;
+        let (grads, grad_norm) = self.layout.pack_grads(&grads, weight)?;
         Ok((grads, grad_norm, values))
     }
 
     /// Averages the packed gradients `grads` (of global norm `grad_norm`) and `values` (the
     /// loss and its metrics) over the ranks, clips and applies the optimizer: `[flat state'...,
-    /// loss, grad_norm, metric...]`, the state's key carried on as `key`.
+    /// loss, grad_norm, metric...]`, the state's key carried on as `key`. `weighed` is this
+    /// rank's share of the global batch when `grads` were weighed by it as they were packed
+    /// ([`fused`](Self::fused)), `None` when they are this rank's own means.
     #[allow(clippy::too_many_arguments)]
     fn update(
         &self,
@@ -681,34 +700,50 @@ impl<P: Tree<Array>, O: Optimizer> FlatBody<P, O> {
         grad_norm: Array,
         values: Vec<Array>,
         batch: &[Array],
+        weighed: Option<Array>,
     ) -> Result<Vec<Array>> {
         let layout = &self.layout;
         let n = layout.len();
-        let targets = self.targets.and_then(|index| batch.get(index));
-        let (grads, grad_norm, values) = match (&self.group, &self.shard) {
-            (None, _) => (grads, grad_norm, values),
-            (Some(group), None) => {
-                let (grads, values) = distributed::average(group, grads, values, targets)?;
-                let norm = clip::global_norm(&grads)?;
-                (grads, norm, values)
-            }
-            (Some(group), Some(shard)) => {
-                let share = distributed::share(group, targets)?;
+        let (grads, grad_norm, values) = match &self.group {
+            None => (grads, grad_norm, values),
+            Some(group) => {
+                let packed_weighed = weighed.is_some();
+                let share = match weighed {
+                    Some(share) => share,
+                    None => distributed::share(group, self.targets_in(batch))?,
+                };
+                let weigh = |array: &Array| -> Result<Array> {
+                    Ok(array.multiply(share.as_dtype(array.dtype())?)?)
+                };
+                let grads = if packed_weighed {
+                    grads
+                } else {
+                    grads.iter().map(weigh).collect::<Result<Vec<_>>>()?
+                };
                 let values = values
                     .iter()
-                    .map(|value| group.all_sum(&value.multiply(&share)?))
+                    .map(|value| group.all_sum(&weigh(value)?))
                     .collect::<Result<Vec<_>>>()?;
-                let parts = grads
-                    .iter()
-                    .zip(&layout.lengths)
-                    .map(|(grad, &length)| {
-                        let weighed = grad.multiply(share.as_dtype(grad.dtype())?)?;
-                        shard.sum_scatter(&weighed, length)
-                    })
-                    .collect::<Result<Vec<_>>>()?;
-                let local = clip::global_norm(&parts)?;
-                let norm = group.all_sum(&local.multiply(&local)?)?.sqrt()?;
-                (parts, norm, values)
+                match &self.shard {
+                    None => {
+                        let grads = grads
+                            .iter()
+                            .map(|grad| group.all_sum(grad))
+                            .collect::<Result<Vec<_>>>()?;
+                        let norm = clip::global_norm(&grads)?;
+                        (grads, norm, values)
+                    }
+                    Some(shard) => {
+                        let parts = grads
+                            .iter()
+                            .zip(&layout.lengths)
+                            .map(|(grad, &length)| shard.sum_scatter(grad, length))
+                            .collect::<Result<Vec<_>>>()?;
+                        let local = clip::global_norm(&parts)?;
+                        let norm = group.all_sum(&local.multiply(&local)?)?.sqrt()?;
+                        (parts, norm, values)
+                    }
+                }
             }
         };
         let grads = match self.clip_norm {

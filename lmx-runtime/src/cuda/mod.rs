@@ -17,6 +17,7 @@ mod matvec;
 mod pack;
 mod rope;
 mod rows;
+mod squares;
 mod sums;
 
 pub(crate) use activation::{
@@ -28,6 +29,7 @@ pub(crate) use matvec::{matvec, matvec_fits};
 pub(crate) use pack::pack_with_squares;
 pub(crate) use rope::{rope, rope_fits};
 pub(crate) use rows::{rows, rows_fit};
+pub(crate) use squares::{squares, squares_fit};
 pub(crate) use sums::column_sum;
 
 use crate::device::{default_kind, DeviceKind};

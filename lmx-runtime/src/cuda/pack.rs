@@ -37,7 +37,11 @@ thread_local! {
 
 /// `arrays`, each read in row-major order, one after another in a flat array of `dtype` (every
 /// array must have that dtype), and the sum of the squares of their values, in float32.
-pub(crate) fn pack_with_squares(arrays: &[Array], dtype: Dtype) -> Result<(Array, Array)> {
+pub(crate) fn pack_with_squares(
+    arrays: &[Array],
+    dtype: Dtype,
+    weight: Option<&Array>,
+) -> Result<(Array, Array)> {
     if let Some(other) = arrays.iter().find(|array| array.dtype() != dtype) {
         return Err(Error::Layout(format!(
             "cannot pack a {:?} array among {dtype:?} ones",
@@ -50,12 +54,16 @@ pub(crate) fn pack_with_squares(arrays: &[Array], dtype: Dtype) -> Result<(Array
     let blocks = largest
         .div_ceil(THREADS as usize)
         .clamp(1, MAX_BLOCKS_PER_INPUT as usize);
-    let kernel = kernel_for(&sizes, pack_width(dtype) as usize)?;
+    let kernel = kernel_for(&sizes, pack_width(dtype) as usize, weight.is_some())?;
     let total = i32::try_from(total)
         .map_err(|_| Error::Layout(format!("cannot pack {total} values: over 2^31")))?;
     let partials = [blocks as i32 * arrays.len() as i32];
+    let mut inputs = arrays.to_vec();
+    if let Some(weight) = weight {
+        inputs.push(weight.as_dtype(Dtype::Float32)?.reshape(&[1])?);
+    }
     let mut out = kernel.launch(
-        arrays,
+        &inputs,
         &Launch {
             outputs: &[(&[total], dtype), (&partials, Dtype::Float32)],
             grid: (blocks as i32 * THREADS, arrays.len() as i32, 1),
@@ -68,12 +76,15 @@ pub(crate) fn pack_with_squares(arrays: &[Array], dtype: Dtype) -> Result<(Array
 }
 
 /// The kernel for inputs of `sizes` of which `lanes` values fill 16 bytes, made on first use.
-fn kernel_for(sizes: &[usize], lanes: usize) -> Result<Rc<Kernel>> {
-    let body = source(sizes, lanes);
+fn kernel_for(sizes: &[usize], lanes: usize, weighted: bool) -> Result<Rc<Kernel>> {
+    let body = source(sizes, lanes, weighted);
     if let Some(kernel) = KERNELS.with(|kernels| kernels.borrow().get(&body).cloned()) {
         return Ok(kernel);
     }
-    let inputs: Vec<String> = (0..sizes.len()).map(|index| format!("in{index}")).collect();
+    let mut inputs: Vec<String> = (0..sizes.len()).map(|index| format!("in{index}")).collect();
+    if weighted {
+        inputs.push("weight".to_owned());
+    }
     let inputs: Vec<&str> = inputs.iter().map(String::as_str).collect();
     let kernel = Rc::new(Kernel::new(
         "lmx_pack",
@@ -89,24 +100,36 @@ fn kernel_for(sizes: &[usize], lanes: usize) -> Result<Rc<Kernel>> {
 /// Bytes a vectorised load or store moves.
 const VECTOR_BYTES: usize = 16;
 
-/// The kernel's body: a case per input, copying it with a grid-sized stride and adding the
-/// squares; then each block's sum of squares, through its warps, into `squares[block]`. `lanes`
-/// values fill a vector; an input whose size and offset are whole vectors is copied by vectors
-/// where its address allows.
-fn source(sizes: &[usize], lanes: usize) -> String {
+/// The kernel's body: a case per input, copying it with a grid-sized stride (each value times
+/// `weight[0]`, a float32, when `weighted`) and adding the squares of what it writes; then each
+/// block's sum of squares, through its warps, into `squares[block]`. `lanes` values fill a
+/// vector; an input whose size and offset are whole vectors is copied by vectors where its
+/// address allows.
+fn source(sizes: &[usize], lanes: usize, weighted: bool) -> String {
     let mut body = String::from(
         "  const size_t first = size_t(blockIdx.x) * blockDim.x + threadIdx.x;\n  \
          const size_t stride = size_t(gridDim.x) * blockDim.x;\n  \
-         float sum = 0.f;\n  \
-         switch (blockIdx.y) {\n",
+         float sum = 0.f;\n",
     );
+    if weighted {
+        body.push_str("  const float weight_value = weight[0];\n");
+    }
+    body.push_str("  switch (blockIdx.y) {\n");
+    let weigh = |value: &str| {
+        if weighted {
+            format!("static_cast<T>(static_cast<float>({value}) * weight_value)")
+        } else {
+            value.to_owned()
+        }
+    };
     let mut offset = 0;
     for (index, size) in sizes.iter().enumerate() {
         let scalar = format!(
             "for (size_t i = first; i < {size}; i += stride) {{\n      \
-             const T value = in{index}[i];\n      \
+             const T value = {read};\n      \
              out[{offset} + i] = value;\n      \
-             sum += static_cast<float>(value) * static_cast<float>(value);\n    }}"
+             sum += static_cast<float>(value) * static_cast<float>(value);\n    }}",
+            read = weigh(&format!("in{index}[i]")),
         );
         if lanes > 1 && size % lanes == 0 && offset % lanes == 0 {
             let vectors = size / lanes;
@@ -117,14 +140,19 @@ fn source(sizes: &[usize], lanes: usize) -> String {
                  const uint4* from = reinterpret_cast<const uint4*>(in{index});\n      \
                  uint4* to = reinterpret_cast<uint4*>(out + {offset});\n      \
                  for (size_t i = first; i < {vectors}; i += stride) {{\n        \
-                 const uint4 vector = from[i];\n        \
-                 to[i] = vector;\n        \
-                 const T* values = reinterpret_cast<const T*>(&vector);\n        \
+                 uint4 vector = from[i];\n        \
+                 T* values = reinterpret_cast<T*>(&vector);\n        \
                  #pragma unroll\n        \
                  for (int j = 0; j < {lanes}; ++j) {{\n          \
-                 const float value = static_cast<float>(values[j]);\n          \
-                 sum += value * value;\n        }}\n      }}\n    \
-                 }} else {{\n    {scalar}\n    }}\n    break;"
+                 {weighed}const float value = static_cast<float>(values[j]);\n          \
+                 sum += value * value;\n        }}\n        \
+                 to[i] = vector;\n      }}\n    \
+                 }} else {{\n    {scalar}\n    }}\n    break;",
+                weighed = if weighted {
+                    format!("values[j] = {};\n          ", weigh("values[j]"))
+                } else {
+                    String::new()
+                },
             );
         } else {
             let _ = writeln!(body, "  case {index}:\n    {scalar}\n    break;");
@@ -137,7 +165,7 @@ fn source(sizes: &[usize], lanes: usize) -> String {
 
 /// The end of the kernel's body: the block's threads add their sums, each warp by shuffles, then
 /// the first warp the warps' sums, in a fixed order.
-const BLOCK_SUM: &str = r#"  }
+pub(super) const BLOCK_SUM: &str = r#"  }
   __shared__ float warp_sums[32];
   for (int shift = 16; shift > 0; shift /= 2) {
     sum += __shfl_down_sync(0xffffffff, sum, shift);
@@ -168,7 +196,7 @@ mod tests {
     /// offset off the vector's edge keeps the value-by-value copy (bfloat16: 8 lanes).
     #[test]
     fn only_whole_vectors_at_vector_offsets_are_copied_by_vectors() {
-        let body = source(&[16, 5, 8, 24], 8);
+        let body = source(&[16, 5, 8, 24], 8, false);
         let vectorised = |index: usize| {
             let case = format!("case {index}:");
             let start = body.find(&case).expect("every input has a case");
@@ -181,12 +209,14 @@ mod tests {
             (0..4).map(vectorised).collect::<Vec<_>>(),
             [true, false, false, false]
         );
-        assert!(source(&[8, 8], 4).contains("j < 4"));
-        assert!(!source(&[8, 8], 1).contains("uint4"));
+        assert!(source(&[8, 8], 4, false).contains("j < 4"));
+        assert!(!source(&[8, 8], 1, false).contains("uint4"));
+        assert!(!source(&[8, 8], 4, false).contains("weight"));
+        assert!(source(&[8, 8], 4, true).contains("* weight_value"));
     }
 
-    /// The packed buffer equals the inputs' concatenation and the sum of squares their sum in
-    /// float64, for inputs on and off the vector path: sizes on and off 8 values, an input
+    /// The packed buffer equals the inputs' concatenation (weighed or not) and the sum of
+    /// squares its sum in float64, for inputs on and off the vector path: sizes on and off 8 values, an input
     /// whose address is off 16 bytes (a slice one value in), float32 and bfloat16.
     #[test]
     fn packs_like_concatenate_and_sums_the_squares() {
@@ -210,22 +240,41 @@ mod tests {
                 })
                 .chain([misaligned])
                 .collect();
-            let (flat, squares) = pack_with_squares(&arrays, dtype).unwrap();
             let flats: Vec<Array> = arrays.iter().map(|a| a.reshape(&[-1]).unwrap()).collect();
-            let want = mlx_rs::ops::concatenate(&flats, 0).unwrap();
-            assert_eq!(flat.dtype(), dtype);
-            assert!(flat.eq_values(&want).unwrap());
-            let values = want.as_dtype(Dtype::Float32).unwrap();
-            let want_squares: f64 = values
-                .as_slice::<f32>()
-                .iter()
-                .map(|v| f64::from(*v) * f64::from(*v))
-                .sum();
-            let got = f64::from(squares.item_exact::<f32>());
-            assert!(
-                (got - want_squares).abs() <= 1e-5 * want_squares,
-                "{dtype:?}: {got} against {want_squares}"
-            );
+            let whole = mlx_rs::ops::concatenate(&flats, 0).unwrap();
+            for weight in [None, Some(0.3f32)] {
+                let weight = weight.map(Array::from_f32);
+                let (flat, squares) = pack_with_squares(&arrays, dtype, weight.as_ref()).unwrap();
+                // Weighed in float32 and rounded once, as MLX multiplies a bfloat16 array by a
+                // float32 scalar and casts back.
+                let want = match &weight {
+                    Some(weight) => whole
+                        .as_dtype(Dtype::Float32)
+                        .unwrap()
+                        .multiply(weight)
+                        .unwrap()
+                        .as_dtype(dtype)
+                        .unwrap(),
+                    None => whole.clone(),
+                };
+                assert_eq!(flat.dtype(), dtype);
+                assert!(
+                    flat.eq_values(&want).unwrap(),
+                    "{dtype:?} weighed {:?}",
+                    weight.is_some()
+                );
+                let values = want.as_dtype(Dtype::Float32).unwrap();
+                let want_squares: f64 = values
+                    .as_slice::<f32>()
+                    .iter()
+                    .map(|v| f64::from(*v) * f64::from(*v))
+                    .sum();
+                let got = f64::from(squares.item_exact::<f32>());
+                assert!(
+                    (got - want_squares).abs() <= 1e-5 * want_squares,
+                    "{dtype:?}: {got} against {want_squares}"
+                );
+            }
         }
     }
 }
