@@ -4,13 +4,14 @@
 //! T* name`, plus `name_shape` and `name_strides` when the body mentions them), then the outputs
 //! (`U* name`), and whose first lines declare the template arguments (`using T = __nv_bfloat16;`,
 //! `constexpr int N = 4;`).
-//! It compiles the function with NVRTC on first use and caches it by its name and template
-//! arguments alone, not by its source or its inputs' types, in memory and on disk (under
-//! `/tmp/mlx/<version>/ptx`, or `MLX_PTX_CACHE_DIR`), where it outlives the process. So every
+//! It compiles the function with NVRTC on first use and keeps it for the process, by its name and
+//! template arguments, not by its inputs' types. MLX 0.32 looks for a custom kernel in its disk
+//! cache (under `/tmp/mlx/<version>/ptx`, or `MLX_PTX_CACHE_DIR`) but never writes one there, so
+//! each process compiles every kernel it launches once (part of a GPU run's first step). So every
 //! kernel here takes the element types it is compiled for as template arguments, and its name
-//! carries a hash of its source and parameter names ([`source_name`]): another version of lmx
-//! with a changed kernel never runs the old one's cached code. The launch grid counts threads,
-//! not blocks.
+//! carries a hash of its source and parameter names ([`source_name`]): should MLX cache custom
+//! kernels on disk, another version of lmx with a changed kernel would not run the old one's
+//! code. The launch grid counts threads, not blocks.
 
 use crate::error::{Error, Result};
 use mlx_rs::{Array, Dtype, Stream};

@@ -3,8 +3,8 @@
 //!
 //! Decoding one token multiplies one row by every weight of the model, so its time is the time to
 //! read the weights. MLX's CUDA matrix-vector kernel reads 8 bytes a thread, one row of the weight
-//! a warp, and reached under half of an H100's bandwidth on TinyLlama's products
-//! (docs/benchmarks.md). Here a warp also reads one row of a weight, but 16 bytes a thread, four
+//! a warp, well under the memory's bandwidth (docs/benchmarks.md, "Sixth session of 2026-11-27").
+//! Here a warp also reads one row of a weight, but 16 bytes a thread, four
 //! loads in flight, and it takes all of a group's weights (attention's query, key and value
 //! projections; a gated MLP's gate and up projections) in one launch, whose output is their
 //! outputs side by side, a bias added where the layers have one. Each of the input's rows (at
