@@ -233,9 +233,9 @@ impl FlatLayout {
     /// The gradients (of the trainable parameters, in traversal order) packed by group, each
     /// value times `weight` (a float32 scalar) if one is given, and their global norm.
     ///
-    /// On CUDA the kernel that packs a group also weighs it and sums its squares. Elsewhere the norm is
-    /// [`clip::global_norm`] of the gradients as they come: squaring a whole packed gradient
-    /// would take a float32 copy of it at once.
+    /// On CUDA the kernel that packs a group also weighs it and sums its squares. Elsewhere the
+    /// norm is [`clip::global_norm`] of the gradients as they come: squaring a whole packed
+    /// gradient would take a float32 copy of it at once.
     fn pack_grads(&self, grads: &[Array], weight: Option<&Array>) -> Result<(Vec<Array>, Array)> {
         let cuda = crate::cuda::available();
         let mut packed = Vec::with_capacity(self.groups.len());

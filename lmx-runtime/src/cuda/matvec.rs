@@ -11,7 +11,8 @@
 //! most [`MAX_ROWS`]) is multiplied by every weight row as that row is read, accumulated in
 //! float32.
 //!
-//! It has no gradient: it is taken only where none is ([`without_gradients`](crate::nn::without_gradients)).
+//! It has no gradient: it is taken only where none is
+//! ([`without_gradients`](crate::nn::without_gradients)).
 
 use super::kernel::{Inputs, Kernel, Launch, TemplateArg};
 use super::sums::pack_width;

@@ -216,8 +216,9 @@ mod tests {
     }
 
     /// The packed buffer equals the inputs' concatenation (weighed or not) and the sum of
-    /// squares its sum in float64, for inputs on and off the vector path: sizes on and off 8 values, an input
-    /// whose address is off 16 bytes (a slice one value in), float32 and bfloat16.
+    /// squares its sum in float64, for inputs on and off the vector path: sizes on and off 8
+    /// values, an input whose address is off 16 bytes (a slice one value in), float32 and
+    /// bfloat16.
     #[test]
     fn packs_like_concatenate_and_sums_the_squares() {
         if !crate::cuda::available() {

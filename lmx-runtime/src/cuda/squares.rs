@@ -2,9 +2,10 @@
 //!
 //! MLX's `sum(square(x.astype(float32)))` writes the float32 squares before it sums them: a
 //! bfloat16 array's traffic five times over (its read, then twice its size written and read
-//! again), on every step for the data-parallel step's averaged gradients. Here each thread reads 16 bytes at a time (where the
-//! array's address allows), adds the squares in float32, and each block's threads add theirs as
-//! [`pack_with_squares`](super::pack_with_squares)'s do; MLX adds the blocks' sums.
+//! again), on every step for the data-parallel step's averaged gradients. Here each thread reads
+//! 16 bytes at a time (where the array's address allows), adds the squares in float32, and each
+//! block's threads add theirs as [`pack_with_squares`](super::pack_with_squares)'s do; MLX adds
+//! the blocks' sums.
 
 use super::kernel::{with_kernel, Inputs, Kernel, Launch, TemplateArg};
 use super::pack::BLOCK_SUM;
