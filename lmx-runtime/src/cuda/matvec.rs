@@ -149,7 +149,8 @@ fn source(count: usize, biased: bool) -> (Vec<String>, String) {
 
 /// Whether the kernel multiplies `x` by `weights` (with `biases`, one per weight, if given): one
 /// to [`MAX_WEIGHTS`] floating-point `[features, K]` weights of `x`'s dtype whose rows are whole
-/// 16-byte vectors, `x` of at most [`MAX_ROWS`] rows of `K`, biases `[features]` of that dtype.
+/// 16-byte vectors (at least one feature in all), `x` of at most [`MAX_ROWS`] rows of `K`, biases
+/// `[features]` of that dtype.
 pub(crate) fn matvec_fits(x: &Array, weights: &[&Array], biases: Option<&[&Array]>) -> bool {
     use Dtype::{Bfloat16, Float16, Float32};
     let dtype = x.dtype();
@@ -169,7 +170,7 @@ pub(crate) fn matvec_fits(x: &Array, weights: &[&Array], biases: Option<&[&Array
         && (1..=i64::from(MAX_ROWS)).contains(&rows)
         && weights.iter().all(weight_fits)
         && biases.is_none_or(|b| b.len() == weights.len() && b.iter().zip(weights).all(bias_fits))
-        && features * 32 <= i64::from(i32::MAX)
+        && (1..=i64::from(i32::MAX) / 32).contains(&features)
 }
 
 /// `x @ concat(weights).T (+ concat(biases))`: `[..., sum of features]` in `x`'s dtype. Callers
@@ -219,8 +220,8 @@ mod tests {
             .unwrap()
     }
 
-    /// Up to three float weights of one dtype and width in whole 16-byte rows, at most eight
-    /// input rows, biases of the weights' lengths: nothing else fits.
+    /// Up to three float weights of one dtype and width in whole 16-byte rows, some features,
+    /// at most eight input rows, biases of the weights' lengths: nothing else fits.
     #[test]
     fn what_fits() {
         let bf = Dtype::Bfloat16;
@@ -254,6 +255,7 @@ mod tests {
             &[&w],
             None
         ));
+        assert!(!matvec_fits(&x, &[&normal(&[0, 64], bf)], None));
     }
 
     /// Three weights (a query's and a narrower key's and value's) over 1, 3 and 8 rows, with and
