@@ -264,7 +264,7 @@ impl FlatLayout {
                     .collect::<Result<Vec<_>>>()?;
                 let flat = ops::concatenate(&flat, 0)?;
                 packed.push(match weight {
-                    Some(weight) => flat.multiply(weight.as_dtype(group.dtype)?)?,
+                    Some(weight) => distributed::weigh(&flat, weight)?,
                     None => flat,
                 });
             }
@@ -707,22 +707,20 @@ impl<P: Tree<Array>, O: Optimizer> FlatBody<P, O> {
         let (grads, grad_norm, values) = match &self.group {
             None => (grads, grad_norm, values),
             Some(group) => {
-                let packed_weighed = weighed.is_some();
-                let share = match weighed {
-                    Some(share) => share,
-                    None => distributed::share(group, self.targets_in(batch))?,
-                };
-                let weigh = |array: &Array| -> Result<Array> {
-                    Ok(array.multiply(share.as_dtype(array.dtype())?)?)
-                };
-                let grads = if packed_weighed {
-                    grads
-                } else {
-                    grads.iter().map(weigh).collect::<Result<Vec<_>>>()?
+                let (share, grads) = match weighed {
+                    Some(share) => (share, grads),
+                    None => {
+                        let share = distributed::share(group, self.targets_in(batch))?;
+                        let grads = grads
+                            .iter()
+                            .map(|grad| distributed::weigh(grad, &share))
+                            .collect::<Result<Vec<_>>>()?;
+                        (share, grads)
+                    }
                 };
                 let values = values
                     .iter()
-                    .map(|value| group.all_sum(&weigh(value)?))
+                    .map(|value| group.all_sum(&distributed::weigh(value, &share)?))
                     .collect::<Result<Vec<_>>>()?;
                 match &self.shard {
                     None => {

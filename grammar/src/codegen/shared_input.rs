@@ -5,8 +5,8 @@
 //! A group holds consecutive calls `layer(x)` of one input name `x` in the statements of one
 //! body, until `x` is bound again. The group is applied where its first call is, so no call that
 //! may draw from the step's key (a block, a linear layer over another input, stacked experts,
-//! `dropout`) may lie between its calls: an adapter's dropout masks are then drawn in the order the source gives.
-//! A loop ends a group; an `if` statement does unless every call in it draws nothing and it
+//! `dropout`) may lie between its calls: an adapter's dropout masks are then drawn in the order
+//! the source gives. A loop ends a group; an `if` statement does unless every call in it draws nothing and it
 //! binds no group's input.
 
 use crate::ast::{Arg, Body, Expr, ExprKind, StmtKind, Subscript};

@@ -17,10 +17,16 @@ pub(crate) fn average(
     targets: Option<&Array>,
 ) -> Result<(Vec<Array>, Vec<Array>)> {
     let share = share(group, targets)?;
-    let weigh = |array: &Array| group.all_sum(&array.multiply(share.as_dtype(array.dtype())?)?);
-    let grads = grads.iter().map(weigh).collect::<Result<Vec<_>>>()?;
-    let values = values.iter().map(weigh).collect::<Result<Vec<_>>>()?;
+    let summed = |array: &Array| group.all_sum(&weigh(array, &share)?);
+    let grads = grads.iter().map(summed).collect::<Result<Vec<_>>>()?;
+    let values = values.iter().map(summed).collect::<Result<Vec<_>>>()?;
     Ok((grads, values))
+}
+
+/// `array` times this rank's `share` (a float32 scalar), in `array`'s dtype: what the rank adds
+/// to the sum over the ranks.
+pub(crate) fn weigh(array: &Array, share: &Array) -> Result<Array> {
+    Ok(array.multiply(share.as_dtype(array.dtype())?)?)
 }
 
 /// This rank's share of the global batch's mean (float32): its kept targets over all ranks'

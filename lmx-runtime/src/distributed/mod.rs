@@ -18,7 +18,7 @@ mod group;
 mod shard;
 mod watchdog;
 
-pub(crate) use average::{average, share};
+pub(crate) use average::{average, share, weigh};
 pub use backend::Backend;
 pub use error::DistributedError;
 pub use group::Group;

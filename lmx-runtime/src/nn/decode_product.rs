@@ -8,6 +8,7 @@
 //! their usual path. The outputs are the same products, accumulated in float32.
 
 use super::custom_vjp::gradient_free;
+use super::shared_input::split_by_layer;
 use super::LinearParams;
 use crate::cuda;
 use crate::error::Result;
@@ -30,10 +31,7 @@ pub(super) fn decode_product(
 /// Each of `layers` applied to `x`, through one [`decode_product`], or `None` where that does not
 /// apply, or the layers are quantized or adapted, or some have a bias and some none.
 pub(super) fn decode_products(layers: &[&LinearParams], x: &Array) -> Result<Option<Vec<Array>>> {
-    let plain = |layer: &&LinearParams| {
-        layer.packed().is_none() && layer.lora_a.is_none() && layer.m.is_none()
-    };
-    if !layers.iter().all(plain) {
+    if !layers.iter().all(|layer| layer.is_plain()) {
         return Ok(None);
     }
     let weights: Vec<&Array> = layers.iter().map(|layer| &layer.weight).collect();
@@ -44,17 +42,7 @@ pub(super) fn decode_products(layers: &[&LinearParams], x: &Array) -> Result<Opt
     let Some(y) = decode_product(x, &weights, biases.as_deref())? else {
         return Ok(None);
     };
-    if layers.len() == 1 {
-        return Ok(Some(vec![y]));
-    }
-    let ends: Vec<i32> = weights
-        .iter()
-        .scan(0, |end, w| {
-            *end += w.shape()[0];
-            Some(*end)
-        })
-        .collect();
-    Ok(Some(y.split_at_indices(&ends[..ends.len() - 1], -1)?))
+    Ok(Some(split_by_layer(&y, &weights)?))
 }
 
 #[cfg(test)]

@@ -117,6 +117,11 @@ impl<T> LinearParams<T> {
     pub fn packed(&self) -> Option<Packed<'_, T>> {
         Packed::of(&self.weight, &self.scales, &self.biases, self.quantization)
     }
+
+    /// Whether the layer is a plain product: neither quantized nor adapted (LoRA or DoRA).
+    pub fn is_plain(&self) -> bool {
+        self.packed().is_none() && self.lora_a.is_none() && self.m.is_none()
+    }
 }
 
 impl<T> EmbeddingParams<T> {

@@ -49,16 +49,13 @@ fn fusable(layers: &[&LinearParams]) -> bool {
     let [first, rest @ ..] = layers else {
         return false;
     };
-    let plain = |layer: &&LinearParams| {
-        layer.packed().is_none() && layer.lora_a.is_none() && layer.m.is_none()
-    };
     let alike = |layer: &&LinearParams| {
         layer.weight.dtype() == first.weight.dtype()
             && layer.bias.is_some() == first.bias.is_some()
             && layer.weight.shape()[1..] == first.weight.shape()[1..]
     };
     !rest.is_empty()
-        && layers.iter().all(plain)
+        && layers.iter().all(|layer| layer.is_plain())
         && rest.iter().all(alike)
         && layers.iter().any(|layer| layer.weight.shape()[0] < NARROW)
 }
@@ -70,14 +67,20 @@ fn one_product(layers: &[&LinearParams], x: &Array) -> Result<Vec<Array>> {
     let weight = ops::concatenate(&weights, 0)?;
     let bias = biases.map(|b| ops::concatenate(&b, 0)).transpose()?;
     let y = padded_product::linear(x, &weight, bias.as_ref())?;
-    let ends: Vec<i32> = layers
+    split_by_layer(&y, &weights)
+}
+
+/// `y`, the output of the product over `weights` concatenated, split back into each weight's
+/// output features along its last axis.
+pub(super) fn split_by_layer(y: &Array, weights: &[&Array]) -> Result<Vec<Array>> {
+    let ends: Vec<i32> = weights
         .iter()
-        .scan(0, |end, layer| {
-            *end += layer.weight.shape()[0];
+        .scan(0, |end, w| {
+            *end += w.shape()[0];
             Some(*end)
         })
         .collect();
-    Ok(y.split_at_indices(&ends[..ends.len() - 1], -1)?)
+    Ok(y.split_at_indices(&ends[..ends.len().saturating_sub(1)], -1)?)
 }
 
 #[cfg(test)]
