@@ -467,14 +467,17 @@ fn bytes_text(ids: &[u32]) -> String {
 #[test]
 fn grpo_raises_the_mean_reward_of_a_verifiable_task() {
     use lmx_runtime::generate::Sampling;
-    use lmx_runtime::objectives::{grpo, grpo_loss, rollout, token_logprobs, Format, Prompt};
+    use lmx_runtime::objectives::{
+        grpo, grpo_loss, rollout, token_logprobs, Format, Prompt, ReferenceLogprobs,
+    };
     use lmx_runtime::state::TrainState;
     use lmx_runtime::step::TrainStep;
 
     let reference = Bigram::init(&257, 5).unwrap();
     let optimizer = AdamW::default();
     let mut state = TrainState::new(reference.clone(), &optimizer, 0).unwrap();
-    let objective = grpo::<Bigram>(&reference, 0.04, 0.2);
+    let objective = grpo::<Bigram>(0.04, 0.2);
+    let mut reference_pass = ReferenceLogprobs::new::<Bigram>(&reference, 257, true);
     assert_eq!(objective.metrics, ["kl", "clip_fraction"]);
     let loss = objective.loss.clone();
     let mut step = TrainStep::with_frozen_metrics(
@@ -518,12 +521,25 @@ fn grpo_raises_the_mean_reward_of_a_verifiable_task() {
             &reward,
         )
         .unwrap();
+        let batch = rollouts.batch(&mut reference_pass).unwrap();
         if index == 0 {
-            // The compiled step's loss is grpo_loss over the same log-probabilities.
+            // The reference's pass gives its log-probabilities, and the compiled step's loss is
+            // grpo_loss over the same log-probabilities.
             let logits =
                 |params: &EmbeddingParams| nn::embedding(params, &rollouts.tokens).unwrap();
             let policy = token_logprobs(&logits(&state.params), &rollouts.targets).unwrap();
             let frozen = token_logprobs(&logits(&reference), &rollouts.targets).unwrap();
+            let difference = batch[3]
+                .subtract(&frozen)
+                .unwrap()
+                .abs()
+                .unwrap()
+                .max(false);
+            let difference = difference.unwrap().item_exact::<f32>();
+            assert!(
+                difference < 1e-6,
+                "the reference's pass is off by {difference}"
+            );
             let mask = rollouts.targets.ge(Array::from_int(0)).unwrap();
             let want = grpo_loss(
                 &policy,
@@ -536,19 +552,12 @@ fn grpo_raises_the_mean_reward_of_a_verifiable_task() {
             )
             .unwrap()
             .loss;
-            let got = &(objective.loss)(
-                &state.params,
-                &257,
-                &objective.frozen,
-                &rollouts.batch(),
-                None,
-            )
-            .unwrap()[0];
+            let got = &(objective.loss)(&state.params, &257, &[], &batch, None).unwrap()[0];
             lmx_runtime::mlx_rs::transforms::eval([&want, got]).unwrap();
             let (want, got) = (want.item_exact::<f32>(), got.item_exact::<f32>());
             assert!((want - got).abs() < 1e-6, "{got} against {want}");
         }
-        let metrics = step.step(&mut state, 0.05, &rollouts.batch()).unwrap();
+        let metrics = step.step(&mut state, 0.05, &batch).unwrap();
         lmx_runtime::mlx_rs::transforms::eval(&metrics.outputs).unwrap();
         rewards.push(rollouts.mean_reward());
         kls.push(metrics.metrics[0].item_exact::<f32>());

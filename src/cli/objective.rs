@@ -249,7 +249,9 @@ impl ObjectiveSettings {
     ) -> anyhow::Result<Objective<M>> {
         Ok(match (self, teacher) {
             (ObjectiveSettings::Dpo { beta, .. }, _) => objectives::dpo::<M>(start, *beta),
-            (ObjectiveSettings::Grpo { beta, .. }, _) => objectives::grpo::<M>(start, *beta, 0.2),
+            (ObjectiveSettings::Grpo { .. }, _) => {
+                anyhow::bail!("--step grpo trains on its rollouts, through a GRPO run")
+            }
             (ObjectiveSettings::Mtp {}, _) => {
                 anyhow::bail!("--step mtp trains the model with its heads, over no frozen model")
             }

@@ -4,9 +4,9 @@
 //! its sampling seed) is a function of its index, so a run resumed from a checkpoint computes
 //! exactly what the uninterrupted one does.
 
-use super::grpo;
 use super::rewards::Reward;
 use super::rollout::{generator, sample_with, Prompt};
+use super::{grpo, ReferenceLogprobs};
 use crate::checkpoint::{self, Checkpoints};
 use crate::distributed::{DataParallel, DistributedError};
 use crate::error::{Error, Result};
@@ -60,6 +60,8 @@ pub struct GrpoRun<M: LanguageModel, O: Optimizer> {
     run: GrpoConfig,
     /// The update's step and the state it owns.
     stepper: Stepper<M::Params, O>,
+    /// The frozen reference's log-probabilities of each update's batch, which the update reads.
+    reference: ReferenceLogprobs,
     /// Samples every update's rollouts: one for the run, so that its compiled steps are traced
     /// once, not once per update.
     generator: BatchGenerator<M>,
@@ -143,7 +145,8 @@ where
         // Every batch is as wide as the longest prompt and completion, so one trace serves all.
         let longest = prompts.iter().map(|p| p.ids.len()).max().unwrap_or(0);
         let width = longest + run.max_tokens;
-        let objective = grpo::<M>(&params, run.beta, run.epsilon);
+        let objective = grpo::<M>(run.beta, run.epsilon);
+        let reference = ReferenceLogprobs::new::<M>(&params, config.clone(), options.compile);
         let rows = run.prompts_per_step / ranks * run.group;
         let generator = generator::<M>(params.clone(), config.clone(), rows)?;
         let state = TrainState::new(params, &optimizer, run.seed)?;
@@ -166,6 +169,7 @@ where
         Ok(GrpoRun {
             run,
             stepper,
+            reference,
             generator,
             prompts,
             width,
@@ -180,9 +184,10 @@ where
 
     /// Adds a callback: each update's [`StepReport`] carries `mean_reward`, `kl` and
     /// `clip_fraction` in its metrics. Its `build_ms` is the rollouts' time (sampling and
-    /// scoring, the update's batch), its `submit_ms` and `wait_ms` the compiled update's (building
-    /// its graph, running it), so that the update's throughput can be told from the generator's;
-    /// `tokens_per_s` counts the update's rows over the whole of it.
+    /// scoring, the update's batch), its `submit_ms` and `wait_ms` the update's (handing the
+    /// reference's pass and the compiled update to the device, running them), so that the
+    /// update's throughput can be told from the generator's; `tokens_per_s` counts the update's
+    /// rows over the whole of it.
     pub fn add_callback(&mut self, callback: impl Callback + 'static) {
         self.callbacks.push(Box::new(callback));
     }
@@ -284,7 +289,10 @@ where
             let rollout_s = building.elapsed().as_secs_f64();
             let lr = self.run.schedule.lr(index);
             let submitting = Instant::now();
-            let metrics = self.stepper.step(lr, &rollouts.batch())?;
+            // The reference's pass reaches the device first, and runs there while the host
+            // replays the update.
+            let batch = rollouts.batch(&mut self.reference)?;
+            let metrics = self.stepper.step(lr, &batch)?;
             let submit_s = submitting.elapsed().as_secs_f64();
             let waiting = Instant::now();
             mlx_rs::transforms::eval(&metrics.outputs)?;

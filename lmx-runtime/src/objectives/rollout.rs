@@ -4,13 +4,12 @@
 //! ([`grpo`](super::grpo())).
 
 use super::rewards::{score_all, Reward};
-use super::{group_advantages, grpo_loss, token_logprobs};
+use super::{group_advantages, grpo_loss, token_logprobs, ReferenceLogprobs};
 use crate::error::{Error, Result};
 use crate::generate::{BatchGenerator, BatchLimits, Request, Sampling};
 use crate::model::{Context, LanguageModel};
 use crate::nn::IGNORE_TARGET;
-use crate::train::{frozen_tree, Objective};
-use crate::tree;
+use crate::train::Objective;
 use mlx_rs::Array;
 use std::collections::HashMap;
 use std::rc::Rc;
@@ -46,13 +45,19 @@ impl Rollouts {
         self.rewards.iter().sum::<f32>() / self.rewards.len().max(1) as f32
     }
 
-    /// The batch GRPO's objective reads: `[tokens, targets, advantages]`.
-    pub fn batch(&self) -> [Array; 3] {
-        [
+    /// The batch GRPO's objective reads: `[tokens, targets, advantages]` and the reference's
+    /// log-probabilities of the targets, which `reference` computes here (handed to the device
+    /// ahead of the update, not waited for).
+    ///
+    /// # Errors
+    /// The reference's pass's errors.
+    pub fn batch(&self, reference: &mut ReferenceLogprobs) -> Result<[Array; 4]> {
+        Ok([
             self.tokens.clone(),
             self.targets.clone(),
             self.advantages.clone(),
-        ]
+            reference.logprobs(&self.tokens, &self.targets)?,
+        ])
     }
 }
 
@@ -194,39 +199,37 @@ fn complete<M: LanguageModel>(
     Ok(completions)
 }
 
-/// GRPO of model `M` against `reference`, a frozen copy of the policy, over batches of
-/// [`Rollouts::batch`]: lmxlab's `grpo_loss` (the clipped surrogate with `epsilon`, `beta`
-/// times the KL to the reference) over the completions' tokens, one update per batch (the
-/// policy that sampled them is the policy's own values, their gradient stopped). It reports
-/// the mean KL to the reference and the fraction of clipped ratios.
-pub fn grpo<M: LanguageModel>(reference: &M::Params, beta: f32, epsilon: f32) -> Objective<M> {
-    let template = reference.clone();
+/// GRPO of model `M` over batches of [`Rollouts::batch`] followed by the frozen reference's
+/// per-token log-probabilities of them ([`ReferenceLogprobs`](super::ReferenceLogprobs), a pass
+/// of its own that the update reads): lmxlab's `grpo_loss` (the clipped surrogate with
+/// `epsilon`, `beta` times the KL to the reference) over the completions' tokens, one update per
+/// batch (the policy that sampled them is the policy's own values, their gradient stopped). It
+/// reports the mean KL to the reference and the fraction of clipped ratios.
+pub fn grpo<M: LanguageModel>(beta: f32, epsilon: f32) -> Objective<M> {
     let loss = move |params: &M::Params,
                      config: &M::Config,
-                     frozen: &[Array],
+                     _frozen: &[Array],
                      batch: &[Array],
                      key: Option<&Array>|
           -> Result<Vec<Array>> {
-        let [tokens, targets, advantages] = batch else {
+        let [tokens, targets, advantages, reference] = batch else {
             return Err(Error::Layout(format!(
-                "GRPO reads tokens, targets and advantages, got {} arrays",
+                "GRPO reads tokens, targets, advantages and the reference's log-probabilities, \
+                 got {} arrays",
                 batch.len()
             )));
         };
-        let reference = frozen_tree(&template, frozen)?;
         let policy = M::forward(params, config, tokens, &mut Context::for_step(key))?;
-        let reference = M::forward(&reference, config, tokens, &mut Context::evaluation())?;
         let policy = token_logprobs(&policy, targets)?;
-        let reference = token_logprobs(&reference, targets)?;
         let mask = targets.ge(Array::from_int(0))?;
         let gradient = grpo_loss(
-            &policy, &policy, &reference, &mask, advantages, beta, epsilon,
+            &policy, &policy, reference, &mask, advantages, beta, epsilon,
         )?;
         Ok(vec![gradient.loss, gradient.kl, gradient.clip_fraction])
     };
     Objective {
         name: "grpo",
-        frozen: tree::flatten(reference),
+        frozen: Vec::new(),
         loss: Rc::new(loss),
         metrics: &["kl", "clip_fraction"],
         mean_over_targets: false,
