@@ -21,14 +21,18 @@ model Gated {
         let c = silu(x) * 2.0 + 2.0 * silu(x)
         let d = sigmoid(x) * x
         let e = down(silu(x = gate(x)) * up(x))
-        proj(a + b + c + d + e)
+        let f = down(2.0 * (silu(gate(x)) * up(x)))
+        let g = down(gelu(gate(x) + up(x)))
+        proj(a + b + c + d + e + f + g)
     }
 }
 "#;
 
 /// `silu(gate) * up`, in either order and with `silu`'s argument by keyword, is one gated
 /// product whose factors are bound first (here both linear layers on `x`, applied together in
-/// the source's order); a static factor, or any other product, stays as written.
+/// the source's order); as a linear layer's whole input it is one call with the layer
+/// (`nn::gated_linear_in`), as is a built-in activation (`nn::activated_linear_in`); a static
+/// factor, or any other product, stays as written.
 #[test]
 fn a_silu_gated_product_is_one_function() {
     let model =
@@ -37,7 +41,18 @@ fn a_silu_gated_product_is_one_function() {
         .unwrap_or_else(|d| panic!("{}", lmx_grammar::render(&d, "gated.lmx", MODEL)))
         .to_string();
     let code: String = code.split_whitespace().collect();
-    assert_eq!(code.matches("nn::swiglu(").count(), 3, "{code}");
+    assert_eq!(
+        code.matches("nn::gated_linear_in(&params.down,").count(),
+        3,
+        "{code}"
+    );
+    assert_eq!(code.matches("nn::swiglu(").count(), 1, "{code}");
+    assert_eq!(
+        code.matches("nn::activated_linear_in(&params.down,nn::Activation::Gelu,")
+            .count(),
+        1,
+        "{code}"
+    );
     assert_eq!(code.matches("nn::silu(").count(), 2, "{code}");
     // Both orders: the two linear layers on `x` applied together in the source's order (so
     // that what they draw from the step's key they draw in that order), then the call over both.
@@ -46,8 +61,9 @@ fn a_silu_gated_product_is_one_function() {
         let at = code
             .find(&bound)
             .unwrap_or_else(|| panic!("{first} and {second} not bound: {code}"));
-        assert!(code[at..].contains("nn::swiglu("), "{code}");
+        assert!(code[at..].contains("nn::gated_linear_in("), "{code}");
     }
     assert!(!code.contains("pass.linear(&params.gate,"), "{code}");
+    assert!(code.contains("pass.linear(&params.down,"), "{code}");
     assert!(code.contains(".multiply("), "{code}");
 }

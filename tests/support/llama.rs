@@ -7,7 +7,7 @@ use lmx::runtime::nn::init::{self, Keys};
 use lmx::runtime::nn::{EmbeddingParams, LinearParams, RmsNormParams};
 use lmx::runtime::optim::AdamW;
 use lmx::runtime::tensor::nn::{
-    cross_entropy, embedding, linear, merge_heads, rms_norm, rope, split_heads, swiglu,
+    cross_entropy, embedding, linear, merge_heads, rms_norm, rope, split_heads,
 };
 use lmx::runtime::tensor::{Context, Tensor};
 use lmx::runtime::Result;
@@ -105,8 +105,8 @@ pub struct Attention {
     pub o_proj: LinearParams,
 }
 
-/// SwiGLU: `down(silu(gate(x)) * up(x))`, the product as one function (`swiglu`), as in
-/// `llama.lmx`.
+/// SwiGLU: `down(silu(gate(x)) * up(x))`, the down projection of the gated product one call
+/// (`Context::gated_linear`), as in `llama.lmx`.
 #[lmx::model]
 pub struct Mlp {
     /// The gate projection.
@@ -171,6 +171,7 @@ pub fn forward(
         let mixed = mlp(
             &layer.mlp,
             &rms_norm(&layer.post_attention_layernorm, &h, config.eps)?,
+            ctx,
         )?;
         h = h.add(&mixed)?;
     }
@@ -197,12 +198,11 @@ fn attention(
     linear(&params.o_proj, &merge_heads(&ctx.attend(&q, &k, &v)?)?)
 }
 
-fn mlp(params: &Mlp<Tensor>, x: &Tensor) -> Result<Tensor> {
-    let gate = linear(&params.gate_proj, x)?;
-    linear(
-        &params.down_proj,
-        &swiglu(&gate, &linear(&params.up_proj, x)?)?,
-    )
+fn mlp(params: &Mlp<Tensor>, x: &Tensor, ctx: &mut Context) -> Result<Tensor> {
+    // The gate and up projections one product where that pays, and the down projection of
+    // their gated product one call (one launch in decoding), as the `.lmx` LLaMA's are.
+    let [gate, up] = ctx.linears([&params.gate_proj, &params.up_proj], x)?;
+    ctx.gated_linear(&params.down_proj, &gate, &up)
 }
 
 /// The next-token loss: mean cross-entropy of the logits for `tokens` against `targets`.

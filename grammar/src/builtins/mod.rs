@@ -21,7 +21,7 @@ use crate::codegen::LowerCx;
 use crate::eval::Value;
 use crate::types::{StaticTy, Ty};
 
-pub use table::TABLE;
+pub use table::{ACTIVATIONS, TABLE};
 
 /// What an argument slot accepts.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

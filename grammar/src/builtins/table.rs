@@ -120,6 +120,15 @@ fn rope_dims(
     })
 }
 
+/// The built-in activations a linear layer may apply to its input as it reads it in decoding
+/// (`layer(gelu(x))`: `nn::activated_linear_in`), each with its `nn::Activation` variant; they
+/// lower as the `unary!` entries of [`TABLE`] do.
+pub static ACTIVATIONS: &[(&str, &str)] = &[
+    ("gelu", "Gelu"),
+    ("gelu_approx", "GeluTanh"),
+    ("silu", "Silu"),
+];
+
 /// Every built-in function, in the order the documentation lists them.
 pub static TABLE: &[Builtin] = &[
     unary!("gelu", r::Out::Float, None, "GELU (the exact, erf form)", |x| quote!(nn::gelu(#x)?)),

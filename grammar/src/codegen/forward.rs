@@ -15,6 +15,7 @@ use super::names::{ident, snake};
 use super::shared_input::{self, Call, CallKind};
 use super::Gen;
 use crate::ast::{Arg, BinaryOp, Body, Expr, ExprKind, StmtKind, Subscript, UnaryOp};
+use crate::builtins::ACTIVATIONS;
 use crate::diag::Diagnostic;
 use crate::ir::{Form, LayerKind, ParamNode, ParamTree, Typed};
 use crate::span::Span;
@@ -1188,10 +1189,18 @@ impl<'g, 'm> Fx<'g, 'm> {
     /// (`nn::swiglu`, which picks lmx's kernels or the two operations at run time). `None` for
     /// any other product. A static `up` takes the two operations.
     fn gated_product(&mut self, a: &Expr, b: &Expr, span: Span) -> R<Option<X>> {
+        let Some((gate, up)) = self.gate_and_up(a, b)? else {
+            return Ok(None);
+        };
+        self.gated_value(gate, up, span).map(Some)
+    }
+
+    /// The factors of `silu(gate) * up` or `up * silu(gate)` (`silu` the built-in), each bound
+    /// before the next is lowered, so that what they draw from the step's key (an adapter's
+    /// dropout) they draw in the order written. `None` for any other product.
+    fn gate_and_up(&mut self, a: &Expr, b: &Expr) -> R<Option<(T, X)>> {
         let typed = &self.g.model.typed;
-        // Each factor is bound before the next is lowered, so that what they draw from the
-        // step's key (an adapter's dropout) they draw in the order written.
-        let (gate, up) = match (silu_input(typed, a), silu_input(typed, b)) {
+        Ok(Some(match (silu_input(typed, a), silu_input(typed, b)) {
             (Some(gate), _) => {
                 let gate = self.tensor_expr(gate)?;
                 let gate = self.hoist(gate, "gate");
@@ -1205,8 +1214,12 @@ impl<'g, 'm> Fx<'g, 'm> {
                 (self.tensor_expr(gate)?, up)
             }
             (None, None) => return Ok(None),
-        };
-        let x = match up {
+        }))
+    }
+
+    /// `silu(gate) * up` of lowered factors.
+    fn gated_value(&mut self, gate: T, up: X, span: Span) -> R<X> {
+        Ok(match up {
             X::Tensor(up) => {
                 let (gate, up) = (gate.r(), up.r());
                 X::Tensor(T::owned(quote!(nn::swiglu(#gate, #up)?)))
@@ -1216,8 +1229,43 @@ impl<'g, 'm> Fx<'g, 'm> {
                 let silu = X::Tensor(T::owned(quote!(nn::silu(#gate)?)));
                 self.binary_values(BinaryOp::Mul, silu, up, span)?
             }
+        })
+    }
+
+    /// A linear layer at `place` of `f(x)`, `f` a built-in activation ([`ACTIVATIONS`]), or of
+    /// `silu(gate) * up`, as one call that activates the layer's input as it reads it in
+    /// decoding (`nn::activated_linear_in`, `nn::gated_linear_in`); through the pass, as
+    /// `pass.linear`. `Err(input)` with the layer's input lowered for any other input (and for a
+    /// static `up`, whose product is two operations).
+    fn activated_linear(&mut self, place: &TokenStream, x: &Expr, span: Span) -> R<Result<X, T>> {
+        let typed = &self.g.model.typed;
+        let call = match &x.kind {
+            ExprKind::Binary(BinaryOp::Mul, _, a, b) => match self.gate_and_up(a, b)? {
+                Some((gate, X::Tensor(up))) => {
+                    let up = self.hoist(up, "up");
+                    let (gate, up) = (gate.r(), up.r());
+                    quote!(nn::gated_linear_in(&#place, #gate, #up, pass.ctx)?)
+                }
+                Some((gate, up)) => {
+                    let product = self.gated_value(gate, up, span)?;
+                    return Ok(Err(self.tensor(product, x.span)?));
+                }
+                None => return Ok(Err(self.tensor_expr(x)?)),
+            },
+            _ => match activation_input(typed, x) {
+                Some((activation, input)) => {
+                    let input = self.tensor_expr(input)?;
+                    let input = self.hoist(input, "activated").r();
+                    let activation = format_ident!("{}", activation);
+                    quote!(nn::activated_linear_in(&#place, nn::Activation::#activation, #input, pass.ctx)?)
+                }
+                None => return Ok(Err(self.tensor_expr(x)?)),
+            },
         };
-        Ok(Some(x))
+        self.uses_pass = true;
+        self.pass_mut = true;
+        self.linears = true;
+        Ok(Ok(X::Tensor(T::owned(call))))
     }
 
     /// `op` of two lowered operands.
@@ -1400,7 +1448,17 @@ impl<'g, 'm> Fx<'g, 'm> {
                 args: layer_args,
                 decl,
             } => {
-                let input = self.arg_tensor(args, 0, "x", span)?;
+                // A linear layer of an activated input, unless its input is shared with others.
+                let shared = self.shared.iter().any(|g| g.calls.contains(&span));
+                let input = match self.arg(args, 0, "x") {
+                    Some(x) if kind == LayerKind::Linear && !tied && !shared => {
+                        match self.activated_linear(&place, x, span)? {
+                            Ok(output) => return Ok(output),
+                            Err(input) => input,
+                        }
+                    }
+                    _ => self.arg_tensor(args, 0, "x", span)?,
+                };
                 if kind == LayerKind::Experts {
                     // Through the pass, as a linear layer: its adapters' dropout draws from the
                     // step's key.
@@ -1663,6 +1721,23 @@ pub(crate) fn convert(s: &S, from: &SType, to: &SType) -> TokenStream {
 }
 
 /// The input of `e` when it is a call of the built-in `silu` over a tensor.
+/// The `nn::Activation` variant and the input of `f(x)`, `f` a built-in activation
+/// ([`ACTIVATIONS`]) applied to a tensor.
+fn activation_input<'e>(typed: &Typed, e: &'e Expr) -> Option<(&'static str, &'e Expr)> {
+    let ExprKind::Call(_, args) = &e.kind else {
+        return None;
+    };
+    let call = typed.call(e.span)?;
+    let (_, activation) = ACTIVATIONS
+        .iter()
+        .find(|(name, _)| *name == call.builtin.name)?;
+    if call.form != Form::Tensor {
+        return None;
+    }
+    let input = args.get((*call.args.first()?)?).map(|arg| &arg.value)?;
+    Some((activation, input))
+}
+
 fn silu_input<'e>(typed: &Typed, e: &'e Expr) -> Option<&'e Expr> {
     let ExprKind::Call(_, args) = &e.kind else {
         return None;

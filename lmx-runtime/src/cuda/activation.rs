@@ -13,7 +13,8 @@ use crate::error::Result;
 use crate::nn::Activation;
 use mlx_rs::Array;
 
-const HEADER: &str = r#"
+/// `lmx_activation<ACT>` and its derivative in float32, `ACT` an [`Activation`]'s discriminant.
+pub(super) const HEADER: &str = r#"
 template <int ACT>
 __device__ __forceinline__ float lmx_activation(float x) {
   if constexpr (ACT == 0) {

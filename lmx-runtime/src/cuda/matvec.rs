@@ -17,6 +17,7 @@
 use super::kernel::{Inputs, Kernel, Launch, TemplateArg};
 use super::sums::pack_width;
 use crate::error::{Error, Result};
+use crate::nn::Activation;
 use mlx_rs::{Array, Dtype};
 
 /// The most rows of the input one launch multiplies (a speculative verification's few tokens; a
@@ -32,12 +33,39 @@ const THREADS: i32 = 128;
 thread_local! {
     /// The kernel for 1, 2 and 3 weights, without and with biases.
     static KERNELS: [[Result<Kernel>; 2]; MAX_WEIGHTS] = [1, 2, 3].map(|count| {
-        [false, true].map(|biased| {
-            let (inputs, body) = source(count, biased);
-            let inputs: Vec<&str> = inputs.iter().map(String::as_str).collect();
-            Kernel::new("lmx_matvec", (&inputs, Inputs::RowContiguous), &["y"], HEADER, &body)
-        })
+        [false, true].map(|biased| kernel(count, biased, Input::Plain))
     });
+    /// The kernel for one weight of an activated input, then of a gated one, without and with
+    /// a bias.
+    static ACTIVATED_KERNELS: [[Result<Kernel>; 2]; 2] = [Input::Activated, Input::Gated]
+        .map(|input| [false, true].map(|biased| kernel(1, biased, input)));
+}
+
+/// What the kernel multiplies by the weights: the input `x` itself, `f(x)`, or `f(x) * u` (a
+/// gated MLP's product), `f` the activation whose discriminant is the template argument `ACT`,
+/// each value computed in float32 and rounded to the input's dtype, as lmx's activation kernels
+/// round their outputs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Input {
+    Plain,
+    Activated,
+    Gated,
+}
+
+fn kernel(count: usize, biased: bool, input: Input) -> Result<Kernel> {
+    let (inputs, body) = source(count, biased, input);
+    let inputs: Vec<&str> = inputs.iter().map(String::as_str).collect();
+    let header = match input {
+        Input::Plain => HEADER.to_owned(),
+        Input::Activated | Input::Gated => format!("{}{HEADER}", super::activation::HEADER),
+    };
+    Kernel::new(
+        "lmx_matvec",
+        (&inputs, Inputs::RowContiguous),
+        &["y"],
+        &header,
+        &body,
+    )
 }
 
 /// `V` values of `T` from `p` as one 16-byte vector: one load where `p` is 16-byte aligned (MLX's
@@ -58,13 +86,16 @@ __device__ inline uint4 lmx_matvec_load(const T* p, bool aligned) {
 }
 "#;
 
-/// The kernel's input names and body for `count` weights, with biases or not.
+/// The kernel's input names and body for `count` weights, with biases or not, over `input`.
 ///
-/// Template arguments: `T` (the element type), `R` (the input's rows) and `V` (values per 16
-/// bytes). Output feature `f` of row `r` is the dot product of input row `r` with row `f` of the
+/// Template arguments: `T` (the element type), `R` (the input's rows), `V` (values per 16
+/// bytes) and, over an activated or gated input, `ACT`. Output feature `f` of row `r` is the dot product of input row `r` with row `f` of the
 /// weights stacked in order (then `+ b[f]`).
-fn source(count: usize, biased: bool) -> (Vec<String>, String) {
+fn source(count: usize, biased: bool, input: Input) -> (Vec<String>, String) {
     let mut inputs = vec!["x".to_owned()];
+    if input == Input::Gated {
+        inputs.push("u".to_owned());
+    }
     inputs.extend((0..count).map(|i| format!("w{i}")));
     if biased {
         inputs.extend((0..count).map(|i| format!("b{i}")));
@@ -106,7 +137,7 @@ fn source(count: usize, biased: bool) -> (Vec<String>, String) {
 {pick}
   const T* wr = w + size_t(row) * K;
   const bool aligned =
-      ((reinterpret_cast<size_t>(wr) | reinterpret_cast<size_t>(x)) % 16) == 0;
+      ((reinterpret_cast<size_t>(wr) | reinterpret_cast<size_t>(x){u_address}) % 16) == 0;
   const int vectors = K / V;
   float acc[R];
 #pragma unroll
@@ -120,10 +151,10 @@ fn source(count: usize, biased: bool) -> (Vec<String>, String) {
 #pragma unroll
     for (int r = 0; r < R; ++r) {{
       const uint4 xp = lmx_matvec_load<T, V>(x + size_t(r) * K + size_t(i) * V, aligned);
-      const T* xt = reinterpret_cast<const T*>(&xp);
+      const T* xt = reinterpret_cast<const T*>(&xp);{u_load}
 #pragma unroll
       for (int j = 0; j < V; ++j) {{
-        acc[r] += static_cast<float>(wt[j]) * static_cast<float>(xt[j]);
+        acc[r] += static_cast<float>(wt[j]) * {value};
       }}
     }}
   }}
@@ -143,6 +174,27 @@ fn source(count: usize, biased: bool) -> (Vec<String>, String) {
   }}
 "#,
         total = total.join(" + "),
+        u_address = match input {
+            Input::Gated => " | reinterpret_cast<size_t>(u)",
+            _ => "",
+        },
+        u_load = match input {
+            Input::Gated => {
+                "\n      const uint4 up = lmx_matvec_load<T, V>(u + size_t(r) * K + size_t(i) * V, \
+                 aligned);\n      const T* ut = reinterpret_cast<const T*>(&up);"
+            }
+            _ => "",
+        },
+        value = match input {
+            Input::Plain => "static_cast<float>(xt[j])",
+            Input::Activated => {
+                "static_cast<float>(static_cast<T>(lmx_activation<ACT>(static_cast<float>(xt[j]))))"
+            }
+            Input::Gated => {
+                "static_cast<float>(static_cast<T>(\n            \
+                 lmx_activation<ACT>(static_cast<float>(xt[j])) * static_cast<float>(ut[j])))"
+            }
+        },
     );
     (inputs, body)
 }
@@ -176,34 +228,70 @@ pub(crate) fn matvec_fits(x: &Array, weights: &[&Array], biases: Option<&[&Array
 /// `x @ concat(weights).T (+ concat(biases))`: `[..., sum of features]` in `x`'s dtype. Callers
 /// check [`matvec_fits`].
 pub(crate) fn matvec(x: &Array, weights: &[&Array], biases: Option<&[&Array]>) -> Result<Array> {
+    let mut inputs = vec![x.clone()];
+    inputs.extend(weights.iter().map(|&w| w.clone()));
+    inputs.extend(biases.into_iter().flatten().map(|&b| b.clone()));
+    let biased = usize::from(biases.is_some());
+    KERNELS.with(|kernels| launch(&kernels[weights.len() - 1][biased], &inputs, weights, None))
+}
+
+/// `activation(x) @ weight.T (+ bias)`, or with `up`, `(activation(x) * up) @ weight.T (+ bias)`
+/// (a gated MLP's down projection): `[..., features]` in `x`'s dtype, each value of the
+/// activated input rounded to that dtype before it is multiplied. Callers check
+/// [`matvec_fits`] for `x` and the weight, and that `up` is shaped and typed as `x`.
+pub(crate) fn matvec_activated(
+    activation: Activation,
+    x: &Array,
+    up: Option<&Array>,
+    weight: &Array,
+    bias: Option<&Array>,
+) -> Result<Array> {
+    let mut inputs = vec![x.clone()];
+    inputs.extend(up.cloned());
+    inputs.push(weight.clone());
+    inputs.extend(bias.cloned());
+    let (gated, biased) = (usize::from(up.is_some()), usize::from(bias.is_some()));
+    ACTIVATED_KERNELS.with(|kernels| {
+        launch(
+            &kernels[gated][biased],
+            &inputs,
+            &[weight],
+            Some(activation),
+        )
+    })
+}
+
+/// One launch of `kernel` over `inputs` (`x` first), a warp per output feature of `weights`.
+fn launch(
+    kernel: &Result<Kernel>,
+    inputs: &[Array],
+    weights: &[&Array],
+    activation: Option<Activation>,
+) -> Result<Array> {
+    let kernel = kernel
+        .as_ref()
+        .map_err(|err| Error::Layout(err.to_string()))?;
+    let x = &inputs[0];
     let k = *x.shape().last().unwrap_or(&1);
     let rows = x.size() as i32 / k.max(1);
     let features: i32 = weights.iter().map(|w| w.shape()[0]).sum();
     let mut shape = x.shape().to_vec();
     *shape.last_mut().unwrap_or(&mut 0) = features;
-    let mut inputs = vec![x.clone()];
-    inputs.extend(weights.iter().map(|&w| w.clone()));
-    inputs.extend(biases.into_iter().flatten().map(|&b| b.clone()));
-    let biased = biases.is_some();
-    let mut outputs =
-        KERNELS.with(
-            |kernels| match &kernels[weights.len() - 1][usize::from(biased)] {
-                Err(err) => Err(Error::Layout(err.to_string())),
-                Ok(kernel) => kernel.launch(
-                    &inputs,
-                    &Launch {
-                        outputs: &[(&shape, x.dtype())],
-                        grid: (features * 32, 1, 1),
-                        block: (THREADS, 1, 1),
-                        template: &[
-                            TemplateArg::Type("T", x.dtype()),
-                            TemplateArg::Int("R", rows),
-                            TemplateArg::Int("V", pack_width(x.dtype())),
-                        ],
-                    },
-                ),
-            },
-        )?;
+    let mut template = vec![
+        TemplateArg::Type("T", x.dtype()),
+        TemplateArg::Int("R", rows),
+        TemplateArg::Int("V", pack_width(x.dtype())),
+    ];
+    template.extend(activation.map(|activation| TemplateArg::Int("ACT", activation as i32)));
+    let mut outputs = kernel.launch(
+        inputs,
+        &Launch {
+            outputs: &[(&shape, x.dtype())],
+            grid: (features * 32, 1, 1),
+            block: (THREADS, 1, 1),
+            template: &template,
+        },
+    )?;
     Ok(outputs.remove(0))
 }
 
@@ -317,6 +405,60 @@ mod tests {
                     let got = matvec(&x, &w, Some(&b)).unwrap();
                     let e = close(&got, &want.add(&bias).unwrap());
                     assert!(e <= tolerance, "{dtype:?} rows {rows} biased: {e}");
+                }
+            }
+        }
+    }
+
+    /// One weight over an activated input (each activation) and over a gated product (SiLU),
+    /// with and without a bias, over 1 and 3 rows in every float dtype, equal the products in
+    /// float32 of the activated input rounded to the dtype; an input off 16 bytes too.
+    #[test]
+    fn activated_and_gated_inputs_equal_float32_products() {
+        if !crate::cuda::available() {
+            return;
+        }
+        let f32 = |a: &Array| a.as_dtype(Dtype::Float32).unwrap();
+        for (dtype, tolerance) in [
+            (Dtype::Float32, 1e-4),
+            (Dtype::Float16, 4e-3),
+            (Dtype::Bfloat16, 2e-2),
+        ] {
+            let (w, b) = (normal(&[40, 136], dtype), normal(&[40], dtype));
+            for rows in [1, 3] {
+                let flat = normal(&[rows * 136 + 1], dtype);
+                let aligned = flat.index(..rows * 136).reshape(&[rows, 1, 136]).unwrap();
+                let misaligned = flat.index(1..).reshape(&[rows, 1, 136]).unwrap();
+                let up = normal(&[rows, 1, 136], dtype);
+                for x in [aligned, misaligned] {
+                    for activation in [Activation::Gelu, Activation::GeluTanh, Activation::Silu] {
+                        let activated = activation.of(&f32(&x)).unwrap();
+                        let gated = activated.multiply(f32(&up)).unwrap();
+                        for (input, up) in [(activated, None), (gated, Some(&up))] {
+                            let input = f32(&input.as_dtype(dtype).unwrap());
+                            let want = input.matmul(f32(&w).t()).unwrap();
+                            for bias in [None, Some(&b)] {
+                                let want = match bias {
+                                    Some(b) => want.add(f32(b)).unwrap(),
+                                    None => want.clone(),
+                                };
+                                let got = matvec_activated(activation, &x, up, &w, bias).unwrap();
+                                assert_eq!(got.shape(), &[rows, 1, 40]);
+                                assert_eq!(got.dtype(), dtype);
+                                let scale = want.abs().unwrap().max(None).unwrap();
+                                let scale = scale.item_cast::<f32>().max(1.0);
+                                let err = f32(&got).subtract(&want).unwrap().abs().unwrap();
+                                let err = err.max(None).unwrap().item_cast::<f32>() / scale;
+                                assert!(
+                                    err <= tolerance,
+                                    "{dtype:?} {activation:?} rows {rows} gated {} biased {}: \
+                                     {err}",
+                                    up.is_some(),
+                                    bias.is_some()
+                                );
+                            }
+                        }
+                    }
                 }
             }
         }

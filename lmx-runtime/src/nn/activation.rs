@@ -24,7 +24,7 @@ use std::cell::RefCell;
 
 /// An elementwise activation; its discriminant names it to lmx's CUDA kernels (their `ACT`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Activation {
+pub enum Activation {
     /// `x (1 + erf(x / sqrt 2)) / 2`.
     Gelu = 0,
     /// `x (1 + tanh(sqrt(2 / pi) (x + 0.044715 x^3))) / 2`.
@@ -34,6 +34,11 @@ pub(crate) enum Activation {
 }
 
 impl Activation {
+    /// The activation of `x`, as [`gelu`], [`gelu_tanh`] and [`silu`] compute it.
+    pub fn of(self, x: &Array) -> Result<Array> {
+        apply(self, x)
+    }
+
     /// The activation of `x` in MLX's operations, in `x`'s precision.
     fn value(self, x: &Array) -> Result<Array> {
         let c = |value: f32| scalar(value, x.dtype());

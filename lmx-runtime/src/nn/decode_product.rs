@@ -9,7 +9,7 @@
 
 use super::custom_vjp::gradient_free;
 use super::shared_input::split_by_layer;
-use super::LinearParams;
+use super::{Activation, LinearParams};
 use crate::cuda;
 use crate::error::Result;
 use mlx_rs::Array;
@@ -43,6 +43,36 @@ pub(super) fn decode_products(layers: &[&LinearParams], x: &Array) -> Result<Opt
         return Ok(None);
     };
     Ok(Some(split_by_layer(&y, &weights)?))
+}
+
+/// `layer(activation(x))`, or with `up`, `layer(activation(x) * up)` (a gated MLP's down
+/// projection), through one launch of the kernel that activates its input as it reads it, or
+/// `None` where [`decode_product`] would not apply, the layer is quantized or adapted, or `up`
+/// is not shaped and typed as `x`.
+pub(super) fn decode_product_of(
+    layer: &LinearParams,
+    activation: Activation,
+    x: &Array,
+    up: Option<&Array>,
+) -> Result<Option<Array>> {
+    let biases = layer.bias.as_ref().map(|bias| [bias]);
+    let up_fits = up.is_none_or(|up| up.shape() == x.shape() && up.dtype() == x.dtype());
+    if !layer.is_plain()
+        || !up_fits
+        || !gradient_free()
+        || !cuda::matvec_fits(x, &[&layer.weight], biases.as_ref().map(|b| &b[..]))
+        || !cuda::available()
+    {
+        return Ok(None);
+    }
+    let bias = layer.bias.as_ref();
+    Ok(Some(cuda::matvec_activated(
+        activation,
+        x,
+        up,
+        &layer.weight,
+        bias,
+    )?))
 }
 
 #[cfg(test)]

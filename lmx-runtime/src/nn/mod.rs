@@ -2,6 +2,7 @@
 //! that apply them. Layers are plain functions of their parameters, so a model's forward pass is
 //! a pure function of its parameter tree, as the compiled step requires.
 
+mod activated_product;
 mod activation;
 mod column_sum;
 mod custom_vjp;
@@ -27,6 +28,7 @@ mod shared_input;
 mod switch;
 mod tiled_attention;
 
+pub use activated_product::{activated_linear_in, gated_linear_in};
 pub use activation::*;
 pub use column_sum::column_sum;
 pub use custom_vjp::without_gradients;

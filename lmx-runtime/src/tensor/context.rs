@@ -187,6 +187,41 @@ impl<'a> Context<'a> {
         Ok(outputs.map(Tensor))
     }
 
+    /// A linear layer of a gated MLP's product, `layer(silu(gate) * up)`, as
+    /// [`linear`](Self::linear) over `tensor::nn::swiglu` computes it; in decoding one launch
+    /// that activates the layer's input as it reads it, as a `.lmx` model's
+    /// `down_proj(silu(gate) * up)` is (`nn::gated_linear_in`).
+    pub fn gated_linear(
+        &mut self,
+        params: &crate::nn::LinearParams<Tensor>,
+        gate: &Tensor,
+        up: &Tensor,
+    ) -> Result<Tensor> {
+        Ok(Tensor(crate::nn::gated_linear_in(
+            &super::arrays(params),
+            &gate.0,
+            &up.0,
+            self.inner,
+        )?))
+    }
+
+    /// A linear layer of an activated input, `layer(activation(x))`, as
+    /// [`linear`](Self::linear) over the activation computes it; in decoding one launch, as a
+    /// `.lmx` model's `c_proj(gelu_approx(h))` is (`nn::activated_linear_in`).
+    pub fn activated_linear(
+        &mut self,
+        params: &crate::nn::LinearParams<Tensor>,
+        activation: crate::nn::Activation,
+        x: &Tensor,
+    ) -> Result<Tensor> {
+        Ok(Tensor(crate::nn::activated_linear_in(
+            &super::arrays(params),
+            activation,
+            &x.0,
+            self.inner,
+        )?))
+    }
+
     /// Stacked experts (`tensor::nn::experts`) whose adapters' dropout is on in a training step,
     /// its masks drawn from the step's key; elsewhere the same as `tensor::nn::experts`.
     pub fn experts(

@@ -1,0 +1,101 @@
+//! A linear layer of an activated input, `layer(f(x))` (GPT-2's MLP), or of a gated MLP's
+//! product, `layer(silu(gate) * up)` (LLaMA's): in decoding, one launch of lmx's
+//! matrix-vector kernel that activates its input as it reads it, so the activation is no kernel
+//! of its own; everywhere else the activation, then the layer, as written.
+
+use super::decode_product::decode_product_of;
+use super::{linear_in, swiglu, Activation, LinearParams};
+use crate::error::Result;
+use crate::model::Context;
+use mlx_rs::Array;
+
+/// `layer(activation(x))`, as [`linear_in`] over [`Activation::of`] computes it (an adapter's
+/// dropout on in a training step); in decoding (no gradient taken, a CUDA GPU, a few rows, a
+/// plain layer) through one launch, each activated value rounded to `x`'s dtype as
+/// [`Activation::of`] rounds it.
+pub fn activated_linear_in(
+    params: &LinearParams,
+    activation: Activation,
+    x: &Array,
+    ctx: &mut Context,
+) -> Result<Array> {
+    if let Some(y) = decode_product_of(params, activation, x, None)? {
+        return Ok(y);
+    }
+    linear_in(params, &activation.of(x)?, ctx)
+}
+
+/// `layer(silu(gate) * up)`, as [`linear_in`] over [`swiglu`] computes it; in decoding through
+/// one launch, as [`activated_linear_in`].
+pub fn gated_linear_in(
+    params: &LinearParams,
+    gate: &Array,
+    up: &Array,
+    ctx: &mut Context,
+) -> Result<Array> {
+    if let Some(y) = decode_product_of(params, Activation::Silu, gate, Some(up))? {
+        return Ok(y);
+    }
+    linear_in(params, &swiglu(gate, up)?, ctx)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cuda;
+    use crate::nn::{linear, without_gradients};
+    use mlx_rs::Dtype;
+
+    fn normal(shape: &[i32]) -> Array {
+        mlx_rs::random::normal::<f32>(shape, None, None, None)
+            .unwrap()
+            .as_dtype(Dtype::Bfloat16)
+            .unwrap()
+    }
+
+    /// The largest difference of `a` from `b`, relative to `b`'s largest magnitude (at least 1).
+    fn largest_difference(a: &Array, b: &Array) -> f32 {
+        let f32 = |x: &Array| x.as_dtype(Dtype::Float32).unwrap();
+        let largest = |x: Array| x.abs().unwrap().max(None).unwrap().item_cast::<f32>();
+        largest(f32(a).subtract(f32(b)).unwrap()) / largest(f32(b)).max(1.0)
+    }
+
+    /// Both calls are the layer of the activated input or of the gated product: the same
+    /// arrays where a gradient may be taken (and on the CPU, where no kernel runs), and within
+    /// bfloat16's rounding of them in decoding on CUDA, for a layer with a bias and one without.
+    #[test]
+    fn the_layer_of_the_activated_input() {
+        let (x, up) = (normal(&[1, 1, 64]), normal(&[1, 1, 64]));
+        for bias in [None, Some(normal(&[16]))] {
+            let layer = LinearParams::new(normal(&[16, 64]), bias);
+            let mut ctx = Context::evaluation();
+            for activation in [Activation::Gelu, Activation::GeluTanh, Activation::Silu] {
+                let want = linear(&layer, &activation.of(&x).unwrap()).unwrap();
+                let got = activated_linear_in(&layer, activation, &x, &mut ctx).unwrap();
+                assert_eq!(largest_difference(&got, &want), 0.0, "{activation:?}");
+                let decoded = without_gradients(|| {
+                    let want = linear(&layer, &activation.of(&x)?)?;
+                    let got = activated_linear_in(&layer, activation, &x, &mut ctx)?;
+                    Ok::<_, crate::Error>((want, got))
+                });
+                let (want, got) = decoded.unwrap();
+                let tolerance = if cuda::available() { 0.02 } else { 0.0 };
+                assert!(
+                    largest_difference(&got, &want) <= tolerance,
+                    "{activation:?}"
+                );
+            }
+            let want = linear(&layer, &swiglu(&x, &up).unwrap()).unwrap();
+            let got = gated_linear_in(&layer, &x, &up, &mut ctx).unwrap();
+            assert_eq!(largest_difference(&got, &want), 0.0);
+            let (want, got) = without_gradients(|| {
+                let want = linear(&layer, &swiglu(&x, &up)?)?;
+                let got = gated_linear_in(&layer, &x, &up, &mut ctx)?;
+                Ok::<_, crate::Error>((want, got))
+            })
+            .unwrap();
+            let tolerance = if cuda::available() { 0.02 } else { 0.0 };
+            assert!(largest_difference(&got, &want) <= tolerance);
+        }
+    }
+}
