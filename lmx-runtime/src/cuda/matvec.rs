@@ -9,7 +9,9 @@
 //! projections; a gated MLP's gate and up projections) in one launch, whose output is their
 //! outputs side by side, a bias added where the layers have one. Each of the input's rows (at
 //! most [`MAX_ROWS`]) is multiplied by every weight row as that row is read, accumulated in
-//! float32.
+//! float32. For one weight the input may be activated as the kernel reads it (`f(x)`, or a gated
+//! MLP's `f(gate) * up`): each block activates the input once into shared memory, where its
+//! warps read it, so that the activation is no kernel of its own.
 //!
 //! It has no gradient: it is taken only where none is
 //! ([`without_gradients`](crate::nn::without_gradients)).
@@ -29,6 +31,13 @@ pub(crate) const MAX_WEIGHTS: usize = 3;
 
 /// Threads per block: four warps, each one output feature.
 const THREADS: i32 = 128;
+
+/// Threads per block over an activated input: eight warps share each activation of it.
+const ACTIVATED_THREADS: i32 = 256;
+
+/// The most bytes of activated input (its rows times their width) one block holds in shared
+/// memory.
+const MAX_ACTIVATED_BYTES: i64 = 32 * 1024;
 
 thread_local! {
     /// The kernel for 1, 2 and 3 weights, without and with biases.
@@ -89,8 +98,9 @@ __device__ inline uint4 lmx_matvec_load(const T* p, bool aligned) {
 /// The kernel's input names and body for `count` weights, with biases or not, over `input`.
 ///
 /// Template arguments: `T` (the element type), `R` (the input's rows), `V` (values per 16
-/// bytes) and, over an activated or gated input, `ACT`. Output feature `f` of row `r` is the dot product of input row `r` with row `f` of the
-/// weights stacked in order (then `+ b[f]`).
+/// bytes) and, over an activated or gated input, `ACT` (the activation) and `KT` (the input's
+/// width, sizing the shared memory it is activated into). Output feature `f` of row `r` is the
+/// dot product of input row `r` with row `f` of the weights stacked in order (then `+ b[f]`).
 fn source(count: usize, biased: bool, input: Input) -> (Vec<String>, String) {
     let mut inputs = vec!["x".to_owned()];
     if input == Input::Gated {
@@ -124,20 +134,40 @@ fn source(count: usize, biased: bool, input: Input) -> (Vec<String>, String) {
     } else {
         "0.0f"
     };
+    // An activated input is computed once per block, into shared memory, where every warp of
+    // the block reads it: computed by each warp, the activation (an exponential and a division
+    // a value for SiLU) would cost more than reading the weight row.
+    let (activate, source_x, x_address) = match input {
+        Input::Plain => (String::new(), "x", " | reinterpret_cast<size_t>(x)"),
+        Input::Activated | Input::Gated => {
+            let up = match input {
+                Input::Gated => " * static_cast<float>(u[i])",
+                _ => "",
+            };
+            let activate = format!(
+                r#"
+  __shared__ __align__(16) T xs[R * KT];
+  for (int i = threadIdx.x; i < R * KT; i += blockDim.x) {{
+    xs[i] = static_cast<T>(lmx_activation<ACT>(static_cast<float>(x[i])){up});
+  }}
+  __syncthreads();"#
+            );
+            (activate, "xs", "")
+        }
+    };
     let body = format!(
         r#"
   constexpr int WARP = 32;
   const int K = w0_shape[1];
   const int total = {total};
   const int f = (blockIdx.x * blockDim.x + threadIdx.x) / WARP;
-  const int lane = threadIdx.x % WARP;
+  const int lane = threadIdx.x % WARP;{activate}
   if (f >= total) {{
     return;
   }}
 {pick}
   const T* wr = w + size_t(row) * K;
-  const bool aligned =
-      ((reinterpret_cast<size_t>(wr) | reinterpret_cast<size_t>(x){u_address}) % 16) == 0;
+  const bool aligned = ((reinterpret_cast<size_t>(wr){x_address}) % 16) == 0;
   const int vectors = K / V;
   float acc[R];
 #pragma unroll
@@ -150,11 +180,12 @@ fn source(count: usize, biased: bool, input: Input) -> (Vec<String>, String) {
     const T* wt = reinterpret_cast<const T*>(&wp);
 #pragma unroll
     for (int r = 0; r < R; ++r) {{
-      const uint4 xp = lmx_matvec_load<T, V>(x + size_t(r) * K + size_t(i) * V, aligned);
-      const T* xt = reinterpret_cast<const T*>(&xp);{u_load}
+      const uint4 xp =
+          lmx_matvec_load<T, V>({source_x} + size_t(r) * K + size_t(i) * V, aligned);
+      const T* xt = reinterpret_cast<const T*>(&xp);
 #pragma unroll
       for (int j = 0; j < V; ++j) {{
-        acc[r] += static_cast<float>(wt[j]) * {value};
+        acc[r] += static_cast<float>(wt[j]) * static_cast<float>(xt[j]);
       }}
     }}
   }}
@@ -174,27 +205,6 @@ fn source(count: usize, biased: bool, input: Input) -> (Vec<String>, String) {
   }}
 "#,
         total = total.join(" + "),
-        u_address = match input {
-            Input::Gated => " | reinterpret_cast<size_t>(u)",
-            _ => "",
-        },
-        u_load = match input {
-            Input::Gated => {
-                "\n      const uint4 up = lmx_matvec_load<T, V>(u + size_t(r) * K + size_t(i) * V, \
-                 aligned);\n      const T* ut = reinterpret_cast<const T*>(&up);"
-            }
-            _ => "",
-        },
-        value = match input {
-            Input::Plain => "static_cast<float>(xt[j])",
-            Input::Activated => {
-                "static_cast<float>(static_cast<T>(lmx_activation<ACT>(static_cast<float>(xt[j]))))"
-            }
-            Input::Gated => {
-                "static_cast<float>(static_cast<T>(\n            \
-                 lmx_activation<ACT>(static_cast<float>(xt[j])) * static_cast<float>(ut[j])))"
-            }
-        },
     );
     (inputs, body)
 }
@@ -232,13 +242,32 @@ pub(crate) fn matvec(x: &Array, weights: &[&Array], biases: Option<&[&Array]>) -
     inputs.extend(weights.iter().map(|&w| w.clone()));
     inputs.extend(biases.into_iter().flatten().map(|&b| b.clone()));
     let biased = usize::from(biases.is_some());
-    KERNELS.with(|kernels| launch(&kernels[weights.len() - 1][biased], &inputs, weights, None))
+    KERNELS.with(|kernels| {
+        let kernel = &kernels[weights.len() - 1][biased];
+        launch(kernel, &inputs, weights, (THREADS, &[]))
+    })
+}
+
+/// Whether [`matvec_activated`] takes `x` (and `up`), `weight` and `bias`: as [`matvec_fits`]
+/// takes `x` and the weight, `up` shaped and typed as `x`, and the activated rows at most
+/// [`MAX_ACTIVATED_BYTES`].
+pub(crate) fn matvec_activated_fits(
+    x: &Array,
+    up: Option<&Array>,
+    weight: &Array,
+    bias: Option<&Array>,
+) -> bool {
+    let biases = bias.map(|bias| [bias]);
+    let up_fits = up.is_none_or(|up| up.shape() == x.shape() && up.dtype() == x.dtype());
+    matvec_fits(x, &[weight], biases.as_ref().map(|b| &b[..]))
+        && up_fits
+        && x.nbytes() as i64 <= MAX_ACTIVATED_BYTES
 }
 
 /// `activation(x) @ weight.T (+ bias)`, or with `up`, `(activation(x) * up) @ weight.T (+ bias)`
 /// (a gated MLP's down projection): `[..., features]` in `x`'s dtype, each value of the
 /// activated input rounded to that dtype before it is multiplied. Callers check
-/// [`matvec_fits`] for `x` and the weight, and that `up` is shaped and typed as `x`.
+/// [`matvec_activated_fits`].
 pub(crate) fn matvec_activated(
     activation: Activation,
     x: &Array,
@@ -251,22 +280,23 @@ pub(crate) fn matvec_activated(
     inputs.push(weight.clone());
     inputs.extend(bias.cloned());
     let (gated, biased) = (usize::from(up.is_some()), usize::from(bias.is_some()));
+    let template = [
+        TemplateArg::Int("ACT", activation as i32),
+        TemplateArg::Int("KT", *x.shape().last().unwrap_or(&1)),
+    ];
     ACTIVATED_KERNELS.with(|kernels| {
-        launch(
-            &kernels[gated][biased],
-            &inputs,
-            &[weight],
-            Some(activation),
-        )
+        let kernel = &kernels[gated][biased];
+        launch(kernel, &inputs, &[weight], (ACTIVATED_THREADS, &template))
     })
 }
 
-/// One launch of `kernel` over `inputs` (`x` first), a warp per output feature of `weights`.
+/// One launch of `kernel` over `inputs` (`x` first), a warp per output feature of `weights`, in
+/// blocks of `threads`, with the template arguments `more` besides `T`, `R` and `V`.
 fn launch(
     kernel: &Result<Kernel>,
     inputs: &[Array],
     weights: &[&Array],
-    activation: Option<Activation>,
+    (threads, more): (i32, &[TemplateArg]),
 ) -> Result<Array> {
     let kernel = kernel
         .as_ref()
@@ -282,13 +312,13 @@ fn launch(
         TemplateArg::Int("R", rows),
         TemplateArg::Int("V", pack_width(x.dtype())),
     ];
-    template.extend(activation.map(|activation| TemplateArg::Int("ACT", activation as i32)));
+    template.extend_from_slice(more);
     let mut outputs = kernel.launch(
         inputs,
         &Launch {
             outputs: &[(&shape, x.dtype())],
             grid: (features * 32, 1, 1),
-            block: (THREADS, 1, 1),
+            block: (threads, 1, 1),
             template: &template,
         },
     )?;
@@ -344,6 +374,28 @@ mod tests {
             None
         ));
         assert!(!matvec_fits(&x, &[&normal(&[0, 64], bf)], None));
+        // An activated input: one weight, `up` as `x`, the rows within the shared memory.
+        assert!(matvec_activated_fits(&x, None, &w, Some(&b)));
+        assert!(matvec_activated_fits(&x, Some(&x), &w, None));
+        assert!(!matvec_activated_fits(
+            &x,
+            Some(&normal(&[1, 2, 64], bf)),
+            &w,
+            None
+        ));
+        let wide = normal(&[8, 16384], bf);
+        assert!(matvec_activated_fits(
+            &normal(&[1, 16384], bf),
+            None,
+            &wide,
+            None
+        ));
+        assert!(!matvec_activated_fits(
+            &normal(&[2, 16384], bf),
+            None,
+            &wide,
+            None
+        ));
     }
 
     /// Three weights (a query's and a narrower key's and value's) over 1, 3 and 8 rows, with and
@@ -410,54 +462,61 @@ mod tests {
         }
     }
 
-    /// One weight over an activated input (each activation) and over a gated product (SiLU),
-    /// with and without a bias, over 1 and 3 rows in every float dtype, equal the products in
-    /// float32 of the activated input rounded to the dtype; an input off 16 bytes too.
+    /// One weight over an activated input and over a gated product, with and without a bias,
+    /// equal the products in float32 of the activated input rounded to the dtype: every
+    /// activation, over 1 and 3 rows, in bfloat16; GELU's tanh form and the SiLU-gated product
+    /// over one row in float32 and float16 (each case is a kernel compiled at its first launch);
+    /// an input off 16 bytes too.
     #[test]
     fn activated_and_gated_inputs_equal_float32_products() {
         if !crate::cuda::available() {
             return;
         }
+        use Activation::{Gelu, GeluTanh, Silu};
         let f32 = |a: &Array| a.as_dtype(Dtype::Float32).unwrap();
-        for (dtype, tolerance) in [
-            (Dtype::Float32, 1e-4),
-            (Dtype::Float16, 4e-3),
-            (Dtype::Bfloat16, 2e-2),
-        ] {
+        let bf16 = (Dtype::Bfloat16, 2e-2, &[1, 3][..]);
+        let cases = [
+            (bf16, Gelu, false),
+            (bf16, GeluTanh, false),
+            (bf16, Silu, false),
+            (bf16, Silu, true),
+            ((Dtype::Float32, 1e-4, &[1][..]), GeluTanh, false),
+            ((Dtype::Float32, 1e-4, &[1][..]), Silu, true),
+            ((Dtype::Float16, 4e-3, &[1][..]), GeluTanh, false),
+            ((Dtype::Float16, 4e-3, &[1][..]), Silu, true),
+        ];
+        for ((dtype, tolerance, rows), activation, gated) in cases {
             let (w, b) = (normal(&[40, 136], dtype), normal(&[40], dtype));
-            for rows in [1, 3] {
+            for &rows in rows {
                 let flat = normal(&[rows * 136 + 1], dtype);
                 let aligned = flat.index(..rows * 136).reshape(&[rows, 1, 136]).unwrap();
                 let misaligned = flat.index(1..).reshape(&[rows, 1, 136]).unwrap();
                 let up = normal(&[rows, 1, 136], dtype);
+                let up = gated.then_some(&up);
                 for x in [aligned, misaligned] {
-                    for activation in [Activation::Gelu, Activation::GeluTanh, Activation::Silu] {
-                        let activated = activation.of(&f32(&x)).unwrap();
-                        let gated = activated.multiply(f32(&up)).unwrap();
-                        for (input, up) in [(activated, None), (gated, Some(&up))] {
-                            let input = f32(&input.as_dtype(dtype).unwrap());
-                            let want = input.matmul(f32(&w).t()).unwrap();
-                            for bias in [None, Some(&b)] {
-                                let want = match bias {
-                                    Some(b) => want.add(f32(b)).unwrap(),
-                                    None => want.clone(),
-                                };
-                                let got = matvec_activated(activation, &x, up, &w, bias).unwrap();
-                                assert_eq!(got.shape(), &[rows, 1, 40]);
-                                assert_eq!(got.dtype(), dtype);
-                                let scale = want.abs().unwrap().max(None).unwrap();
-                                let scale = scale.item_cast::<f32>().max(1.0);
-                                let err = f32(&got).subtract(&want).unwrap().abs().unwrap();
-                                let err = err.max(None).unwrap().item_cast::<f32>() / scale;
-                                assert!(
-                                    err <= tolerance,
-                                    "{dtype:?} {activation:?} rows {rows} gated {} biased {}: \
-                                     {err}",
-                                    up.is_some(),
-                                    bias.is_some()
-                                );
-                            }
-                        }
+                    let mut input = activation.of(&f32(&x)).unwrap();
+                    if let Some(up) = up {
+                        input = input.multiply(f32(up)).unwrap();
+                    }
+                    let input = f32(&input.as_dtype(dtype).unwrap());
+                    let want = input.matmul(f32(&w).t()).unwrap();
+                    for bias in [None, Some(&b)] {
+                        let want = match bias {
+                            Some(b) => want.add(f32(b)).unwrap(),
+                            None => want.clone(),
+                        };
+                        let got = matvec_activated(activation, &x, up, &w, bias).unwrap();
+                        assert_eq!(got.shape(), &[rows, 1, 40]);
+                        assert_eq!(got.dtype(), dtype);
+                        let scale = want.abs().unwrap().max(None).unwrap();
+                        let scale = scale.item_cast::<f32>().max(1.0);
+                        let err = f32(&got).subtract(&want).unwrap().abs().unwrap();
+                        let err = err.max(None).unwrap().item_cast::<f32>() / scale;
+                        assert!(
+                            err <= tolerance,
+                            "{dtype:?} {activation:?} rows {rows} gated {gated} biased {}: {err}",
+                            bias.is_some()
+                        );
                     }
                 }
             }

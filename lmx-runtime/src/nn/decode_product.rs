@@ -47,25 +47,22 @@ pub(super) fn decode_products(layers: &[&LinearParams], x: &Array) -> Result<Opt
 
 /// `layer(activation(x))`, or with `up`, `layer(activation(x) * up)` (a gated MLP's down
 /// projection), through one launch of the kernel that activates its input as it reads it, or
-/// `None` where [`decode_product`] would not apply, the layer is quantized or adapted, or `up`
-/// is not shaped and typed as `x`.
+/// `None` where it does not apply: off CUDA, where a gradient may be taken, for a quantized or
+/// adapted layer, or operands it does not read.
 pub(super) fn decode_product_of(
     layer: &LinearParams,
     activation: Activation,
     x: &Array,
     up: Option<&Array>,
 ) -> Result<Option<Array>> {
-    let biases = layer.bias.as_ref().map(|bias| [bias]);
-    let up_fits = up.is_none_or(|up| up.shape() == x.shape() && up.dtype() == x.dtype());
+    let bias = layer.bias.as_ref();
     if !layer.is_plain()
-        || !up_fits
         || !gradient_free()
-        || !cuda::matvec_fits(x, &[&layer.weight], biases.as_ref().map(|b| &b[..]))
+        || !cuda::matvec_activated_fits(x, up, &layer.weight, bias)
         || !cuda::available()
     {
         return Ok(None);
     }
-    let bias = layer.bias.as_ref();
     Ok(Some(cuda::matvec_activated(
         activation,
         x,
