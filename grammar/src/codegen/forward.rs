@@ -1720,7 +1720,6 @@ pub(crate) fn convert(s: &S, from: &SType, to: &SType) -> TokenStream {
     }
 }
 
-/// The input of `e` when it is a call of the built-in `silu` over a tensor.
 /// The `nn::Activation` variant and the input of `f(x)`, `f` a built-in activation
 /// ([`ACTIVATIONS`]) applied to a tensor.
 fn activation_input<'e>(typed: &Typed, e: &'e Expr) -> Option<(&'static str, &'e Expr)> {
@@ -1738,6 +1737,7 @@ fn activation_input<'e>(typed: &Typed, e: &'e Expr) -> Option<(&'static str, &'e
     Some((activation, input))
 }
 
+/// The input of `e` when it is a call of the built-in `silu` over a tensor.
 fn silu_input<'e>(typed: &Typed, e: &'e Expr) -> Option<&'e Expr> {
     let ExprKind::Call(_, args) = &e.kind else {
         return None;

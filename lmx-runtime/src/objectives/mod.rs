@@ -7,7 +7,8 @@
 //! Each loss is a function of arrays (log-probabilities, logits, rewards), so that a step's loss
 //! calls it inside the compiled step, over the policy's and the frozen models' forward passes:
 //! the frozen models' parameters reach that step as inputs without gradients
-//! ([`TrainStep::with_frozen`](crate::step::TrainStep::with_frozen)).
+//! ([`TrainStep::with_frozen`](crate::step::TrainStep::with_frozen)). GRPO's reference reaches a
+//! compiled pass of its own instead ([`ReferenceLogprobs`]), whose output its update reads.
 
 pub mod curriculum;
 pub mod difficulty_rows;

@@ -200,7 +200,7 @@ fn complete<M: LanguageModel>(
 }
 
 /// GRPO of model `M` over batches of [`Rollouts::batch`] followed by the frozen reference's
-/// per-token log-probabilities of them ([`ReferenceLogprobs`](super::ReferenceLogprobs), a pass
+/// per-token log-probabilities of them ([`ReferenceLogprobs`], a pass
 /// of its own that the update reads): lmxlab's `grpo_loss` (the clipped surrogate with
 /// `epsilon`, `beta` times the KL to the reference) over the completions' tokens, one update per
 /// batch (the policy that sampled them is the policy's own values, their gradient stopped). It
