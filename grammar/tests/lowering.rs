@@ -23,7 +23,8 @@ model Gated {
         let e = down(silu(x = gate(x)) * up(x))
         let f = down(2.0 * (silu(gate(x)) * up(x)))
         let g = down(gelu(gate(x) + up(x)))
-        proj(a + b + c + d + e + f + g)
+        let h = down(gelu_approx(gate(x)) * up(x))
+        proj(a + b + c + d + e + f + g + h)
     }
 }
 "#;
@@ -31,7 +32,8 @@ model Gated {
 /// `silu(gate) * up`, in either order and with `silu`'s argument by keyword, is one gated
 /// product whose factors are bound first (here both linear layers on `x`, applied together in
 /// the source's order); as a linear layer's whole input it is one call with the layer
-/// (`nn::gated_linear_in`), as is a built-in activation (`nn::activated_linear_in`); a static
+/// (`nn::gated_linear_in`), as are another activation's gated product (Gemma's GELU) and a
+/// built-in activation of the input (`nn::activated_linear_in`); a static
 /// factor, or any other product, stays as written.
 #[test]
 fn a_silu_gated_product_is_one_function() {
@@ -42,8 +44,15 @@ fn a_silu_gated_product_is_one_function() {
         .to_string();
     let code: String = code.split_whitespace().collect();
     assert_eq!(
-        code.matches("nn::gated_linear_in(&params.down,").count(),
+        code.matches("nn::gated_linear_in(&params.down,nn::Activation::Silu,")
+            .count(),
         3,
+        "{code}"
+    );
+    assert_eq!(
+        code.matches("nn::gated_linear_in(&params.down,nn::Activation::GeluTanh,")
+            .count(),
+        1,
         "{code}"
     );
     assert_eq!(code.matches("nn::swiglu(").count(), 1, "{code}");

@@ -4,7 +4,7 @@
 //! `#[lmx::step]`.
 
 use lmx::runtime::nn::init::{self, Keys};
-use lmx::runtime::nn::{EmbeddingParams, LinearParams, RmsNormParams};
+use lmx::runtime::nn::{Activation, EmbeddingParams, LinearParams, RmsNormParams};
 use lmx::runtime::optim::AdamW;
 use lmx::runtime::tensor::nn::{
     cross_entropy, embedding, linear, merge_heads, rms_norm, rope, split_heads,
@@ -202,7 +202,7 @@ fn mlp(params: &Mlp<Tensor>, x: &Tensor, ctx: &mut Context) -> Result<Tensor> {
     // The gate and up projections one product where that pays, and the down projection of
     // their gated product one call (one launch in decoding), as the `.lmx` LLaMA's are.
     let [gate, up] = ctx.linears([&params.gate_proj, &params.up_proj], x)?;
-    ctx.gated_linear(&params.down_proj, &gate, &up)
+    ctx.gated_linear(&params.down_proj, Activation::Silu, &gate, &up)
 }
 
 /// The next-token loss: mean cross-entropy of the logits for `tokens` against `targets`.

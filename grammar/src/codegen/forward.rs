@@ -1189,47 +1189,62 @@ impl<'g, 'm> Fx<'g, 'm> {
     /// (`nn::swiglu`, which picks lmx's kernels or the two operations at run time). `None` for
     /// any other product. A static `up` takes the two operations.
     fn gated_product(&mut self, a: &Expr, b: &Expr, span: Span) -> R<Option<X>> {
-        let Some((gate, up)) = self.gate_and_up(a, b)? else {
+        let Some((activation, gate, up)) = self.gate_and_up(a, b, |f| f == "Silu")? else {
             return Ok(None);
         };
-        self.gated_value(gate, up, span).map(Some)
+        self.gated_value(activation, gate, up, span).map(Some)
     }
 
-    /// The factors of `silu(gate) * up` or `up * silu(gate)` (`silu` the built-in), each bound
+    /// The `nn::Activation` variant and the factors of `f(gate) * up` or `up * f(gate)`, `f` a
+    /// built-in activation ([`ACTIVATIONS`]) whose variant `wanted` accepts, each factor bound
     /// before the next is lowered, so that what they draw from the step's key (an adapter's
     /// dropout) they draw in the order written. `None` for any other product.
-    fn gate_and_up(&mut self, a: &Expr, b: &Expr) -> R<Option<(T, X)>> {
+    fn gate_and_up(
+        &mut self,
+        a: &Expr,
+        b: &Expr,
+        wanted: impl Fn(&str) -> bool,
+    ) -> R<Option<(&'static str, T, X)>> {
         let typed = &self.g.model.typed;
-        Ok(Some(match (silu_input(typed, a), silu_input(typed, b)) {
-            (Some(gate), _) => {
+        let gate_of = |e| activation_input(typed, e).filter(|(f, _)| wanted(f));
+        Ok(Some(match (gate_of(a), gate_of(b)) {
+            (Some((activation, gate)), _) => {
                 let gate = self.tensor_expr(gate)?;
                 let gate = self.hoist(gate, "gate");
-                (gate, self.expr(b)?)
+                (activation, gate, self.expr(b)?)
             }
-            (None, Some(gate)) => {
+            (None, Some((activation, gate))) => {
                 let up = match self.expr(a)? {
                     X::Tensor(up) => X::Tensor(self.hoist(up, "value")),
                     up => up,
                 };
-                (self.tensor_expr(gate)?, up)
+                (activation, self.tensor_expr(gate)?, up)
             }
             (None, None) => return Ok(None),
         }))
     }
 
-    /// `silu(gate) * up` of lowered factors.
-    fn gated_value(&mut self, gate: T, up: X, span: Span) -> R<X> {
-        Ok(match up {
-            X::Tensor(up) => {
-                let (gate, up) = (gate.r(), up.r());
-                X::Tensor(T::owned(quote!(nn::swiglu(#gate, #up)?)))
+    /// `f(gate) * up` of lowered factors, `f` the `nn::Activation` variant `activation`: one
+    /// gated product (`nn::swiglu`) for SiLU over a tensor `up`, else the activation, then the
+    /// product.
+    fn gated_value(&mut self, activation: &str, gate: T, up: X, span: Span) -> R<X> {
+        let gate = gate.r();
+        match (activation, up) {
+            ("Silu", X::Tensor(up)) => {
+                let up = up.r();
+                Ok(X::Tensor(T::owned(quote!(nn::swiglu(#gate, #up)?))))
             }
-            up => {
-                let gate = gate.r();
-                let silu = X::Tensor(T::owned(quote!(nn::silu(#gate)?)));
-                self.binary_values(BinaryOp::Mul, silu, up, span)?
+            (activation, up) => {
+                let activated = match activation {
+                    "Silu" => quote!(nn::silu(#gate)?),
+                    other => {
+                        let other = format_ident!("{}", other);
+                        quote!(nn::Activation::#other.of(#gate)?)
+                    }
+                };
+                self.binary_values(BinaryOp::Mul, X::Tensor(T::owned(activated)), up, span)
             }
-        })
+        }
     }
 
     /// A linear layer at `place` of `f(x)`, `f` a built-in activation ([`ACTIVATIONS`]), or of
@@ -1240,14 +1255,15 @@ impl<'g, 'm> Fx<'g, 'm> {
     fn activated_linear(&mut self, place: &TokenStream, x: &Expr, span: Span) -> R<Result<X, T>> {
         let typed = &self.g.model.typed;
         let call = match &x.kind {
-            ExprKind::Binary(BinaryOp::Mul, _, a, b) => match self.gate_and_up(a, b)? {
-                Some((gate, X::Tensor(up))) => {
+            ExprKind::Binary(BinaryOp::Mul, _, a, b) => match self.gate_and_up(a, b, |_| true)? {
+                Some((activation, gate, X::Tensor(up))) => {
                     let up = self.hoist(up, "up");
                     let (gate, up) = (gate.r(), up.r());
-                    quote!(nn::gated_linear_in(&#place, #gate, #up, pass.ctx)?)
+                    let activation = format_ident!("{}", activation);
+                    quote!(nn::gated_linear_in(&#place, nn::Activation::#activation, #gate, #up, pass.ctx)?)
                 }
-                Some((gate, up)) => {
-                    let product = self.gated_value(gate, up, span)?;
+                Some((activation, gate, up)) => {
+                    let product = self.gated_value(activation, gate, up, span)?;
                     return Ok(Err(self.tensor(product, x.span)?));
                 }
                 None => return Ok(Err(self.tensor_expr(x)?)),
@@ -1735,18 +1751,6 @@ fn activation_input<'e>(typed: &Typed, e: &'e Expr) -> Option<(&'static str, &'e
     }
     let input = args.get((*call.args.first()?)?).map(|arg| &arg.value)?;
     Some((activation, input))
-}
-
-/// The input of `e` when it is a call of the built-in `silu` over a tensor.
-fn silu_input<'e>(typed: &Typed, e: &'e Expr) -> Option<&'e Expr> {
-    let ExprKind::Call(_, args) = &e.kind else {
-        return None;
-    };
-    let call = typed.call(e.span)?;
-    if call.builtin.name != "silu" || call.form != Form::Tensor {
-        return None;
-    }
-    args.get((*call.args.first()?)?).map(|arg| &arg.value)
 }
 
 fn static_binary(op: BinaryOp, sa: S, ta: SType, sb: S, tb: SType, span: Span) -> R<X> {

@@ -1,5 +1,5 @@
 //! A linear layer of an activated input, `layer(f(x))` (GPT-2's MLP), or of a gated MLP's
-//! product, `layer(silu(gate) * up)` (LLaMA's): in decoding, one launch of lmx's
+//! product, `layer(f(gate) * up)` (LLaMA's SiLU, Gemma's GELU): in decoding, one launch of lmx's
 //! matrix-vector kernel that activates its input as it reads it, so the activation is no kernel
 //! of its own; everywhere else the activation, then the layer, as written.
 
@@ -25,18 +25,24 @@ pub fn activated_linear_in(
     linear_in(params, &activation.of(x)?, ctx)
 }
 
-/// `layer(silu(gate) * up)`, as [`linear_in`] over [`swiglu`] computes it; in decoding through
-/// one launch, as [`activated_linear_in`].
+/// `layer(activation(gate) * up)` (a gated MLP's down projection), as [`linear_in`] over the
+/// gated product computes it ([`swiglu`] for SiLU, else the activation, then the product); in
+/// decoding through one launch, as [`activated_linear_in`].
 pub fn gated_linear_in(
     params: &LinearParams,
+    activation: Activation,
     gate: &Array,
     up: &Array,
     ctx: &mut Context,
 ) -> Result<Array> {
-    if let Some(y) = decode_product_of(params, Activation::Silu, gate, Some(up))? {
+    if let Some(y) = decode_product_of(params, activation, gate, Some(up))? {
         return Ok(y);
     }
-    linear_in(params, &swiglu(gate, up)?, ctx)
+    let product = match activation {
+        Activation::Silu => swiglu(gate, up)?,
+        other => other.of(gate)?.multiply(up)?,
+    };
+    linear_in(params, &product, ctx)
 }
 
 #[cfg(test)]
@@ -85,17 +91,26 @@ mod tests {
                     "{activation:?}"
                 );
             }
-            let want = linear(&layer, &swiglu(&x, &up).unwrap()).unwrap();
-            let got = gated_linear_in(&layer, &x, &up, &mut ctx).unwrap();
-            assert_eq!(largest_difference(&got, &want), 0.0);
-            let (want, got) = without_gradients(|| {
-                let want = linear(&layer, &swiglu(&x, &up)?)?;
-                let got = gated_linear_in(&layer, &x, &up, &mut ctx)?;
-                Ok::<_, crate::Error>((want, got))
-            })
-            .unwrap();
-            let tolerance = if cuda::available() { 0.02 } else { 0.0 };
-            assert!(largest_difference(&got, &want) <= tolerance);
+            for activation in [Activation::Gelu, Activation::GeluTanh, Activation::Silu] {
+                let product = |x: &Array, up: &Array| match activation {
+                    Activation::Silu => swiglu(x, up),
+                    other => Ok(other.of(x)?.multiply(up)?),
+                };
+                let want = linear(&layer, &product(&x, &up).unwrap()).unwrap();
+                let got = gated_linear_in(&layer, activation, &x, &up, &mut ctx).unwrap();
+                assert_eq!(largest_difference(&got, &want), 0.0, "{activation:?}");
+                let (want, got) = without_gradients(|| {
+                    let want = linear(&layer, &product(&x, &up)?)?;
+                    let got = gated_linear_in(&layer, activation, &x, &up, &mut ctx)?;
+                    Ok::<_, crate::Error>((want, got))
+                })
+                .unwrap();
+                let tolerance = if cuda::available() { 0.02 } else { 0.0 };
+                assert!(
+                    largest_difference(&got, &want) <= tolerance,
+                    "{activation:?}"
+                );
+            }
         }
     }
 }

@@ -187,18 +187,20 @@ impl<'a> Context<'a> {
         Ok(outputs.map(Tensor))
     }
 
-    /// A linear layer of a gated MLP's product, `layer(silu(gate) * up)`, as
-    /// [`linear`](Self::linear) over `tensor::nn::swiglu` computes it; in decoding one launch
-    /// that activates the layer's input as it reads it, as a `.lmx` model's
+    /// A linear layer of a gated MLP's product, `layer(activation(gate) * up)`, as
+    /// [`linear`](Self::linear) over the product computes it (`tensor::nn::swiglu` for SiLU); in
+    /// decoding one launch that activates the layer's input as it reads it, as a `.lmx` model's
     /// `down_proj(silu(gate) * up)` is (`nn::gated_linear_in`).
     pub fn gated_linear(
         &mut self,
         params: &crate::nn::LinearParams<Tensor>,
+        activation: crate::nn::Activation,
         gate: &Tensor,
         up: &Tensor,
     ) -> Result<Tensor> {
         Ok(Tensor(crate::nn::gated_linear_in(
             &super::arrays(params),
+            activation,
             &gate.0,
             &up.0,
             self.inner,
