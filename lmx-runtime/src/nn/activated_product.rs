@@ -11,8 +11,9 @@ use mlx_rs::Array;
 
 /// `layer(activation(x))`, as [`linear_in`] over [`Activation::of`] computes it (an adapter's
 /// dropout on in a training step); in decoding (no gradient taken, a CUDA GPU, a few rows, a
-/// plain layer) through one launch, each activated value rounded to `x`'s dtype as
-/// [`Activation::of`] rounds it.
+/// plain layer) through one launch, each activated value computed in float32 and rounded once
+/// to `x`'s dtype, as lmx's activation kernels compute it in training (MLX's operations, which
+/// [`Activation::of`] takes in decoding, round after each step: within that dtype's rounding).
 pub fn activated_linear_in(
     params: &LinearParams,
     activation: Activation,
@@ -66,50 +67,40 @@ mod tests {
         largest(f32(a).subtract(f32(b)).unwrap()) / largest(f32(b)).max(1.0)
     }
 
-    /// Both calls are the layer of the activated input or of the gated product: the same
-    /// arrays where a gradient may be taken (and on the CPU, where no kernel runs), and within
-    /// bfloat16's rounding of them in decoding on CUDA, for a layer with a bias and one without.
+    /// Both calls are the layer of the activated input or of the gated product, for each
+    /// activation: the same arrays where a gradient may be taken (and on the CPU, where no kernel
+    /// runs), and within bfloat16's rounding of them in decoding on CUDA, for a layer with a bias
+    /// and one without.
     #[test]
     fn the_layer_of_the_activated_input() {
         let (x, up) = (normal(&[1, 1, 64]), normal(&[1, 1, 64]));
+        let tolerance = if cuda::available() { 0.02 } else { 0.0 };
         for bias in [None, Some(normal(&[16]))] {
             let layer = LinearParams::new(normal(&[16, 64]), bias);
             let mut ctx = Context::evaluation();
             for activation in [Activation::Gelu, Activation::GeluTanh, Activation::Silu] {
-                let want = linear(&layer, &activation.of(&x).unwrap()).unwrap();
-                let got = activated_linear_in(&layer, activation, &x, &mut ctx).unwrap();
-                assert_eq!(largest_difference(&got, &want), 0.0, "{activation:?}");
-                let decoded = without_gradients(|| {
-                    let want = linear(&layer, &activation.of(&x)?)?;
-                    let got = activated_linear_in(&layer, activation, &x, &mut ctx)?;
-                    Ok::<_, crate::Error>((want, got))
-                });
-                let (want, got) = decoded.unwrap();
-                let tolerance = if cuda::available() { 0.02 } else { 0.0 };
-                assert!(
-                    largest_difference(&got, &want) <= tolerance,
-                    "{activation:?}"
-                );
-            }
-            for activation in [Activation::Gelu, Activation::GeluTanh, Activation::Silu] {
-                let product = |x: &Array, up: &Array| match activation {
-                    Activation::Silu => swiglu(x, up),
-                    other => Ok(other.of(x)?.multiply(up)?),
-                };
-                let want = linear(&layer, &product(&x, &up).unwrap()).unwrap();
-                let got = gated_linear_in(&layer, activation, &x, &up, &mut ctx).unwrap();
-                assert_eq!(largest_difference(&got, &want), 0.0, "{activation:?}");
-                let (want, got) = without_gradients(|| {
-                    let want = linear(&layer, &product(&x, &up)?)?;
-                    let got = gated_linear_in(&layer, activation, &x, &up, &mut ctx)?;
-                    Ok::<_, crate::Error>((want, got))
-                })
-                .unwrap();
-                let tolerance = if cuda::available() { 0.02 } else { 0.0 };
-                assert!(
-                    largest_difference(&got, &want) <= tolerance,
-                    "{activation:?}"
-                );
+                for up in [None, Some(&up)] {
+                    // The two steps: the activated input (or gated product), then the layer.
+                    let want = || {
+                        let input = match (up, activation) {
+                            (None, _) => activation.of(&x)?,
+                            (Some(up), Activation::Silu) => swiglu(&x, up)?,
+                            (Some(up), other) => other.of(&x)?.multiply(up)?,
+                        };
+                        linear(&layer, &input)
+                    };
+                    let got = |ctx: &mut Context| match up {
+                        None => activated_linear_in(&layer, activation, &x, ctx),
+                        Some(up) => gated_linear_in(&layer, activation, &x, up, ctx),
+                    };
+                    let case = format!("{activation:?} gated {}", up.is_some());
+                    let (want_now, got_now) = (want().unwrap(), got(&mut ctx).unwrap());
+                    assert_eq!(largest_difference(&got_now, &want_now), 0.0, "{case}");
+                    let (want, got) =
+                        without_gradients(|| Ok::<_, crate::Error>((want()?, got(&mut ctx)?)))
+                            .unwrap();
+                    assert!(largest_difference(&got, &want) <= tolerance, "{case}");
+                }
             }
         }
     }

@@ -31,7 +31,8 @@ const ALIGNED: i32 = 8;
 /// multiple of [`ALIGN`] when their count is not a multiple of [`ALIGNED`] and the product runs
 /// on a GPU over at least [`MIN_ROWS`](super::gpu_rows::MIN_ROWS) rows of `x`.
 pub fn linear(x: &Array, w: &Array, b: Option<&Array>) -> Result<Array> {
-    if let Some(y) = decode_product(x, &[w], b.map(|b| vec![b]).as_deref())? {
+    let biases = b.map(|b| [b]);
+    if let Some(y) = decode_product(x, &[w], biases.as_ref().map(|b| &b[..]))? {
         return Ok(y);
     }
     let outputs = w.shape()[0];
