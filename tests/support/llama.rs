@@ -160,20 +160,13 @@ pub fn forward(
     ctx: &mut Context,
 ) -> Result<Tensor> {
     let mut h = embedding(&params.model.embed_tokens, tokens)?;
+    // Each block's last projection adds its output to the residual stream `h` (one launch in
+    // decoding), as the `.lmx` LLaMA's `x + self_attn(..)` and `x + mlp(..)` do.
     for layer in &params.model.layers {
-        let attended = attention(
-            &layer.self_attn,
-            &rms_norm(&layer.input_layernorm, &h, config.eps)?,
-            config,
-            ctx,
-        )?;
-        h = h.add(&attended)?;
-        let mixed = mlp(
-            &layer.mlp,
-            &rms_norm(&layer.post_attention_layernorm, &h, config.eps)?,
-            ctx,
-        )?;
-        h = h.add(&mixed)?;
+        let normed = rms_norm(&layer.input_layernorm, &h, config.eps)?;
+        h = attention(&layer.self_attn, &normed, &h, config, ctx)?;
+        let normed = rms_norm(&layer.post_attention_layernorm, &h, config.eps)?;
+        h = mlp(&layer.mlp, &normed, &h, ctx)?;
     }
     linear(
         &params.lm_head,
@@ -181,9 +174,11 @@ pub fn forward(
     )
 }
 
+/// `residual` plus the attention of `x`.
 fn attention(
     params: &Attention<Tensor>,
     x: &Tensor,
+    residual: &Tensor,
     config: &LlamaConfig,
     ctx: &mut Context,
 ) -> Result<Tensor> {
@@ -195,14 +190,21 @@ fn attention(
     let v = split_heads(&v, config.kv_heads)?;
     let q = rope(&q, head_dim, config.rope_base, &ctx.offset())?;
     let k = rope(&k, head_dim, config.rope_base, &ctx.offset())?;
-    linear(&params.o_proj, &merge_heads(&ctx.attend(&q, &k, &v)?)?)
+    let attended = merge_heads(&ctx.attend(&q, &k, &v)?)?;
+    ctx.linear_plus(&params.o_proj, &attended, residual)
 }
 
-fn mlp(params: &Mlp<Tensor>, x: &Tensor, ctx: &mut Context) -> Result<Tensor> {
+/// `residual` plus the gated MLP of `x`.
+fn mlp(params: &Mlp<Tensor>, x: &Tensor, residual: &Tensor, ctx: &mut Context) -> Result<Tensor> {
     // The gate and up projections one product where that pays, and the down projection of
     // their gated product one call (one launch in decoding), as the `.lmx` LLaMA's are.
     let [gate, up] = ctx.linears([&params.gate_proj, &params.up_proj], x)?;
-    ctx.gated_linear(&params.down_proj, Activation::Silu, &gate, &up)
+    ctx.gated_linear(
+        &params.down_proj,
+        Activation::Silu,
+        (&gate, &up),
+        Some(residual),
+    )
 }
 
 /// The next-token loss: mean cross-entropy of the logits for `tokens` against `targets`.

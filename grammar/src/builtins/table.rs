@@ -121,8 +121,8 @@ fn rope_dims(
 }
 
 /// The built-in activations a linear layer may apply to its input as it reads it in decoding
-/// (`layer(gelu(x))`: `nn::activated_linear_in`), each with its `nn::Activation` variant; they
-/// lower as the `unary!` entries of [`TABLE`] do.
+/// (`layer(gelu(x))`: `nn::linear_plus_in` of `nn::LayerInput::Activated`), each with its
+/// `nn::Activation` variant; they lower as the `unary!` entries of [`TABLE`] do.
 pub static ACTIVATIONS: &[(&str, &str)] = &[
     ("gelu", "Gelu"),
     ("gelu_approx", "GeluTanh"),

@@ -350,6 +350,9 @@ pub(crate) struct Fx<'g, 'm> {
     pub drops: bool,
     /// Whether it applies a linear layer, whose adapter may draw dropout masks (`pass.linear`).
     pub linears: bool,
+    /// Whether it applies a linear layer through `nn::linear_plus_in` (an activated or gated
+    /// input, or a residual added), with `pass.ctx`.
+    pub linear_plus: bool,
     /// Whether it applies linear layers to one input together (`pass.linears`).
     pub shares_input: bool,
     /// The groups of linear layers applied to one input in the bodies translated so far.
@@ -365,6 +368,22 @@ pub(crate) struct Fx<'g, 'm> {
     pub frozen: Vec<(String, String)>,
     /// Names that cannot be used for temporaries.
     pub taken: Vec<String>,
+    /// In a block: the span of its last expression where that is a call, which, a linear
+    /// layer's, adds the forward pass's `residual` to its output ([`residual_tail`]).
+    pub residual_tail: Option<Span>,
+    /// Whether the block's last call took `residual`.
+    pub takes_residual: bool,
+    /// The residual of the block call being lowered (`x + block(..)`), taken by that call.
+    pub pending_residual: Option<TokenStream>,
+}
+
+/// The span of `body`'s last expression where it is a call: a linear layer's call there can add
+/// a residual to its output as it writes it (`nn::linear_plus_in`).
+pub(crate) fn residual_tail(body: &crate::ast::Body) -> Option<Span> {
+    match &body.stmts.last()?.kind {
+        StmtKind::Expr(e) if matches!(e.kind, ExprKind::Call(..)) => Some(e.span),
+        _ => None,
+    }
 }
 
 impl<'g, 'm> Fx<'g, 'm> {
@@ -382,6 +401,7 @@ impl<'g, 'm> Fx<'g, 'm> {
             recurs: false,
             drops: false,
             linears: false,
+            linear_plus: false,
             shares_input: false,
             shared: Vec::new(),
             experts: false,
@@ -389,6 +409,9 @@ impl<'g, 'm> Fx<'g, 'm> {
             step_ctx: None,
             frozen: Vec::new(),
             taken: g.taken.clone(),
+            residual_tail: None,
+            takes_residual: false,
+            pending_residual: None,
         }
     }
 
@@ -1180,6 +1203,11 @@ impl<'g, 'm> Fx<'g, 'm> {
                 return Ok(x);
             }
         }
+        if op == BinaryOp::Add && self.site != Site::Step {
+            if let Some(x) = self.residual_sum(a, b)? {
+                return Ok(x);
+            }
+        }
         let xa = self.expr(a)?;
         let xb = self.expr(b)?;
         self.binary_values(op, xa, xb, span)
@@ -1254,13 +1282,13 @@ impl<'g, 'm> Fx<'g, 'm> {
     /// static `up`, whose product is two operations).
     fn activated_linear(&mut self, place: &TokenStream, x: &Expr, span: Span) -> R<Result<X, T>> {
         let typed = &self.g.model.typed;
-        let call = match &x.kind {
+        let input = match &x.kind {
             ExprKind::Binary(BinaryOp::Mul, _, a, b) => match self.gate_and_up(a, b, |_| true)? {
                 Some((activation, gate, X::Tensor(up))) => {
                     let up = self.hoist(up, "up");
                     let (gate, up) = (gate.r(), up.r());
                     let activation = format_ident!("{}", activation);
-                    quote!(nn::gated_linear_in(&#place, nn::Activation::#activation, #gate, #up, pass.ctx)?)
+                    quote!(nn::LayerInput::Gated(nn::Activation::#activation, #gate, #up))
                 }
                 Some((activation, gate, up)) => {
                     let product = self.gated_value(activation, gate, up, span)?;
@@ -1273,15 +1301,66 @@ impl<'g, 'm> Fx<'g, 'm> {
                     let input = self.tensor_expr(input)?;
                     let input = self.hoist(input, "activated").r();
                     let activation = format_ident!("{}", activation);
-                    quote!(nn::activated_linear_in(&#place, nn::Activation::#activation, #input, pass.ctx)?)
+                    quote!(nn::LayerInput::Activated(nn::Activation::#activation, #input))
                 }
                 None => return Ok(Err(self.tensor_expr(x)?)),
             },
         };
+        let residual = self.residual_at(span);
         self.uses_pass = true;
         self.pass_mut = true;
-        self.linears = true;
-        Ok(Ok(X::Tensor(T::owned(call))))
+        self.linear_plus = true;
+        Ok(Ok(X::Tensor(T::owned(
+            quote!(nn::linear_plus_in(&#place, #input, #residual, pass.ctx)?),
+        ))))
+    }
+
+    /// `residual` where the call at `span` is the block's last expression (which then takes
+    /// the forward pass's residual), else `None`.
+    fn residual_at(&mut self, span: Span) -> TokenStream {
+        if self.residual_tail == Some(span) {
+            self.takes_residual = true;
+            quote!(residual)
+        } else {
+            quote!(None)
+        }
+    }
+
+    /// `x + block(..)` or `block(..) + x`, `x` a tensor variable and `block` one whose last call
+    /// is a linear layer: the block call with `x` as its residual, which that layer adds as it
+    /// writes its output (one launch in decoding). `None` for any other sum.
+    fn residual_sum(&mut self, a: &Expr, b: &Expr) -> R<Option<X>> {
+        let takes_residual = |fx: &Self, e: &Expr| match &e.kind {
+            ExprKind::Call(callee, _) => match &callee.kind {
+                ExprKind::Name(name) => match fx.env.get(name).map(|b| &b.val) {
+                    Some(Val::Module(module)) => match &**module {
+                        Module::Block { block, .. } => fx.g.block_info(block).takes_residual,
+                        _ => false,
+                    },
+                    _ => false,
+                },
+                _ => false,
+            },
+            _ => false,
+        };
+        let is_tensor_name = |fx: &Self, e: &Expr| match &e.kind {
+            ExprKind::Name(name) => {
+                matches!(fx.env.get(name).map(|b| &b.val), Some(Val::Tensor))
+            }
+            _ => false,
+        };
+        let (x, call) = if is_tensor_name(self, a) && takes_residual(self, b) {
+            (a, b)
+        } else if is_tensor_name(self, b) && takes_residual(self, a) {
+            (b, a)
+        } else {
+            return Ok(None);
+        };
+        let residual = self.tensor_expr(x)?.r();
+        self.pending_residual = Some(quote!(Some(#residual)));
+        let sum = self.expr(call)?;
+        self.pending_residual = None;
+        Ok(Some(sum))
     }
 
     /// `op` of two lowered operands.
@@ -1512,9 +1591,15 @@ impl<'g, 'm> Fx<'g, 'm> {
                         // input is computed first, as it may itself borrow the pass.
                         self.uses_pass = true;
                         self.pass_mut = true;
-                        self.linears = true;
                         let x = self.hoist(input, "linear_in").r();
-                        quote!(pass.linear(&#place, #x)?)
+                        if self.residual_tail == Some(span) {
+                            self.linear_plus = true;
+                            let residual = self.residual_at(span);
+                            quote!(nn::linear_plus_in(&#place, nn::LayerInput::Plain(#x), #residual, pass.ctx)?)
+                        } else {
+                            self.linears = true;
+                            quote!(pass.linear(&#place, #x)?)
+                        }
                     }
                     (LayerKind::LayerNorm, _) => {
                         let eps = eps(self)?;
@@ -1545,6 +1630,9 @@ impl<'g, 'm> Fx<'g, 'm> {
                 args: block_args,
                 decl,
             } => {
+                // Taken before the arguments are lowered: a block call among them is not the
+                // one the residual is for.
+                let residual = self.pending_residual.take();
                 let info = self.g.block_info(&block);
                 let mut call_args = Vec::new();
                 if info.needs_pass {
@@ -1588,6 +1676,9 @@ impl<'g, 'm> Fx<'g, 'm> {
                 for i in 0..inputs.len() {
                     let t = self.arg_tensor(args, i, "", span)?;
                     call_args.push(t.r());
+                }
+                if info.takes_residual {
+                    call_args.push(residual.unwrap_or(quote!(None)));
                 }
                 Ok(X::Tensor(T::owned(
                     quote!(#place.forward(#(#call_args),*)?),

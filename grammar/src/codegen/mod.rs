@@ -112,12 +112,17 @@ pub(crate) struct BlockInfo {
     pub drops: bool,
     /// Whether it applies a linear layer (whose adapter's dropout draws masks).
     pub linears: bool,
+    /// Whether it applies a linear layer through `nn::linear_plus_in`, with `pass.ctx`.
+    pub linear_plus: bool,
     /// Whether it applies linear layers to one input together (`pass.linears`).
     pub shares_input: bool,
     /// Whether it applies a stacked experts layer (whose adapters' dropout draws masks).
     pub experts: bool,
     /// Whether it gives a buffer its next value.
     pub writes: bool,
+    /// Whether its forward pass takes `residual: Option<&Array>`, added to the output of its
+    /// last call, a linear layer (`x + block(..)` at a call site).
+    pub takes_residual: bool,
     /// The `impl` with its forward method.
     pub code: TokenStream,
 }
@@ -436,9 +441,11 @@ impl<'m> Gen<'m> {
                     recurs: false,
                     drops: false,
                     linears: false,
+                    linear_plus: false,
                     shares_input: false,
                     experts: false,
                     writes: false,
+                    takes_residual: false,
                     code: TokenStream::new(),
                 }
             }
@@ -471,6 +478,7 @@ impl<'m> Gen<'m> {
         }
         let env = self.tree_env(base, &ir.params, quote!(self))?;
         let mut fx = Fx::new(self, Site::Block, env);
+        fx.residual_tail = forward::residual_tail(&ast.forward.body);
         let (prelude, inputs) = fx.inputs(&ast.forward)?;
         let tail = fx.stmts(&ast.forward.body)?;
         let tail = match tail {
@@ -503,6 +511,9 @@ impl<'m> Gen<'m> {
             }
         }
         sig.extend(inputs);
+        if fx.takes_residual {
+            sig.push(quote!(residual: Option<&Array>));
+        }
         let config = if fx.uses_config {
             quote!(let config = pass.config;)
         } else {
@@ -529,9 +540,11 @@ impl<'m> Gen<'m> {
             recurs: fx.recurs,
             drops: fx.drops,
             linears: fx.linears,
+            linear_plus: fx.linear_plus,
             shares_input: fx.shares_input,
             experts: fx.experts,
             writes: fx.writes,
+            takes_residual: fx.takes_residual,
             code,
         })
     }
@@ -568,6 +581,7 @@ impl<'m> Gen<'m> {
         let has_scan = fx.recurs || self.any_block(|b| b.recurs);
         let has_dropout = fx.drops || self.any_block(|b| b.drops);
         let has_linear = fx.linears || self.any_block(|b| b.linears);
+        let has_linear_plus = fx.linear_plus || self.any_block(|b| b.linear_plus);
         let has_shared = fx.shares_input || self.any_block(|b| b.shares_input);
         let has_experts = fx.experts || self.any_block(|b| b.experts);
         let has_writes = fx.writes || self.any_block(|b| b.writes);
@@ -575,6 +589,7 @@ impl<'m> Gen<'m> {
             || has_scan
             || has_dropout
             || has_linear
+            || has_linear_plus
             || has_shared
             || has_experts
             || has_writes;

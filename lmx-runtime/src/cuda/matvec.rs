@@ -42,12 +42,14 @@ const MAX_ACTIVATED_BYTES: i64 = 32 * 1024;
 thread_local! {
     /// The kernel for 1, 2 and 3 weights, without and with biases.
     static KERNELS: [[Result<Kernel>; 2]; MAX_WEIGHTS] = [1, 2, 3].map(|count| {
-        [false, true].map(|biased| kernel(count, biased, Input::Plain))
+        [false, true].map(|biased| kernel(count, biased, Input::Plain, false))
     });
-    /// The kernel for one weight of an activated input, then of a gated one, without and with
-    /// a bias.
-    static ACTIVATED_KERNELS: [[Result<Kernel>; 2]; 2] = [Input::Activated, Input::Gated]
-        .map(|input| [false, true].map(|biased| kernel(1, biased, input)));
+    /// The kernel for one weight of an input as it is, activated or gated, without and with a
+    /// bias, without and with a residual added to its output.
+    static ONE_KERNELS: [[[Result<Kernel>; 2]; 2]; 3] =
+        [Input::Plain, Input::Activated, Input::Gated].map(|input| {
+            [false, true].map(|biased| [false, true].map(|residual| kernel(1, biased, input, residual)))
+        });
 }
 
 /// What the kernel multiplies by the weights: the input `x` itself, `f(x)`, or `f(x) * u` (a
@@ -61,8 +63,8 @@ enum Input {
     Gated,
 }
 
-fn kernel(count: usize, biased: bool, input: Input) -> Result<Kernel> {
-    let (inputs, body) = source(count, biased, input);
+fn kernel(count: usize, biased: bool, input: Input, residual: bool) -> Result<Kernel> {
+    let (inputs, body) = source(count, biased, input, residual);
     let inputs: Vec<&str> = inputs.iter().map(String::as_str).collect();
     let header = match input {
         Input::Plain => HEADER.to_owned(),
@@ -100,8 +102,10 @@ __device__ inline uint4 lmx_matvec_load(const T* p, bool aligned) {
 /// Template arguments: `T` (the element type), `R` (the input's rows), `V` (values per 16
 /// bytes) and, over an activated or gated input, `ACT` (the activation) and `KT` (the input's
 /// width, sizing the shared memory it is activated into). Output feature `f` of row `r` is the
-/// dot product of input row `r` with row `f` of the weights stacked in order (then `+ b[f]`).
-fn source(count: usize, biased: bool, input: Input) -> (Vec<String>, String) {
+/// dot product of input row `r` with row `f` of the weights stacked in order (then `+ b[f]`),
+/// rounded to `T`; with a residual, that plus the residual's value there, rounded again (as
+/// the product, then MLX's sum, round).
+fn source(count: usize, biased: bool, input: Input, residual: bool) -> (Vec<String>, String) {
     let mut inputs = vec!["x".to_owned()];
     if input == Input::Gated {
         inputs.push("u".to_owned());
@@ -110,6 +114,14 @@ fn source(count: usize, biased: bool, input: Input) -> (Vec<String>, String) {
     if biased {
         inputs.extend((0..count).map(|i| format!("b{i}")));
     }
+    if residual {
+        inputs.push("res".to_owned());
+    }
+    let output = if residual {
+        "static_cast<T>(static_cast<float>(res[at]) + static_cast<float>(static_cast<T>(acc[r] + bias)))"
+    } else {
+        "static_cast<T>(acc[r] + bias)"
+    };
     // Which weight (and bias) feature `f` reads, and its row there: the first weight whose end
     // (its features and those before it) lies past `f`.
     let mut pick = String::from("  const T* w = w0;\n  int row = f;\n");
@@ -200,7 +212,8 @@ fn source(count: usize, biased: bool, input: Input) -> (Vec<String>, String) {
     const float bias = {bias};
 #pragma unroll
     for (int r = 0; r < R; ++r) {{
-      y[size_t(r) * total + f] = static_cast<T>(acc[r] + bias);
+      const size_t at = size_t(r) * total + f;
+      y[at] = {output};
     }}
   }}
 "#,
@@ -248,46 +261,79 @@ pub(crate) fn matvec(x: &Array, weights: &[&Array], biases: Option<&[&Array]>) -
     })
 }
 
-/// Whether [`matvec_activated`] takes `x` (and `up`), `weight` and `bias`: as [`matvec_fits`]
-/// takes `x` and the weight, `up` shaped and typed as `x`, and the activated rows at most
-/// [`MAX_ACTIVATED_BYTES`].
-pub(crate) fn matvec_activated_fits(
-    x: &Array,
-    up: Option<&Array>,
-    weight: &Array,
-    bias: Option<&Array>,
-) -> bool {
-    let biases = bias.map(|bias| [bias]);
-    let up_fits = up.is_none_or(|up| up.shape() == x.shape() && up.dtype() == x.dtype());
-    matvec_fits(x, &[weight], biases.as_ref().map(|b| &b[..]))
-        && up_fits
-        && x.nbytes() as i64 <= MAX_ACTIVATED_BYTES
+/// One layer's product in decoding: its weight (and bias) times its input `x` as it is, or
+/// activated by `activation` (times `up` as well: a gated MLP's product), with `residual` added
+/// to the output where given.
+#[derive(Clone, Copy)]
+pub(crate) struct OneLayer<'a> {
+    pub x: &'a Array,
+    pub activation: Option<Activation>,
+    pub up: Option<&'a Array>,
+    pub weight: &'a Array,
+    pub bias: Option<&'a Array>,
+    pub residual: Option<&'a Array>,
 }
 
-/// `activation(x) @ weight.T (+ bias)`, or with `up`, `(activation(x) * up) @ weight.T (+ bias)`
-/// (a gated MLP's down projection): `[..., features]` in `x`'s dtype, each value of the
-/// activated input rounded to that dtype before it is multiplied. Callers check
-/// [`matvec_activated_fits`].
-pub(crate) fn matvec_activated(
-    activation: Activation,
-    x: &Array,
-    up: Option<&Array>,
-    weight: &Array,
-    bias: Option<&Array>,
-) -> Result<Array> {
-    let mut inputs = vec![x.clone()];
-    inputs.extend(up.cloned());
-    inputs.push(weight.clone());
-    inputs.extend(bias.cloned());
-    let (gated, biased) = (usize::from(up.is_some()), usize::from(bias.is_some()));
-    let template = [
-        TemplateArg::Int("ACT", activation as i32),
-        TemplateArg::Int("KT", *x.shape().last().unwrap_or(&1)),
-    ];
-    ACTIVATED_KERNELS.with(|kernels| {
-        let kernel = &kernels[gated][biased];
-        launch(kernel, &inputs, &[weight], (ACTIVATED_THREADS, &template))
-    })
+impl OneLayer<'_> {
+    fn input(&self) -> Input {
+        match (self.activation, self.up) {
+            (None, _) => Input::Plain,
+            (Some(_), None) => Input::Activated,
+            (Some(_), Some(_)) => Input::Gated,
+        }
+    }
+
+    /// Whether the kernel takes it: `x` and the weight as [`matvec_fits`] takes them; `up` only
+    /// with an activation, shaped and typed as `x`; an activated input's rows at most
+    /// [`MAX_ACTIVATED_BYTES`]; a residual of the output's shape and `x`'s dtype.
+    pub(crate) fn fits(&self) -> bool {
+        let biases = self.bias.map(|bias| [bias]);
+        let x = self.x;
+        let up_fits = self.up.is_none_or(|up| {
+            self.activation.is_some() && up.shape() == x.shape() && up.dtype() == x.dtype()
+        });
+        let residual_fits = self.residual.is_none_or(|residual| {
+            let mut shape = x.shape().to_vec();
+            if let Some(last) = shape.last_mut() {
+                *last = self.weight.shape()[0];
+            }
+            residual.shape() == shape && residual.dtype() == x.dtype()
+        });
+        matvec_fits(x, &[self.weight], biases.as_ref().map(|b| &b[..]))
+            && up_fits
+            && residual_fits
+            && (self.activation.is_none() || x.nbytes() as i64 <= MAX_ACTIVATED_BYTES)
+    }
+
+    /// `[..., features]` in `x`'s dtype, each value of an activated input rounded to that dtype
+    /// before it is multiplied. Callers check [`fits`](Self::fits).
+    pub(crate) fn product(&self) -> Result<Array> {
+        let mut inputs = vec![self.x.clone()];
+        inputs.extend(self.up.cloned());
+        inputs.push(self.weight.clone());
+        inputs.extend(self.bias.cloned());
+        inputs.extend(self.residual.cloned());
+        let input = self.input();
+        let (biased, residual) = (
+            usize::from(self.bias.is_some()),
+            usize::from(self.residual.is_some()),
+        );
+        let template = match self.activation {
+            Some(activation) => vec![
+                TemplateArg::Int("ACT", activation as i32),
+                TemplateArg::Int("KT", *self.x.shape().last().unwrap_or(&1)),
+            ],
+            None => Vec::new(),
+        };
+        let threads = match input {
+            Input::Plain => THREADS,
+            Input::Activated | Input::Gated => ACTIVATED_THREADS,
+        };
+        ONE_KERNELS.with(|kernels| {
+            let kernel = &kernels[input as usize][biased][residual];
+            launch(kernel, &inputs, &[self.weight], (threads, &template))
+        })
+    }
 }
 
 /// One launch of `kernel` over `inputs` (`x` first), a warp per output feature of `weights`, in
@@ -374,28 +420,43 @@ mod tests {
             None
         ));
         assert!(!matvec_fits(&x, &[&normal(&[0, 64], bf)], None));
-        // An activated input: one weight, `up` as `x`, the rows within the shared memory.
-        assert!(matvec_activated_fits(&x, None, &w, Some(&b)));
-        assert!(matvec_activated_fits(&x, Some(&x), &w, None));
-        assert!(!matvec_activated_fits(
-            &x,
-            Some(&normal(&[1, 2, 64], bf)),
-            &w,
-            None
-        ));
+        // One layer: `up` only with an activation and as `x`, an activated input's rows within
+        // the shared memory, a residual of the output's shape and dtype.
+        let one = |x, activation, up, residual| OneLayer {
+            x,
+            activation,
+            up,
+            weight: &w,
+            bias: Some(&b),
+            residual,
+        };
+        let silu = Some(Activation::Silu);
+        let (y, wide_x) = (normal(&[1, 1, 8], bf), normal(&[1, 16384], bf));
+        let (other_up, flat_y) = (normal(&[1, 2, 64], bf), normal(&[1, 8], bf));
+        let (float_y, wide_rows) = (y.as_dtype(Dtype::Float32).unwrap(), normal(&[2, 16384], bf));
+        assert!(one(&x, silu, None, None).fits());
+        assert!(one(&x, silu, Some(&x), Some(&y)).fits());
+        assert!(one(&x, None, None, Some(&y)).fits());
+        assert!(!one(&x, None, Some(&x), None).fits());
+        assert!(!one(&x, silu, Some(&other_up), None).fits());
+        assert!(!one(&x, None, None, Some(&flat_y)).fits());
+        assert!(!one(&x, None, None, Some(&float_y)).fits());
         let wide = normal(&[8, 16384], bf);
-        assert!(matvec_activated_fits(
-            &normal(&[1, 16384], bf),
-            None,
-            &wide,
-            None
-        ));
-        assert!(!matvec_activated_fits(
-            &normal(&[2, 16384], bf),
-            None,
-            &wide,
-            None
-        ));
+        let wide_one = |x| OneLayer {
+            x,
+            activation: silu,
+            up: None,
+            weight: &wide,
+            bias: None,
+            residual: None,
+        };
+        assert!(wide_one(&wide_x).fits());
+        assert!(!wide_one(&wide_rows).fits());
+        assert!(OneLayer {
+            activation: None,
+            ..wide_one(&wide_rows)
+        }
+        .fits());
     }
 
     /// Three weights (a query's and a narrower key's and value's) over 1, 3 and 8 rows, with and
@@ -466,7 +527,8 @@ mod tests {
     /// equal the products in float32 of the activated input rounded to the dtype: every
     /// activation, over 1 and 3 rows, in bfloat16; GELU's tanh form and the SiLU-gated product
     /// over one row in float32 and float16 (each case is a kernel compiled at its first launch);
-    /// an input off 16 bytes too.
+    /// an input off 16 bytes too. With a residual (the plain input and the gated one, with a
+    /// bias), the residual plus the product rounded to the dtype.
     #[test]
     fn activated_and_gated_inputs_equal_float32_products() {
         if !crate::cuda::available() {
@@ -476,14 +538,15 @@ mod tests {
         let f32 = |a: &Array| a.as_dtype(Dtype::Float32).unwrap();
         let bf16 = (Dtype::Bfloat16, 2e-2, &[1, 3][..]);
         let cases = [
-            (bf16, Gelu, false),
-            (bf16, GeluTanh, false),
-            (bf16, Silu, false),
-            (bf16, Silu, true),
-            ((Dtype::Float32, 1e-4, &[1][..]), GeluTanh, false),
-            ((Dtype::Float32, 1e-4, &[1][..]), Silu, true),
-            ((Dtype::Float16, 4e-3, &[1][..]), GeluTanh, false),
-            ((Dtype::Float16, 4e-3, &[1][..]), Silu, true),
+            (bf16, Some(Gelu), false),
+            (bf16, Some(GeluTanh), false),
+            (bf16, Some(Silu), false),
+            (bf16, Some(Silu), true),
+            (bf16, None, false),
+            ((Dtype::Float32, 1e-4, &[1][..]), Some(GeluTanh), false),
+            ((Dtype::Float32, 1e-4, &[1][..]), Some(Silu), true),
+            ((Dtype::Float16, 4e-3, &[1][..]), Some(GeluTanh), false),
+            ((Dtype::Float16, 4e-3, &[1][..]), Some(Silu), true),
         ];
         for ((dtype, tolerance, rows), activation, gated) in cases {
             let (w, b) = (normal(&[40, 136], dtype), normal(&[40], dtype));
@@ -493,19 +556,43 @@ mod tests {
                 let misaligned = flat.index(1..).reshape(&[rows, 1, 136]).unwrap();
                 let up = normal(&[rows, 1, 136], dtype);
                 let up = gated.then_some(&up);
+                let residual = normal(&[rows, 1, 40], dtype);
                 for x in [aligned, misaligned] {
-                    let mut input = activation.of(&f32(&x)).unwrap();
+                    let mut input = match activation {
+                        Some(activation) => activation.of(&f32(&x)).unwrap(),
+                        None => f32(&x),
+                    };
                     if let Some(up) = up {
                         input = input.multiply(f32(up)).unwrap();
                     }
                     let input = f32(&input.as_dtype(dtype).unwrap());
                     let want = input.matmul(f32(&w).t()).unwrap();
-                    for bias in [None, Some(&b)] {
-                        let want = match bias {
+                    let plus = [None, Some(&residual)];
+                    let settings = [None, Some(&b)].into_iter().flat_map(|bias| {
+                        plus.into_iter()
+                            .filter(move |r| r.is_none() || (bias.is_some() && rows == 1))
+                            .map(move |r| (bias, r))
+                    });
+                    for (bias, residual) in settings {
+                        let mut want = match bias {
                             Some(b) => want.add(f32(b)).unwrap(),
                             None => want.clone(),
                         };
-                        let got = matvec_activated(activation, &x, up, &w, bias).unwrap();
+                        if let Some(residual) = residual {
+                            want = f32(&want.as_dtype(dtype).unwrap())
+                                .add(f32(residual))
+                                .unwrap();
+                        }
+                        let layer = OneLayer {
+                            x: &x,
+                            activation,
+                            up,
+                            weight: &w,
+                            bias,
+                            residual,
+                        };
+                        assert!(layer.fits());
+                        let got = layer.product().unwrap();
                         assert_eq!(got.shape(), &[rows, 1, 40]);
                         assert_eq!(got.dtype(), dtype);
                         let scale = want.abs().unwrap().max(None).unwrap();
@@ -514,8 +601,10 @@ mod tests {
                         let err = err.max(None).unwrap().item_cast::<f32>() / scale;
                         assert!(
                             err <= tolerance,
-                            "{dtype:?} {activation:?} rows {rows} gated {gated} biased {}: {err}",
-                            bias.is_some()
+                            "{dtype:?} {activation:?} rows {rows} gated {gated} biased {} \
+                             residual {}: {err}",
+                            bias.is_some(),
+                            residual.is_some()
                         );
                     }
                 }

@@ -25,7 +25,7 @@ pub(crate) use activation::{
 };
 pub(crate) use decode_attention::{decode_attention, decode_attention_fits};
 pub(crate) use layer_norm::{layer_norm_backward, LAYER_NORM_MAX_COLUMNS};
-pub(crate) use matvec::{matvec, matvec_activated, matvec_activated_fits, matvec_fits};
+pub(crate) use matvec::{matvec, matvec_fits, OneLayer};
 pub(crate) use pack::pack_with_squares;
 pub(crate) use rope::{rope, rope_fits};
 pub(crate) use rows::{rows, rows_fit};

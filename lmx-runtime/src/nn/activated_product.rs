@@ -1,7 +1,9 @@
 //! A linear layer of an activated input, `layer(f(x))` (GPT-2's MLP), or of a gated MLP's
-//! product, `layer(f(gate) * up)` (LLaMA's SiLU, Gemma's GELU): in decoding, one launch of lmx's
-//! matrix-vector kernel that activates its input as it reads it, so the activation is no kernel
-//! of its own; everywhere else the activation, then the layer, as written.
+//! product, `layer(f(gate) * up)` (LLaMA's SiLU, Gemma's GELU), and a linear layer whose output
+//! is added to a residual stream, `x + layer(..)` (a pre-norm block's last projection): in
+//! decoding, one launch of lmx's matrix-vector kernel that activates its input as it reads it
+//! and adds the residual as it writes, so that neither the activation nor the sum is a kernel of
+//! its own; everywhere else the activation, the layer and the sum, as written.
 
 use super::decode_product::decode_product_of;
 use super::{linear_in, swiglu, Activation, LinearParams};
@@ -9,41 +11,45 @@ use crate::error::Result;
 use crate::model::Context;
 use mlx_rs::Array;
 
-/// `layer(activation(x))`, as [`linear_in`] over [`Activation::of`] computes it (an adapter's
-/// dropout on in a training step); in decoding (no gradient taken, a CUDA GPU, a few rows, a
-/// plain layer) through one launch, each activated value computed in float32 and rounded once
-/// to `x`'s dtype, as lmx's activation kernels compute it in training (MLX's operations, which
-/// [`Activation::of`] takes in decoding, round after each step: within that dtype's rounding).
-pub fn activated_linear_in(
-    params: &LinearParams,
-    activation: Activation,
-    x: &Array,
-    ctx: &mut Context,
-) -> Result<Array> {
-    if let Some(y) = decode_product_of(params, activation, x, None)? {
-        return Ok(y);
-    }
-    linear_in(params, &activation.of(x)?, ctx)
+/// What a linear layer multiplies: its input as it is, `f(x)`, or a gated MLP's `f(gate) * up`.
+#[derive(Clone, Copy, Debug)]
+pub enum LayerInput<'a> {
+    Plain(&'a Array),
+    Activated(Activation, &'a Array),
+    Gated(Activation, &'a Array, &'a Array),
 }
 
-/// `layer(activation(gate) * up)` (a gated MLP's down projection), as [`linear_in`] over the
-/// gated product computes it ([`swiglu`] for SiLU, else the activation, then the product); in
-/// decoding through one launch, as [`activated_linear_in`].
-pub fn gated_linear_in(
+/// `residual + layer(input)`, or `layer(input)` without a residual, as [`linear_in`] over the
+/// input computes the layer (an activated input through [`Activation::of`], a SiLU-gated one
+/// through [`swiglu`]; an adapter's dropout on in a training step), then MLX's sum; in decoding
+/// (no gradient taken, a CUDA GPU, a few rows, a plain layer) through one launch, each value of
+/// an activated input computed in float32 and rounded once to `x`'s dtype, as lmx's activation
+/// kernels compute it in training (MLX's operations, which [`Activation::of`] takes in decoding,
+/// round after each step: within that dtype's rounding).
+pub fn linear_plus_in(
     params: &LinearParams,
-    activation: Activation,
-    gate: &Array,
-    up: &Array,
+    input: LayerInput<'_>,
+    residual: Option<&Array>,
     ctx: &mut Context,
 ) -> Result<Array> {
-    if let Some(y) = decode_product_of(params, activation, gate, Some(up))? {
+    if let Some(y) = decode_product_of(params, input, residual)? {
         return Ok(y);
     }
-    let product = match activation {
-        Activation::Silu => swiglu(gate, up)?,
-        other => other.of(gate)?.multiply(up)?,
+    let y = match input {
+        LayerInput::Plain(x) => linear_in(params, x, ctx)?,
+        LayerInput::Activated(activation, x) => linear_in(params, &activation.of(x)?, ctx)?,
+        LayerInput::Gated(activation, gate, up) => {
+            let product = match activation {
+                Activation::Silu => swiglu(gate, up)?,
+                other => other.of(gate)?.multiply(up)?,
+            };
+            linear_in(params, &product, ctx)?
+        }
     };
-    linear_in(params, &product, ctx)
+    Ok(match residual {
+        Some(residual) => residual.add(&y)?,
+        None => y,
+    })
 }
 
 #[cfg(test)]
@@ -67,33 +73,47 @@ mod tests {
         largest(f32(a).subtract(f32(b)).unwrap()) / largest(f32(b)).max(1.0)
     }
 
-    /// Both calls are the layer of the activated input or of the gated product, for each
-    /// activation: the same arrays where a gradient may be taken (and on the CPU, where no kernel
+    /// Each form of input (as it is, activated, gated) with and without a residual is the
+    /// layer of the activated input or of the gated product, plus the residual: the same arrays
+    /// as the separate steps where a gradient may be taken (and on the CPU, where no kernel
     /// runs), and within bfloat16's rounding of them in decoding on CUDA, for a layer with a bias
-    /// and one without.
+    /// and one without, for each activation.
     #[test]
     fn the_layer_of_the_activated_input() {
-        let (x, up) = (normal(&[1, 1, 64]), normal(&[1, 1, 64]));
+        let (x, up, residual) = (
+            normal(&[1, 1, 64]),
+            normal(&[1, 1, 64]),
+            normal(&[1, 1, 16]),
+        );
         let tolerance = if cuda::available() { 0.02 } else { 0.0 };
+        let activations = [Activation::Gelu, Activation::GeluTanh, Activation::Silu];
         for bias in [None, Some(normal(&[16]))] {
             let layer = LinearParams::new(normal(&[16, 64]), bias);
             let mut ctx = Context::evaluation();
-            for activation in [Activation::Gelu, Activation::GeluTanh, Activation::Silu] {
-                for up in [None, Some(&up)] {
-                    // The two steps: the activated input (or gated product), then the layer.
+            let inputs = std::iter::once(LayerInput::Plain(&x)).chain(
+                activations
+                    .into_iter()
+                    .flat_map(|a| [LayerInput::Activated(a, &x), LayerInput::Gated(a, &x, &up)]),
+            );
+            for input in inputs {
+                for residual in [None, Some(&residual)] {
+                    // The separate steps: the activated input (or gated product), the layer,
+                    // the sum.
                     let want = || {
-                        let input = match (up, activation) {
-                            (None, _) => activation.of(&x)?,
-                            (Some(up), Activation::Silu) => swiglu(&x, up)?,
-                            (Some(up), other) => other.of(&x)?.multiply(up)?,
+                        let product = match input {
+                            LayerInput::Plain(x) => x.clone(),
+                            LayerInput::Activated(activation, x) => activation.of(x)?,
+                            LayerInput::Gated(Activation::Silu, gate, up) => swiglu(gate, up)?,
+                            LayerInput::Gated(other, gate, up) => other.of(gate)?.multiply(up)?,
                         };
-                        linear(&layer, &input)
+                        let y = linear(&layer, &product)?;
+                        Ok::<_, crate::Error>(match residual {
+                            Some(residual) => residual.add(&y)?,
+                            None => y,
+                        })
                     };
-                    let got = |ctx: &mut Context| match up {
-                        None => activated_linear_in(&layer, activation, &x, ctx),
-                        Some(up) => gated_linear_in(&layer, activation, &x, up, ctx),
-                    };
-                    let case = format!("{activation:?} gated {}", up.is_some());
+                    let got = |ctx: &mut Context| linear_plus_in(&layer, input, residual, ctx);
+                    let case = format!("{input:?} residual {}", residual.is_some());
                     let (want_now, got_now) = (want().unwrap(), got(&mut ctx).unwrap());
                     assert_eq!(largest_difference(&got_now, &want_now), 0.0, "{case}");
                     let (want, got) =

@@ -9,7 +9,7 @@
 
 use super::custom_vjp::gradient_free;
 use super::shared_input::split_by_layer;
-use super::{Activation, LinearParams};
+use super::{LayerInput, LinearParams};
 use crate::cuda;
 use crate::error::Result;
 use mlx_rs::Array;
@@ -45,31 +45,32 @@ pub(super) fn decode_products(layers: &[&LinearParams], x: &Array) -> Result<Opt
     Ok(Some(split_by_layer(&y, &weights)?))
 }
 
-/// `layer(activation(x))`, or with `up`, `layer(activation(x) * up)` (a gated MLP's down
-/// projection), through one launch of the kernel that activates its input as it reads it, or
-/// `None` where it does not apply: off CUDA, where a gradient may be taken, for a quantized or
-/// adapted layer, or operands it does not read.
+/// `residual + layer(input)` (without `residual` where none is given) through one launch of the
+/// kernel, which activates an activated or gated input as it reads it, or `None` where it does
+/// not apply: off CUDA, where a gradient may be taken, for a quantized or adapted layer, or
+/// operands it does not read.
 pub(super) fn decode_product_of(
     layer: &LinearParams,
-    activation: Activation,
-    x: &Array,
-    up: Option<&Array>,
+    input: LayerInput<'_>,
+    residual: Option<&Array>,
 ) -> Result<Option<Array>> {
-    let bias = layer.bias.as_ref();
-    if !layer.is_plain()
-        || !gradient_free()
-        || !cuda::matvec_activated_fits(x, up, &layer.weight, bias)
-        || !cuda::available()
-    {
+    let (x, activation, up) = match input {
+        LayerInput::Plain(x) => (x, None, None),
+        LayerInput::Activated(activation, x) => (x, Some(activation), None),
+        LayerInput::Gated(activation, gate, up) => (gate, Some(activation), Some(up)),
+    };
+    let one = cuda::OneLayer {
+        x,
+        activation,
+        up,
+        weight: &layer.weight,
+        bias: layer.bias.as_ref(),
+        residual,
+    };
+    if !layer.is_plain() || !gradient_free() || !one.fits() || !cuda::available() {
         return Ok(None);
     }
-    Ok(Some(cuda::matvec_activated(
-        activation,
-        x,
-        up,
-        &layer.weight,
-        bias,
-    )?))
+    Ok(Some(one.product()?))
 }
 
 #[cfg(test)]

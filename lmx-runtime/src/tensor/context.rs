@@ -187,39 +187,61 @@ impl<'a> Context<'a> {
         Ok(outputs.map(Tensor))
     }
 
-    /// A linear layer of a gated MLP's product, `layer(activation(gate) * up)`, as
-    /// [`linear`](Self::linear) over the product computes it (`tensor::nn::swiglu` for SiLU); in
-    /// decoding one launch that activates the layer's input as it reads it, as a `.lmx` model's
-    /// `down_proj(silu(gate) * up)` is (`nn::gated_linear_in`).
-    pub fn gated_linear(
+    /// `residual + layer(x)`, as [`linear`](Self::linear) then the sum compute it; in decoding
+    /// one launch that adds the residual as it writes the layer's output, as a `.lmx` model's
+    /// `x + block(..)` over a block whose last call is a linear layer is (`nn::linear_plus_in`).
+    pub fn linear_plus(
         &mut self,
         params: &crate::nn::LinearParams<Tensor>,
-        activation: crate::nn::Activation,
-        gate: &Tensor,
-        up: &Tensor,
+        x: &Tensor,
+        residual: &Tensor,
     ) -> Result<Tensor> {
-        Ok(Tensor(crate::nn::gated_linear_in(
+        let input = crate::nn::LayerInput::Plain(&x.0);
+        Ok(Tensor(crate::nn::linear_plus_in(
             &super::arrays(params),
-            activation,
-            &gate.0,
-            &up.0,
+            input,
+            Some(&residual.0),
             self.inner,
         )?))
     }
 
-    /// A linear layer of an activated input, `layer(activation(x))`, as
-    /// [`linear`](Self::linear) over the activation computes it; in decoding one launch, as a
-    /// `.lmx` model's `c_proj(gelu_approx(h))` is (`nn::activated_linear_in`).
+    /// A linear layer of a gated MLP's product, `layer(activation(gate) * up)`, plus `residual`
+    /// where given, as [`linear`](Self::linear) over the product computes it
+    /// (`tensor::nn::swiglu` for SiLU), then the sum; in decoding one launch that activates the
+    /// layer's input as it reads it (and adds the residual as it writes), as a `.lmx` model's
+    /// `down_proj(silu(gate) * up)` is (`nn::linear_plus_in`).
+    pub fn gated_linear(
+        &mut self,
+        params: &crate::nn::LinearParams<Tensor>,
+        activation: crate::nn::Activation,
+        (gate, up): (&Tensor, &Tensor),
+        residual: Option<&Tensor>,
+    ) -> Result<Tensor> {
+        let input = crate::nn::LayerInput::Gated(activation, &gate.0, &up.0);
+        Ok(Tensor(crate::nn::linear_plus_in(
+            &super::arrays(params),
+            input,
+            residual.map(|r| &r.0),
+            self.inner,
+        )?))
+    }
+
+    /// A linear layer of an activated input, `layer(activation(x))`, plus `residual` where
+    /// given, as [`linear`](Self::linear) over the activation computes it, then the sum; in
+    /// decoding one launch, as a `.lmx` model's `c_proj(gelu_approx(h))` is
+    /// (`nn::linear_plus_in`).
     pub fn activated_linear(
         &mut self,
         params: &crate::nn::LinearParams<Tensor>,
         activation: crate::nn::Activation,
         x: &Tensor,
+        residual: Option<&Tensor>,
     ) -> Result<Tensor> {
-        Ok(Tensor(crate::nn::activated_linear_in(
+        let input = crate::nn::LayerInput::Activated(activation, &x.0);
+        Ok(Tensor(crate::nn::linear_plus_in(
             &super::arrays(params),
-            activation,
-            &x.0,
+            input,
+            residual.map(|r| &r.0),
             self.inner,
         )?))
     }
