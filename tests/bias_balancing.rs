@@ -157,7 +157,8 @@ fn loads(params: &Params, config: &Config, tokens: &Array) -> Vec<f32> {
     let eps = config.eps as f32;
     for layer in &params.model.layers {
         let h = nn::rms_norm(&layer.input_layernorm, &x, eps).unwrap();
-        let x_attn = layer.self_attn.forward(&mut pass, &h, Some(&x)).unwrap();
+        let residual = Some(nn::Residual::new(&x, 0.0));
+        let x_attn = layer.self_attn.forward(&mut pass, &h, residual).unwrap();
         let h = nn::rms_norm(&layer.post_attention_layernorm, &x_attn, eps).unwrap();
         if let Some(gate) = layer.mlp.gate.as_ref() {
             let scores = mlx_rs::ops::sigmoid(h.matmul(gate.weight.t()).unwrap()).unwrap();

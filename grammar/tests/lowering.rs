@@ -128,7 +128,8 @@ model Residual {
             let x = x + attn(norm(x))
             let y = mlp(norm(x)) + x
             let z = activated(y) + y
-            z + attn(y) * 2.0
+            let w = dropout(attn(z), 0.25) + z
+            w + attn(y) * 2.0
         }
     }
     params {
@@ -145,8 +146,10 @@ model Residual {
 /// A block whose last call is a linear layer takes a residual, which that layer adds to its
 /// output (`nn::linear_plus_in`, one launch in decoding), whatever its input's form; a sum of a
 /// tensor variable and a call of such a block, in either order, is that call with the variable
-/// as its residual; any other call of it passes none. A block whose last call is not a linear
-/// layer's takes none, and a sum over it stays as written.
+/// as its residual, as is a sum of the variable and the block's output through dropout (the
+/// dropout applied to the layer's output before the sum); any other call of it passes none. A
+/// block whose last call is not a linear layer's takes none, and a sum over it stays as
+/// written.
 #[test]
 fn a_residual_sum_over_a_block_is_its_last_layers_sum() {
     let model =
@@ -155,7 +158,11 @@ fn a_residual_sum_over_a_block_is_its_last_layers_sum() {
         .unwrap_or_else(|d| panic!("{}", lmx_grammar::render(&d, "residual.lmx", RESIDUAL)))
         .to_string();
     let code: String = code.split_whitespace().collect();
-    assert_eq!(code.matches("residual:Option<&Array>").count(), 2, "{code}");
+    assert_eq!(
+        code.matches("residual:Option<nn::Residual<'_>>").count(),
+        2,
+        "{code}"
+    );
     assert!(
         code.contains("nn::linear_plus_in(&self.o,nn::LayerInput::Plain(&"),
         "{code}"
@@ -167,8 +174,23 @@ fn a_residual_sum_over_a_block_is_its_last_layers_sum() {
     assert_eq!(code.matches(",residual,pass.ctx)").count(), 2, "{code}");
     assert!(code.contains("pass.linear(&self.p,"), "{code}");
     // `x + attn(..)` and `mlp(..) + x`: the variable as the call's residual.
-    assert_eq!(code.matches(",Some(x))?").count(), 1, "{code}");
-    assert_eq!(code.matches(",Some(&x))?").count(), 1, "{code}");
+    assert_eq!(
+        code.matches(",Some(nn::Residual::new(x,0.0)))?").count(),
+        1,
+        "{code}"
+    );
+    assert_eq!(
+        code.matches(",Some(nn::Residual::new(&x,0.0)))?").count(),
+        1,
+        "{code}"
+    );
+    assert_eq!(
+        code.matches("self.attn.forward(pass,&z,Some(nn::Residual::new(&z,0.25)))?")
+            .count(),
+        1,
+        "{code}"
+    );
+    assert!(!code.contains("dropout("), "{code}");
     // `attn(y) * 2.0` passes none; `activated(y) + y` stays a sum.
     assert_eq!(
         code.matches("self.attn.forward(pass,&y,None)?").count(),

@@ -172,6 +172,11 @@ impl Context {
         self.cache.as_ref().map_or_else(Vec::new, KvCache::slots)
     }
 
+    /// Whether dropout is on: the pass has a key to draw masks from (a training step's).
+    pub(crate) fn draws(&self) -> bool {
+        self.key.is_some()
+    }
+
     /// A fresh key for the next random draw of this pass, `None` when dropout is off.
     pub(crate) fn next_key(&mut self) -> Result<Option<Array>> {
         let Some(key) = self.key.take() else {

@@ -1327,40 +1327,72 @@ impl<'g, 'm> Fx<'g, 'm> {
     }
 
     /// `x + block(..)` or `block(..) + x`, `x` a tensor variable and `block` one whose last call
-    /// is a linear layer: the block call with `x` as its residual, which that layer adds as it
-    /// writes its output (one launch in decoding). `None` for any other sum.
+    /// is a linear layer, the block's output possibly through dropout (`x + dropout(block(..),
+    /// p)`): the block call with `x` (and `p`) as its residual, which that layer adds as it writes
+    /// its output (one launch in decoding). `None` for any other sum.
     fn residual_sum(&mut self, a: &Expr, b: &Expr) -> R<Option<X>> {
-        let takes_residual = |fx: &Self, e: &Expr| match &e.kind {
-            ExprKind::Call(callee, _) => match &callee.kind {
-                ExprKind::Name(name) => match fx.env.get(name).map(|b| &b.val) {
-                    Some(Val::Module(module)) => match &**module {
-                        Module::Block { block, .. } => fx.g.block_info(block).takes_residual,
-                        _ => false,
-                    },
-                    _ => false,
-                },
-                _ => false,
-            },
-            _ => false,
-        };
         let is_tensor_name = |fx: &Self, e: &Expr| match &e.kind {
             ExprKind::Name(name) => {
                 matches!(fx.env.get(name).map(|b| &b.val), Some(Val::Tensor))
             }
             _ => false,
         };
-        let (x, call) = if is_tensor_name(self, a) && takes_residual(self, b) {
-            (a, b)
-        } else if is_tensor_name(self, b) && takes_residual(self, a) {
-            (b, a)
-        } else {
-            return Ok(None);
-        };
+        for (x, other) in [(a, b), (b, a)] {
+            if is_tensor_name(self, x) {
+                if let Some(found) = self.residual_call(other) {
+                    return self.residual_sum_of(x, found).map(Some);
+                }
+            }
+        }
+        Ok(None)
+    }
+
+    /// The block call `call` with `x` as its residual, `dropout`'s probability applied to the
+    /// block's output first.
+    fn residual_sum_of(&mut self, x: &Expr, (call, dropout): (&Expr, Option<&Expr>)) -> R<X> {
         let residual = self.tensor_expr(x)?.r();
-        self.pending_residual = Some(quote!(Some(#residual)));
+        let p = match dropout {
+            Some(p) => {
+                let (s, ty) = self.static_expr(p)?;
+                cast(&s, &ty, "f32")
+            }
+            None => quote!(0.0),
+        };
+        self.pending_residual = Some(quote!(Some(nn::Residual::new(#residual, #p))));
         let sum = self.expr(call)?;
         self.pending_residual = None;
-        Ok(Some(sum))
+        Ok(sum)
+    }
+
+    /// `e` as a call of a block that takes a residual, with the dropout probability applied to
+    /// its output where `e` is `dropout(call, p)`.
+    fn residual_call<'e>(&self, e: &'e Expr) -> Option<(&'e Expr, Option<&'e Expr>)> {
+        let ExprKind::Call(callee, args) = &e.kind else {
+            return None;
+        };
+        if let Some(call) = self.g.model.typed.call(e.span) {
+            if call.builtin.name != "dropout" {
+                return None;
+            }
+            let inner = self.arg(args, 0, "x")?;
+            let p = self.arg(args, 1, "p")?;
+            return self
+                .residual_call(inner)
+                .filter(|(_, dropout)| dropout.is_none())
+                .map(|(call, _)| (call, Some(p)));
+        }
+        let ExprKind::Name(name) = &callee.kind else {
+            return None;
+        };
+        match self.env.get(name).map(|b| &b.val) {
+            Some(Val::Module(module)) => match &**module {
+                Module::Block { block, .. } if self.g.block_info(block).takes_residual => {
+                    Some((e, None))
+                }
+                _ => None,
+            },
+            _ => None,
+        }
     }
 
     /// `op` of two lowered operands.

@@ -120,7 +120,7 @@ pub(crate) struct BlockInfo {
     pub experts: bool,
     /// Whether it gives a buffer its next value.
     pub writes: bool,
-    /// Whether its forward pass takes `residual: Option<&Array>`, added to the output of its
+    /// Whether its forward pass takes `residual: Option<nn::Residual>`, added to the output of its
     /// last call, a linear layer (`x + block(..)` at a call site).
     pub takes_residual: bool,
     /// The `impl` with its forward method.
@@ -512,7 +512,7 @@ impl<'m> Gen<'m> {
         }
         sig.extend(inputs);
         if fx.takes_residual {
-            sig.push(quote!(residual: Option<&Array>));
+            sig.push(quote!(residual: Option<nn::Residual<'_>>));
         }
         let config = if fx.uses_config {
             quote!(let config = pass.config;)

@@ -6,7 +6,7 @@
 //! its own; everywhere else the activation, the layer and the sum, as written.
 
 use super::decode_product::decode_product_of;
-use super::{linear_in, swiglu, Activation, LinearParams};
+use super::{dropout, linear_in, swiglu, Activation, LinearParams};
 use crate::error::Result;
 use crate::model::Context;
 use mlx_rs::Array;
@@ -19,21 +19,41 @@ pub enum LayerInput<'a> {
     Gated(Activation, &'a Array, &'a Array),
 }
 
-/// `residual + layer(input)`, or `layer(input)` without a residual, as [`linear_in`] over the
-/// input computes the layer (an activated input through [`Activation::of`], a SiLU-gated one
-/// through [`swiglu`]; an adapter's dropout on in a training step), then MLX's sum; in decoding
-/// (no gradient taken, a CUDA GPU, a few rows, a plain layer) through one launch, each value of
-/// an activated input computed in float32 and rounded once to `x`'s dtype, as lmx's activation
-/// kernels compute it in training (MLX's operations, which [`Activation::of`] takes in decoding,
-/// round after each step: within that dtype's rounding).
+/// What a block's last linear layer adds its output to: the residual stream `x`, the output
+/// first through dropout of probability `dropout` (on in a training step: GPT-2's
+/// `x + dropout(attn(..), pdrop)`).
+#[derive(Clone, Copy, Debug)]
+pub struct Residual<'a> {
+    pub x: &'a Array,
+    pub dropout: f32,
+}
+
+impl<'a> Residual<'a> {
+    /// `x`, the layer's output through dropout of probability `dropout` first.
+    pub fn new(x: &'a Array, dropout: f32) -> Self {
+        Residual { x, dropout }
+    }
+}
+
+/// `residual.x + dropout(layer(input))`, or `layer(input)` without a residual, as [`linear_in`]
+/// over the input computes the layer (an activated input through [`Activation::of`], a
+/// SiLU-gated one through [`swiglu`]; an adapter's dropout on in a training step), then
+/// [`dropout`], then MLX's sum; in decoding (no gradient taken, a CUDA GPU, a few rows, a plain
+/// layer, no dropout drawn) through one launch, each value of an activated input computed in
+/// float32 and rounded once to `x`'s dtype, as lmx's activation kernels compute it in training
+/// (MLX's operations, which [`Activation::of`] takes in decoding, round after each step: within
+/// that dtype's rounding).
 pub fn linear_plus_in(
     params: &LinearParams,
     input: LayerInput<'_>,
-    residual: Option<&Array>,
+    residual: Option<Residual<'_>>,
     ctx: &mut Context,
 ) -> Result<Array> {
-    if let Some(y) = decode_product_of(params, input, residual)? {
-        return Ok(y);
+    let drawn = residual.is_some_and(|r| r.dropout != 0.0 && ctx.draws());
+    if !drawn {
+        if let Some(y) = decode_product_of(params, input, residual.map(|r| r.x))? {
+            return Ok(y);
+        }
     }
     let y = match input {
         LayerInput::Plain(x) => linear_in(params, x, ctx)?,
@@ -47,7 +67,7 @@ pub fn linear_plus_in(
         }
     };
     Ok(match residual {
-        Some(residual) => residual.add(&y)?,
+        Some(residual) => residual.x.add(&dropout(&y, residual.dropout, ctx)?)?,
         None => y,
     })
 }
@@ -112,7 +132,10 @@ mod tests {
                             None => y,
                         })
                     };
-                    let got = |ctx: &mut Context| linear_plus_in(&layer, input, residual, ctx);
+                    let got = |ctx: &mut Context| {
+                        let residual = residual.map(|x| Residual { x, dropout: 0.0 });
+                        linear_plus_in(&layer, input, residual, ctx)
+                    };
                     let case = format!("{input:?} residual {}", residual.is_some());
                     let (want_now, got_now) = (want().unwrap(), got(&mut ctx).unwrap());
                     assert_eq!(largest_difference(&got_now, &want_now), 0.0, "{case}");
@@ -123,5 +146,25 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// A residual's dropout is drawn from the pass's key as `residual + dropout(layer(x), p)`
+    /// draws it (the same mask from the same key), and is off where the pass has no key.
+    #[test]
+    fn a_residuals_dropout_is_the_sums() {
+        let (x, residual) = (normal(&[2, 3, 64]), normal(&[2, 3, 16]));
+        let layer = LinearParams::new(normal(&[16, 64]), Some(normal(&[16])));
+        let key = mlx_rs::random::key(7).unwrap();
+        let input = LayerInput::Plain(&x);
+        let plus = Some(Residual::new(&residual, 0.5));
+        let got = linear_plus_in(&layer, input, plus, &mut Context::training(&key)).unwrap();
+        let mut ctx = Context::training(&key);
+        let y = linear_in(&layer, &x, &mut ctx).unwrap();
+        let want = residual.add(dropout(&y, 0.5, &mut ctx).unwrap()).unwrap();
+        assert_eq!(largest_difference(&got, &want), 0.0);
+        let undropped = residual.add(&y).unwrap();
+        assert!(largest_difference(&got, &undropped) > 0.0);
+        let off = linear_plus_in(&layer, input, plus, &mut Context::evaluation()).unwrap();
+        assert_eq!(largest_difference(&off, &undropped), 0.0);
     }
 }

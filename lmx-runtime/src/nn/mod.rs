@@ -28,7 +28,7 @@ mod shared_input;
 mod switch;
 mod tiled_attention;
 
-pub use activated_product::{linear_plus_in, LayerInput};
+pub use activated_product::{linear_plus_in, LayerInput, Residual};
 pub use activation::*;
 pub use column_sum::column_sum;
 pub use custom_vjp::without_gradients;

@@ -200,7 +200,10 @@ impl<'a> Context<'a> {
         Ok(Tensor(crate::nn::linear_plus_in(
             &super::arrays(params),
             input,
-            Some(&residual.0),
+            Some(crate::nn::Residual {
+                x: &residual.0,
+                dropout: 0.0,
+            }),
             self.inner,
         )?))
     }
@@ -221,7 +224,10 @@ impl<'a> Context<'a> {
         Ok(Tensor(crate::nn::linear_plus_in(
             &super::arrays(params),
             input,
-            residual.map(|r| &r.0),
+            residual.map(|r| crate::nn::Residual {
+                x: &r.0,
+                dropout: 0.0,
+            }),
             self.inner,
         )?))
     }
@@ -241,7 +247,10 @@ impl<'a> Context<'a> {
         Ok(Tensor(crate::nn::linear_plus_in(
             &super::arrays(params),
             input,
-            residual.map(|r| &r.0),
+            residual.map(|r| crate::nn::Residual {
+                x: &r.0,
+                dropout: 0.0,
+            }),
             self.inner,
         )?))
     }
