@@ -1,6 +1,8 @@
 //! "Did you mean" suggestions for misspelt names.
 
-/// The candidate closest to `name` by edit distance, if close enough to be a likely typo.
+/// The candidate closest to `name` by edit distance, if close enough to be a likely typo; of
+/// candidates as close, one whose first letter has `name`'s case (a tensor `x` for `y`, not the
+/// dimension `B`), then the first in order.
 pub(crate) fn closest<'a>(
     name: &str,
     candidates: impl IntoIterator<Item = &'a str>,
@@ -9,10 +11,16 @@ pub(crate) fn closest<'a>(
     candidates
         .into_iter()
         .filter(|c| *c != name)
-        .map(|c| (distance(name, c), c))
-        .filter(|(d, _)| *d <= limit)
+        .map(|c| (distance(name, c), !same_case(name, c), c))
+        .filter(|(d, _, _)| *d <= limit)
         .min()
-        .map(|(_, c)| c)
+        .map(|(_, _, c)| c)
+}
+
+/// Whether the first letters of `a` and `b` are both upper case or both not.
+fn same_case(a: &str, b: &str) -> bool {
+    let upper = |s: &str| s.chars().next().is_some_and(char::is_uppercase);
+    upper(a) == upper(b)
 }
 
 fn distance(a: &str, b: &str) -> usize {
@@ -38,5 +46,7 @@ mod tests {
     fn finds_typos() {
         assert_eq!(closest("d_modle", ["d_model", "n_heads"]), Some("d_model"));
         assert_eq!(closest("xyz", ["d_model"]), None);
+        assert_eq!(closest("y", ["B", "T", "x"]), Some("x"));
+        assert_eq!(closest("C", ["B", "x"]), Some("B"));
     }
 }
