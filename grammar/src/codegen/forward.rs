@@ -1306,7 +1306,7 @@ impl<'g, 'm> Fx<'g, 'm> {
                 None => return Ok(Err(self.tensor_expr(x)?)),
             },
         };
-        let residual = self.residual_at(span);
+        let residual = self.residual_at(span).unwrap_or(quote!(None));
         self.uses_pass = true;
         self.pass_mut = true;
         self.linear_plus = true;
@@ -1315,15 +1315,13 @@ impl<'g, 'm> Fx<'g, 'm> {
         ))))
     }
 
-    /// `residual` where the call at `span` is the block's last expression (which then takes
-    /// the forward pass's residual), else `None`.
-    fn residual_at(&mut self, span: Span) -> TokenStream {
-        if self.residual_tail == Some(span) {
+    /// `residual` where the call at `span` is the block's last expression, which then takes
+    /// the forward pass's residual.
+    fn residual_at(&mut self, span: Span) -> Option<TokenStream> {
+        (self.residual_tail == Some(span)).then(|| {
             self.takes_residual = true;
             quote!(residual)
-        } else {
-            quote!(None)
-        }
+        })
     }
 
     /// `x + block(..)` or `block(..) + x`, `x` a tensor variable and `block` one whose last call
@@ -1624,13 +1622,15 @@ impl<'g, 'm> Fx<'g, 'm> {
                         self.uses_pass = true;
                         self.pass_mut = true;
                         let x = self.hoist(input, "linear_in").r();
-                        if self.residual_tail == Some(span) {
-                            self.linear_plus = true;
-                            let residual = self.residual_at(span);
-                            quote!(nn::linear_plus_in(&#place, nn::LayerInput::Plain(#x), #residual, pass.ctx)?)
-                        } else {
-                            self.linears = true;
-                            quote!(pass.linear(&#place, #x)?)
+                        match self.residual_at(span) {
+                            Some(residual) => {
+                                self.linear_plus = true;
+                                quote!(nn::linear_plus_in(&#place, nn::LayerInput::Plain(#x), #residual, pass.ctx)?)
+                            }
+                            None => {
+                                self.linears = true;
+                                quote!(pass.linear(&#place, #x)?)
+                            }
                         }
                     }
                     (LayerKind::LayerNorm, _) => {

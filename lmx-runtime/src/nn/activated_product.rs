@@ -133,7 +133,7 @@ mod tests {
                         })
                     };
                     let got = |ctx: &mut Context| {
-                        let residual = residual.map(|x| Residual { x, dropout: 0.0 });
+                        let residual = residual.map(|x| Residual::new(x, 0.0));
                         linear_plus_in(&layer, input, residual, ctx)
                     };
                     let case = format!("{input:?} residual {}", residual.is_some());

@@ -197,15 +197,7 @@ impl<'a> Context<'a> {
         residual: &Tensor,
     ) -> Result<Tensor> {
         let input = crate::nn::LayerInput::Plain(&x.0);
-        Ok(Tensor(crate::nn::linear_plus_in(
-            &super::arrays(params),
-            input,
-            Some(crate::nn::Residual {
-                x: &residual.0,
-                dropout: 0.0,
-            }),
-            self.inner,
-        )?))
+        self.layer_plus(params, input, Some(residual))
     }
 
     /// A linear layer of a gated MLP's product, `layer(activation(gate) * up)`, plus `residual`
@@ -221,15 +213,7 @@ impl<'a> Context<'a> {
         residual: Option<&Tensor>,
     ) -> Result<Tensor> {
         let input = crate::nn::LayerInput::Gated(activation, &gate.0, &up.0);
-        Ok(Tensor(crate::nn::linear_plus_in(
-            &super::arrays(params),
-            input,
-            residual.map(|r| crate::nn::Residual {
-                x: &r.0,
-                dropout: 0.0,
-            }),
-            self.inner,
-        )?))
+        self.layer_plus(params, input, residual)
     }
 
     /// A linear layer of an activated input, `layer(activation(x))`, plus `residual` where
@@ -244,13 +228,21 @@ impl<'a> Context<'a> {
         residual: Option<&Tensor>,
     ) -> Result<Tensor> {
         let input = crate::nn::LayerInput::Activated(activation, &x.0);
+        self.layer_plus(params, input, residual)
+    }
+
+    /// `nn::linear_plus_in` of `input`, with `residual` added (no dropout) where given.
+    fn layer_plus(
+        &mut self,
+        params: &crate::nn::LinearParams<Tensor>,
+        input: crate::nn::LayerInput<'_>,
+        residual: Option<&Tensor>,
+    ) -> Result<Tensor> {
+        let residual = residual.map(|r| crate::nn::Residual::new(&r.0, 0.0));
         Ok(Tensor(crate::nn::linear_plus_in(
             &super::arrays(params),
             input,
-            residual.map(|r| crate::nn::Residual {
-                x: &r.0,
-                dropout: 0.0,
-            }),
+            residual,
             self.inner,
         )?))
     }
