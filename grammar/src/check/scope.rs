@@ -63,11 +63,17 @@ impl Scope {
         self.frames.iter().rev().find_map(|f| f.get(name))
     }
 
-    /// Every visible name (for suggestions), in no particular order.
+    /// Every visible name (for suggestions), the innermost scope's first, each scope's in
+    /// alphabetical order.
     pub fn names(&self) -> Vec<&str> {
         self.frames
             .iter()
-            .flat_map(|f| f.keys().map(String::as_str))
+            .rev()
+            .flat_map(|f| {
+                let mut names: Vec<&str> = f.keys().map(String::as_str).collect();
+                names.sort_unstable();
+                names
+            })
             .collect()
     }
 }

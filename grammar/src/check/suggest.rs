@@ -2,7 +2,8 @@
 
 /// The candidate closest to `name` by edit distance, if close enough to be a likely typo; of
 /// candidates as close, one whose first letter has `name`'s case (a tensor `x` for `y`, not the
-/// dimension `B`), then the first in order.
+/// dimension `B`), then the first in the candidates' order (a scope's innermost names first:
+/// the block's input `x` for `y`, not the configuration's `p`).
 pub(crate) fn closest<'a>(
     name: &str,
     candidates: impl IntoIterator<Item = &'a str>,
@@ -11,10 +12,11 @@ pub(crate) fn closest<'a>(
     candidates
         .into_iter()
         .filter(|c| *c != name)
-        .map(|c| (distance(name, c), !same_case(name, c), c))
-        .filter(|(d, _, _)| *d <= limit)
+        .enumerate()
+        .map(|(order, c)| (distance(name, c), !same_case(name, c), order, c))
+        .filter(|(d, ..)| *d <= limit)
         .min()
-        .map(|(_, _, c)| c)
+        .map(|(.., c)| c)
 }
 
 /// Whether the first letters of `a` and `b` are both upper case or both not.
@@ -48,5 +50,8 @@ mod tests {
         assert_eq!(closest("xyz", ["d_model"]), None);
         assert_eq!(closest("y", ["B", "T", "x"]), Some("x"));
         assert_eq!(closest("C", ["B", "x"]), Some("B"));
+        // As close and of one case: the first given.
+        assert_eq!(closest("y", ["x", "p"]), Some("x"));
+        assert_eq!(closest("y", ["p", "x"]), Some("p"));
     }
 }
