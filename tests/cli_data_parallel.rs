@@ -1,6 +1,7 @@
 //! Data-parallel `lmx train` on the CPU with MLX's ring backend, two processes on this host: two
 //! ranks at batch b each (`--batch-size 2b`, the whole batch) train as one process at 2b; a
-//! sharded optimizer state, with or without gradient accumulation, changes no loss; a checkpoint
+//! sharded optimizer state, with or without gradient accumulation, and the gradients summed
+//! after the step or during its backward pass bucket by bucket change no loss; a checkpoint
 //! of two ranks resumes on one and the reverse; the objectives with frozen models (DPO,
 //! distillation, GRPO) train on two ranks as in one process, metrics included; a rank that dies
 //! or hangs ends the other with an error instead of a hang.
@@ -100,6 +101,21 @@ fn two_ranks_train_as_one_process_on_the_whole_batch_and_resume_across_rank_coun
     let after = dir.path().join("after");
     train(2, &["--reduce", "after-step"], &after, "20", "10", &[]);
     assert_same_losses(&single, &after);
+
+    // The gradients summed during the backward pass, bucket by bucket on a stream of their own:
+    // buckets of 48 KiB cut the tiny model's flat state into many, some of one parameter.
+    let overlap = ["--reduce", "overlap", "--bucket-mb", "0.046875"];
+    let overlapped = dir.path().join("overlapped");
+    train(2, &overlap, &overlapped, "20", "10", &[]);
+    assert_same_losses(&single, &overlapped);
+    let overlapped_sharded = dir.path().join("overlapped-sharded");
+    let sharded_overlap: Vec<&str> = overlap
+        .iter()
+        .copied()
+        .chain(["--shard-optimizer"])
+        .collect();
+    train(2, &sharded_overlap, &overlapped_sharded, "20", "10", &[]);
+    assert_same_losses(&single, &overlapped_sharded);
 
     // A checkpoint written by two ranks (sharded: gathered first) goes on in one process...
     let resume = |run: &Path| {
@@ -294,6 +310,34 @@ fn grpo_on_two_ranks_makes_one_process_s_updates() {
     let from = two.join("checkpoints/step-000004").display().to_string();
     grpo_run(1, &two, &["--resume-from", &from]);
     assert_same_metric(&single, &two, "loss", 8);
+}
+
+#[test]
+fn a_bucket_size_without_buckets_or_of_no_bytes_is_refused_before_any_rank_starts() {
+    let dir = tempfile::tempdir().unwrap();
+    let run = dir.path().join("run");
+    let refused = |launch: &[&str]| {
+        let mut args = vec!["launch", "-n", "2"];
+        args.extend(launch);
+        args.extend(["--", "train", "--steps", "2", "--preset", "tiny-bytes"]);
+        args.extend(["--out", run.to_str().unwrap()]);
+        let output = lmx(&args);
+        assert!(!output.status.success(), "{launch:?}");
+        assert!(!run.exists(), "{launch:?} started a rank");
+        String::from_utf8_lossy(&output.stderr).into_owned()
+    };
+    assert_eq!(
+        refused(&["--bucket-mb", "8"]),
+        "error: --bucket-mb sizes the buckets of --reduce overlap\n"
+    );
+    assert_eq!(
+        refused(&["--reduce", "after-step", "--bucket-mb", "8"]),
+        "error: --bucket-mb sizes the buckets of --reduce overlap\n"
+    );
+    assert_eq!(
+        refused(&["--reduce", "overlap", "--bucket-mb", "0"]),
+        "error: --bucket-mb 0: give a positive size in MiB\n"
+    );
 }
 
 #[test]

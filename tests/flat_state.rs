@@ -4,9 +4,9 @@
 
 use lmx::models::gpt2;
 use lmx::runtime::data::{rng::SplitMix64, Windows};
-use lmx::runtime::flat::FlatStep;
+use lmx::runtime::flat::{FlatLayout, FlatStep};
 use lmx::runtime::nn::{self, init::Keys, LinearParams};
-use lmx::runtime::optim::{Adafactor, AdamW, Optimizer};
+use lmx::runtime::optim::{Adafactor, AdamW, DecayScope, Optimizer};
 use lmx::runtime::schedule::Schedule;
 use lmx::runtime::state::TrainState;
 use lmx::runtime::step::{StepMetrics, StepOptions, TrainStep};
@@ -123,6 +123,36 @@ fn packing_and_unpacking_gives_back_every_array_of_the_state() -> Result<()> {
     for (got, expected) in unpacked.flatten().iter().zip(state.flatten()) {
         assert_eq!(got.shape(), expected.shape());
         assert_eq!(values(got), values(&expected));
+    }
+    Ok(())
+}
+
+#[test]
+fn buckets_cut_each_group_where_the_next_parameter_would_overflow_it() -> Result<()> {
+    let state = TrainState::new(net()?, &optimizer(), 0)?;
+    let leaves = state.flatten();
+    // `proj.weight` (48 bytes) is decayed; `proj.bias` and `scale` (12 bytes each) are not.
+    // Each count is the flat list's length: groups times (parameters and two moments), then the
+    // frozen layer's two arrays, the step and the key.
+    for (bucket, groups) in [
+        (None, 2),
+        (Some(1 << 20), 2),
+        (Some(24), 2),
+        (Some(23), 3),
+        (Some(1), 3),
+    ] {
+        let layout = FlatLayout::of(&state, &optimizer(), DecayScope::Weights, bucket)?
+            .expect("AdamW's state packs");
+        assert_eq!(
+            layout.len(),
+            groups * 3 + 2 + 2,
+            "buckets of {bucket:?} bytes"
+        );
+        let unpacked = layout.unpack(&layout.pack(&leaves)?)?;
+        for (got, expected) in unpacked.iter().zip(&leaves) {
+            assert_eq!(got.shape(), expected.shape());
+            assert_eq!(values(got), values(expected), "buckets of {bucket:?} bytes");
+        }
     }
     Ok(())
 }

@@ -18,17 +18,17 @@
 
 use crate::arrays::Arrays;
 use crate::clip;
-use crate::distributed::{self, DataParallel, Shard};
+use crate::distributed::{self, DataParallel, Reduce, Shard};
 use crate::error::{Error, Result};
 use crate::optim::{DecayScope, Optimizer, StepScalars};
 use crate::state::{StateTemplate, TrainState};
 use crate::step::{
-    accumulate, frozen_values, prepare, values_and_grads, Loss, MetricsLoss, Mode, StepMetrics,
-    StepOptions, ValuesFn,
+    accumulate, frozen_values, prepare, values_and_grads, Loss, MetricsLoss, Mode, PureFn, Stages,
+    StepMetrics, StepOptions, ValuesFn,
 };
 use crate::tree::{self, Tree};
 use mlx_rs::ops::indexing::IndexOp;
-use mlx_rs::{ops, random, Array, Dtype};
+use mlx_rs::{ops, random, with_stream, Array, Device, Dtype, Stream};
 use std::cell::Cell;
 use std::rc::Rc;
 
@@ -73,10 +73,14 @@ pub struct FlatLayout {
 impl FlatLayout {
     /// The layout of `state`, or `None` when its optimizer state cannot be packed: an update that
     /// is not elementwise, state arrays not shaped like their parameter, or nothing trainable.
+    /// With `bucket_bytes`, a group's buffer ends where the next parameter would take it past
+    /// that many bytes, and the next parameter of its dtype and decay setting begins another
+    /// (a parameter larger than `bucket_bytes` is a buffer of its own).
     pub fn of<P: Tree<Array>, O: Optimizer>(
         state: &TrainState<P, O>,
         optimizer: &O,
         decay: DecayScope,
+        bucket_bytes: Option<usize>,
     ) -> Result<Option<FlatLayout>> {
         if !optimizer.elementwise() {
             return Ok(None);
@@ -94,6 +98,8 @@ impl FlatLayout {
         let mut places = Vec::with_capacity(params.len());
         let mut groups: Vec<Group> = Vec::new();
         let mut sizes: Vec<i32> = Vec::new();
+        // Each group's bytes so far.
+        let mut filled: Vec<usize> = Vec::new();
         let (mut frozen, mut trainable) = (0, 0);
         let mut opt_arrays = None;
         for ((param, spec), opt) in params.iter().zip(&specs).zip(&opt_leaves) {
@@ -109,10 +115,12 @@ impl FlatLayout {
                 return Ok(None);
             }
             let (dtype, decay) = (param.dtype(), decay.applies(spec));
-            let group = match groups
+            let bytes = param.nbytes();
+            let open = groups
                 .iter()
-                .position(|group| group.dtype == dtype && group.decay == decay)
-            {
+                .rposition(|group| group.dtype == dtype && group.decay == decay)
+                .filter(|&group| bucket_bytes.is_none_or(|limit| filled[group] + bytes <= limit));
+            let group = match open {
                 Some(group) => group,
                 None => {
                     groups.push(Group {
@@ -121,6 +129,7 @@ impl FlatLayout {
                         members: Vec::new(),
                     });
                     sizes.push(0);
+                    filled.push(0);
                     groups.len() - 1
                 }
             };
@@ -129,6 +138,7 @@ impl FlatLayout {
             sizes[group] = offset
                 .checked_add(size)
                 .ok_or_else(|| too_large(&spec.name))?;
+            filled[group] += bytes;
             groups[group].members.push(trainable);
             trainable += 1;
             places.push(Place::Packed {
@@ -225,6 +235,15 @@ impl FlatLayout {
         Ok(leaves)
     }
 
+    /// The groups in the order a backward pass completes their gradients, as far as the model
+    /// lists its layers in the order it runs them: the group whose first parameter comes last
+    /// first (a group's gradient is whole once its first parameter's is).
+    fn completion_order(&self) -> Vec<usize> {
+        let mut order: Vec<usize> = (0..self.groups.len()).collect();
+        order.sort_by_key(|&group| std::cmp::Reverse(self.groups[group].members[0]));
+        order
+    }
+
     /// The position in the flat list of group `group`'s optimizer state array `index`.
     fn opt_index(&self, group: usize, index: usize) -> usize {
         self.groups.len() + group * self.opt_arrays + index
@@ -305,7 +324,7 @@ fn too_large(name: &str) -> Error {
 
 /// A compiled (or eager) training step over a flat state.
 pub struct FlatStep<P: Tree<Array>, O: Optimizer> {
-    mode: Mode,
+    mode: FlatMode<P, O>,
     /// The batch input of target ids, if the batch has one.
     targets: Option<usize>,
     /// The frozen models' leaves, inputs of every step after the learning rate.
@@ -317,6 +336,39 @@ pub struct FlatStep<P: Tree<Array>, O: Optimizer> {
     traces: Rc<Cell<usize>>,
     /// With the optimizer state sharded over the ranks: how it is cut.
     shard: Option<Shard>,
+}
+
+/// How a [`FlatStep`] runs.
+enum FlatMode<P: Tree<Array>, O: Optimizer> {
+    /// As a per-parameter step does: one function, or micro-steps and their update.
+    Step(Mode),
+    /// Gradients summed over the ranks during the backward pass.
+    Overlap(Overlap<P, O>),
+}
+
+/// A step whose packed gradients are summed bucket by bucket ([`Reduce::Overlap`]): the
+/// gradients' function, whose outputs are handed to the device one bucket at a time in the order
+/// the backward pass completes them, each bucket's collective on a stream of its own, then the
+/// update's function over the sums.
+///
+/// MLX orders each evaluation's operations itself, and would run every collective after the
+/// whole backward pass; and within one evaluation an operation on another stream makes the host
+/// wait for the device. Across evaluations the streams wait for each other on the device, so each
+/// bucket is an evaluation of its own, then its sum another, on the second stream.
+struct Overlap<P: Tree<Array>, O: Optimizer> {
+    /// `[flat state..., frozen..., batch...] -> [packed weighed grads..., weighed loss,
+    /// weighed metric...]`.
+    gradients: PureFn,
+    /// `[flat state..., lr, summed grads..., summed loss, summed metric...] -> [flat state'...,
+    /// loss, grad_norm, metric...]`.
+    update: PureFn,
+    body: Rc<FlatBody<P, O>>,
+    /// The ranks.
+    group: distributed::Group,
+    /// The groups, in the order the backward pass completes them.
+    order: Vec<usize>,
+    /// Where the collectives run.
+    stream: Stream,
 }
 
 impl<P, O> FlatStep<P, O>
@@ -414,7 +466,21 @@ where
                 "gradient accumulation needs at least 1 micro-batch".into(),
             ));
         }
-        let Some(layout) = FlatLayout::of(state, &optimizer, options.decay)? else {
+        let bucket_bytes = match parallel.map(|parallel| parallel.reduce) {
+            Some(Reduce::Overlap { bucket_bytes }) => {
+                if options.accumulation > 1 {
+                    return Err(Error::Config(
+                        "with gradient accumulation the gradients are summed once an update, \
+                         after its micro-batches, not during a backward pass: sum them in the \
+                         step"
+                            .into(),
+                    ));
+                }
+                Some(bucket_bytes)
+            }
+            _ => None,
+        };
+        let Some(layout) = FlatLayout::of(state, &optimizer, options.decay, bucket_bytes)? else {
             return Ok(None);
         };
         let template = state.template();
@@ -440,16 +506,36 @@ where
             clip_norm: options.clip_norm,
             traces: traces.clone(),
         };
-        let mode = match options.accumulation {
-            1 => Mode::Fused(prepare(move |inputs| body.fused(inputs), options.compile)),
-            parts => {
-                let body = Rc::new(body);
+        let body = Rc::new(body);
+        let mode = match (bucket_bytes, options.accumulation) {
+            (Some(_), _) => {
+                let (gradients, update) = (body.clone(), body.clone());
+                let group = parallel
+                    .map(|parallel| parallel.group.clone())
+                    .ok_or_else(|| Error::Config("summing over ranks needs ranks".into()))?;
+                FlatMode::Overlap(Overlap {
+                    group,
+                    gradients: prepare(
+                        move |inputs| gradients.bucket_gradients(inputs),
+                        options.compile,
+                    ),
+                    update: prepare(move |inputs| update.summed_update(inputs), options.compile),
+                    order: layout.completion_order(),
+                    stream: Stream::new_with_device(&Device::try_default()?),
+                    body,
+                })
+            }
+            (None, 1) => FlatMode::Step(Mode::Fused(prepare(
+                move |inputs| body.fused(inputs),
+                options.compile,
+            ))),
+            (None, parts) => {
                 let micro_body = body.clone();
-                Mode::Accumulate {
+                FlatMode::Step(Mode::Accumulate {
                     micro: prepare(move |inputs| micro_body.micro(inputs), options.compile),
                     apply: prepare(move |inputs| body.apply(inputs), options.compile),
                     parts,
-                }
+                })
             }
         };
         Ok(Some(FlatStep {
@@ -507,18 +593,26 @@ where
     pub fn step(&mut self, flat: &mut Vec<Array>, lr: f32, batch: &[Array]) -> Result<StepMetrics> {
         let n = self.layout.len();
         let mut inputs = flat.clone();
+        let mut stages = Stages::new();
         let outputs = match &mut self.mode {
-            Mode::Fused(fused) => {
+            FlatMode::Overlap(overlap) => {
+                inputs.extend(self.frozen.iter().cloned());
+                inputs.extend(batch.iter().cloned());
+                let (outputs, overlap_stages) = overlap.step(flat, lr, &inputs)?;
+                stages = overlap_stages;
+                outputs
+            }
+            FlatMode::Step(Mode::Fused(fused)) => {
                 inputs.push(Array::from_f32(lr));
                 inputs.extend(self.frozen.iter().cloned());
                 inputs.extend(batch.iter().cloned());
                 fused(&inputs)?
             }
-            Mode::Accumulate {
+            FlatMode::Step(Mode::Accumulate {
                 micro,
                 apply,
                 parts,
-            } => {
+            }) => {
                 let mut fixed = inputs.clone();
                 fixed.extend(self.frozen.iter().cloned());
                 let (grads, loss, metrics) = accumulate(
@@ -551,12 +645,53 @@ where
             grad_norm: outputs[n + 1].clone(),
             metrics: outputs[n + 2..].to_vec(),
             outputs,
+            stages,
         })
     }
 
     /// How many times the step has been traced (compiled) or run (eager).
     pub fn traces(&self) -> usize {
         self.traces.get()
+    }
+}
+
+impl<P: Tree<Array>, O: Optimizer> Overlap<P, O> {
+    /// One step's outputs and the stages to hand to the device before them (see [`Overlap`]),
+    /// lazily: `flat` is the state, `inputs` the state, the frozen leaves and the batch.
+    fn step(&mut self, flat: &[Array], lr: f32, inputs: &[Array]) -> Result<(Vec<Array>, Stages)> {
+        let groups = self.order.len();
+        let outputs = (self.gradients)(inputs)?;
+        let (grads, values) = outputs.split_at(groups);
+        let mut sums: Vec<Option<Array>> = vec![None; groups];
+        let mut summed_values = Vec::with_capacity(values.len());
+        let mut stages = Vec::with_capacity(2 * groups);
+        with_stream(&self.stream, || -> Result<()> {
+            for (position, &index) in self.order.iter().enumerate() {
+                let grad = &grads[index];
+                let sum = self.body.sum_grad(&self.group, index, grad)?;
+                if position == 0 {
+                    // The first bucket's stage runs the forward pass: the loss and metrics go
+                    // with it, so that their sums too wait on the device, not on the host.
+                    stages.push(std::iter::once(grad).chain(values).cloned().collect());
+                    for value in values {
+                        summed_values.push(self.group.all_sum(value)?);
+                    }
+                    stages.push(summed_values.iter().chain([&sum]).cloned().collect());
+                } else {
+                    stages.push(vec![grad.clone()]);
+                    stages.push(vec![sum.clone()]);
+                }
+                sums[index] = Some(sum);
+            }
+            Ok(())
+        })?;
+        let mut inputs = flat.to_vec();
+        inputs.push(Array::from_f32(lr));
+        for sum in sums {
+            inputs.push(sum.ok_or_else(short)?);
+        }
+        inputs.extend(summed_values);
+        Ok(((self.update)(&inputs)?, stages))
     }
 }
 
@@ -643,6 +778,64 @@ impl<P: Tree<Array>, O: Optimizer> FlatBody<P, O> {
         )
     }
 
+    /// `[flat state..., frozen..., batch...] -> [packed grads..., loss, metric...]`, each
+    /// weighed by this rank's share of the global batch: what the rank adds to the sums over the
+    /// ranks ([`Overlap`]).
+    fn bucket_gradients(&self, inputs: &[Array]) -> Result<Vec<Array>> {
+        self.count_trace();
+        let n = self.layout.len();
+        self.check_inputs(inputs, n + self.frozen)?;
+        let (state, inputs) = inputs.split_at(n);
+        let group = self.group.as_ref().ok_or_else(|| {
+            Error::Config("the gradients are summed over ranks, and there are none".into())
+        })?;
+        let (_, subkey) = random::split(&state[n - 1], 2)?;
+        let share = distributed::share(group, self.targets_in(&inputs[self.frozen..]))?;
+        let (mut grads, _, values) = self.gradients(state, inputs, &subkey, Some(&share))?;
+        for value in values {
+            grads.push(distributed::weigh(&value, &share)?);
+        }
+        Ok(grads)
+    }
+
+    /// `[flat state..., lr, summed grads..., summed loss, summed metric...] -> [flat state'...,
+    /// loss, grad_norm, metric...]`: the update over the sums of
+    /// [`bucket_gradients`](Self::bucket_gradients)' outputs ([`Overlap`]; with a sharded
+    /// optimizer state each summed gradient is this rank's part).
+    fn summed_update(&self, inputs: &[Array]) -> Result<Vec<Array>> {
+        self.count_trace();
+        let n = self.layout.len();
+        let groups = self.layout.groups.len();
+        self.check_inputs(inputs, n + 1 + groups + 1 + self.metrics)?;
+        let (state, rest) = inputs.split_at(n);
+        let (lr, rest) = (&rest[0], &rest[1..]);
+        let (grads, values) = rest.split_at(groups);
+        let (key, _) = random::split(&state[n - 1], 2)?;
+        let group = self.group.as_ref().ok_or_else(|| {
+            Error::Config("the gradients are summed over ranks, and there are none".into())
+        })?;
+        let grad_norm = self.summed_norm(group, grads)?;
+        self.descend(state, lr, key, grads.to_vec(), grad_norm, values.to_vec())
+    }
+
+    /// Group `index`'s packed gradient `grad` summed over the ranks of `group`; with a sharded
+    /// optimizer state, this rank's part of the sum.
+    fn sum_grad(&self, group: &distributed::Group, index: usize, grad: &Array) -> Result<Array> {
+        match &self.shard {
+            None => group.all_sum(grad),
+            Some(shard) => shard.sum_scatter(grad, self.layout.lengths[index]),
+        }
+    }
+
+    /// The global norm of the summed gradients `grads` ([`sum_grad`](Self::sum_grad)'s).
+    fn summed_norm(&self, group: &distributed::Group, grads: &[Array]) -> Result<Array> {
+        let local = clip::global_norm(grads)?;
+        match &self.shard {
+            None => Ok(local),
+            Some(_) => Ok(group.all_sum(&local.multiply(&local)?)?.sqrt()?),
+        }
+    }
+
     /// The batch input of target ids in `batch`, if the step has one.
     fn targets_in<'a>(&self, batch: &'a [Array]) -> Option<&'a Array> {
         self.targets.and_then(|index| batch.get(index))
@@ -702,8 +895,6 @@ impl<P: Tree<Array>, O: Optimizer> FlatBody<P, O> {
         batch: &[Array],
         weighed: Option<Array>,
     ) -> Result<Vec<Array>> {
-        let layout = &self.layout;
-        let n = layout.len();
         let (grads, grad_norm, values) = match &self.group {
             None => (grads, grad_norm, values),
             Some(group) => {
@@ -722,28 +913,32 @@ impl<P: Tree<Array>, O: Optimizer> FlatBody<P, O> {
                     .iter()
                     .map(|value| group.all_sum(&distributed::weigh(value, &share)?))
                     .collect::<Result<Vec<_>>>()?;
-                match &self.shard {
-                    None => {
-                        let grads = grads
-                            .iter()
-                            .map(|grad| group.all_sum(grad))
-                            .collect::<Result<Vec<_>>>()?;
-                        let norm = clip::global_norm(&grads)?;
-                        (grads, norm, values)
-                    }
-                    Some(shard) => {
-                        let parts = grads
-                            .iter()
-                            .zip(&layout.lengths)
-                            .map(|(grad, &length)| shard.sum_scatter(grad, length))
-                            .collect::<Result<Vec<_>>>()?;
-                        let local = clip::global_norm(&parts)?;
-                        let norm = group.all_sum(&local.multiply(&local)?)?.sqrt()?;
-                        (parts, norm, values)
-                    }
-                }
+                let grads = grads
+                    .iter()
+                    .enumerate()
+                    .map(|(index, grad)| self.sum_grad(group, index, grad))
+                    .collect::<Result<Vec<_>>>()?;
+                let norm = self.summed_norm(group, &grads)?;
+                (grads, norm, values)
             }
         };
+        self.descend(state, lr, key, grads, grad_norm, values)
+    }
+
+    /// Clips the gradients `grads` (of global norm `grad_norm`, summed over the ranks if there
+    /// are several) and applies the optimizer: `[flat state'..., loss, grad_norm, metric...]`,
+    /// the state's key carried on as `key`.
+    fn descend(
+        &self,
+        state: &[Array],
+        lr: &Array,
+        key: Array,
+        grads: Vec<Array>,
+        grad_norm: Array,
+        values: Vec<Array>,
+    ) -> Result<Vec<Array>> {
+        let layout = &self.layout;
+        let n = layout.len();
         let grads = match self.clip_norm {
             Some(max_norm) => clip::clip_to_norm(&grads, &grad_norm, max_norm)?,
             None => grads,

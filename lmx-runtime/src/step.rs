@@ -19,7 +19,7 @@ use crate::optim::{DecayScope, Optimizer, StepScalars};
 use crate::state::{StateTemplate, TrainState};
 use crate::tree::{self, LeafRole, Tree};
 use mlx_rs::error::Exception;
-use mlx_rs::transforms::{compile::compile, value_and_grad_with_argnums};
+use mlx_rs::transforms::{async_eval, compile::compile, value_and_grad_with_argnums};
 use mlx_rs::{random, Array};
 use std::cell::Cell;
 use std::rc::Rc;
@@ -98,6 +98,27 @@ pub struct StepMetrics {
     /// Every array the step produced (the next state, the loss, the gradient norm, the
     /// metrics): what the evaluation boundary evaluates.
     pub outputs: Vec<Array>,
+    /// What to hand to the device before `outputs`, stage after stage, each with its own
+    /// `async_eval`: a flat step that sums its gradients during the backward pass
+    /// ([`Reduce::Overlap`]) hands them over bucket by bucket, each bucket's sum on a stream of
+    /// its own. Empty for every other step. Evaluating `outputs` alone computes the same
+    /// numbers, without the overlap (MLX's host then waits for each bucket).
+    pub stages: Stages,
+}
+
+/// Groups of arrays to hand to the device one after another ([`StepMetrics::stages`]).
+pub type Stages = Vec<Vec<Array>>;
+
+impl StepMetrics {
+    /// Hands the stages to the device, one after another, and lets go of them: an array a stage
+    /// held is then the next stage's to overwrite (MLX reuses the buffer of an input nothing else
+    /// holds, as a bucket's sum does its gradient's).
+    pub fn hand_over_stages(&mut self) -> Result<()> {
+        for stage in std::mem::take(&mut self.stages) {
+            async_eval(&stage)?;
+        }
+        Ok(())
+    }
 }
 
 pub(crate) type PureFn = Box<dyn FnMut(&[Array]) -> std::result::Result<Vec<Array>, Exception>>;
@@ -381,6 +402,7 @@ where
             grad_norm: outputs[n + 1].clone(),
             metrics: outputs[n + 2..].to_vec(),
             outputs,
+            stages: Stages::new(),
         })
     }
 

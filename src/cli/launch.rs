@@ -44,6 +44,10 @@ pub struct LaunchArgs {
     /// Where the gradients are summed over the ranks.
     #[arg(long, value_enum, default_value = "in-step")]
     pub reduce: ReduceArg,
+    /// With `--reduce overlap`: the largest bucket of gradients summed at once, in MiB (default
+    /// 25, PyTorch DDP's).
+    #[arg(long, value_name = "MIB")]
+    pub bucket_mb: Option<f64>,
     /// Environment variables for every rank (`NAME=VALUE`, repeatable).
     #[arg(long = "env")]
     pub env: Vec<String>,
@@ -70,6 +74,8 @@ pub enum ReduceArg {
     InStep,
     /// Between the step's compiled functions.
     AfterStep,
+    /// During the backward pass, bucket by bucket, on a stream of their own (the flat state's).
+    Overlap,
 }
 
 /// Seconds the other ranks get to end after one failed, before they are killed.
@@ -124,8 +130,22 @@ pub fn run(args: &LaunchArgs) -> anyhow::Result<()> {
     if args.shard_optimizer {
         common.insert(super::parallel::SHARD_VAR.into(), "1".into());
     }
-    if let ReduceArg::AfterStep = args.reduce {
-        common.insert(super::parallel::REDUCE_VAR.into(), "after-step".into());
+    match (args.reduce, args.bucket_mb) {
+        (ReduceArg::InStep, None) => {}
+        (ReduceArg::AfterStep, None) => {
+            common.insert(super::parallel::REDUCE_VAR.into(), "after-step".into());
+        }
+        (ReduceArg::Overlap, bucket_mb) => {
+            common.insert(super::parallel::REDUCE_VAR.into(), "overlap".into());
+            if let Some(bucket_mb) = bucket_mb {
+                if !(bucket_mb > 0.0 && bucket_mb.is_finite()) {
+                    anyhow::bail!("--bucket-mb {bucket_mb}: give a positive size in MiB");
+                }
+                let bytes = (bucket_mb * f64::from(1 << 20)).ceil() as usize;
+                common.insert(super::parallel::BUCKET_VAR.into(), bytes.to_string());
+            }
+        }
+        (_, Some(_)) => anyhow::bail!("--bucket-mb sizes the buckets of --reduce overlap"),
     }
     let world = hosts.len();
     match backend {

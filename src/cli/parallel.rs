@@ -7,9 +7,13 @@ use lmx::runtime::train::{Callback, Control, EvalReport, StepReport};
 /// Set to `1` by `lmx launch --shard-optimizer`: each rank keeps its part of the optimizer state.
 pub const SHARD_VAR: &str = "LMX_SHARD_OPTIMIZER";
 
-/// Set to `after-step` by `lmx launch --reduce after-step`: the gradients are summed between
-/// the step's compiled functions rather than inside it.
+/// Set to `after-step` by `lmx launch --reduce after-step` (the gradients are summed between
+/// the step's compiled functions rather than inside it), `overlap` by `--reduce overlap` (during
+/// the backward pass, bucket by bucket).
 pub const REDUCE_VAR: &str = "LMX_REDUCE";
+
+/// The largest bucket of `--reduce overlap`, in bytes (`lmx launch --bucket-mb`).
+pub const BUCKET_VAR: &str = "LMX_BUCKET_BYTES";
 
 /// This process as one rank of several.
 pub struct Rank {
@@ -40,7 +44,18 @@ impl Rank {
         let reduce = match std::env::var(REDUCE_VAR).as_deref() {
             Err(_) | Ok("in-step") => Reduce::InStep,
             Ok("after-step") => Reduce::AfterStep,
-            Ok(other) => anyhow::bail!("{REDUCE_VAR}={other}: use in-step or after-step"),
+            Ok("overlap") => Reduce::Overlap {
+                bucket_bytes: match std::env::var(BUCKET_VAR) {
+                    Err(_) => Reduce::DEFAULT_BUCKET_BYTES,
+                    Ok(bytes) => match bytes.parse::<usize>() {
+                        Ok(bytes) if bytes > 0 => bytes,
+                        _ => anyhow::bail!("{BUCKET_VAR}={bytes}: give a positive count of bytes"),
+                    },
+                },
+            },
+            Ok(other) => {
+                anyhow::bail!("{REDUCE_VAR}={other}: use in-step, after-step or overlap")
+            }
         };
         let shard_optimizer = match std::env::var(SHARD_VAR).as_deref() {
             Err(_) | Ok("0") => false,

@@ -133,9 +133,9 @@ impl Group {
             mlx_sys::mlx_stream,
         ) -> std::os::raw::c_int,
     ) -> Result<Array> {
-        // The default device's stream: MLX runs the collective where its backend works (NCCL on
-        // the GPU's stream, the ring on the CPU's).
-        let stream = Stream::new();
+        // The stream a caller chose (`mlx_rs::with_stream`), else the default device's: MLX runs
+        // the collective where its backend works (NCCL on the GPU's stream, the ring on the CPU's).
+        let stream = Stream::thread_local_or_default();
         // SAFETY: every handle is live for the call; the result is a new array owned by the
         // returned `Array`, or freed here on failure.
         unsafe {

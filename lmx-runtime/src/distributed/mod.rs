@@ -55,4 +55,17 @@ pub enum Reduce {
     /// Between two compiled functions, the gradients' and the update's (as a step with gradient
     /// accumulation always does): one collective per parameter.
     AfterStep,
+    /// During the backward pass, on a flat state: its buffers cut into buckets of at most
+    /// `bucket_bytes` (parameters in model order), and each bucket's packed gradients summed on a
+    /// stream of their own as soon as the backward pass has them, while it computes the earlier
+    /// layers' (as PyTorch's DDP buckets them).
+    Overlap {
+        /// The largest bucket, in bytes (a parameter larger than this is a bucket of its own).
+        bucket_bytes: usize,
+    },
+}
+
+impl Reduce {
+    /// The bucket size PyTorch's DDP uses by default, 25 MiB.
+    pub const DEFAULT_BUCKET_BYTES: usize = 25 << 20;
 }

@@ -49,7 +49,7 @@ where
                 options,
                 parallel,
             )?;
-            if let Some(flat) = Self::flat(step, &state, &optimizer, packing)? {
+            if let Some(flat) = Self::flat(step, &state, &optimizer, packing, parallel)? {
                 return Ok(flat);
             }
         }
@@ -84,7 +84,7 @@ where
                 options,
                 parallel,
             )?;
-            if let Some(flat) = Self::flat(step, &state, &optimizer, packing)? {
+            if let Some(flat) = Self::flat(step, &state, &optimizer, packing, parallel)? {
                 return Ok(flat);
             }
         }
@@ -97,13 +97,18 @@ where
     }
 
     /// The flat stepper over `state` where `step` could be made; where it could not, `None` to
-    /// fall back to per-parameter state, or the reason when `packing` asked for flat.
+    /// fall back to per-parameter state, or the reason when `packing` or `parallel`'s reduction
+    /// during the backward pass asked for flat.
     fn flat(
         step: Option<FlatStep<P, O>>,
         state: &TrainState<P, O>,
         optimizer: &O,
         packing: StatePacking,
+        parallel: Option<&DataParallel>,
     ) -> Result<Option<Self>> {
+        let overlap = parallel.is_some_and(|parallel| {
+            matches!(parallel.reduce, Reduce::Overlap { .. }) && packing != StatePacking::Flat
+        });
         match step {
             Some(step) => {
                 let flat = step.pack(state)?;
@@ -113,10 +118,15 @@ where
                     unpacked: OnceCell::new(),
                 }))
             }
-            None if packing == StatePacking::Flat => Err(Error::Config(format!(
+            None if packing == StatePacking::Flat || overlap => Err(Error::Config(format!(
                 "the state of `{}` cannot be packed flat: its update is not elementwise, the \
-                 model has nothing to train or it has buffers; use per-parameter state",
-                optimizer.name()
+                 model has nothing to train or it has buffers; {}",
+                optimizer.name(),
+                if overlap {
+                    "sum the gradients in the step or after it"
+                } else {
+                    "use per-parameter state"
+                }
             ))),
             None => Ok(None),
         }
@@ -187,14 +197,17 @@ where
     }
 }
 
-/// Whether `packing` asks for the flat state in this run: `Auto` on CUDA or with a sharded
-/// optimizer state, where the gradients are summed over the ranks inside the step (the flat step
-/// sums them there only).
+/// Whether `packing` asks for the flat state in this run: `Auto` on CUDA, with a sharded
+/// optimizer state or with the gradients summed during the backward pass, where the gradients are
+/// summed over the ranks inside the step or during it (the flat step sums them there only).
 fn flat_wanted(packing: StatePacking, parallel: Option<&DataParallel>) -> Result<bool> {
     let shard = parallel.is_some_and(|parallel| parallel.shard_optimizer);
-    let reduce_in_step = parallel.is_none_or(|parallel| parallel.reduce == Reduce::InStep);
+    let reduce = parallel.map_or(Reduce::InStep, |parallel| parallel.reduce);
+    let overlap = matches!(reduce, Reduce::Overlap { .. });
     let flat = match packing {
-        StatePacking::Auto => (crate::cuda::available() || shard) && reduce_in_step,
+        StatePacking::Auto => {
+            ((crate::cuda::available() || shard) && reduce == Reduce::InStep) || overlap
+        }
         StatePacking::Flat => true,
         StatePacking::PerParameter => false,
     };
@@ -205,9 +218,16 @@ fn flat_wanted(packing: StatePacking, parallel: Option<&DataParallel>) -> Result
                 .into(),
         ));
     }
-    if flat && !reduce_in_step {
+    if overlap && !flat {
         return Err(Error::Config(
-            "a flat state sums the gradients over the ranks inside its step".into(),
+            "the gradients are summed during the backward pass in buckets of the flat state: \
+             it needs the flat state packing"
+                .into(),
+        ));
+    }
+    if flat && reduce == Reduce::AfterStep {
+        return Err(Error::Config(
+            "a flat state sums the gradients over the ranks inside its step or during it".into(),
         ));
     }
     Ok(flat)

@@ -11,6 +11,7 @@ use crate::distributed::{DataParallel, DistributedError};
 use crate::error::{Error, Result};
 use crate::model::{LanguageModel, TrainingStep};
 use crate::state::{StateTemplate, TrainState};
+use crate::step::StepMetrics;
 use crate::step::StepOptions;
 use mlx_rs::error::Exception;
 use mlx_rs::ops::indexing::IndexOp;
@@ -446,12 +447,11 @@ where
             let building = Instant::now();
             let lr = self.config.schedule.lr(self.done);
             let batch = self.at_stage_length(self.own_part(&next)?)?;
-            let metrics = self.stepper.step(lr, &batch)?;
+            let mut metrics = self.stepper.step(lr, &batch)?;
             let stop_votes = self.stop_votes()?;
             // The vote's sum goes to the device with the step: evaluated only when it is read,
             // after the next step was handed over, it would queue behind that step and make the
             // host wait for it before building the one after (two H100s: 8 ms a step).
-            let handed: Vec<Array> = metrics.outputs.iter().chain(&stop_votes).cloned().collect();
             let build_s = building.elapsed().as_secs_f64();
             let overlap = match self.config.overlap {
                 Overlap::Submit if capped && cap.is_none() => Overlap::Build,
@@ -459,7 +459,7 @@ where
             };
             let mut submit_s = 0.0;
             if overlap == Overlap::Submit {
-                submit_s = submit(&handed)?;
+                submit_s = submit(&mut metrics, stop_votes.as_slice())?;
             }
             if let Some(previous) = in_flight.take() {
                 self.report(previous, Some(building), &mut progress)?;
@@ -468,8 +468,8 @@ where
                 cap = Some(MemoryCap::over_peak()?);
             }
             match overlap {
-                Overlap::Off => submit_s = run_now(&handed)?,
-                Overlap::Build => submit_s = submit(&handed)?,
+                Overlap::Off => submit_s = run_now(&mut metrics, stop_votes.as_slice())?,
+                Overlap::Build => submit_s = submit(&mut metrics, stop_votes.as_slice())?,
                 Overlap::Submit => {}
             }
             self.done += 1;
@@ -767,11 +767,12 @@ impl<S: TrainingStep> Trainer<S> {
     }
 }
 
-/// Hands a step's outputs to the device and returns the seconds that took (on a GPU, MLX encodes
-/// the whole step on this thread before returning).
-fn submit(outputs: &[Array]) -> Result<f64> {
+/// Hands a step (and `extra`, evaluated with its outputs) to the device and returns the seconds
+/// that took (on a GPU, MLX encodes the whole step on this thread before returning).
+fn submit(step: &mut StepMetrics, extra: &[Array]) -> Result<f64> {
     let submitting = Instant::now();
-    async_eval(outputs)?;
+    step.hand_over_stages()?;
+    async_eval(step.outputs.iter().chain(extra))?;
     Ok(submitting.elapsed().as_secs_f64())
 }
 
@@ -780,9 +781,10 @@ fn submit(outputs: &[Array]) -> Result<f64> {
 /// of `async_eval` are each asked once, when the next step reads them, whether the device is
 /// done (on CUDA one `cudaEventQuery` per parameter and optimizer moment: about 0.13 ms a step
 /// at the tiny preset on an H100, 6% of its step).
-fn run_now(outputs: &[Array]) -> Result<f64> {
+fn run_now(step: &mut StepMetrics, extra: &[Array]) -> Result<f64> {
     let running = Instant::now();
-    eval(outputs)?;
+    step.hand_over_stages()?;
+    eval(step.outputs.iter().chain(extra))?;
     Ok(running.elapsed().as_secs_f64())
 }
 
