@@ -12,7 +12,8 @@
 # 2. GPT-2 124M (`--preset gpt2`: vocabulary 50,304, as the anchor's; byte tokens of
 #    data/shakespeare.txt) in bfloat16 at 16 x 1024 per GPU: one GPU, two GPUs (gradients summed
 #    in the step, on the flat state), two GPUs with the optimizer state sharded (ZeRO-1), two
-#    GPUs with the gradients summed between the step's functions (per-parameter state);
+#    GPUs with the gradients summed between the step's functions (per-parameter state), two GPUs
+#    with them summed during the backward pass (`--reduce overlap`);
 #    tokens/s (median of steps 11 on) and peak memory of rank 0.
 # 3. The Python MLX anchor (bench/dp_anchor_mlx.py: the same GPT-2, all_sum over the gradients
 #    inside its compiled step) on one GPU and on two, started with mlx.launch's environment.
@@ -48,9 +49,11 @@ MLX_ENABLE_TF32=0 run tiny-2z "$lmx" launch -n 2 --backend nccl --shard-optimize
     train $tiny --out "$work/tiny-2z"
 MLX_ENABLE_TF32=0 run tiny-2za "$lmx" launch -n 2 --backend nccl --shard-optimizer -- \
     train $tiny --accumulate 2 --out "$work/tiny-2za"
+MLX_ENABLE_TF32=0 run tiny-2o "$lmx" launch -n 2 --backend nccl --reduce overlap --bucket-mb 0.05 \
+    -- train $tiny --out "$work/tiny-2o"
 run tiny-tf32-1 "$lmx" train $tiny --out "$work/tiny-tf32-1"
 run tiny-tf32-2 "$lmx" launch -n 2 --backend nccl -- train $tiny --out "$work/tiny-tf32-2"
-for run in tiny-1 tiny-2 tiny-2z tiny-2za tiny-tf32-1 tiny-tf32-2; do
+for run in tiny-1 tiny-2 tiny-2z tiny-2za tiny-2o tiny-tf32-1 tiny-tf32-2; do
     cp "$work/$run/metrics.jsonl" "$out/$run.jsonl" 2>/dev/null
 done
 
@@ -62,7 +65,9 @@ run gpt2-2z "$lmx" launch -n 2 --backend nccl --shard-optimizer -- train $gpt --
     --out "$work/gpt2-2z"
 run gpt2-2a "$lmx" launch -n 2 --backend nccl --reduce after-step -- train $gpt --batch-size 32 \
     --out "$work/gpt2-2a"
-for run in gpt2-1 gpt2-2 gpt2-2z gpt2-2a; do cp "$work/$run/metrics.jsonl" "$out/$run.jsonl" 2>/dev/null; done
+run gpt2-2o "$lmx" launch -n 2 --backend nccl --reduce overlap -- train $gpt --batch-size 32 \
+    --out "$work/gpt2-2o"
+for run in gpt2-1 gpt2-2 gpt2-2z gpt2-2a gpt2-2o; do cp "$work/$run/metrics.jsonl" "$out/$run.jsonl" 2>/dev/null; done
 
 anchor="${ANCHOR:-bench/dp_anchor_mlx.py} --batch 16 --seq 1024 --steps 30 --warmup 5 --dtype bfloat16"
 run anchor-1 "$python" $anchor
@@ -83,13 +88,13 @@ def steps(name):
         return []
 def losses(name):
     return [s["loss"] for s in steps(name) if s.get("kind") == "step"]
-for base, names in (("tiny-1", ("tiny-2", "tiny-2z", "tiny-2za")), ("tiny-tf32-1", ("tiny-tf32-2",))):
+for base, names in (("tiny-1", ("tiny-2", "tiny-2z", "tiny-2za", "tiny-2o")), ("tiny-tf32-1", ("tiny-tf32-2",))):
     one = losses(base)
     for name in names:
         other = losses(name)
         diff = max((abs(a - b) for a, b in zip(one, other)), default=float("nan"))
         print(f"{name}: {len(other)} steps, max |loss - {base}'s| = {diff:.3g}")
-for name in ("gpt2-1", "gpt2-2", "gpt2-2z", "gpt2-2a"):
+for name in ("gpt2-1", "gpt2-2", "gpt2-2z", "gpt2-2a", "gpt2-2o"):
     rows = [s for s in steps(name) if s.get("kind") == "step" and s["step"] > 10]
     if rows:
         tok = statistics.median(s["tokens_per_s"] for s in rows)
