@@ -79,6 +79,11 @@ fn two_ranks_train_as_one_process_on_the_whole_batch_and_resume_across_rank_coun
     train(2, &[], &two, "20", "10", &[]);
     assert_same_losses(&single, &two);
 
+    // The flat state, as on a GPU: its buffers of one dtype summed by one collective.
+    let flat = dir.path().join("flat");
+    train(2, &[], &flat, "20", "10", &["--state-packing", "flat"]);
+    assert_same_losses(&single, &flat);
+
     // The optimizer state sharded over the ranks (ZeRO-1, a flat state on the CPU).
     let sharded = dir.path().join("sharded");
     train(2, &["--shard-optimizer"], &sharded, "20", "10", &[]);
