@@ -440,8 +440,6 @@ struct Overlap<P: Tree<Array>, O: Optimizer> {
     /// loss, grad_norm, metric...]`.
     update: PureFn,
     body: Rc<FlatBody<P, O>>,
-    /// The ranks.
-    group: distributed::Group,
     /// The groups, in the order the backward pass completes them.
     order: Vec<usize>,
     /// Where the collectives run.
@@ -587,11 +585,8 @@ where
         let mode = match (bucket_bytes, options.accumulation) {
             (Some(_), _) => {
                 let (gradients, update) = (body.clone(), body.clone());
-                let group = parallel
-                    .map(|parallel| parallel.group.clone())
-                    .ok_or_else(|| Error::Config("summing over ranks needs ranks".into()))?;
+                body.ranks()?;
                 FlatMode::Overlap(Overlap {
-                    group,
                     gradients: prepare(
                         move |inputs| gradients.bucket_gradients(inputs),
                         options.compile,
@@ -742,16 +737,17 @@ impl<P: Tree<Array>, O: Optimizer> Overlap<P, O> {
         let mut sums: Vec<Option<Array>> = vec![None; groups];
         let mut summed_values = Vec::with_capacity(values.len());
         let mut stages = Vec::with_capacity(2 * groups);
+        let ranks = self.body.ranks()?;
         with_stream(&self.stream, || -> Result<()> {
             for (position, &index) in self.order.iter().enumerate() {
                 let grad = &grads[index];
-                let sum = self.body.sum_grad(&self.group, index, grad)?;
+                let sum = self.body.sum_grad(ranks, index, grad)?;
                 if position == 0 {
                     // The first bucket's stage runs the forward pass: the loss and metrics go
                     // with it, so that their sums too wait on the device, not on the host.
                     stages.push(std::iter::once(grad).chain(values).cloned().collect());
                     for value in values {
-                        summed_values.push(self.group.all_sum(value)?);
+                        summed_values.push(ranks.all_sum(value)?);
                     }
                     stages.push(summed_values.iter().chain([&sum]).cloned().collect());
                 } else {
@@ -876,9 +872,7 @@ impl<P: Tree<Array>, O: Optimizer> FlatBody<P, O> {
         let n = self.layout.len();
         self.check_inputs(inputs, n + self.frozen)?;
         let (state, inputs) = inputs.split_at(n);
-        let group = self.group.as_ref().ok_or_else(|| {
-            Error::Config("the gradients are summed over ranks, and there are none".into())
-        })?;
+        let group = self.ranks()?;
         let (_, subkey) = random::split(&state[n - 1], 2)?;
         let share = distributed::share(group, self.targets_in(&inputs[self.frozen..]))?;
         let (mut grads, _, values) = self.gradients(state, inputs, &subkey, Some(&share), false)?;
@@ -901,11 +895,16 @@ impl<P: Tree<Array>, O: Optimizer> FlatBody<P, O> {
         let (lr, rest) = (&rest[0], &rest[1..]);
         let (grads, values) = rest.split_at(groups);
         let (key, _) = random::split(&state[n - 1], 2)?;
-        let group = self.group.as_ref().ok_or_else(|| {
-            Error::Config("the gradients are summed over ranks, and there are none".into())
-        })?;
+        let group = self.ranks()?;
         let grad_norm = self.summed_norm(group, grads)?;
         self.descend(state, lr, key, grads.to_vec(), grad_norm, values.to_vec())
+    }
+
+    /// The ranks the gradients are summed over: those of a step made for several.
+    fn ranks(&self) -> Result<&distributed::Group> {
+        self.group.as_ref().ok_or_else(|| {
+            Error::Config("the gradients are summed over ranks, and there are none".into())
+        })
     }
 
     /// Group `index`'s packed gradient `grad` summed over the ranks of `group`; with a sharded
