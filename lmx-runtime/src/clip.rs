@@ -84,13 +84,23 @@ pub fn clip_by_global_norm(grads: &[Array], max_norm: f32) -> Result<(Vec<Array>
 
 /// `grads`, whose global norm is `norm`, scaled so that it is at most `max_norm`.
 pub fn clip_to_norm(grads: &[Array], norm: &Array, max_norm: f32) -> Result<Vec<Array>> {
-    let scale = ops::minimum(
+    scale(grads, &clip_scale(norm, max_norm)?)
+}
+
+/// What clipping to `max_norm` multiplies gradients of global norm `norm` by:
+/// `min(1, max_norm / (norm + eps))`, a float32 scalar.
+pub fn clip_scale(norm: &Array, max_norm: f32) -> Result<Array> {
+    Ok(ops::minimum(
         Array::from_f32(max_norm).divide(norm.add(Array::from_f32(EPS))?)?,
         Array::from_f32(1.0),
-    )?;
+    )?)
+}
+
+/// `grads` times `scale` (a float32 scalar), each in its own dtype.
+pub fn scale(grads: &[Array], scale: &Array) -> Result<Vec<Array>> {
     // One conversion of the scale per precision, not one per gradient.
     let mut scales: Vec<(Dtype, Array)> = Vec::new();
-    let mut clipped = Vec::with_capacity(grads.len());
+    let mut scaled = Vec::with_capacity(grads.len());
     for grad in grads {
         let dtype = grad.dtype();
         let scale = match scales.iter().find(|(seen, _)| *seen == dtype) {
@@ -101,9 +111,9 @@ pub fn clip_to_norm(grads: &[Array], norm: &Array, max_norm: f32) -> Result<Vec<
                 converted
             }
         };
-        clipped.push(grad.multiply(scale)?);
+        scaled.push(grad.multiply(scale)?);
     }
-    Ok(clipped)
+    Ok(scaled)
 }
 
 #[cfg(test)]

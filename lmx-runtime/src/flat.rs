@@ -363,19 +363,6 @@ impl FlatLayout {
     }
 }
 
-/// The loss and metrics `values` of this rank, weighed by its `share` of the global batch, summed
-/// over the ranks of `group`: the global batch's.
-fn summed_values(
-    group: &distributed::Group,
-    values: &[Array],
-    share: &Array,
-) -> Result<Vec<Array>> {
-    values
-        .iter()
-        .map(|value| group.all_sum(&distributed::weigh(value, share)?))
-        .collect()
-}
-
 /// The view of `buffer` where `place` (a packed one) lies, in its shape.
 fn view(buffer: &Array, place: &Place) -> Result<Array> {
     match place {
@@ -733,9 +720,12 @@ impl<P: Tree<Array>, O: Optimizer> Overlap<P, O> {
     fn step(&mut self, flat: &[Array], lr: f32, inputs: &[Array]) -> Result<(Vec<Array>, Stages)> {
         let groups = self.order.len();
         let outputs = (self.gradients)(inputs)?;
+        // After the gradients: this rank's weighed values packed (`Weight::pack_values`), then
+        // its values as they are, whose shapes and dtypes the update reads the sums back into.
         let (grads, values) = outputs.split_at(groups);
+        let (packed_values, own_values) = values.split_first().ok_or_else(short)?;
         let mut sums: Vec<Option<Array>> = vec![None; groups];
-        let mut summed_values = Vec::with_capacity(values.len());
+        let mut summed_values = None;
         let mut stages = Vec::with_capacity(2 * groups);
         let ranks = self.body.ranks()?;
         with_stream(&self.stream, || -> Result<()> {
@@ -746,10 +736,9 @@ impl<P: Tree<Array>, O: Optimizer> Overlap<P, O> {
                     // The first bucket's stage runs the forward pass: the loss and metrics go
                     // with it, so that their sums too wait on the device, not on the host.
                     stages.push(std::iter::once(grad).chain(values).cloned().collect());
-                    for value in values {
-                        summed_values.push(ranks.all_sum(value)?);
-                    }
-                    stages.push(summed_values.iter().chain([&sum]).cloned().collect());
+                    let summed = ranks.all_sum(packed_values)?;
+                    stages.push(vec![summed.clone(), sum.clone()]);
+                    summed_values = Some(summed);
                 } else {
                     stages.push(vec![grad.clone()]);
                     stages.push(vec![sum.clone()]);
@@ -763,7 +752,8 @@ impl<P: Tree<Array>, O: Optimizer> Overlap<P, O> {
         for sum in sums {
             inputs.push(sum.ok_or_else(short)?);
         }
-        inputs.extend(summed_values);
+        inputs.push(summed_values.ok_or_else(short)?);
+        inputs.extend(own_values.iter().cloned());
         Ok(((self.update)(&inputs)?, stages))
     }
 }
@@ -803,27 +793,33 @@ impl<P: Tree<Array>, O: Optimizer> FlatBody<P, O> {
         let (lr, inputs) = (&rest[0], &rest[1..]);
         let (key, subkey) = random::split(&state[n - 1], 2)?;
         let batch = &inputs[self.frozen..];
-        // Over ranks, each rank's gradients are weighed by its share of the global batch as they
+        // Over ranks, each rank's gradients are weighed by its weight in the global batch as they
         // are packed, before they are summed.
-        let share = match &self.group {
-            Some(group) => Some(distributed::share(group, self.targets_in(batch))?),
+        let weight = match &self.group {
+            Some(group) => Some(distributed::Weight::of(group, self.targets_in(batch))?),
             None => None,
         };
-        if let (Some(group), Some(share), None) = (&self.group, &share, &self.shard) {
-            // Summed whole: one collective per dtype.
-            let (packed, _, values) = self.gradients(state, inputs, &subkey, Some(share), true)?;
+        if let (Some(group), Some(weight), None) = (&self.group, &weight, &self.shard) {
+            // Summed whole: one collective per dtype, and one for the loss's side.
+            let (packed, _, values) =
+                self.gradients(state, inputs, &subkey, Some(weight.local()), true)?;
+            let (values, mean) = weight.sum_values(group, &values)?;
             let sums = packed
                 .iter()
                 .map(|buffer| group.all_sum(buffer))
                 .collect::<Result<Vec<_>>>()?;
-            let values = summed_values(group, &values, share)?;
             let grad_norm = clip::global_norm(&sums)?;
             let grads = self.layout.joint_views(&sums)?;
-            return self.descend(state, lr, key, grads, grad_norm, values);
+            return self.descend(state, lr, key, grads, grad_norm, values, mean);
         }
-        let (grads, grad_norm, values) =
-            self.gradients(state, inputs, &subkey, share.as_ref(), false)?;
-        self.update(state, lr, key, grads, grad_norm, values, batch, share)
+        let (grads, grad_norm, values) = self.gradients(
+            state,
+            inputs,
+            &subkey,
+            weight.as_ref().map(|w| w.local()),
+            false,
+        )?;
+        self.update(state, lr, key, grads, grad_norm, values, batch, weight)
     }
 
     /// `[flat state..., frozen..., micro-batch..., key] -> [packed grads..., loss, metric...]`.
@@ -864,9 +860,10 @@ impl<P: Tree<Array>, O: Optimizer> FlatBody<P, O> {
         )
     }
 
-    /// `[flat state..., frozen..., batch...] -> [packed grads..., loss, metric...]`, each
-    /// weighed by this rank's share of the global batch: what the rank adds to the sums over the
-    /// ranks ([`Overlap`]).
+    /// `[flat state..., frozen..., batch...] -> [packed grads..., packed values, loss,
+    /// metric...]`: the gradients weighed by this rank's [`Weight`](distributed::Weight) in the
+    /// global batch and its weight and weighed values packed, what the rank adds to the sums over
+    /// the ranks ([`Overlap`]), then its own values.
     fn bucket_gradients(&self, inputs: &[Array]) -> Result<Vec<Array>> {
         self.count_trace();
         let n = self.layout.len();
@@ -874,30 +871,33 @@ impl<P: Tree<Array>, O: Optimizer> FlatBody<P, O> {
         let (state, inputs) = inputs.split_at(n);
         let group = self.ranks()?;
         let (_, subkey) = random::split(&state[n - 1], 2)?;
-        let share = distributed::share(group, self.targets_in(&inputs[self.frozen..]))?;
-        let (mut grads, _, values) = self.gradients(state, inputs, &subkey, Some(&share), false)?;
-        for value in values {
-            grads.push(distributed::weigh(&value, &share)?);
-        }
+        let weight = distributed::Weight::of(group, self.targets_in(&inputs[self.frozen..]))?;
+        let (mut grads, _, values) =
+            self.gradients(state, inputs, &subkey, Some(weight.local()), false)?;
+        grads.push(weight.pack_values(&values)?);
+        grads.extend(values);
         Ok(grads)
     }
 
-    /// `[flat state..., lr, summed grads..., summed loss, summed metric...] -> [flat state'...,
-    /// loss, grad_norm, metric...]`: the update over the sums of
+    /// `[flat state..., lr, summed grads..., summed packed values, loss, metric...] -> [flat
+    /// state'..., loss, grad_norm, metric...]`: the update over the sums of
     /// [`bucket_gradients`](Self::bucket_gradients)' outputs ([`Overlap`]; with a sharded
-    /// optimizer state each summed gradient is this rank's part).
+    /// optimizer state each summed gradient is this rank's part), the rank's own values read
+    /// for their shapes and dtypes.
     fn summed_update(&self, inputs: &[Array]) -> Result<Vec<Array>> {
         self.count_trace();
         let n = self.layout.len();
         let groups = self.layout.groups.len();
-        self.check_inputs(inputs, n + 1 + groups + 1 + self.metrics)?;
+        self.check_inputs(inputs, n + 1 + groups + 2 + self.metrics)?;
         let (state, rest) = inputs.split_at(n);
         let (lr, rest) = (&rest[0], &rest[1..]);
-        let (grads, values) = rest.split_at(groups);
+        let (grads, rest) = rest.split_at(groups);
+        let (summed, own) = (&rest[0], &rest[1..]);
+        let (values, mean) = distributed::mean_values(summed, own, self.targets.is_some())?;
         let (key, _) = random::split(&state[n - 1], 2)?;
         let group = self.ranks()?;
         let grad_norm = self.summed_norm(group, grads)?;
-        self.descend(state, lr, key, grads.to_vec(), grad_norm, values.to_vec())
+        self.descend(state, lr, key, grads.to_vec(), grad_norm, values, mean)
     }
 
     /// The ranks the gradients are summed over: those of a step made for several.
@@ -976,7 +976,7 @@ impl<P: Tree<Array>, O: Optimizer> FlatBody<P, O> {
     /// Averages the packed gradients `grads` (of global norm `grad_norm`) and `values` (the
     /// loss and its metrics) over the ranks, clips and applies the optimizer: `[flat state'...,
     /// loss, grad_norm, metric...]`, the state's key carried on as `key`. `weighed` is this
-    /// rank's share of the global batch when `grads` were weighed by it as they were packed
+    /// rank's weight in the global batch when `grads` were weighed by it as they were packed
     /// ([`fused`](Self::fused)), `None` when they are this rank's own means.
     #[allow(clippy::too_many_arguments)]
     fn update(
@@ -988,38 +988,39 @@ impl<P: Tree<Array>, O: Optimizer> FlatBody<P, O> {
         grad_norm: Array,
         values: Vec<Array>,
         batch: &[Array],
-        weighed: Option<Array>,
+        weighed: Option<distributed::Weight>,
     ) -> Result<Vec<Array>> {
-        let (grads, grad_norm, values) = match &self.group {
-            None => (grads, grad_norm, values),
+        let (grads, grad_norm, values, mean) = match &self.group {
+            None => (grads, grad_norm, values, None),
             Some(group) => {
-                let (share, grads) = match weighed {
-                    Some(share) => (share, grads),
+                let (weight, grads) = match weighed {
+                    Some(weight) => (weight, grads),
                     None => {
-                        let share = distributed::share(group, self.targets_in(batch))?;
+                        let weight = distributed::Weight::of(group, self.targets_in(batch))?;
                         let grads = grads
                             .iter()
-                            .map(|grad| distributed::weigh(grad, &share))
+                            .map(|grad| distributed::weigh(grad, weight.local()))
                             .collect::<Result<Vec<_>>>()?;
-                        (share, grads)
+                        (weight, grads)
                     }
                 };
-                let values = summed_values(group, &values, &share)?;
+                let (values, mean) = weight.sum_values(group, &values)?;
                 let grads = grads
                     .iter()
                     .enumerate()
                     .map(|(index, grad)| self.sum_grad(group, index, grad))
                     .collect::<Result<Vec<_>>>()?;
                 let norm = self.summed_norm(group, &grads)?;
-                (grads, norm, values)
+                (grads, norm, values, mean)
             }
         };
-        self.descend(state, lr, key, grads, grad_norm, values)
+        self.descend(state, lr, key, grads, grad_norm, values, mean)
     }
 
-    /// Clips the gradients `grads` (of global norm `grad_norm`, summed over the ranks if there
-    /// are several) and applies the optimizer: `[flat state'..., loss, grad_norm, metric...]`,
-    /// the state's key carried on as `key`.
+    /// Clips the gradients `grads` (of global norm `grad_norm`; summed over the ranks if there
+    /// are several, whose `mean` makes them the global batch's) and applies the optimizer:
+    /// `[flat state'..., loss, grad_norm, metric...]`, the state's key carried on as `key`.
+    #[allow(clippy::too_many_arguments)]
     fn descend(
         &self,
         state: &[Array],
@@ -1028,11 +1029,24 @@ impl<P: Tree<Array>, O: Optimizer> FlatBody<P, O> {
         grads: Vec<Array>,
         grad_norm: Array,
         values: Vec<Array>,
+        mean: distributed::Mean,
     ) -> Result<Vec<Array>> {
         let layout = &self.layout;
         let n = layout.len();
-        let grads = match self.clip_norm {
-            Some(max_norm) => clip::clip_to_norm(&grads, &grad_norm, max_norm)?,
+        let grad_norm = match &mean {
+            Some(mean) => grad_norm.multiply(mean)?,
+            None => grad_norm,
+        };
+        // The mean's factor and the clip's are one scalar, so the gradients are scaled once.
+        let scale = match (self.clip_norm, mean) {
+            (Some(max_norm), Some(mean)) => {
+                Some(clip::clip_scale(&grad_norm, max_norm)?.multiply(mean)?)
+            }
+            (Some(max_norm), None) => Some(clip::clip_scale(&grad_norm, max_norm)?),
+            (None, mean) => mean,
+        };
+        let grads = match scale {
+            Some(scale) => clip::scale(&grads, &scale)?,
             None => grads,
         };
         let step = state[n - 2].add(Array::from_f32(1.0))?;

@@ -18,7 +18,7 @@ mod group;
 mod shard;
 mod watchdog;
 
-pub(crate) use average::{average, share, weigh};
+pub(crate) use average::{average, mean_values, weigh, Mean, Weight};
 pub use backend::Backend;
 pub use error::DistributedError;
 pub use group::Group;
