@@ -256,88 +256,24 @@ impl FlatLayout {
     /// norm is [`clip::global_norm`] of the gradients as they come: squaring a whole packed
     /// gradient would take a float32 copy of it at once.
     fn pack_grads(&self, grads: &[Array], weight: Option<&Array>) -> Result<(Vec<Array>, Array)> {
-        let lists: Vec<Vec<usize>> = (0..self.groups.len()).map(|group| vec![group]).collect();
-        self.pack_lists(&lists, grads, weight)
-    }
-
-    /// [`pack_grads`](Self::pack_grads) with the groups of one dtype in one buffer, group after
-    /// group ([`joint_views`](Self::joint_views) cuts it back): a data-parallel step then sums
-    /// the gradients with one collective per dtype, not per group (on two H100s the second
-    /// group's all-reduce, of GPT-2's 0.9 MB of undecayed parameters, took 0.3 ms after the
-    /// 248 MB one, the update waiting on it).
-    fn pack_grads_joint(
-        &self,
-        grads: &[Array],
-        weight: Option<&Array>,
-    ) -> Result<(Vec<Array>, Array)> {
-        self.pack_lists(&self.joint_groups(), grads, weight)
-    }
-
-    /// The groups by dtype: each dtype's groups in order, the dtypes in the order of their first
-    /// group.
-    fn joint_groups(&self) -> Vec<Vec<usize>> {
-        let mut lists: Vec<Vec<usize>> = Vec::new();
-        for (index, group) in self.groups.iter().enumerate() {
-            match lists
-                .iter_mut()
-                .find(|list| self.groups[list[0]].dtype == group.dtype)
-            {
-                Some(list) => list.push(index),
-                None => lists.push(vec![index]),
-            }
-        }
-        lists
-    }
-
-    /// Each group's part, in group order, of `buffers` laid out as
-    /// [`pack_grads_joint`](Self::pack_grads_joint) packs them: views, no copies.
-    fn joint_views(&self, buffers: &[Array]) -> Result<Vec<Array>> {
-        let mut views: Vec<Option<Array>> = vec![None; self.groups.len()];
-        for (list, buffer) in self.joint_groups().iter().zip(buffers) {
-            let mut offset = 0;
-            for &group in list {
-                let length = self.lengths[group];
-                views[group] = Some(if list.len() == 1 {
-                    buffer.clone()
-                } else {
-                    buffer.index(offset..offset + length)
-                });
-                offset += length;
-            }
-        }
-        views
-            .into_iter()
-            .map(|view| view.ok_or_else(short))
-            .collect()
-    }
-
-    /// The gradients packed into one buffer per list of groups (each list's groups one after
-    /// another), weighed by `weight`, and their global norm.
-    fn pack_lists(
-        &self,
-        lists: &[Vec<usize>],
-        grads: &[Array],
-        weight: Option<&Array>,
-    ) -> Result<(Vec<Array>, Array)> {
         let cuda = crate::cuda::available();
-        let mut packed = Vec::with_capacity(lists.len());
-        let mut squares = Vec::with_capacity(lists.len());
-        for list in lists {
-            let dtype = self.groups[list[0]].dtype;
-            let members = list
+        let mut packed = Vec::with_capacity(self.groups.len());
+        let mut squares = Vec::with_capacity(self.groups.len());
+        for group in &self.groups {
+            let members = group
+                .members
                 .iter()
-                .flat_map(|&group| &self.groups[group].members)
                 .map(|&member| {
                     let grad = grads.get(member).ok_or_else(short)?;
-                    Ok(if grad.dtype() == dtype {
+                    Ok(if grad.dtype() == group.dtype {
                         grad.clone()
                     } else {
-                        grad.as_dtype(dtype)?
+                        grad.as_dtype(group.dtype)?
                     })
                 })
                 .collect::<Result<Vec<_>>>()?;
             if cuda {
-                let (flat, sum) = crate::cuda::pack_with_squares(&members, dtype, weight)?;
+                let (flat, sum) = crate::cuda::pack_with_squares(&members, group.dtype, weight)?;
                 packed.push(flat);
                 squares.push(sum);
             } else {
@@ -799,26 +735,8 @@ impl<P: Tree<Array>, O: Optimizer> FlatBody<P, O> {
             Some(group) => Some(distributed::Weight::of(group, self.targets_in(batch))?),
             None => None,
         };
-        if let (Some(group), Some(weight), None) = (&self.group, &weight, &self.shard) {
-            // Summed whole: one collective per dtype, and one for the loss's side.
-            let (packed, _, values) =
-                self.gradients(state, inputs, &subkey, Some(weight.local()), true)?;
-            let (values, mean) = weight.sum_values(group, &values)?;
-            let sums = packed
-                .iter()
-                .map(|buffer| group.all_sum(buffer))
-                .collect::<Result<Vec<_>>>()?;
-            let grad_norm = clip::global_norm(&sums)?;
-            let grads = self.layout.joint_views(&sums)?;
-            return self.descend(state, lr, key, grads, grad_norm, values, mean);
-        }
-        let (grads, grad_norm, values) = self.gradients(
-            state,
-            inputs,
-            &subkey,
-            weight.as_ref().map(|w| w.local()),
-            false,
-        )?;
+        let (grads, grad_norm, values) =
+            self.gradients(state, inputs, &subkey, weight.as_ref().map(|w| w.local()))?;
         self.update(state, lr, key, grads, grad_norm, values, batch, weight)
     }
 
@@ -829,7 +747,7 @@ impl<P: Tree<Array>, O: Optimizer> FlatBody<P, O> {
         self.check_inputs(inputs, n + 1 + self.frozen)?;
         let (state, rest) = inputs.split_at(n);
         let (inputs, key) = rest.split_at(rest.len() - 1);
-        let (mut grads, _, values) = self.gradients(state, inputs, &key[0], None, false)?;
+        let (mut grads, _, values) = self.gradients(state, inputs, &key[0], None)?;
         grads.extend(values);
         Ok(grads)
     }
@@ -873,7 +791,7 @@ impl<P: Tree<Array>, O: Optimizer> FlatBody<P, O> {
         let (_, subkey) = random::split(&state[n - 1], 2)?;
         let weight = distributed::Weight::of(group, self.targets_in(&inputs[self.frozen..]))?;
         let (mut grads, _, values) =
-            self.gradients(state, inputs, &subkey, Some(weight.local()), false)?;
+            self.gradients(state, inputs, &subkey, Some(weight.local()))?;
         grads.push(weight.pack_values(&values)?);
         grads.extend(values);
         Ok(grads)
@@ -945,8 +863,8 @@ impl<P: Tree<Array>, O: Optimizer> FlatBody<P, O> {
     }
 
     /// The loss and its metrics at the parameters of the flat `state` on `inputs` (the frozen
-    /// leaves, then the batch), and the loss's gradients packed by group (or, `joint`, by dtype:
-    /// [`FlatLayout::pack_grads_joint`]) with their global norm: `(grads, grad_norm, [loss,
+    /// leaves, then the batch), and the loss's gradients packed by group with their global norm:
+    /// `(grads, grad_norm, [loss,
     /// metric...])`.
     fn gradients(
         &self,
@@ -954,7 +872,6 @@ impl<P: Tree<Array>, O: Optimizer> FlatBody<P, O> {
         inputs: &[Array],
         key: &Array,
         weight: Option<&Array>,
-        joint: bool,
     ) -> Result<(Vec<Array>, Array, Vec<Array>)> {
         let params = self.layout.params(state)?;
         let (values, grads) = values_and_grads(
@@ -965,11 +882,7 @@ impl<P: Tree<Array>, O: Optimizer> FlatBody<P, O> {
             inputs,
             key,
         )?;
-        let (grads, grad_norm) = if joint {
-            self.layout.pack_grads_joint(&grads, weight)?
-        } else {
-            self.layout.pack_grads(&grads, weight)?
-        };
+        let (grads, grad_norm) = self.layout.pack_grads(&grads, weight)?;
         Ok((grads, grad_norm, values))
     }
 
