@@ -14,17 +14,19 @@
 #    in the step, on the flat state), two GPUs with the optimizer state sharded (ZeRO-1), two
 #    GPUs with the gradients summed between the step's functions (per-parameter state), two GPUs
 #    with them summed during the backward pass (`--reduce overlap`);
-#    tokens/s (median of steps 11 on) and peak memory of rank 0.
+#    tokens/s of steps 21 on (their tokens over metrics.jsonl's elapsed time from step 20 to the
+#    last: the per-step rates swing between pipelined steps, 26 to 49 ms a step around a 35 ms
+#    mean, so their median is no estimate of the run's rate) and peak memory of rank 0.
 # 3. The Python MLX anchor (bench/dp_anchor_mlx.py: the same GPT-2, all_sum over the gradients
 #    inside its compiled step) on one GPU and on two, started with mlx.launch's environment.
-# Environment: LMX (default .gpu-dp/lmx), PYTHON (default python3), STEPS (GPT-2 steps, default 40),
+# Environment: LMX (default .gpu-dp/lmx), PYTHON (default python3), STEPS (GPT-2 steps, default 150),
 # ANCHOR (default bench/dp_anchor_mlx.py).
 set -u
 out=${1:?output folder}
 mkdir -p "$out"
 lmx=${LMX:-.gpu-dp/lmx}
 python=${PYTHON:-python3}
-steps=${STEPS:-40}
+steps=${STEPS:-150}
 work=$(mktemp -d)
 export NCCL_NVLS_ENABLE=0
 # MLX's NCCL backend opens libnccl at run time: the machine has it among PyTorch's nvidia-* wheels.
@@ -79,7 +81,7 @@ done
 wait
 
 "$python" - "$out" > "$out/summary.txt" 2>&1 <<'PY'
-import json, statistics, sys
+import json, sys
 out = sys.argv[1]
 def steps(name):
     try:
@@ -95,13 +97,14 @@ for base, names in (("tiny-1", ("tiny-2", "tiny-2z", "tiny-2za", "tiny-2o")), ("
         diff = max((abs(a - b) for a, b in zip(one, other)), default=float("nan"))
         print(f"{name}: {len(other)} steps, max |loss - {base}'s| = {diff:.3g}")
 for name in ("gpt2-1", "gpt2-2", "gpt2-2z", "gpt2-2a", "gpt2-2o"):
-    rows = [s for s in steps(name) if s.get("kind") == "step" and s["step"] > 10]
-    if rows:
-        tok = statistics.median(s["tokens_per_s"] for s in rows)
+    rows = [s for s in steps(name) if s.get("kind") == "step"]
+    if len(rows) > 20:
+        tokens = (16 if name == "gpt2-1" else 32) * 1024 * (len(rows) - 20)
+        tok = tokens / (rows[-1]["elapsed_s"] - rows[19]["elapsed_s"])
         mem = max(s["peak_memory_mib"] for s in rows)
         print(f"{name}: {tok:,.0f} tokens/s, peak {mem:,.0f} MiB (rank 0), last loss {rows[-1]['loss']:.4f}")
     else:
-        print(f"{name}: no steps")
+        print(f"{name}: fewer than 21 steps")
 for name in ("anchor-1", "anchor-2-rank0"):
     try:
         print(name, open(f"{out}/{name}.txt").read().strip().splitlines()[-2:])
