@@ -130,7 +130,7 @@ fn a_model_file_the_binary_does_not_hold_is_built_from_lmx_s_source_which_must_b
     let stderr = stderr_of_failing(output);
     assert!(
         stderr.contains(&format!(
-            "{}: training a .lmx file that this program does not hold builds a program for it \
+            "{}: a .lmx file that this program does not hold runs in a program built for it \
              against lmx's source, which must be at hand (set LMX_SOURCE to an lmx checkout): {} \
              is no lmx checkout",
             file.display(),
@@ -139,6 +139,69 @@ fn a_model_file_the_binary_does_not_hold_is_built_from_lmx_s_source_which_must_b
         "{stderr}"
     );
     assert!(!dir.path().join("cache").exists());
+}
+
+/// Every command that reads a run goes, for a run of a `.lmx` file this program does not hold,
+/// to the program built for the file: each fails here only for want of lmx's source, as training
+/// the file does, and none says the model is unknown.
+#[test]
+fn every_command_on_a_run_of_a_model_file_the_binary_does_not_hold_runs_in_its_program() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("mine.lmx");
+    std::fs::write(&file, bundled_gpt2()).unwrap();
+    let run = dir.path().join("run");
+    let (file_arg, run_arg) = (file.to_str().unwrap(), run.to_str().unwrap());
+    succeeds(&[
+        "train",
+        "--model",
+        file_arg,
+        "--preset",
+        "tiny-bytes",
+        "--steps",
+        "1",
+        "--batch-size",
+        "2",
+        "--seq-len",
+        "16",
+        "--quiet",
+        "--sample",
+        "0",
+        "--out",
+        run_arg,
+    ]);
+    // The file changes after the run: it is no longer the bundled GPT-2's source.
+    std::fs::write(
+        &file,
+        bundled_gpt2().replace("d_ff = 4 * d_model", "d_ff = 3 * d_model"),
+    )
+    .unwrap();
+    let exported = dir.path().join("exported");
+    let exported = exported.to_str().unwrap();
+    let commands: [&[&str]; 5] = [
+        &["generate", "--run", run_arg, "--max-tokens", "2"],
+        &["eval", "--run", run_arg, "--data", file_arg],
+        &["export", "--run", run_arg, "--out", exported],
+        &["fuse", "--run", run_arg, "--out", exported],
+        &["serve", "--run", run_arg],
+    ];
+    for args in commands {
+        let output = Command::new(env!("CARGO_BIN_EXE_lmx"))
+            .args(args)
+            .env("LMX_SOURCE", dir.path())
+            .env("LMX_CACHE_DIR", dir.path().join("cache"))
+            .output()
+            .unwrap();
+        let stderr = stderr_of_failing(output);
+        assert!(
+            stderr.contains(&format!(
+                "{}: a .lmx file that this program does not hold runs in a program built for it",
+                file.display()
+            )),
+            "lmx {args:?}: {stderr}"
+        );
+    }
+    assert!(!dir.path().join("cache").exists());
+    assert!(!dir.path().join("exported").exists());
 }
 
 #[test]

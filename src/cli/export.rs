@@ -124,8 +124,11 @@ pub fn run(args: ExportArgs, registry: &Registry) -> anyhow::Result<()> {
             let run = RunFile::read(dir)?;
             let model = match resolve::resolve(registry, &run.model)? {
                 Resolved::Registered(model) => model,
-                _ => anyhow::bail!(
-                    "{}'s model {} is not one this program holds",
+                // A run of a `.lmx` file this program does not hold: the program built for the
+                // file exports it (or says why its model has no Hugging Face layout).
+                Resolved::File(file) => return super::model_file::run_in_built_program(&file),
+                Resolved::Folder(..) => anyhow::bail!(
+                    "{}'s model {} is a folder, not a model: export the folder with --model",
                     dir.display(),
                     run.model
                 ),

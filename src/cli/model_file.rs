@@ -51,7 +51,7 @@ fn build(file: &ModelFile) -> anyhow::Result<PathBuf> {
     let lmx = new::lmx_checkout(std::env::var_os("LMX_SOURCE").as_deref().map(AsRef::as_ref))
         .map_err(|err| {
             anyhow::anyhow!(
-                "{}: training a .lmx file that this program does not hold builds a program for \
+                "{}: a .lmx file that this program does not hold runs in a program built for \
                  it against lmx's source, which must be at hand (set LMX_SOURCE to an lmx \
                  checkout): {err}",
                 file.path.display()
