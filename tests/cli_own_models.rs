@@ -32,6 +32,40 @@ fn fails(args: &[&str]) -> String {
     stderr_of_failing(lmx(args))
 }
 
+/// Trains `file` (a GPT-2 source) at its tiny preset for `steps` steps into `out`: the output.
+fn train_tiny(file: &str, steps: &str, out: &str) -> String {
+    succeeds(&[
+        "train",
+        "--model",
+        file,
+        "--preset",
+        "tiny-bytes",
+        "--steps",
+        steps,
+        "--batch-size",
+        "2",
+        "--seq-len",
+        "16",
+        "--quiet",
+        "--sample",
+        "0",
+        "--out",
+        out,
+    ])
+}
+
+/// The stderr of `lmx args`, which must fail, with `dir` as lmx's source (no checkout) and
+/// `dir/cache` as its cache.
+fn fails_without_source(dir: &Path, args: &[&str]) -> String {
+    let output = Command::new(env!("CARGO_BIN_EXE_lmx"))
+        .args(args)
+        .env("LMX_SOURCE", dir)
+        .env("LMX_CACHE_DIR", dir.join("cache"))
+        .output()
+        .unwrap();
+    stderr_of_failing(output)
+}
+
 fn bundled_gpt2() -> String {
     std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("models/gpt2.lmx")).unwrap()
 }
@@ -85,24 +119,7 @@ fn a_model_file_with_a_bundled_model_s_source_trains_and_generates_as_that_model
     let file = file.to_str().unwrap();
     let out = dir.path().join("run");
     let out = out.to_str().unwrap();
-    let trained = succeeds(&[
-        "train",
-        "--model",
-        file,
-        "--preset",
-        "tiny-bytes",
-        "--steps",
-        "2",
-        "--batch-size",
-        "2",
-        "--seq-len",
-        "16",
-        "--quiet",
-        "--sample",
-        "0",
-        "--out",
-        out,
-    ]);
+    let trained = train_tiny(file, "2", out);
     assert!(trained.contains("trained gpt2 to step 2"), "{trained}");
     let run: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(Path::new(out).join("run.json")).unwrap())
@@ -121,13 +138,10 @@ fn a_model_file_the_binary_does_not_hold_is_built_from_lmx_s_source_which_must_b
         bundled_gpt2().replace("d_ff = 4 * d_model", "d_ff = 3 * d_model"),
     )
     .unwrap();
-    let output = Command::new(env!("CARGO_BIN_EXE_lmx"))
-        .args(["train", "--model", file.to_str().unwrap(), "--quiet"])
-        .env("LMX_SOURCE", dir.path())
-        .env("LMX_CACHE_DIR", dir.path().join("cache"))
-        .output()
-        .unwrap();
-    let stderr = stderr_of_failing(output);
+    let stderr = fails_without_source(
+        dir.path(),
+        &["train", "--model", file.to_str().unwrap(), "--quiet"],
+    );
     assert!(
         stderr.contains(&format!(
             "{}: a .lmx file that this program does not hold runs in a program built for it \
@@ -151,24 +165,7 @@ fn every_command_on_a_run_of_a_model_file_the_binary_does_not_hold_runs_in_its_p
     std::fs::write(&file, bundled_gpt2()).unwrap();
     let run = dir.path().join("run");
     let (file_arg, run_arg) = (file.to_str().unwrap(), run.to_str().unwrap());
-    succeeds(&[
-        "train",
-        "--model",
-        file_arg,
-        "--preset",
-        "tiny-bytes",
-        "--steps",
-        "1",
-        "--batch-size",
-        "2",
-        "--seq-len",
-        "16",
-        "--quiet",
-        "--sample",
-        "0",
-        "--out",
-        run_arg,
-    ]);
+    train_tiny(file_arg, "1", run_arg);
     // The file changes after the run: it is no longer the bundled GPT-2's source.
     std::fs::write(
         &file,
@@ -185,13 +182,7 @@ fn every_command_on_a_run_of_a_model_file_the_binary_does_not_hold_runs_in_its_p
         &["serve", "--run", run_arg],
     ];
     for args in commands {
-        let output = Command::new(env!("CARGO_BIN_EXE_lmx"))
-            .args(args)
-            .env("LMX_SOURCE", dir.path())
-            .env("LMX_CACHE_DIR", dir.path().join("cache"))
-            .output()
-            .unwrap();
-        let stderr = stderr_of_failing(output);
+        let stderr = fails_without_source(dir.path(), args);
         assert!(
             stderr.contains(&format!(
                 "{}: a .lmx file that this program does not hold runs in a program built for it",
