@@ -191,7 +191,7 @@ fn num_layers_and_keys_choose_the_layers_as_mlx_lm_does() -> Result<()> {
     let err = attach_default(&mut unknown, 3).unwrap_err();
     assert_eq!(
         err.to_string(),
-        "num_layers is 3; it must be at most the model's number of blocks (-1: all)"
+        "num_layers is 3, but the model has 2 blocks: at most 2, or -1 for all"
     );
     assert_eq!(
         tree::names(&unknown),

@@ -93,6 +93,16 @@ pub enum Error {
         /// What it must be.
         expected: &'static str,
     },
+    /// More blocks asked to take adapters (counted from the last) than the model has.
+    #[error(
+        "num_layers is {asked}, but the model has {blocks} blocks: at most {blocks}, or -1 for all"
+    )]
+    TooManyBlocks {
+        /// The blocks asked for.
+        asked: i64,
+        /// The model's blocks.
+        blocks: usize,
+    },
     /// A layer asked to take an adapter has one already (adapters go over a base model, or over
     /// one whose adapters were fused into it).
     #[error("layer `{layer}` already has an adapter")]

@@ -113,9 +113,10 @@ fn default_keys<R: Tree<Array> + ?Sized>(tree: &R) -> BTreeSet<String> {
 /// zeros. Adapters take the dtype of the layer's weights (of its scales when it is quantized).
 ///
 /// Fails, leaving `tree` unchanged, on a rank below 1, a scale that is not finite, a dropout
-/// outside `[0, 1)`, more `num_layers` than blocks, a key that names no linear layer or stacked
-/// experts, a layer that already has an adapter ([`Error::AlreadyAdapted`]), or DoRA on stacked
-/// experts (which mlx-lm's DoRA does not adapt either).
+/// outside `[0, 1)`, more `num_layers` than blocks ([`Error::TooManyBlocks`]), a key that names
+/// no linear layer or stacked experts, a layer that already has an adapter
+/// ([`Error::AlreadyAdapted`]), or DoRA on stacked experts (which mlx-lm's DoRA does not adapt
+/// either).
 pub fn attach<R: Tree<Array> + ?Sized>(
     tree: &mut R,
     parameters: &LoraParameters,
@@ -126,10 +127,9 @@ pub fn attach<R: Tree<Array> + ?Sized>(
     check(parameters)?;
     let blocks = blocks(tree);
     if num_layers > blocks as i64 {
-        return Err(Error::Setting {
-            name: "num_layers",
-            value: num_layers.to_string(),
-            expected: "at most the model's number of blocks (-1: all)",
+        return Err(Error::TooManyBlocks {
+            asked: num_layers,
+            blocks,
         });
     }
     let first = if num_layers < 0 {
