@@ -864,8 +864,7 @@ impl<P: Tree<Array>, O: Optimizer> FlatBody<P, O> {
 
     /// The loss and its metrics at the parameters of the flat `state` on `inputs` (the frozen
     /// leaves, then the batch), and the loss's gradients packed by group with their global norm:
-    /// `(grads, grad_norm, [loss,
-    /// metric...])`.
+    /// `(grads, grad_norm, [loss, metric...])`.
     fn gradients(
         &self,
         state: &[Array],
@@ -951,12 +950,13 @@ impl<P: Tree<Array>, O: Optimizer> FlatBody<P, O> {
             None => grad_norm,
         };
         // The mean's factor and the clip's are one scalar, so the gradients are scaled once.
-        let scale = match (self.clip_norm, mean) {
-            (Some(max_norm), Some(mean)) => {
-                Some(clip::clip_scale(&grad_norm, max_norm)?.multiply(mean)?)
-            }
-            (Some(max_norm), None) => Some(clip::clip_scale(&grad_norm, max_norm)?),
-            (None, mean) => mean,
+        let clip = self
+            .clip_norm
+            .map(|max_norm| clip::clip_scale(&grad_norm, max_norm))
+            .transpose()?;
+        let scale = match (clip, mean) {
+            (Some(clip), Some(mean)) => Some(clip.multiply(mean)?),
+            (clip, mean) => clip.or(mean),
         };
         let grads = match scale {
             Some(scale) => clip::scale(&grads, &scale)?,
