@@ -68,6 +68,16 @@ fn assert_same_losses(one: &Path, other: &Path) {
     }
 }
 
+/// The loss `run`'s checkpoint of `step` records (its parameters' on the next step's batch).
+fn checkpoint_loss(run: &Path, step: u32) -> f64 {
+    let path = run.join(format!("checkpoints/step-{step:06}/trainer.json"));
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path:?}: {e}"));
+    let trainer: serde_json::Value = serde_json::from_str(&text).unwrap();
+    trainer["loss"]
+        .as_f64()
+        .unwrap_or_else(|| panic!("{path:?}: no loss"))
+}
+
 #[test]
 fn two_ranks_train_as_one_process_on_the_whole_batch_and_resume_across_rank_counts() {
     let dir = tempfile::tempdir().unwrap();
@@ -78,6 +88,11 @@ fn two_ranks_train_as_one_process_on_the_whole_batch_and_resume_across_rank_coun
     let two = dir.path().join("two");
     train(2, &[], &two, "20", "10", &[]);
     assert_same_losses(&single, &two);
+    // Each rank holds only its rows of a batch; a checkpoint records the whole batch's loss.
+    for step in [10, 20] {
+        let (a, b) = (checkpoint_loss(&single, step), checkpoint_loss(&two, step));
+        assert!((a - b).abs() <= 1e-5, "checkpoint {step}: {a} against {b}");
+    }
 
     // The flat state, as on a GPU: its buffers of one dtype summed by one collective.
     let flat = dir.path().join("flat");

@@ -4,11 +4,14 @@ use crate::data::{BatchIterator, BatchPosition};
 use crate::error::Result;
 use mlx_rs::ops::indexing::IndexOp;
 use mlx_rs::Array;
+use std::ops::Range;
 
-/// Bytes of token ids one upload holds at most (inputs and targets together): 32 steps of 16 x
-/// 256 tokens, 8 of GPT-2's 16 x 1024. The upload stays on the device while its steps run, so
-/// this is also what it adds to the run's peak memory.
-const UPLOAD_BYTES: usize = 1 << 20;
+/// Bytes of token ids one upload holds at most (inputs and targets together): 64 steps of GPT-2's
+/// 16 x 1024. The upload stays on the device while its steps run, so this is also what it adds to
+/// the run's peak memory. Each upload stalls the device for a few milliseconds whatever its size
+/// (MLX's copy out of managed memory), so fewer, larger uploads: at 1 MiB, GPT-2's every eighth
+/// step on one GPU, and every fourth on two, was that much slower (docs/benchmarks.md).
+const UPLOAD_BYTES: usize = 8 << 20;
 
 /// Steps one upload serves at most.
 const MAX_STEPS_PER_UPLOAD: usize = 64;
@@ -25,12 +28,17 @@ const MAX_STEPS_PER_UPLOAD: usize = 64;
 /// no kernel of its own. Unstaged (on the CPU, and on Metal, whose memory is the host's), each
 /// upload is one step's batch, handed out as it is, as a plain [`Batch`]'s arrays are.
 ///
+/// Only this process's rows of each drawn batch are uploaded: all of them, or a data-parallel
+/// rank's share.
+///
 /// The positions of the batches handed out are kept, so that a checkpoint records where the
 /// next batch comes from, as if the batches had been drawn one at a time.
 ///
 /// [`Batch`]: crate::data::Batch
 pub struct StagedBatches {
     staged: bool,
+    /// The rows of each drawn batch this process trains on.
+    rows: Range<usize>,
     steps_per_upload: usize,
     upload: Option<(Array, Array)>,
     /// The source's position after each batch of the current upload.
@@ -40,10 +48,10 @@ pub struct StagedBatches {
 }
 
 impl StagedBatches {
-    /// Uploads sized for batches of `batch_size x seq_len` tokens: staged (many steps, copied
-    /// into device memory) or not (one step each).
-    pub fn new(batch_size: usize, seq_len: usize, staged: bool) -> Self {
-        let step_bytes = 2 * batch_size * seq_len * std::mem::size_of::<i32>();
+    /// Uploads of `rows` of each batch (`seq_len` tokens a row): staged (many steps, copied into
+    /// device memory) or not (one step each).
+    pub fn new(rows: Range<usize>, seq_len: usize, staged: bool) -> Self {
+        let step_bytes = 2 * rows.len() * seq_len * std::mem::size_of::<i32>();
         let steps_per_upload = if staged {
             (UPLOAD_BYTES / step_bytes.max(1)).clamp(1, MAX_STEPS_PER_UPLOAD)
         } else {
@@ -51,6 +59,7 @@ impl StagedBatches {
         };
         StagedBatches {
             staged,
+            rows,
             steps_per_upload,
             upload: None,
             positions: Vec::new(),
@@ -58,7 +67,7 @@ impl StagedBatches {
         }
     }
 
-    /// The next step's inputs and targets, `[batch_size, seq_len]` each. When the current upload
+    /// The next step's inputs and targets, `[rows, seq_len]` each. When the current upload
     /// is used up, draws the batches of up to `remaining` steps from `source` into the next.
     pub fn next(&mut self, source: &mut BatchIterator, remaining: u64) -> Result<(Array, Array)> {
         if self.taken == self.positions.len() {
@@ -91,15 +100,16 @@ impl StagedBatches {
         let steps = (remaining.max(1) as usize).min(self.steps_per_upload);
         let (mut inputs, mut targets) = (Vec::new(), Vec::new());
         self.positions.clear();
-        let mut shape = [0, 0];
+        let mut columns = 0;
         for _ in 0..steps {
             let batch = source.next_batch()?;
-            shape = batch.shape();
-            inputs.extend_from_slice(&batch.inputs);
-            targets.extend_from_slice(&batch.targets);
+            columns = batch.seq_len;
+            let own = self.rows.start * columns..self.rows.end * columns;
+            inputs.extend_from_slice(&batch.inputs[own.clone()]);
+            targets.extend_from_slice(&batch.targets[own]);
             self.positions.push(BatchIterator::position(source));
         }
-        let [rows, columns] = shape.map(|n| n as i32);
+        let [rows, columns] = [self.rows.len(), columns].map(|n| n as i32);
         let staged = self.staged;
         let on_device = |ids: &[i32]| -> Result<Array> {
             if !staged {
@@ -129,28 +139,38 @@ mod tests {
     }
 
     #[test]
-    fn an_upload_holds_as_many_steps_as_fit_in_a_mebibyte_up_to_64() {
-        let steps = |batch, seq| StagedBatches::new(batch, seq, true).steps_per_upload;
-        assert_eq!(steps(16, 256), 32);
-        assert_eq!(steps(16, 1024), 8);
+    fn an_upload_holds_as_many_steps_as_fit_in_eight_mebibytes_up_to_64() {
+        let steps = |rows, seq| StagedBatches::new(0..rows, seq, true).steps_per_upload;
+        assert_eq!(steps(16, 256), 64);
+        assert_eq!(steps(16, 1024), 64);
+        assert_eq!(steps(64, 1024), 16);
         assert_eq!(steps(1, 8), 64);
         assert_eq!(steps(512, 2048), 1);
-        assert_eq!(StagedBatches::new(1, 8, false).steps_per_upload, 1);
+        assert_eq!(StagedBatches::new(0..1, 8, false).steps_per_upload, 1);
+        // A rank's share of the rows: as many steps as its own rows fit.
+        assert_eq!(
+            StagedBatches::new(32..64, 1024, true).steps_per_upload,
+            steps(32, 1024)
+        );
     }
 
     #[test]
     fn batches_and_positions_are_those_drawn_one_at_a_time() {
         // Staged, 3 x 8 tokens a step: an upload of 64 steps, then one of the 6 that remain. An
-        // epoch (49 windows, 16 batches) ends four times inside the first upload.
+        // epoch (49 windows, 16 batches) ends four times inside the first upload. All three rows,
+        // and a rank's share of them (the last two).
         for stage in [true, false] {
-            check_against_one_at_a_time(stage);
+            for rows in [0..3, 1..3] {
+                check_against_one_at_a_time(stage, rows);
+            }
         }
     }
 
-    fn check_against_one_at_a_time(stage: bool) {
+    fn check_against_one_at_a_time(stage: bool, rows: Range<usize>) {
         let mut one_at_a_time = source();
         let mut staged_source = source();
-        let mut staged = StagedBatches::new(3, 8, stage);
+        let mut staged = StagedBatches::new(rows.clone(), 8, stage);
+        let own = rows.start * 8..rows.end * 8;
         let steps = 70u64;
         assert_eq!(
             staged.position(&staged_source),
@@ -160,15 +180,15 @@ mod tests {
         for done in 0..steps {
             let batch = one_at_a_time.next_batch().unwrap();
             let (inputs, targets) = staged.next(&mut staged_source, steps - done).unwrap();
-            assert_eq!(inputs.shape(), &[3, 8]);
+            assert_eq!(inputs.shape(), &[rows.len() as i32, 8]);
             assert_eq!(
                 inputs.as_slice::<i32>(),
-                &batch.inputs[..],
+                &batch.inputs[own.clone()],
                 "{stage}: step {done}"
             );
             assert_eq!(
                 targets.as_slice::<i32>(),
-                &batch.targets[..],
+                &batch.targets[own.clone()],
                 "{stage}: step {done}"
             );
             assert_eq!(

@@ -16,6 +16,7 @@ use mlx_rs::error::Exception;
 use mlx_rs::ops::indexing::IndexOp;
 use mlx_rs::transforms::{async_eval, compile::compile, eval};
 use mlx_rs::Array;
+use std::ops::Range;
 use std::path::{Path, PathBuf};
 use std::rc::Rc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -428,7 +429,7 @@ where
             last_checkpoint: self.checkpoints.latest()?,
         };
         let mut batches = StagedBatches::new(
-            self.config.batch_size,
+            self.own_rows(),
             self.config.seq_len,
             crate::cuda::available(),
         );
@@ -445,7 +446,7 @@ where
         while self.done < self.config.steps && progress.stopped.is_none() {
             let building = Instant::now();
             let lr = self.config.schedule.lr(self.done);
-            let batch = self.at_stage_length(self.own_part(&next)?)?;
+            let batch = self.at_stage_length(vec![next.0.clone(), next.1.clone()])?;
             let mut metrics = self.stepper.step(lr, &batch)?;
             let stop_votes = self.stop_votes()?;
             // The vote's sum goes to the device with the step: evaluated only when it is read,
@@ -719,10 +720,11 @@ where
     ) -> Result<PathBuf> {
         // Every rank takes the state, whose optimizer buffers a sharded state gathers from all.
         self.state();
+        let next = self.whole_batch(next)?;
         if self.parallel.as_ref().is_some_and(|p| p.group.rank() != 0) {
             return Ok(self.checkpoints.dir(self.done));
         }
-        let loss = self.loss_on(next)?;
+        let loss = self.loss_on(&next)?;
         let mut trainer = serde_json::json!({
             "step": self.done,
             "data_position": position,
@@ -739,7 +741,6 @@ where
 }
 
 impl<S: TrainingStep> Trainer<S> {
-    /// This rank's rows of a batch of the whole run: all of them for a single process.
     /// The batch of the next step at its length stage: the first `length(step)` tokens of each
     /// row (every row when the run declares no stages).
     fn at_stage_length(&self, batch: Vec<Array>) -> Result<Vec<Array>> {
@@ -753,16 +754,29 @@ impl<S: TrainingStep> Trainer<S> {
             .collect())
     }
 
-    fn own_part(&self, batch: &(Array, Array)) -> Result<Vec<Array>> {
+    /// The whole global batch from this rank's rows of it (`own`), gathered from every rank in
+    /// rank order: the batch of a single process. Evaluated on every rank, those that do not read
+    /// it included, so that each takes its part in the collective.
+    fn whole_batch(&self, own: &(Array, Array)) -> Result<(Array, Array)> {
         let Some(parallel) = &self.parallel else {
-            return Ok(vec![batch.0.clone(), batch.1.clone()]);
+            return Ok(own.clone());
         };
-        let rows = (self.config.batch_size / parallel.group.size()) as i32;
-        let start = rows * parallel.group.rank() as i32;
-        Ok(vec![
-            batch.0.index(start..start + rows),
-            batch.1.index(start..start + rows),
-        ])
+        let whole = (
+            parallel.group.all_gather(&own.0)?,
+            parallel.group.all_gather(&own.1)?,
+        );
+        eval([&whole.0, &whole.1])?;
+        Ok(whole)
+    }
+
+    /// This rank's rows of each batch of the whole run: all of them for a single process.
+    fn own_rows(&self) -> Range<usize> {
+        let Some(parallel) = &self.parallel else {
+            return 0..self.config.batch_size;
+        };
+        let rows = self.config.batch_size / parallel.group.size();
+        let start = rows * parallel.group.rank();
+        start..start + rows
     }
 }
 
