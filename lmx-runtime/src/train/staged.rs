@@ -8,9 +8,9 @@ use std::ops::Range;
 
 /// Bytes of token ids one upload holds at most (inputs and targets together): 64 steps of GPT-2's
 /// 16 x 1024. The upload stays on the device while its steps run, so this is also what it adds to
-/// the run's peak memory. Each upload stalls the device for a few milliseconds whatever its size
-/// (MLX's copy out of managed memory), so fewer, larger uploads: at 1 MiB, GPT-2's every eighth
-/// step on one GPU, and every fourth on two, was that much slower (docs/benchmarks.md).
+/// the run's peak memory. Each upload stalls the device for a few milliseconds, mostly whatever
+/// its size, so fewer, larger uploads: at 1 MiB, GPT-2's every eighth step on one GPU, and every
+/// fourth on two, was that much slower (docs/benchmarks.md).
 const UPLOAD_BYTES: usize = 8 << 20;
 
 /// Steps one upload serves at most.
