@@ -1,6 +1,7 @@
 //! The batch iterator: epochs of seeded window orders, with a position that can be saved and
 //! restored.
 
+use std::ops::Range;
 use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
@@ -132,6 +133,17 @@ impl BatchIterator {
 
     /// The next batch, starting the next epoch when this one cannot fill it.
     pub fn next_batch(&mut self) -> Result<Batch, DataError> {
+        self.next_rows(0..self.batch_size)
+    }
+
+    /// Rows `rows` of the next batch (a data-parallel rank's share of it), read alone; the
+    /// position moves past the whole batch, as [`next_batch`](Self::next_batch)'s does.
+    pub fn next_rows(&mut self, rows: Range<usize>) -> Result<Batch, DataError> {
+        assert!(
+            rows.end <= self.batch_size,
+            "rows {rows:?} of a batch of {}",
+            self.batch_size
+        );
         let count = self.rows.count() as u64;
         if self.position.index + self.batch_size as u64 > count {
             self.position.epoch += 1;
@@ -139,9 +151,9 @@ impl BatchIterator {
             self.reorder();
         }
         let seq_len = self.rows.seq_len();
-        let mut inputs = vec![0; self.batch_size * seq_len];
-        let mut targets = vec![0; self.batch_size * seq_len];
-        let first = self.position.index as usize;
+        let mut inputs = vec![0; rows.len() * seq_len];
+        let mut targets = vec![0; rows.len() * seq_len];
+        let first = self.position.index as usize + rows.start;
         for (row, (inputs, targets)) in inputs
             .chunks_exact_mut(seq_len)
             .zip(targets.chunks_exact_mut(seq_len))
@@ -157,7 +169,7 @@ impl BatchIterator {
         Ok(Batch {
             inputs,
             targets,
-            batch_size: self.batch_size,
+            batch_size: rows.len(),
             seq_len,
         })
     }

@@ -102,11 +102,10 @@ impl StagedBatches {
         self.positions.clear();
         let mut columns = 0;
         for _ in 0..steps {
-            let batch = source.next_batch()?;
+            let batch = source.next_rows(self.rows.clone())?;
             columns = batch.seq_len;
-            let own = self.rows.start * columns..self.rows.end * columns;
-            inputs.extend_from_slice(&batch.inputs[own.clone()]);
-            targets.extend_from_slice(&batch.targets[own]);
+            inputs.extend_from_slice(&batch.inputs);
+            targets.extend_from_slice(&batch.targets);
             self.positions.push(BatchIterator::position(source));
         }
         let [rows, columns] = [self.rows.len(), columns].map(|n| n as i32);
