@@ -6,7 +6,7 @@
 //! distillation, GRPO) train on two ranks as in one process, metrics included; a rank that dies
 //! or hangs ends the other with an error instead of a hang.
 
-use crate::support::cli::{lmx, losses};
+use crate::support::cli::{checkpoint, lmx, losses};
 use crate::support::preferences;
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
@@ -69,8 +69,8 @@ fn assert_same_losses(one: &Path, other: &Path) {
 }
 
 /// The loss `run`'s checkpoint of `step` records (its parameters' on the next step's batch).
-fn checkpoint_loss(run: &Path, step: u32) -> f64 {
-    let path = run.join(format!("checkpoints/step-{step:06}/trainer.json"));
+fn checkpoint_loss(run: &Path, step: u64) -> f64 {
+    let path = checkpoint(run, step).join("trainer.json");
     let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path:?}: {e}"));
     let trainer: serde_json::Value = serde_json::from_str(&text).unwrap();
     trainer["loss"]
@@ -141,7 +141,7 @@ fn two_ranks_train_as_one_process_on_the_whole_batch_and_resume_across_rank_coun
     let resume = |run: &Path| {
         vec![
             "--resume-from".to_string(),
-            run.join("checkpoints/step-000010").display().to_string(),
+            checkpoint(run, 10).display().to_string(),
         ]
     };
     let from_two = resume(&sharded);
@@ -566,8 +566,7 @@ fn an_interrupted_launch_stops_every_rank_after_the_same_step_with_a_checkpoint(
         "{stdout}\n{stderr}"
     );
     let steps = losses(&run).len() as u64;
-    let checkpoint = run.join(format!("checkpoints/step-{steps:06}"));
-    assert!(checkpoint.is_dir(), "{stdout}\n{stderr}");
+    assert!(checkpoint(&run, steps).is_dir(), "{stdout}\n{stderr}");
     // Both ranks stopped at that step: neither met a collective the other never joined.
     assert!(
         !stderr.contains("connection to a peer was lost"),

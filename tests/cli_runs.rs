@@ -3,7 +3,8 @@
 //! used directory, a log with lines past the checkpoint, and a diverged run continued from the
 //! checkpoint it names.
 
-use std::path::{Path, PathBuf};
+use crate::support::cli::checkpoint;
+use std::path::Path;
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
@@ -107,10 +108,6 @@ fn wait_for_step_after(child: &mut Child, run: &Path, after: u64) -> u64 {
 fn signal(child: &Child, signal: i32) {
     // SAFETY: sends a signal to the child this test started and has not reaped yet.
     assert_eq!(unsafe { libc::kill(child.id() as i32, signal) }, 0);
-}
-
-fn checkpoint(run: &Path, step: u64) -> PathBuf {
-    run.join(format!("checkpoints/step-{step:06}"))
 }
 
 #[test]

@@ -1,6 +1,6 @@
 //! Running the `lmx` binary in tests, and reading what a run wrote.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
 /// `lmx ARGS`, run to completion.
@@ -46,4 +46,9 @@ pub fn losses(run: &Path) -> Vec<(u64, f64)> {
             )
         })
         .collect()
+}
+
+/// The folder of `run`'s checkpoint of `step`.
+pub fn checkpoint(run: &Path, step: u64) -> PathBuf {
+    run.join(format!("checkpoints/step-{step:06}"))
 }
