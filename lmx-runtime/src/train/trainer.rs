@@ -446,7 +446,7 @@ where
         while self.done < self.config.steps && progress.stopped.is_none() {
             let building = Instant::now();
             let lr = self.config.schedule.lr(self.done);
-            let batch = self.at_stage_length(vec![next.0.clone(), next.1.clone()])?;
+            let batch = self.at_stage_length(&next);
             let mut metrics = self.stepper.step(lr, &batch)?;
             let stop_votes = self.stop_votes()?;
             // The vote's sum goes to the device with the step: evaluated only when it is read,
@@ -743,15 +743,13 @@ where
 impl<S: TrainingStep> Trainer<S> {
     /// The batch of the next step at its length stage: the first `length(step)` tokens of each
     /// row (every row when the run declares no stages).
-    fn at_stage_length(&self, batch: Vec<Array>) -> Result<Vec<Array>> {
+    fn at_stage_length(&self, (inputs, targets): &(Array, Array)) -> Vec<Array> {
+        let parts = [inputs, targets];
         let Some(stages) = &self.config.length_stages else {
-            return Ok(batch);
+            return parts.map(Array::clone).to_vec();
         };
         let length = stages.length(self.done as usize) as i32;
-        Ok(batch
-            .iter()
-            .map(|part| part.index((.., ..length)))
-            .collect())
+        parts.map(|part| part.index((.., ..length))).to_vec()
     }
 
     /// The whole global batch from this rank's rows of it (`own`), gathered from every rank in
