@@ -6,8 +6,8 @@
 //! a warp, well under the memory's bandwidth (docs/benchmarks.md, "Sixth session of 2026-11-27").
 //! Here a warp also reads one row of a weight, but 16 bytes a thread, four
 //! loads in flight, and it takes all of a group's weights (attention's query, key and value
-//! projections; a gated MLP's gate and up projections) in one launch, whose output is their
-//! outputs side by side, a bias added where the layers have one. Each of the input's rows (at
+//! projections; a gated MLP's gate and up projections) in one launch, with an output per weight,
+//! a bias added where the layers have one. Each of the input's rows (at
 //! most [`MAX_ROWS`]) is multiplied by every weight row as that row is read, accumulated in
 //! float32. For one weight the input may be activated as the kernel reads it (`f(x)`, or a gated
 //! MLP's `f(gate) * up`): each block activates the input once into shared memory, where its
@@ -67,6 +67,8 @@ enum Input {
 fn kernel(count: usize, biased: bool, input: Input, residual: bool) -> Result<Kernel> {
     let (inputs, body) = source(count, biased, input, residual);
     let inputs: Vec<&str> = inputs.iter().map(String::as_str).collect();
+    let outputs: Vec<String> = (0..count).map(|i| format!("y{i}")).collect();
+    let outputs: Vec<&str> = outputs.iter().map(String::as_str).collect();
     let header = match input {
         Input::Plain => HEADER.to_owned(),
         Input::Activated | Input::Gated => format!("{}{HEADER}", super::activation::HEADER),
@@ -74,7 +76,7 @@ fn kernel(count: usize, biased: bool, input: Input, residual: bool) -> Result<Ke
     Kernel::new(
         "lmx_matvec",
         (&inputs, Inputs::RowContiguous),
-        &["y"],
+        &outputs,
         &header,
         &body,
     )
@@ -102,10 +104,12 @@ __device__ inline uint4 lmx_matvec_load(const T* p, bool aligned) {
 ///
 /// Template arguments: `T` (the element type), `R` (the input's rows), `V` (values per 16
 /// bytes) and, over an activated or gated input, `ACT` (the activation) and `KT` (the input's
-/// width, sizing the shared memory it is activated into). Output feature `f` of row `r` is the
-/// dot product of input row `r` with row `f` of the weights stacked in order (then `+ b[f]`),
-/// rounded to `T`; with a residual, that plus the residual's value there, rounded again (as
-/// the product, then MLX's sum, round).
+/// width, sizing the shared memory it is activated into). Warp `f` takes feature `f` of the
+/// weights stacked in order: the dot product of each input row `r` with that weight row (then
+/// `+ b[f]`), rounded to `T`, written to that weight's own output `y<i>` (`[R, features of
+/// weight i]`: no split of one wide output after the launch, whose slices would be operations
+/// of their own); with a residual (one weight), that plus the residual's value there, rounded
+/// again (as the product, then MLX's sum, round).
 fn source(count: usize, biased: bool, input: Input, residual: bool) -> (Vec<String>, String) {
     let mut inputs = vec!["x".to_owned()];
     if input == Input::Gated {
@@ -119,20 +123,23 @@ fn source(count: usize, biased: bool, input: Input, residual: bool) -> (Vec<Stri
         inputs.push("res".to_owned());
     }
     let output = if residual {
-        "static_cast<T>(static_cast<float>(res[at]) + static_cast<float>(static_cast<T>(acc[r] + bias)))"
+        "static_cast<T>(static_cast<float>(res[size_t(r) * total + f]) + static_cast<float>(static_cast<T>(acc[r] + bias)))"
     } else {
         "static_cast<T>(acc[r] + bias)"
     };
-    // Which weight (and bias) feature `f` reads, and its row there: the first weight whose end
-    // (its features and those before it) lies past `f`.
-    let mut pick = String::from("  const T* w = w0;\n  int row = f;\n");
+    // Which weight (and bias) feature `f` reads, its row there, and the output it is written
+    // to (each weight's own, as wide as its features): the first weight whose end (its features
+    // and those before it) lies past `f`.
+    let mut pick = String::from(
+        "  const T* w = w0;\n  T* y = y0;\n  int row = f;\n  int width = w0_shape[0];\n",
+    );
     if biased {
         pick.push_str("  const T* b = b0;\n");
     }
     let mut end = String::from("w0_shape[0]");
     for i in 1..count {
         pick.push_str(&format!(
-            "  if (f >= {end}) {{ w = w{i}; row = f - ({end});{bias} }}\n",
+            "  if (f >= {end}) {{ w = w{i}; y = y{i}; row = f - ({end}); width = w{i}_shape[0];{bias} }}\n",
             bias = if biased {
                 format!(" b = b{i};")
             } else {
@@ -242,8 +249,7 @@ fn source(count: usize, biased: bool, input: Input, residual: bool) -> (Vec<Stri
     const float bias = {bias};
 #pragma unroll
     for (int r = 0; r < R; ++r) {{
-      const size_t at = size_t(r) * total + f;
-      y[at] = {output};
+      y[size_t(r) * width + row] = {output};
     }}
   }}
 "#,
@@ -278,9 +284,13 @@ pub(crate) fn matvec_fits(x: &Array, weights: &[&Array], biases: Option<&[&Array
         && (1..=i64::from(i32::MAX) / 32).contains(&features)
 }
 
-/// `x @ concat(weights).T (+ concat(biases))`: `[..., sum of features]` in `x`'s dtype. Callers
-/// check [`matvec_fits`].
-pub(crate) fn matvec(x: &Array, weights: &[&Array], biases: Option<&[&Array]>) -> Result<Array> {
+/// `x @ w.T (+ b)` for each weight `w` (and bias `b`): one `[..., features of w]` in `x`'s dtype
+/// per weight, from one launch. Callers check [`matvec_fits`].
+pub(crate) fn matvec(
+    x: &Array,
+    weights: &[&Array],
+    biases: Option<&[&Array]>,
+) -> Result<Vec<Array>> {
     let mut inputs = vec![x.clone()];
     inputs.extend(weights.iter().map(|&w| w.clone()));
     inputs.extend(biases.into_iter().flatten().map(|&b| b.clone()));
@@ -359,21 +369,23 @@ impl OneLayer<'_> {
             Input::Plain => THREADS,
             Input::Activated | Input::Gated => ACTIVATED_THREADS,
         };
-        ONE_KERNELS.with(|kernels| {
+        let mut outputs = ONE_KERNELS.with(|kernels| {
             let kernel = &kernels[input as usize][biased][residual];
             launch(kernel, &inputs, &[self.weight], (threads, &template))
-        })
+        })?;
+        Ok(outputs.remove(0))
     }
 }
 
 /// One launch of `kernel` over `inputs` (`x` first), a warp per output feature of `weights`, in
-/// blocks of `threads`, with the template arguments `more` besides `T`, `R` and `V`.
+/// blocks of `threads`, with the template arguments `more` besides `T`, `R` and `V`: an output
+/// per weight.
 fn launch(
     kernel: &Result<Kernel>,
     inputs: &[Array],
     weights: &[&Array],
     (threads, more): (i32, &[TemplateArg]),
-) -> Result<Array> {
+) -> Result<Vec<Array>> {
     let kernel = kernel
         .as_ref()
         .map_err(|err| Error::Layout(err.to_string()))?;
@@ -381,24 +393,30 @@ fn launch(
     let k = *x.shape().last().unwrap_or(&1);
     let rows = x.size() as i32 / k.max(1);
     let features: i32 = weights.iter().map(|w| w.shape()[0]).sum();
-    let mut shape = x.shape().to_vec();
-    *shape.last_mut().unwrap_or(&mut 0) = features;
+    let shapes: Vec<Vec<i32>> = weights
+        .iter()
+        .map(|w| {
+            let mut shape = x.shape().to_vec();
+            *shape.last_mut().unwrap_or(&mut 0) = w.shape()[0];
+            shape
+        })
+        .collect();
+    let outputs: Vec<(&[i32], Dtype)> = shapes.iter().map(|s| (&s[..], x.dtype())).collect();
     let mut template = vec![
         TemplateArg::Type("T", x.dtype()),
         TemplateArg::Int("R", rows),
         TemplateArg::Int("V", pack_width(x.dtype())),
     ];
     template.extend_from_slice(more);
-    let mut outputs = kernel.launch(
+    kernel.launch(
         inputs,
         &Launch {
-            outputs: &[(&shape, x.dtype())],
+            outputs: &outputs,
             grid: (features * 32, 1, 1),
             block: (threads, 1, 1),
             template: &template,
         },
-    )?;
-    Ok(outputs.remove(0))
+    )
 }
 
 #[cfg(test)]
@@ -490,7 +508,8 @@ mod tests {
     }
 
     /// Three weights (a query's and a narrower key's and value's) over 1, 3 and 8 rows, with and
-    /// without biases, in every float dtype, equal the products computed in float32, to the
+    /// without biases, in every float dtype, each its own output, equal the products computed in
+    /// float32, to the
     /// output dtype's rounding; an input one value off 16 bytes (read value by value) too.
     #[test]
     fn products_equal_float32_products() {
@@ -523,9 +542,11 @@ mod tests {
                 let misaligned = flat.index(1..).reshape(&[rows, 1, 136]).unwrap();
                 for x in [aligned, misaligned] {
                     let want = f32(&x).matmul(whole.t()).unwrap();
-                    let got = matvec(&x, &w, None).unwrap();
-                    assert_eq!(got.shape(), &[rows, 1, 56]);
-                    assert_eq!(got.dtype(), dtype);
+                    let outputs = matvec(&x, &w, None).unwrap();
+                    let shapes: Vec<&[i32]> = outputs.iter().map(Array::shape).collect();
+                    assert_eq!(shapes, [&[rows, 1, 40], &[rows, 1, 8], &[rows, 1, 8]]);
+                    assert!(outputs.iter().all(|y| y.dtype() == dtype));
+                    let got = ops::concatenate(&outputs, -1).unwrap();
                     let close = |got: &Array, want: &Array| {
                         let scale = want
                             .abs()
@@ -545,7 +566,7 @@ mod tests {
                     };
                     let e = close(&got, &want);
                     assert!(e <= tolerance, "{dtype:?} rows {rows}: {e}");
-                    let got = matvec(&x, &w, Some(&b)).unwrap();
+                    let got = ops::concatenate(&matvec(&x, &w, Some(&b)).unwrap(), -1).unwrap();
                     let e = close(&got, &want.add(&bias).unwrap());
                     assert!(e <= tolerance, "{dtype:?} rows {rows} biased: {e}");
                 }

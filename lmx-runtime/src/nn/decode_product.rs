@@ -8,20 +8,19 @@
 //! their usual path. The outputs are the same products, accumulated in float32.
 
 use super::custom_vjp::gradient_free;
-use super::shared_input::split_by_layer;
 use super::{LayerInput, LinearParams};
 use crate::cuda;
 use crate::error::Result;
 use mlx_rs::Array;
 
-/// `x @ concat(weights).T (+ concat(biases))` through one launch of the kernel, or `None` where
-/// it does not apply: off CUDA, where a gradient may be taken, for more rows or weights than the
-/// kernel takes, or operands it does not read.
+/// `x @ w.T (+ b)` for each of `weights` (and `biases`) through one launch of the kernel, an
+/// output per weight, or `None` where it does not apply: off CUDA, where a gradient may be
+/// taken, for more rows or weights than the kernel takes, or operands it does not read.
 pub(super) fn decode_product(
     x: &Array,
     weights: &[&Array],
     biases: Option<&[&Array]>,
-) -> Result<Option<Array>> {
+) -> Result<Option<Vec<Array>>> {
     if !gradient_free() || !cuda::matvec_fits(x, weights, biases) || !cuda::available() {
         return Ok(None);
     }
@@ -39,10 +38,7 @@ pub(super) fn decode_products(layers: &[&LinearParams], x: &Array) -> Result<Opt
     if biases.is_none() && layers.iter().any(|layer| layer.bias.is_some()) {
         return Ok(None);
     }
-    let Some(y) = decode_product(x, &weights, biases.as_deref())? else {
-        return Ok(None);
-    };
-    Ok(Some(split_by_layer(&y, &weights)?))
+    decode_product(x, &weights, biases.as_deref())
 }
 
 /// `residual + layer(input)` (without `residual` where none is given) through one launch of the

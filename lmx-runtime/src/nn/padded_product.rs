@@ -32,8 +32,8 @@ const ALIGNED: i32 = 8;
 /// on a GPU over at least [`MIN_ROWS`](super::gpu_rows::MIN_ROWS) rows of `x`.
 pub fn linear(x: &Array, w: &Array, b: Option<&Array>) -> Result<Array> {
     let biases = b.map(|b| [b]);
-    if let Some(y) = decode_product(x, &[w], biases.as_ref().map(|b| &b[..]))? {
-        return Ok(y);
+    if let Some(mut y) = decode_product(x, &[w], biases.as_ref().map(|b| &b[..]))? {
+        return Ok(y.remove(0));
     }
     let outputs = w.shape()[0];
     if outputs % ALIGNED == 0 || !many_rows_on_gpu(x)? {

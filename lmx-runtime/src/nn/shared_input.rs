@@ -72,7 +72,7 @@ fn one_product(layers: &[&LinearParams], x: &Array) -> Result<Vec<Array>> {
 
 /// `y`, the output of the product over `weights` concatenated, split back into each weight's
 /// output features along its last axis.
-pub(super) fn split_by_layer(y: &Array, weights: &[&Array]) -> Result<Vec<Array>> {
+fn split_by_layer(y: &Array, weights: &[&Array]) -> Result<Vec<Array>> {
     let ends: Vec<i32> = weights
         .iter()
         .scan(0, |end, w| {
