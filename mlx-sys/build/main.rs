@@ -66,6 +66,7 @@ fn compile_mlx_c(mlx_c: &Path, mlx: &mlx_install::Mlx) {
     for source in mlx_c_source::sources(mlx_c) {
         build.file(source);
     }
+    build.file(Path::new(env!("CARGO_MANIFEST_DIR")).join("csrc/array_id.cpp"));
     build.compile("mlxc");
 }
 

@@ -11,6 +11,12 @@
 
 include!(concat!(env!("OUT_DIR"), "/bindings.rs"));
 
+extern "C" {
+    /// The identity of the array `a` is a handle to (MLX's `array::id()`, `csrc/array_id.cpp`):
+    /// the same for every handle to one array, and no other array's while a handle to it lives.
+    pub fn lmx_array_id(a: mlx_array) -> usize;
+}
+
 /// The directory holding the `libmlx` this crate was linked against.
 pub const MLX_LIB_DIR: &str = env!("LMX_MLX_LIB_DIR");
 

@@ -65,7 +65,26 @@ const SHARE: &str = r#"
   float qv[E];
 #pragma unroll
   for (int e = 0; e < E; ++e) {
-    qv[e] = static_cast<float>(qp.v[e]) * scale;
+    qv[e] = static_cast<float>(qp.v[e]);
+  }
+  if (ROPE_Q) {
+    // Rotate-half RoPE, as lmx's RoPE kernel computes it: component `i < D / 2` pairs with
+    // `i + D / 2`, which lane `lane ^ 16` holds; the rotated value is rounded to `T`.
+    const float at = static_cast<float>(rope_offset[rope_offset_shape[0] == 1 ? 0 : b]);
+    const bool low = lane < 16;
+#pragma unroll
+    for (int e = 0; e < E; ++e) {
+      const float other = __shfl_xor_sync(0xffffffff, qv[e], 16);
+      float s;
+      float c;
+      sincosf(at * inv_freq[(lane % 16) * E + e], &s, &c);
+      const float rotated = low ? qv[e] * c - other * s : other * s + qv[e] * c;
+      qv[e] = static_cast<float>(static_cast<T>(rotated));
+    }
+  }
+#pragma unroll
+  for (int e = 0; e < E; ++e) {
+    qv[e] *= scale;
   }
   const size_t base = (static_cast<size_t>(b) * kv_heads + kvh) * capacity * D + lane * E;
   float m = -INFINITY;
@@ -183,7 +202,15 @@ const MERGE: &str = r#"
   out[static_cast<size_t>(bh) * D + t] = static_cast<T>(o / L);
 "#;
 
-const INPUTS: &[&str] = &["q", "k", "v", "position", "starts"];
+const INPUTS: &[&str] = &[
+    "q",
+    "k",
+    "v",
+    "position",
+    "starts",
+    "rope_offset",
+    "inv_freq",
+];
 
 thread_local! {
     static WHOLE_KERNEL: Result<Kernel> = Kernel::new(
@@ -229,39 +256,73 @@ pub(crate) fn decode_attention_fits(q: &Array, k: &Array, v: &Array) -> bool {
         && matches!(q.dtype(), Float32 | Float16 | Bfloat16)
 }
 
+/// A decode step's query before its rotation (RoPE, rotate-half, the whole head), which
+/// [`decode_attention`] then rotates as it reads it: the query `input`, the position `offset`
+/// (int32, one value or one per row) and each pair's angle per position, `rates` (float32,
+/// `[D / 2]`).
+pub(crate) struct RotatedQuery {
+    pub input: Array,
+    pub offset: Array,
+    pub rates: Array,
+}
+
+impl RotatedQuery {
+    /// Whether it stands for the query `q` in [`decode_attention`]: an input of `q`'s shape and
+    /// dtype, a rate per pair of the head, an offset per row or one for all.
+    pub(crate) fn fits(&self, q: &Array) -> bool {
+        let (shape, rows) = (q.shape(), q.shape()[0] as usize);
+        self.input.shape() == shape
+            && self.input.dtype() == q.dtype()
+            && self.rates.dtype() == Dtype::Float32
+            && self.rates.shape() == [shape[3] / 2]
+            && self.offset.dtype() == Dtype::Int32
+            && self.offset.ndim() <= 1
+            && (self.offset.size() == 1 || self.offset.size() == rows)
+    }
+}
+
 /// `softmax(q k^T / sqrt(D)) v` of `q: [B, H, 1, D]` over the slots of `k`, `v: [B, KVH, C, D]`
 /// that each row's query sees: from `starts[b]` (`[B]` int32; slot 0 for every row without them)
 /// up to `position` (an int32 scalar, the query's slot), only its own slot where that is before
-/// the row's start. Computed in float32 and returned in `q`'s dtype. Callers check
+/// the row's start. Computed in float32 and returned in `q`'s dtype. Where `rotated` is given
+/// (it [fits](RotatedQuery::fits) `q`), the kernel reads the query before its rotation and
+/// rotates it, to `q`'s numbers, so that the rotation is no operation of its own. Callers check
 /// [`decode_attention_fits`].
 pub(crate) fn decode_attention(
     q: &Array,
     k: &Array,
     v: &Array,
-    position: &Array,
-    starts: Option<&Array>,
+    (position, starts): (&Array, Option<&Array>),
+    rotated: Option<&RotatedQuery>,
 ) -> Result<Array> {
     let (rows, heads, head_dim) = (q.shape()[0], q.shape()[1], q.shape()[3]);
     let capacity = k.shape()[2];
     let splits = ((capacity + SLOTS_PER_BLOCK - 1) / SLOTS_PER_BLOCK).clamp(1, MAX_SPLITS);
     let dtype = q.dtype();
     let warps = warps(head_dim);
+    let position = position.reshape(&[1])?.as_dtype(Dtype::Int32)?;
+    // Without starts, or a rotation, the kernel reads none: stand-ins of their types.
     let inputs = [
-        q.clone(),
+        rotated.map_or_else(|| q.clone(), |r| r.input.clone()),
         k.clone(),
         v.clone(),
-        position.reshape(&[1])?.as_dtype(Dtype::Int32)?,
-        // Without starts the kernel reads none: a scalar stands in.
+        position.clone(),
         match starts {
             Some(starts) => starts.as_dtype(Dtype::Int32)?,
             None => Array::from_int(0),
         },
+        match rotated {
+            Some(r) => r.offset.reshape(&[-1])?,
+            None => position,
+        },
+        rotated.map_or_else(|| Array::from_f32(0.0), |r| r.rates.clone()),
     ];
     let template = [
         TemplateArg::Type("T", dtype),
         TemplateArg::Int("D", head_dim),
         TemplateArg::Int("WARPS", warps),
         TemplateArg::Int("HAS_STARTS", i32::from(starts.is_some())),
+        TemplateArg::Int("ROPE_Q", i32::from(rotated.is_some())),
     ];
     let grid = (splits * warps * 32, rows * heads, 1);
     let block = (warps * 32, 1, 1);

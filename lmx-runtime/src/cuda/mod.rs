@@ -23,9 +23,9 @@ mod sums;
 pub(crate) use activation::{
     activation, activation_backward, activation_fits, swiglu, swiglu_backward,
 };
-pub(crate) use decode_attention::{decode_attention, decode_attention_fits};
+pub(crate) use decode_attention::{decode_attention, decode_attention_fits, RotatedQuery};
 pub(crate) use layer_norm::{layer_norm_backward, LAYER_NORM_MAX_COLUMNS};
-pub(crate) use matvec::{matvec, matvec_fits, OneLayer};
+pub(crate) use matvec::{matvec, matvec_fits, OneLayer, MAX_ROWS};
 pub(crate) use pack::pack_with_squares;
 pub(crate) use rope::{rope, rope_fits};
 pub(crate) use rows::{rows, rows_fit};

@@ -143,11 +143,19 @@ pub(crate) fn rope(x: &Array, offset: &Array, inv_freq: &Array, forward: bool) -
         .find(|&vec| vec <= pack_width(x.dtype()) && half % vec == 0)
         .unwrap_or(1);
     let threads = rows * length * ((heads + HEADS - 1) / HEADS) * (half / vec);
+    // Of one position (decoding), `[B, 1, heads, head_dim]` lies as `[B, heads, 1, head_dim]`
+    // does: the output is made in that shape, with no transposed view after it (each view is
+    // an operation of the decode step's host time).
+    let shape = if length == 1 {
+        [rows, heads, length, width]
+    } else {
+        [rows, length, heads, width]
+    };
     let mut outputs = with_kernel(&ROPE_KERNEL, |kernel| {
         kernel.launch(
             &[x.clone(), offset.reshape(&[-1])?, inv_freq.clone()],
             &Launch {
-                outputs: &[(&[rows, length, heads, width], x.dtype())],
+                outputs: &[(&shape, x.dtype())],
                 grid: (threads, 1, 1),
                 block: (THREADS, 1, 1),
                 template: &[
@@ -159,5 +167,9 @@ pub(crate) fn rope(x: &Array, offset: &Array, inv_freq: &Array, forward: bool) -
             },
         )
     })?;
-    Ok(outputs.remove(0).transpose_axes(&[0, 2, 1, 3])?)
+    let y = outputs.remove(0);
+    if length == 1 {
+        return Ok(y);
+    }
+    Ok(y.transpose_axes(&[0, 2, 1, 3])?)
 }

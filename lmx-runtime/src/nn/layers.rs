@@ -1,7 +1,7 @@
 //! Layers: parameter structs and the pure functions that apply them.
 
 use super::extra::literal;
-use super::{padded_product, quantized_product};
+use super::{deferred, padded_product, quantized_product};
 use crate::error::Result;
 use crate::model::Context;
 use mlx_rs::fast::{self, ScaledDotProductAttentionMask};
@@ -415,7 +415,8 @@ pub struct DecodeSlots {
 /// whole buffers `k`, `v: [B, kv_heads, capacity, head_dim]`, of which it sees `slots`. On MLX's
 /// CUDA backend this is lmx's kernel, which reads only the slots seen (MLX's fused attention takes
 /// no array mask there); elsewhere MLX's fused attention under the mask that `mask` builds (the
-/// same view, `[B, 1, 1, capacity]` bool).
+/// same view, `[B, 1, 1, capacity]` bool). Where `q` is a rotation's output, the kernel rotates
+/// the query as it reads it (`deferred`).
 pub fn decode_attention(
     q: &Array,
     k: &Array,
@@ -424,7 +425,9 @@ pub fn decode_attention(
     mask: impl FnOnce() -> Result<Array>,
 ) -> Result<Array> {
     if crate::cuda::available() && crate::cuda::decode_attention_fits(q, k, v) {
-        return crate::cuda::decode_attention(q, k, v, &slots.position, slots.starts.as_ref());
+        let rotated = deferred::rotated_query(q).filter(|r| r.fits(q));
+        let slots = (&slots.position, slots.starts.as_ref());
+        return crate::cuda::decode_attention(q, k, v, slots, rotated.as_ref());
     }
     attention(q, k, v, AttentionMask::Array(&mask()?))
 }

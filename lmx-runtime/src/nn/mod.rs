@@ -7,6 +7,7 @@ mod activation;
 mod column_sum;
 mod custom_vjp;
 mod decode_product;
+mod deferred;
 mod dynamic;
 mod embedding_grad;
 mod expert_rows;

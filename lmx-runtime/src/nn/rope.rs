@@ -7,8 +7,10 @@
 //! value, or one per row): a traced decode step reads it as an input instead of freezing one
 //! value. On a CUDA GPU the rotation is lmx's kernel ([`crate::cuda`]), with its gradient the
 //! rotation back; elsewhere MLX's fused kernel (`fast::rope_dynamic`, whose `freqs` are periods).
+//! In decoding on CUDA, attention may rotate a rotated query itself as it reads it (`deferred`).
 
 use super::custom_vjp::{self, WithGradient};
+use super::deferred;
 use crate::cuda;
 use crate::error::{Error, Result};
 use mlx_rs::{fast, ops, Array};
@@ -83,9 +85,11 @@ fn arity(count: usize) -> Error {
 fn rotate(x: &Array, dims: i32, rates: Rates, offset: &Array) -> Result<Array> {
     if cuda::available() && cuda::rope_fits(x, dims, offset) {
         let inputs = [x.clone(), offset.clone(), rates.per_pair(dims)];
-        return custom_vjp::apply(&Rotation, &inputs)?
+        let y = custom_vjp::apply(&Rotation, &inputs)?
             .pop()
-            .ok_or_else(|| Error::Layout("RoPE returned nothing".into()));
+            .ok_or_else(|| Error::Layout("RoPE returned nothing".into()))?;
+        deferred::remember_rope(&y, x, offset, &inputs[2]);
+        return Ok(y);
     }
     Ok(match rates {
         Rates::Base { base, scale } => {

@@ -1,0 +1,166 @@
+//! Operations whose output decoding's next kernel computes from their input as it reads it.
+//!
+//! A decoder layer rotates its queries (RoPE) before attention, and on a GPU the rotation is an
+//! operation of its own, whose host time a decoded token pays (docs/benchmarks.md, "Third
+//! session of 2026-11-28"). Where no gradient is taken on CUDA, a rotation of one position over
+//! a few rows is remembered here with its input: attention whose query is that rotation's output
+//! rotates the query itself as it reads it ([`cuda::RotatedQuery`]), and the rotation's own output, which no
+//! one else reads, is never computed (MLX computes only what an evaluated array needs; a compiled
+//! decode step records only that). Where the output is read elsewhere too (the keys, which the
+//! cache stores), it is computed there as before, and the kernel's numbers are the same.
+//!
+//! Arrays are matched by identity (MLX's array id, the same for every handle to one array), and
+//! an entry holds a handle to the operation's output, so that no other array takes its id while
+//! the entry lives. Only the last [`KEPT`] operations of the thread are kept: a kernel reads the
+//! output of an operation made just before it.
+
+use super::custom_vjp::gradient_free;
+use crate::cuda::{self, RotatedQuery};
+use mlx_rs::Array;
+use std::cell::RefCell;
+use std::collections::VecDeque;
+
+/// Operations remembered per thread (a layer's query and key rotations, with room).
+const KEPT: usize = 8;
+
+/// A remembered rotation: its output (held for its id), its input (`[B, heads, 1, head_dim]`),
+/// the position `offset` and each pair's angle per position, `rates` (float32).
+struct Entry {
+    output: Array,
+    input: Array,
+    offset: Array,
+    rates: Array,
+}
+
+thread_local! {
+    static MADE: RefCell<VecDeque<(usize, Entry)>> = const { RefCell::new(VecDeque::new()) };
+}
+
+/// MLX's identity of the array `a` is a handle to.
+fn id(a: &Array) -> usize {
+    // SAFETY: `a` is a live handle for the call, which only reads it.
+    unsafe { mlx_sys::lmx_array_id(a.as_ptr()) }
+}
+
+/// The rotation `output` of one position's `input` (`[B, heads, 1, head_dim]`) at `offset` by
+/// `rates`, remembered for [`rotated_query`] where no gradient is taken, on CUDA, over at most a
+/// decoding product's rows.
+pub(super) fn remember_rope(output: &Array, input: &Array, offset: &Array, rates: &Array) {
+    let one_position = input.ndim() == 4 && input.shape()[2] == 1;
+    if !one_position || input.shape()[0] > cuda::MAX_ROWS || !gradient_free() || !cuda::available()
+    {
+        return;
+    }
+    let entry = Entry {
+        output: output.clone(),
+        input: input.clone(),
+        offset: offset.clone(),
+        rates: rates.clone(),
+    };
+    MADE.with(|made| {
+        let mut made = made.borrow_mut();
+        if made.len() == KEPT {
+            made.pop_front();
+        }
+        made.push_back((id(&entry.output), entry));
+    });
+}
+
+/// The query before its rotation, where `q` is a remembered rotation's output: attention may
+/// rotate it as it reads it.
+pub(super) fn rotated_query(q: &Array) -> Option<RotatedQuery> {
+    let key = id(q);
+    MADE.with(|made| {
+        let made = made.borrow();
+        let (_, entry) = made.iter().find(|(id, _)| *id == key)?;
+        Some(RotatedQuery {
+            input: entry.input.clone(),
+            offset: entry.offset.clone(),
+            rates: entry.rates.clone(),
+        })
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::nn::without_gradients;
+    use mlx_rs::Dtype;
+
+    fn normal(shape: &[i32], dtype: Dtype) -> Array {
+        mlx_rs::random::normal::<f32>(shape, None, None, None)
+            .unwrap()
+            .as_dtype(dtype)
+            .unwrap()
+    }
+
+    /// Every handle to one array has its id; another array has another, even of equal values
+    /// or made from it.
+    #[test]
+    fn ids_follow_arrays_not_handles() {
+        let a = normal(&[4], Dtype::Float32);
+        let copy = a.clone();
+        assert_eq!(id(&a), id(&copy));
+        let equal = Array::from_slice(&[1.0f32], &[1]);
+        let other = Array::from_slice(&[1.0f32], &[1]);
+        assert_ne!(id(&equal), id(&other));
+        assert_ne!(id(&a), id(&a.multiply(&equal).unwrap()));
+    }
+
+    /// Where no gradient is taken on CUDA, attention of a rotated query (one per row: 1 and 2
+    /// rows, 8 query heads over 2 and 8 key heads, heads of 64 and 128, bfloat16 and float32,
+    /// the slots in one block and split over several) rotates the query as it reads it, equal
+    /// to attention of the rotation's output (the same numbers, taken through a copy MLX made);
+    /// off CUDA nothing is remembered.
+    #[test]
+    fn attention_rotates_a_rotated_query() {
+        let cuda = crate::cuda::available();
+        for (dtype, tolerance) in [(Dtype::Bfloat16, 1e-2), (Dtype::Float32, 1e-5)] {
+            for (rows, kv_heads, head_dim, capacity) in
+                [(1, 2, 64, 48), (2, 8, 128, 40), (1, 2, 64, 2100)]
+            {
+                let q = normal(&[rows, 8, 1, head_dim], dtype);
+                let k = normal(&[rows, kv_heads, capacity, head_dim], dtype);
+                let v = normal(&[rows, kv_heads, capacity, head_dim], dtype);
+                let position = Array::from_int(capacity - 3);
+                let rotated = without_gradients(|| {
+                    crate::nn::rope(&q, head_dim, 10000.0, &position).unwrap()
+                });
+                assert_eq!(rotated_query(&rotated).is_some(), cuda);
+                let slots = crate::nn::DecodeSlots {
+                    position: position.clone(),
+                    starts: None,
+                };
+                let mask = || -> crate::error::Result<Array> {
+                    let slots = mlx_rs::ops::arange::<_, i32>(None, capacity, None)?;
+                    Ok(slots.le(&position)?.reshape(&[1, 1, 1, capacity])?)
+                };
+                let attend = |q: &Array| {
+                    crate::nn::decode_attention(q, &k, &v, &slots, mask)
+                        .unwrap()
+                        .as_dtype(Dtype::Float32)
+                        .unwrap()
+                };
+                let fused = attend(&rotated);
+                let copy = rotated
+                    .multiply(Array::from_f32(1.0).as_dtype(dtype).unwrap())
+                    .unwrap();
+                assert!(rotated_query(&copy).is_none());
+                let plain = attend(&copy);
+                let err = fused
+                    .subtract(&plain)
+                    .unwrap()
+                    .abs()
+                    .unwrap()
+                    .max(None)
+                    .unwrap();
+                let err = err.item_cast::<f32>();
+                assert!(
+                    err <= tolerance,
+                    "{dtype:?} rows {rows} kv heads {kv_heads} head {head_dim} capacity \
+                     {capacity}: {err}"
+                );
+            }
+        }
+    }
+}
