@@ -25,6 +25,8 @@ pub mod schedule;
 pub mod state;
 pub mod step;
 pub mod tensor;
+#[cfg(test)]
+mod test_arrays;
 pub mod train;
 pub mod tree;
 

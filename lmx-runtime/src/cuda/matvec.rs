@@ -422,15 +422,9 @@ fn launch(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::test_arrays::normal;
     use mlx_rs::ops;
     use mlx_rs::ops::indexing::IndexOp;
-
-    fn normal(shape: &[i32], dtype: Dtype) -> Array {
-        mlx_rs::random::normal::<f32>(shape, None, None, None)
-            .unwrap()
-            .as_dtype(dtype)
-            .unwrap()
-    }
 
     /// Up to three float weights of one dtype and width in whole 16-byte rows, some features,
     /// at most eight input rows, biases of the weights' lengths: nothing else fits.

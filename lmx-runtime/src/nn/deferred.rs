@@ -85,14 +85,8 @@ pub(super) fn rotated_query(q: &Array) -> Option<RotatedQuery> {
 mod tests {
     use super::*;
     use crate::nn::without_gradients;
+    use crate::test_arrays::normal;
     use mlx_rs::Dtype;
-
-    fn normal(shape: &[i32], dtype: Dtype) -> Array {
-        mlx_rs::random::normal::<f32>(shape, None, None, None)
-            .unwrap()
-            .as_dtype(dtype)
-            .unwrap()
-    }
 
     /// Every handle to one array has its id; another array has another, even of equal values
     /// or made from it.
