@@ -33,10 +33,12 @@ const MAX_SPLITS: i32 = 64;
 
 /// The online softmax of one block's share of the slots, in float32, for query head `bh`'s row
 /// (`q: [B, H, 1, D]`, `k`, `v: [B, KVH, C, D]`, `position: [1]` the query's slot, `starts: [B]`
-/// each row's first slot where `HAS_STARTS`, else every row starts at slot 0). Leaves the share's maximum score `M`, its sum of exponentials `L` and
-/// this thread's output value `o` (thread `t < D` for component `t`). A query on its row's
-/// padding (before the row's start) sees only its own slot. Each lane holds `D / 32` neighbouring
-/// components; `UNROLL` slots' loads are in flight at once.
+/// each row's first slot where `HAS_STARTS`, else every row starts at slot 0; where `ROPE_Q`,
+/// `q` is the query before its rotation, which the block rotates at position `rope_offset` (one
+/// value, or one per row) by `inv_freq`, as lmx's RoPE kernel would). Leaves the share's maximum
+/// score `M`, its sum of exponentials `L` and this thread's output value `o` (thread `t < D` for
+/// component `t`). A query on its row's padding (before the row's start) sees only its own slot.
+/// Each lane holds `D / 32` neighbouring components; `UNROLL` slots' loads are in flight at once.
 const SHARE: &str = r#"
   constexpr int E = D / 32;
   constexpr int UNROLL = 4;

@@ -4,9 +4,9 @@
 //! operation of its own, whose host time a decoded token pays (docs/benchmarks.md, "Third
 //! session of 2026-11-28"). Where no gradient is taken on CUDA, a rotation of one position over
 //! a few rows is remembered here with its input: attention whose query is that rotation's output
-//! rotates the query itself as it reads it ([`cuda::RotatedQuery`]), and the rotation's own output, which no
-//! one else reads, is never computed (MLX computes only what an evaluated array needs; a compiled
-//! decode step records only that). Where the output is read elsewhere too (the keys, which the
+//! rotates the query itself as it reads it ([`cuda::RotatedQuery`]), and the rotation's own
+//! output, which no one else reads, is never computed (MLX computes only what an evaluated array
+//! needs; a compiled decode step records only that). Where the output is read elsewhere too (the keys, which the
 //! cache stores), it is computed there as before, and the kernel's numbers are the same.
 //!
 //! Arrays are matched by identity (MLX's array id, the same for every handle to one array), and
@@ -43,12 +43,11 @@ fn id(a: &Array) -> usize {
 }
 
 /// The rotation `output` of one position's `input` (`[B, heads, 1, head_dim]`) at `offset` by
-/// `rates`, remembered for [`rotated_query`] where no gradient is taken, on CUDA, over at most a
-/// decoding product's rows.
+/// `rates`, made by lmx's CUDA kernel, remembered for [`rotated_query`] where no gradient is
+/// taken, over at most a decoding product's rows.
 pub(super) fn remember_rope(output: &Array, input: &Array, offset: &Array, rates: &Array) {
     let one_position = input.ndim() == 4 && input.shape()[2] == 1;
-    if !one_position || input.shape()[0] > cuda::MAX_ROWS || !gradient_free() || !cuda::available()
-    {
+    if !one_position || input.shape()[0] > cuda::MAX_ROWS || !gradient_free() {
         return;
     }
     let entry = Entry {
