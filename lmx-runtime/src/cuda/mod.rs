@@ -11,6 +11,7 @@
 
 mod activation;
 mod decode_attention;
+mod gated_mlp;
 mod kernel;
 mod layer_norm;
 mod matvec;
@@ -24,6 +25,7 @@ pub(crate) use activation::{
     activation, activation_backward, activation_fits, swiglu, swiglu_backward,
 };
 pub(crate) use decode_attention::{decode_attention, decode_attention_fits, RotatedQuery};
+pub(crate) use gated_mlp::GatedMlp;
 pub(crate) use layer_norm::{layer_norm_backward, LAYER_NORM_MAX_COLUMNS};
 pub(crate) use matvec::{matvec, matvec_fits, OneLayer, MAX_ROWS};
 pub(crate) use pack::pack_with_squares;

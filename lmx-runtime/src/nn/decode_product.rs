@@ -8,7 +8,7 @@
 //! their usual path. The outputs are the same products, accumulated in float32.
 
 use super::custom_vjp::gradient_free;
-use super::{LayerInput, LinearParams};
+use super::{deferred, LayerInput, LinearParams};
 use crate::cuda;
 use crate::error::Result;
 use mlx_rs::Array;
@@ -38,18 +38,29 @@ pub(super) fn decode_products(layers: &[&LinearParams], x: &Array) -> Result<Opt
     if biases.is_none() && layers.iter().any(|layer| layer.bias.is_some()) {
         return Ok(None);
     }
-    decode_product(x, &weights, biases.as_deref())
+    let outputs = decode_product(x, &weights, biases.as_deref())?;
+    if let (Some(outputs), None) = (&outputs, &biases) {
+        deferred::remember_products(outputs, x, &weights);
+    }
+    Ok(outputs)
 }
 
 /// `residual + layer(input)` (without `residual` where none is given) through one launch of the
 /// kernel, which activates an activated or gated input as it reads it, or `None` where it does
 /// not apply: off CUDA, where a gradient may be taken, for a quantized or adapted layer, or
-/// operands it does not read.
+/// operands it does not read. Where the input is gated and its gate and up are one product
+/// group's outputs over a one-row RMS norm ([`deferred::normed_gated`]), the norm, the group and
+/// this layer are one launch of [`cuda::GatedMlp`] instead.
 pub(super) fn decode_product_of(
     layer: &LinearParams,
     input: LayerInput<'_>,
     residual: Option<&Array>,
 ) -> Result<Option<Array>> {
+    if let (LayerInput::Gated(activation, gate, up), Some(residual)) = (input, residual) {
+        if let Some(y) = gated_mlp(layer, activation, (gate, up), residual)? {
+            return Ok(Some(y));
+        }
+    }
     let (x, activation, up) = match input {
         LayerInput::Plain(x) => (x, None, None),
         LayerInput::Activated(activation, x) => (x, Some(activation), None),
@@ -67,6 +78,36 @@ pub(super) fn decode_product_of(
         return Ok(None);
     }
     Ok(Some(one.product()?))
+}
+
+/// `residual + layer(f(gate) * up)` as one [`cuda::GatedMlp`] launch from the norm's input, where
+/// [`deferred::normed_gated`] finds how `gate` and `up` were made and the kernel takes them.
+fn gated_mlp(
+    layer: &LinearParams,
+    activation: super::Activation,
+    (gate, up): (&Array, &Array),
+    residual: &Array,
+) -> Result<Option<Array>> {
+    if !layer.is_plain() || layer.bias.is_some() || !gradient_free() {
+        return Ok(None);
+    }
+    let Some(found) = deferred::normed_gated(gate, up) else {
+        return Ok(None);
+    };
+    let mlp = cuda::GatedMlp {
+        x: &found.input,
+        norm: &found.norm,
+        eps: found.eps,
+        activation,
+        gate: &found.gate,
+        up: &found.up,
+        down: &layer.weight,
+        residual,
+    };
+    if !mlp.fits() {
+        return Ok(None);
+    }
+    Ok(Some(mlp.apply()?))
 }
 
 #[cfg(test)]
@@ -129,5 +170,92 @@ mod tests {
         let mixed = [layer(8, true), layer(8, false)];
         let free = without_gradients(|| decode_products(&[&mixed[0], &mixed[1]], &x)).unwrap();
         assert!(free.is_none());
+    }
+
+    /// A pre-norm gated MLP written as its steps (the norm, the gate and up products as one
+    /// group, the down product of the SiLU-gated input plus the residual) is, where no gradient is
+    /// taken on CUDA, one launch of the fused kernel (its chain found), equal within the dtype's
+    /// rounding to MLX's separate operations in float32 (and on the CPU, where no kernel runs,
+    /// to the same steps); a gate and up over two norms' outputs, or over an input no norm made,
+    /// are not fused.
+    #[test]
+    fn a_normed_gated_mlp_is_one_launch() {
+        use crate::nn::{linear_plus_in, rms_norm, Activation, Residual, RmsNormParams};
+        use crate::test_arrays::normal;
+        let cuda = cuda::available();
+        for (dtype, d, f, tolerance) in [
+            (Dtype::Bfloat16, 64, 256, 0.02),
+            (Dtype::Bfloat16, 2048, 5632, 0.02),
+            (Dtype::Float32, 128, 352, 1e-4),
+        ] {
+            let scaled = |shape: &[i32], fan_in: i32| {
+                normal(shape, Dtype::Float32)
+                    .multiply(Array::from_f32((fan_in as f32).powf(-0.5)))
+                    .unwrap()
+                    .as_dtype(dtype)
+                    .unwrap()
+            };
+            let x = normal(&[1, 1, d], dtype);
+            let norm = RmsNormParams {
+                weight: normal(&[d], Dtype::Float32)
+                    .multiply(Array::from_f32(0.1))
+                    .unwrap()
+                    .add(Array::from_f32(1.0))
+                    .unwrap()
+                    .as_dtype(dtype)
+                    .unwrap(),
+            };
+            let gate = LinearParams::new(scaled(&[f, d], d), None);
+            let up = LinearParams::new(scaled(&[f, d], d), None);
+            let down = LinearParams::new(scaled(&[d, f], f), None);
+            let eps = 1e-5;
+            let mut ctx = crate::model::Context::evaluation();
+            let fused = without_gradients(|| -> Result<(Array, bool)> {
+                let n = rms_norm(&norm, &x, eps)?;
+                let [g, u] = linears_in([&gate, &up], &n, &mut ctx)?;
+                let found = deferred::normed_gated(&g, &u).is_some();
+                let input = LayerInput::Gated(Activation::Silu, &g, &u);
+                let y = linear_plus_in(&down, input, Some(Residual::new(&x, 0.0)), &mut ctx)?;
+                Ok((y, found))
+            })
+            .unwrap();
+            assert_eq!(
+                fused.1, cuda,
+                "{dtype:?} {d} x {f}: the chain found only on CUDA"
+            );
+            // MLX's operations in float32 on the same (rounded) values.
+            let f32 = |a: &Array| a.as_dtype(Dtype::Float32).unwrap();
+            let n = mlx_rs::fast::rms_norm(f32(&x), Some(&f32(&norm.weight)), eps).unwrap();
+            let g = n.matmul(f32(&gate.weight).t()).unwrap();
+            let u = n.matmul(f32(&up.weight).t()).unwrap();
+            let h = mlx_rs::nn::silu(&g).unwrap().multiply(&u).unwrap();
+            let want = f32(&x)
+                .add(h.matmul(f32(&down.weight).t()).unwrap())
+                .unwrap();
+            let err = f32(&fused.0).subtract(&want).unwrap().abs().unwrap();
+            let err = err.max(None).unwrap().item_cast::<f32>();
+            let scale = want.abs().unwrap().max(None).unwrap().item_cast::<f32>();
+            assert!(
+                err <= tolerance * scale.max(1.0),
+                "{dtype:?} {d} x {f}: {err} of {scale}"
+            );
+            assert_eq!(fused.0.shape(), x.shape());
+
+            // Gate and up over two norms' outputs, or over an input no norm made: not fused.
+            let other = normal(&[1, 1, d], dtype);
+            let unfused = without_gradients(|| -> Result<[bool; 2]> {
+                let n = rms_norm(&norm, &x, eps)?;
+                let m = rms_norm(&norm, &other, eps)?;
+                let [g, _] = linears_in([&gate, &up], &n, &mut ctx)?;
+                let [_, u] = linears_in([&gate, &up], &m, &mut ctx)?;
+                let [gx, ux] = linears_in([&gate, &up], &x, &mut ctx)?;
+                Ok([
+                    deferred::normed_gated(&g, &u).is_some(),
+                    deferred::normed_gated(&gx, &ux).is_some(),
+                ])
+            })
+            .unwrap();
+            assert_eq!(unfused, [false, false], "{dtype:?} {d} x {f}");
+        }
     }
 }

@@ -9,6 +9,11 @@
 //! needs; a compiled decode step records only that). Where the output is read elsewhere too (the keys, which the
 //! cache stores), it is computed there as before, and the kernel's numbers are the same.
 //!
+//! In the same way a one-row RMS norm and a decoding product group of plain layers are
+//! remembered: a gated MLP's down projection whose gate and up inputs are the two outputs of one
+//! group over a remembered norm's output is the whole block in one kernel
+//! ([`cuda::GatedMlp`]), and the norm and the group are never computed.
+//!
 //! Arrays are matched by identity (MLX's array id, the same for every handle to one array), and
 //! an entry holds a handle to the operation's output, so that no other array takes its id while
 //! the entry lives. Only the last [`KEPT`] operations of the thread are kept: a kernel reads the
@@ -20,26 +25,61 @@ use mlx_rs::Array;
 use std::cell::RefCell;
 use std::collections::VecDeque;
 
-/// Operations remembered per thread (a layer's query and key rotations, with room).
-const KEPT: usize = 8;
+/// Outputs remembered per thread (a layer's norm, its three projections and two rotations, with
+/// room).
+const KEPT: usize = 12;
 
-/// A remembered rotation: its output (held for its id), its input (`[B, heads, 1, head_dim]`),
-/// the position `offset` and each pair's angle per position, `rates` (float32).
-struct Entry {
-    output: Array,
-    input: Array,
-    offset: Array,
-    rates: Array,
+/// What made a remembered output.
+enum Made {
+    /// A rotation of one position's `input` (`[B, heads, 1, head_dim]`) at `offset` by `rates`
+    /// (each pair's angle per position, float32).
+    Rope {
+        input: Array,
+        offset: Array,
+        rates: Array,
+    },
+    /// `rms_norm(input) * weight`, one row.
+    Norm {
+        input: Array,
+        weight: Array,
+        eps: f32,
+    },
+    /// Output `index` of one launch of the products of `x` by `weights` (no biases).
+    Product {
+        x: Array,
+        weights: Vec<Array>,
+        index: usize,
+    },
 }
 
 thread_local! {
-    static MADE: RefCell<VecDeque<(usize, Entry)>> = const { RefCell::new(VecDeque::new()) };
+    static MADE: RefCell<VecDeque<(usize, Array, Made)>> = const { RefCell::new(VecDeque::new()) };
 }
 
 /// MLX's identity of the array `a` is a handle to.
 fn id(a: &Array) -> usize {
     // SAFETY: `a` is a live handle for the call, which only reads it.
     unsafe { mlx_sys::lmx_array_id(a.as_ptr()) }
+}
+
+fn remember(output: &Array, made: Made) {
+    MADE.with(|kept| {
+        let mut kept = kept.borrow_mut();
+        if kept.len() == KEPT {
+            kept.pop_front();
+        }
+        kept.push_back((id(output), output.clone(), made));
+    });
+}
+
+/// What made `output`, where it is remembered, through `read`.
+fn made<T>(output: &Array, read: impl FnOnce(&Made) -> Option<T>) -> Option<T> {
+    let key = id(output);
+    MADE.with(|kept| {
+        let kept = kept.borrow();
+        let (_, _, made) = kept.iter().rev().find(|(id, _, _)| *id == key)?;
+        read(made)
+    })
 }
 
 /// The rotation `output` of one position's `input` (`[B, heads, 1, head_dim]`) at `offset` by
@@ -50,34 +90,101 @@ pub(super) fn remember_rope(output: &Array, input: &Array, offset: &Array, rates
     if !one_position || input.shape()[0] > cuda::MAX_ROWS || !gradient_free() {
         return;
     }
-    let entry = Entry {
-        output: output.clone(),
+    let made = Made::Rope {
         input: input.clone(),
         offset: offset.clone(),
         rates: rates.clone(),
     };
-    MADE.with(|made| {
-        let mut made = made.borrow_mut();
-        if made.len() == KEPT {
-            made.pop_front();
-        }
-        made.push_back((id(&entry.output), entry));
-    });
+    remember(output, made);
 }
 
 /// The query before its rotation, where `q` is a remembered rotation's output: attention may
 /// rotate it as it reads it.
 pub(super) fn rotated_query(q: &Array) -> Option<RotatedQuery> {
-    let key = id(q);
-    MADE.with(|made| {
-        let made = made.borrow();
-        let (_, entry) = made.iter().find(|(id, _)| *id == key)?;
-        Some(RotatedQuery {
-            input: entry.input.clone(),
-            offset: entry.offset.clone(),
-            rates: entry.rates.clone(),
-        })
+    made(q, |made| match made {
+        Made::Rope {
+            input,
+            offset,
+            rates,
+        } => Some(RotatedQuery {
+            input: input.clone(),
+            offset: offset.clone(),
+            rates: rates.clone(),
+        }),
+        _ => None,
     })
+}
+
+/// The RMS norm `output` of one row `input`, scaled by `weight`, remembered for
+/// [`normed_gated`] where no gradient is taken on CUDA.
+pub(super) fn remember_norm(output: &Array, input: &Array, weight: &Array, eps: f32) {
+    let one_row = input
+        .shape()
+        .last()
+        .is_some_and(|&d| input.size() as i32 == d);
+    if !one_row || !gradient_free() || !cuda::available() {
+        return;
+    }
+    let made = Made::Norm {
+        input: input.clone(),
+        weight: weight.clone(),
+        eps,
+    };
+    remember(output, made);
+}
+
+/// The outputs of one decoding product launch over `x` by `weights` (plain layers, no biases).
+pub(super) fn remember_products(outputs: &[Array], x: &Array, weights: &[&Array]) {
+    let weights: Vec<Array> = weights.iter().map(|&w| w.clone()).collect();
+    for (index, output) in outputs.iter().enumerate() {
+        let made = Made::Product {
+            x: x.clone(),
+            weights: weights.clone(),
+            index,
+        };
+        remember(output, made);
+    }
+}
+
+/// A gated MLP's input before its norm and products: where `gate` and `up` are the two outputs
+/// of one remembered product launch (in that order) over a remembered norm's output, that norm's
+/// input, weight and epsilon and the gate and up weights.
+pub(super) fn normed_gated(gate: &Array, up: &Array) -> Option<NormedGated> {
+    let product = |output: &Array, want: usize| {
+        made(output, |made| match made {
+            Made::Product { x, weights, index } if *index == want && weights.len() == 2 => {
+                Some((x.clone(), weights.clone()))
+            }
+            _ => None,
+        })
+    };
+    let (x, weights) = product(gate, 0)?;
+    let (x_up, weights_up) = product(up, 1)?;
+    let same = id(&x) == id(&x_up) && weights.iter().zip(&weights_up).all(|(a, b)| id(a) == id(b));
+    if !same {
+        return None;
+    }
+    let (input, norm, eps) = made(&x, |made| match made {
+        Made::Norm { input, weight, eps } => Some((input.clone(), weight.clone(), *eps)),
+        _ => None,
+    })?;
+    let [gate, up]: [Array; 2] = weights.try_into().ok()?;
+    Some(NormedGated {
+        input,
+        norm,
+        eps,
+        gate,
+        up,
+    })
+}
+
+/// What [`normed_gated`] finds: `gate(n)` and `up(n)` of `n = rms_norm(input) * norm`.
+pub(super) struct NormedGated {
+    pub input: Array,
+    pub norm: Array,
+    pub eps: f32,
+    pub gate: Array,
+    pub up: Array,
 }
 
 #[cfg(test)]

@@ -323,7 +323,9 @@ pub fn layer_norm(params: &LayerNormParams, x: &Array, eps: f32) -> Result<Array
 
 /// RMS normalisation over the last axis (MLX's fused kernel).
 pub fn rms_norm(params: &RmsNormParams, x: &Array, eps: f32) -> Result<Array> {
-    Ok(fast::rms_norm(x, Some(&params.weight), eps)?)
+    let y = fast::rms_norm(x, Some(&params.weight), eps)?;
+    deferred::remember_norm(&y, x, &params.weight, eps);
+    Ok(y)
 }
 
 /// RMS normalisation scaled by `offset + weight` rather than `weight`, as Gemma's norms are
@@ -337,7 +339,9 @@ pub fn rms_norm_with_offset(
     let scale = params
         .weight
         .add(literal(f64::from(offset), &params.weight)?)?;
-    Ok(fast::rms_norm(x, Some(&scale), eps)?)
+    let y = fast::rms_norm(x, Some(&scale), eps)?;
+    deferred::remember_norm(&y, x, &scale, eps);
+    Ok(y)
 }
 
 /// Dropout: each element of `x` zeroed with probability `p` and the rest scaled by `1 / (1 - p)`,
