@@ -47,7 +47,11 @@ thread_local! {
         "lmx_gated_mlp",
         (&["x", "nw", "wg", "wu", "wd", "res", "ctl"], Inputs::RowContiguous),
         &["y", "act"],
-        &format!("{}{HEADER}", super::activation::HEADER),
+        &format!(
+            "{}{}{HEADER}",
+            super::activation::HEADER,
+            super::matvec::HEADER
+        ),
         BODY,
     );
 }
@@ -69,36 +73,15 @@ __device__ __forceinline__ long long lmx_mlp_now() {
   return t;
 }
 
-// 16 bytes of weights read once, around L1; value by value where `p` is not 16-byte aligned
-// (MLX's allocations are; a view into one may not be).
+// 16 bytes of weights read once, around L1; value by value where `p` is not 16-byte aligned.
 template <typename T>
 __device__ __forceinline__ uint4 lmx_mlp_stream(const T* p, bool aligned) {
-  uint4 v;
-  if (aligned) {
-    asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
-                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
-  } else {
-    T* values = reinterpret_cast<T*>(&v);
-#pragma unroll
-    for (int j = 0; j < 16 / int(sizeof(T)); ++j) {
-      values[j] = p[j];
-    }
-  }
-  return v;
-}
-
-// 16 bytes of an input (written by an earlier launch), value by value where not aligned.
-template <typename T>
-__device__ __forceinline__ uint4 lmx_mlp_load(const T* p, bool aligned) {
-  if (aligned) {
-    return *reinterpret_cast<const uint4*>(p);
+  if (!aligned) {
+    return lmx_matvec_load<T, 16 / int(sizeof(T))>(p, false);
   }
   uint4 v;
-  T* values = reinterpret_cast<T*>(&v);
-#pragma unroll
-  for (int j = 0; j < 16 / int(sizeof(T)); ++j) {
-    values[j] = p[j];
-  }
+  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
   return v;
 }
 
@@ -202,8 +185,8 @@ const BODY: &str = r#"
         for (int k = 0; k < PER; ++k) {
           const int i = k * WARPS * 32 + threadIdx.x;
           if (i < NV) {
-            xv[k] = lmx_mlp_load<T>(x + size_t(i) * V, aligned);
-            nv[k] = lmx_mlp_load<T>(nw + size_t(i) * V, aligned);
+            xv[k] = lmx_matvec_load<T, V>(x + size_t(i) * V, aligned);
+            nv[k] = lmx_matvec_load<T, V>(nw + size_t(i) * V, aligned);
           }
         }
         float ss = 0.0f;

@@ -84,7 +84,7 @@ fn kernel(count: usize, biased: bool, input: Input, residual: bool) -> Result<Ke
 
 /// `V` values of `T` from `p` as one 16-byte vector: one load where `p` is 16-byte aligned (MLX's
 /// allocations are; a view into one may not be), else value by value.
-const HEADER: &str = r#"
+pub(super) const HEADER: &str = r#"
 template <typename T, int V>
 __device__ inline uint4 lmx_matvec_load(const T* p, bool aligned) {
   if (aligned) {
