@@ -5,37 +5,9 @@ __device__ __forceinline__ int lmx_ld_acquire(const int* p) {
   return v;
 }
 
-// A 16-byte load of weights read once, around L1.
-__device__ __forceinline__ uint4 lmx_ld_stream(const uint4* p) {
-  uint4 v;
-  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
-               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
-  return v;
-}
-
 template <typename T>
 __device__ __forceinline__ float lmx_round(float v) {
   return static_cast<float>(static_cast<T>(v));
-}
-
-template <typename T>
-__device__ __forceinline__ float lmx_dot16(uint4 a, uint4 b) {
-  const T* x = reinterpret_cast<const T*>(&a);
-  const T* y = reinterpret_cast<const T*>(&b);
-  float s = 0.0f;
-#pragma unroll
-  for (int j = 0; j < 16 / int(sizeof(T)); ++j) {
-    s += static_cast<float>(x[j]) * static_cast<float>(y[j]);
-  }
-  return s;
-}
-
-__device__ __forceinline__ float lmx_warp_sum(float v) {
-#pragma unroll
-  for (int o = 16; o > 0; o /= 2) {
-    v += __shfl_xor_sync(0xffffffff, v, o);
-  }
-  return v;
 }
 
 __device__ __forceinline__ float lmx_warp_max(float v) {
@@ -48,7 +20,7 @@ __device__ __forceinline__ float lmx_warp_max(float v) {
 
 // The sum over a block of one value a thread (every thread gets it).
 __device__ __forceinline__ float lmx_block_sum(float v, float* red) {
-  v = lmx_warp_sum(v);
+  v = lmx_mlp_warp_sum(v);
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   __syncthreads();
   if (lane == 0) red[warp] = v;
@@ -111,38 +83,3 @@ __device__ __forceinline__ void lmx_rms_into(const T* src, const T* w, T* xs, fl
   }
   __syncthreads();
 }
-
-// Two stretches of K values (16-byte vectors) of weight rows, loaded into registers by a warp
-// (issued before any is used, so that the loads of a task overlap its wait for the phase before),
-// then dotted with two stretches of the shared input.
-template <typename T, int K>
-struct lmx_rows2 {
-  static constexpr int V = 16 / int(sizeof(T));
-  static constexpr int N = K / V;
-  static constexpr int PER = (N + 31) / 32;
-  uint4 p[PER], q[PER];
-  __device__ __forceinline__ void load(const T* r0, const T* r1, int lane) {
-#pragma unroll
-    for (int u = 0; u < PER; ++u) {
-      const int i = u * 32 + lane;
-      if (i < N) {
-        p[u] = lmx_ld_stream(reinterpret_cast<const uint4*>(r0) + i);
-        q[u] = lmx_ld_stream(reinterpret_cast<const uint4*>(r1) + i);
-      }
-    }
-  }
-  __device__ __forceinline__ void dot(const T* x0s, const T* x1s, int lane, float& a0, float& a1) {
-    a0 = 0.0f;
-    a1 = 0.0f;
-#pragma unroll
-    for (int u = 0; u < PER; ++u) {
-      const int i = u * 32 + lane;
-      if (i < N) {
-        a0 += lmx_dot16<T>(p[u], reinterpret_cast<const uint4*>(x0s)[i]);
-        a1 += lmx_dot16<T>(q[u], reinterpret_cast<const uint4*>(x1s)[i]);
-      }
-    }
-    a0 = lmx_warp_sum(a0);
-    a1 = lmx_warp_sum(a1);
-  }
-};

@@ -12,12 +12,16 @@ layer's phases from the kernel's own clock.
 On the GPU machine, after ../shared/gpu's two calls:
     source .gpu/p2/assemble.sh && OUT=/tmp/probe python3 bench/fused-layer-probe/probe.py
 """
-import os, sys, time, struct, json
+import os, re, sys, time, struct, json
 import mlx.core as mx
 import mlx.nn as nn
 
 here = os.path.dirname(os.path.abspath(__file__))
-HEADER = open(os.path.join(here, "layer.cuh")).read()
+# The runtime's helpers (its gated MLP kernel's loads and warp sums), then the probe's own.
+def rust_header(path):
+    source = open(os.path.join(here, "../../lmx-runtime/src/cuda", path)).read()
+    return re.search(r'const HEADER: &str = r#"(.*?)"#;', source, re.S).group(1)
+HEADER = rust_header("matvec.rs") + rust_header("gated_mlp.rs") + open(os.path.join(here, "layer.cuh")).read()
 BODY = open(os.path.join(here, "layer.cu")).read()
 
 D, NQ, NKV, HD, F = 2048, 32, 4, 64, 5632
