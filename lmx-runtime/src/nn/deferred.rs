@@ -25,9 +25,9 @@ use mlx_rs::Array;
 use std::cell::RefCell;
 use std::collections::VecDeque;
 
-/// Outputs remembered per thread (a layer's norm, its three projections and two rotations, with
-/// room).
-const KEPT: usize = 12;
+/// Outputs remembered per thread (a layer's two norms, its query and key rotations, its gate and
+/// up products, with room).
+const KEPT: usize = 8;
 
 /// What made a remembered output.
 enum Made {
@@ -133,8 +133,13 @@ pub(super) fn remember_norm(output: &Array, input: &Array, weight: &Array, eps: 
     remember(output, made);
 }
 
-/// The outputs of one decoding product launch over `x` by `weights` (plain layers, no biases).
+/// The outputs of one decoding product launch over `x` by `weights` (plain layers, no biases),
+/// where they are a pair: the only group [`normed_gated`] reads (a gate and an up projection),
+/// so that a layer's query, key and value products take no room and no host time here.
 pub(super) fn remember_products(outputs: &[Array], x: &Array, weights: &[&Array]) {
+    if weights.len() != 2 {
+        return;
+    }
     let weights: Vec<Array> = weights.iter().map(|&w| w.clone()).collect();
     for (index, output) in outputs.iter().enumerate() {
         let made = Made::Product {
