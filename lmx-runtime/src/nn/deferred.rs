@@ -9,7 +9,7 @@
 //! needs; a compiled decode step records only that). Where the output is read elsewhere too (the keys, which the
 //! cache stores), it is computed there as before, and the kernel's numbers are the same.
 //!
-//! In the same way a one-row RMS norm and a decoding product group of plain layers are
+//! In the same way a one-row RMS norm and a decoding product group of two plain layers are
 //! remembered: a gated MLP's down projection whose gate and up inputs are the two outputs of one
 //! group over a remembered norm's output is the whole block in one kernel
 //! ([`cuda::GatedMlp`]), and the norm and the group are never computed.
