@@ -20,7 +20,7 @@ __device__ __forceinline__ float lmx_warp_max(float v) {
 
 // The sum over a block of one value a thread (every thread gets it).
 __device__ __forceinline__ float lmx_block_sum(float v, float* red) {
-  v = lmx_mlp_warp_sum(v);
+  v = lmx_task_warp_sum(v);
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   __syncthreads();
   if (lane == 0) red[warp] = v;

@@ -21,7 +21,7 @@ here = os.path.dirname(os.path.abspath(__file__))
 def rust_header(path):
     source = open(os.path.join(here, "../../lmx-runtime/src/cuda", path)).read()
     return re.search(r'const HEADER: &str = r#"(.*?)"#;', source, re.S).group(1)
-HEADER = rust_header("matvec.rs") + rust_header("gated_mlp.rs") + open(os.path.join(here, "layer.cuh")).read()
+HEADER = rust_header("matvec.rs") + rust_header("tasks.rs") + open(os.path.join(here, "layer.cuh")).read()
 BODY = open(os.path.join(here, "layer.cu")).read()
 
 D, NQ, NKV, HD, F = 2048, 32, 4, 64, 5632

@@ -20,6 +20,7 @@ mod rope;
 mod rows;
 mod squares;
 mod sums;
+mod tasks;
 
 pub(crate) use activation::{
     activation, activation_backward, activation_fits, swiglu, swiglu_backward,

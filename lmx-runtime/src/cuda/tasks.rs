@@ -1,0 +1,212 @@
+//! Launches whose blocks take tasks in order ("tickets") from a control block, and the device
+//! helpers their kernels share ([`HEADER`]).
+//!
+//! A decoding kernel that does several dependent steps in one launch (a norm, then products of
+//! its output, then a product of theirs) splits each step into tasks. A block takes its task's
+//! ticket from a counter, loads the task's weight rows into registers, and only then waits for
+//! the step before to be done (a counter of tasks done per step): the weights stream while the
+//! last tasks of the step before finish. A block waits only for tasks whose tickets are smaller
+//! than its own, taken by blocks already running, so a launch finishes however many of its blocks
+//! the GPU holds at once (no grid-wide barrier, which would need them all resident).
+//!
+//! The counters live in a control block per kernel and stream (zeros, made from host data so
+//! that a compiled step's trace needs no evaluation, and reset by each launch's last block as it
+//! leaves), each counter on a 128-byte line of its own: the ticket at line 0, the blocks that
+//! left at line 1, then each step's tasks done. Launches of one kernel on one stream share it: a
+//! decoder's launches run one after another, each layer's reading the output of the one before.
+//! (Two launches of one kernel with no data between them in one evaluation, which a CUDA graph
+//! may run at once, would share it too; lmx takes these kernels for one row of one sequence,
+//! whose layers are such a chain.)
+
+use crate::error::{Error, Result};
+use mlx_rs::{Array, Stream};
+use std::collections::HashMap;
+use std::sync::{Mutex, OnceLock};
+
+/// Ints of a control block: eight counters, each on a 128-byte line of its own.
+const CONTROL: i32 = 8 * 32;
+
+/// Each kernel's control block per stream, by the kernel's name and the stream's index: launches
+/// on one stream (from any thread) run one after another; launches on two streams never share
+/// one.
+static CONTROLS: OnceLock<Mutex<HashMap<(&'static str, i32), Array>>> = OnceLock::new();
+
+/// The control block of kernel `kernel` on the stream this thread launches on.
+pub(super) fn control(kernel: &'static str) -> Result<Array> {
+    let key = (kernel, Stream::thread_local_or_default().get_index()?);
+    let controls = CONTROLS.get_or_init(Mutex::default);
+    let mut controls = controls
+        .lock()
+        .map_err(|_| Error::Layout("the kernels' control blocks were poisoned".into()))?;
+    if let Some(block) = controls.get(&key) {
+        return Ok(block.clone());
+    }
+    let block = Array::from_slice(&[0i32; CONTROL as usize], &[CONTROL]);
+    controls.insert(key, block.clone());
+    Ok(block)
+}
+
+/// Device helpers: the counters' acquire loads, bounded waits and the leaving block's reset;
+/// weight rows streamed into registers and dotted with a shared input; a block's RMS norm into
+/// shared memory. Needs [`super::matvec::HEADER`] before it.
+pub(super) const HEADER: &str = r#"
+__device__ __forceinline__ int lmx_task_acquire(const int* p) {
+  int v;
+  asm volatile("ld.acquire.gpu.global.s32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+
+__device__ __forceinline__ long long lmx_task_now() {
+  long long t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+
+// Thread 0 waits until `*counter` reaches `need` (the tasks of a phase before, done); bounded, so
+// that a corrupted control block cannot hang the GPU (its launch's numbers are then wrong, not
+// its process stuck). The caller's `__syncthreads()` then releases the block.
+__device__ __forceinline__ void lmx_task_wait(const int* counter, int need) {
+  if (threadIdx.x == 0) {
+    const long long start = lmx_task_now();
+    while (lmx_task_acquire(counter) < need && lmx_task_now() - start < 200000000LL) {
+      __nanosleep(32);
+    }
+  }
+}
+
+// Counts this block out of the launch (counter 1); the last block to leave zeroes the first
+// `LINES` counters: every block has left, none reads or writes them again in this launch.
+template <int LINES>
+__device__ __forceinline__ void lmx_task_leave(int* control) {
+  if (threadIdx.x == 0) {
+    const int left = atomicAdd(control + 32, 1);
+    if (left == int(gridDim.x) - 1) {
+#pragma unroll
+      for (int i = 0; i < LINES; ++i) control[i * 32] = 0;
+      __threadfence();
+    }
+  }
+}
+
+// 16 bytes of weights read once, around L1; value by value where `p` is not 16-byte aligned.
+template <typename T>
+__device__ __forceinline__ uint4 lmx_task_stream(const T* p, bool aligned) {
+  if (!aligned) {
+    return lmx_matvec_load<T, 16 / int(sizeof(T))>(p, false);
+  }
+  uint4 v;
+  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
+  return v;
+}
+
+template <typename T>
+__device__ __forceinline__ float lmx_task_dot(uint4 a, uint4 b) {
+  const T* x = reinterpret_cast<const T*>(&a);
+  const T* y = reinterpret_cast<const T*>(&b);
+  float s = 0.0f;
+#pragma unroll
+  for (int j = 0; j < 16 / int(sizeof(T)); ++j) {
+    s += static_cast<float>(x[j]) * static_cast<float>(y[j]);
+  }
+  return s;
+}
+
+__device__ __forceinline__ float lmx_task_warp_sum(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o /= 2) {
+    v += __shfl_xor_sync(0xffffffff, v, o);
+  }
+  return v;
+}
+
+// Two stretches of K values of weight rows, loaded into a warp's registers (all loads issued
+// before any is used), then dotted with two stretches of the shared input.
+template <typename T, int K>
+struct lmx_task_rows {
+  static constexpr int V = 16 / int(sizeof(T));
+  static constexpr int N = K / V;
+  static constexpr int PER = (N + 31) / 32;
+  uint4 p[PER], q[PER];
+  __device__ __forceinline__ void load(const T* r0, const T* r1, int lane, bool aligned) {
+#pragma unroll
+    for (int u = 0; u < PER; ++u) {
+      const int i = u * 32 + lane;
+      if (i < N) {
+        p[u] = lmx_task_stream<T>(r0 + size_t(i) * V, aligned);
+        q[u] = lmx_task_stream<T>(r1 + size_t(i) * V, aligned);
+      }
+    }
+  }
+  __device__ __forceinline__ void dot(const T* x0, const T* x1, int lane, float& a0, float& a1) {
+    a0 = 0.0f;
+    a1 = 0.0f;
+#pragma unroll
+    for (int u = 0; u < PER; ++u) {
+      const int i = u * 32 + lane;
+      if (i < N) {
+        a0 += lmx_task_dot<T>(p[u], reinterpret_cast<const uint4*>(x0)[i]);
+        a1 += lmx_task_dot<T>(q[u], reinterpret_cast<const uint4*>(x1)[i]);
+      }
+    }
+    a0 = lmx_task_warp_sum(a0);
+    a1 = lmx_task_warp_sum(a1);
+  }
+};
+
+// `xs = rms_norm(x) * nw` over `D` values (`w * T(x * r)`, as MLX rounds it), written to shared
+// memory by every thread of the block (`WARPS` warps; `red` holds `WARPS` floats of shared
+// memory): every thread's loads first, then the sum of squares over the block.
+template <typename T, int D, int WARPS>
+__device__ __forceinline__ void lmx_task_rms_norm(
+    const T* x, const T* nw, T* xs, float eps, float* red, bool aligned) {
+  constexpr int V = 16 / int(sizeof(T));
+  constexpr int NV = D / V;
+  constexpr int PER = (NV + WARPS * 32 - 1) / (WARPS * 32);
+  const int lane = threadIdx.x & 31;
+  const int warp = threadIdx.x >> 5;
+  uint4 xv[PER], nv[PER];
+#pragma unroll
+  for (int k = 0; k < PER; ++k) {
+    const int i = k * WARPS * 32 + threadIdx.x;
+    if (i < NV) {
+      xv[k] = lmx_matvec_load<T, V>(x + size_t(i) * V, aligned);
+      nv[k] = lmx_matvec_load<T, V>(nw + size_t(i) * V, aligned);
+    }
+  }
+  float ss = 0.0f;
+#pragma unroll
+  for (int k = 0; k < PER; ++k) {
+    if (k * WARPS * 32 + threadIdx.x < NV) {
+      const T* v = reinterpret_cast<const T*>(&xv[k]);
+#pragma unroll
+      for (int j = 0; j < V; ++j) {
+        ss += static_cast<float>(v[j]) * static_cast<float>(v[j]);
+      }
+    }
+  }
+  ss = lmx_task_warp_sum(ss);
+  if (lane == 0) red[warp] = ss;
+  __syncthreads();
+  ss = 0.0f;
+#pragma unroll
+  for (int i = 0; i < WARPS; ++i) ss += red[i];
+  const float r = rsqrtf(ss / float(D) + eps);
+#pragma unroll
+  for (int k = 0; k < PER; ++k) {
+    const int i = k * WARPS * 32 + threadIdx.x;
+    if (i < NV) {
+      const T* v = reinterpret_cast<const T*>(&xv[k]);
+      const T* n = reinterpret_cast<const T*>(&nv[k]);
+      uint4 packed;
+      T* o = reinterpret_cast<T*>(&packed);
+#pragma unroll
+      for (int j = 0; j < V; ++j) {
+        o[j] = n[j] * static_cast<T>(static_cast<float>(v[j]) * r);
+      }
+      reinterpret_cast<uint4*>(xs)[i] = packed;
+    }
+  }
+  __syncthreads();
+}
+"#;
