@@ -146,17 +146,15 @@ families! {
     qwen3_greedy_decoding_is_compiled: qwen3::Qwen3, 2;
 }
 
-/// LLaMA with a gated MLP of 256 features and heads of 32, shapes that lmx's fused decoding
-/// kernels take on CUDA (the pre-norm gated MLP as one launch, `cuda::GatedMlp`, in the traced
-/// step as in the op-by-op loop; the tiny preset's 172 features are not a whole number of the
-/// kernel's vectors): the same tokens as the full forward pass and the op-by-op loop.
+/// LLaMA with a gated MLP of 256 features, a shape lmx's fused decoding kernel takes on CUDA (the
+/// pre-norm gated MLP as one launch, `cuda::GatedMlp`, in the traced step as in the op-by-op
+/// loop; the tiny preset's 172 features are not a whole number of the kernel's vectors): the same
+/// tokens as the full forward pass and the op-by-op loop.
 #[test]
-fn llama_greedy_decoding_through_fused_blocks() -> Result<()> {
+fn llama_greedy_decoding_through_the_fused_mlp() -> Result<()> {
     greedy_follows_the_full_forward_pass::<llama::Llama>(
         |config| {
             config.ctx = (PROMPT + NEW) as _;
-            config.n_heads = 2;
-            config.n_kv_heads = 1;
             config.d_ff = 256;
         },
         2,

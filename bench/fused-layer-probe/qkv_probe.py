@@ -12,7 +12,7 @@ kernel leaves the cache to the write and attention after it.
 On the GPU machine, after ../shared/gpu's two calls:
     source .gpu/p2/assemble.sh && python3 bench/fused-layer-probe/qkv_probe.py
 """
-import os, re, struct, time
+import ctypes, os, re, struct
 # One CUDA graph an evaluation (MLX commits one every 100 operations or 1,000 MB of inputs on an
 # H100 or H200): a chain's launches then run back to back, not as the host encodes them.
 os.environ.setdefault("MLX_MAX_OPS_PER_BUFFER", "100000")
@@ -92,7 +92,7 @@ def layer(seed):
     w = lambda o, i: (mx.random.normal((o, i)) * (i ** -0.5)).astype(dt)
     L = dict(nw=(1 + 0.1 * mx.random.normal((D,))).astype(dt), wq=w(HQ * HD, D), wk=w(HKV * HD, D),
              wv=w(HKV * HD, D), kc=mx.random.normal((1, HKV, CAP, HD)).astype(dt),
-             vc=mx.random.normal((1, HKV, CAP, HD)).astype(dt), wg=w(F, D), wu=w(F, D), wd=w(D, F))
+             wg=w(F, D), wu=w(F, D), wd=w(D, F))
     mx.eval(L)
     return L
 
@@ -161,7 +161,6 @@ timed("MLX's separate operations, again", lambda y: chain(lambda z, Li: every(se
 
 # Whether a cache's write reuses its buffer (MLX donates an input held by nothing else) when an
 # operation it depends on reads the buffer first: the data's address before and after.
-import ctypes
 def address(a):
     return ctypes.addressof(ctypes.c_char.from_buffer(memoryview(a)))
 for reads in (False, True):
