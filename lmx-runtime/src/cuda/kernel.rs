@@ -12,6 +12,10 @@
 //! carries a hash of its source and parameter names ([`source_name`]): should MLX cache custom
 //! kernels on disk, another version of lmx with a changed kernel would not run the old one's
 //! code. The launch grid counts threads, not blocks.
+//!
+//! MLX hashes a custom kernel's whole source at every launch (to name its compiled module), which
+//! costs the host about a quarter of a microsecond a kilobyte (`bench/launch-cost/probe.py`), so
+//! sources reach MLX without their comments and indentation ([`compact`]).
 
 use crate::error::{Error, Result};
 use mlx_rs::{Array, Dtype, Stream};
@@ -82,6 +86,7 @@ impl Kernel {
         header: &str,
         body: &str,
     ) -> Result<Kernel> {
+        let (header, body) = (&compact(header), &compact(body));
         let name = &source_name(name, inputs, outputs, header, body);
         let text = |what: &str, value: &str| {
             CString::new(value).map_err(|_| {
@@ -239,6 +244,29 @@ pub fn source_name(
     format!("{name}_{hash:016x}")
 }
 
+/// `source` without its `//` comments, each line's leading and trailing spaces and its empty
+/// lines; line breaks stay, for the preprocessor's directives. A line that holds a `"` is kept
+/// whole, since its `//` could be inside a string, and a source with a line continued by `\` is
+/// kept as it is, since a comment line ends a continued macro.
+pub fn compact(source: &str) -> String {
+    if source.lines().any(|line| line.trim_end().ends_with('\\')) {
+        return source.to_owned();
+    }
+    let mut out = String::with_capacity(source.len());
+    for line in source.lines() {
+        let code = match line.find("//") {
+            Some(at) if !line.contains('"') => &line[..at],
+            _ => line,
+        };
+        let code = code.trim();
+        if !code.is_empty() {
+            out.push_str(code);
+            out.push('\n');
+        }
+    }
+    out
+}
+
 fn strings(values: &[&str], text: &impl Fn(&str, &str) -> Result<CString>) -> Result<Vec<CString>> {
     values
         .iter()
@@ -260,7 +288,21 @@ unsafe fn string_vector(values: &[CString]) -> mlx_sys::mlx_vector_string {
 
 #[cfg(test)]
 mod tests {
-    use super::source_name;
+    use super::{compact, source_name};
+
+    #[test]
+    fn compact_sources_keep_code_and_line_breaks() {
+        let source = "\n  // why\n  int i = 0;  // the row\n\n#define N 4\n    \
+                      if (i < N) {\n      y[i] = x[i] / 2;\n  }\n  printf(\"a // b\"); // c\n";
+        assert_eq!(
+            compact(source),
+            "int i = 0;\n#define N 4\nif (i < N) {\ny[i] = x[i] / 2;\n}\n\
+             printf(\"a // b\"); // c\n"
+        );
+        assert_eq!(compact("// only\n   \n"), "");
+        let continued = "#define TWICE(x) \\\n  // what\n  (2 * (x))\n";
+        assert_eq!(compact(continued), continued);
+    }
 
     #[test]
     fn a_kernel_is_named_by_its_source() {
