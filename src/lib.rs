@@ -25,6 +25,7 @@ pub use serde;
 #[cfg(feature = "runtime")]
 pub use serde_json;
 
+mod allocator;
 #[cfg(feature = "runtime")]
 pub mod cli;
 #[cfg(feature = "runtime")]

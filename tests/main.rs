@@ -5,6 +5,7 @@
 
 mod support;
 
+mod allocator;
 mod batch_generation;
 mod bench_same_init;
 mod bias_balancing;
