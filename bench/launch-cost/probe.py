@@ -12,7 +12,7 @@ scalar made from the host's value each call.
     source .gpu/p2/assemble.sh && python3 bench/launch-cost/probe.py
     MLX_USE_CUDA_GRAPHS=0 python3 bench/launch-cost/probe.py   # direct launches
 """
-import os, sys, time
+import os, time
 import mlx.core as mx
 
 D = 2048
@@ -67,13 +67,13 @@ def per_token(op, n, weights=False, position=False):
 
 print(f"MLX_USE_CUDA_GRAPHS={os.environ.get('MLX_USE_CUDA_GRAPHS', '1')} "
       f"MLX_MAX_OPS_PER_BUFFER={os.environ.get('MLX_MAX_OPS_PER_BUFFER', 'default')}")
-def row(name, op, **how):
+def row(rnd, name, op, **how):
     t100, t300 = per_token(op, 100, **how), per_token(op, 300, **how)
     print(f"round {rnd} {name:22s} 100 ops {t100:8.1f} us/token, 300 ops {t300:8.1f} "
           f"us/token: {(t300 - t100) / 200:.2f} us an operation", flush=True)
 
 for rnd in range(2):
     for name, op in KINDS.items():
-        row(name, op)
-    row("rms_norm, own weights", rms_norm, weights=True)
-    row("rms_norm, + position", rms_norm, position=True)
+        row(rnd, name, op)
+    row(rnd, "rms_norm, own weights", rms_norm, weights=True)
+    row(rnd, "rms_norm, + position", rms_norm, position=True)
