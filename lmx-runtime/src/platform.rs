@@ -91,3 +91,83 @@ pub fn describe() -> String {
         }
     )
 }
+
+#[cfg(test)]
+mod tests {
+    use mlx_rs::{ops, Array};
+
+    /// Values in [-1.5, 1.5] that differ from entry to entry and from `seed` to `seed`.
+    fn values(len: usize, seed: usize) -> Vec<f32> {
+        (0..len)
+            .map(|i| ((i * 7919 + seed * 104_729) % 97) as f32 / 32.0 - 1.5)
+            .collect()
+    }
+
+    /// `rows x cols` row-major values as an array, or as the transposed view of their transpose
+    /// (so that MLX hands BLAS a transposed operand).
+    fn matrix(data: &[f32], rows: usize, cols: usize, transposed: bool) -> Array {
+        if !transposed {
+            return Array::from_slice(data, &[rows as i32, cols as i32]);
+        }
+        let flipped: Vec<f32> = (0..cols * rows)
+            .map(|i| data[(i % rows) * cols + i / rows])
+            .collect();
+        Array::from_slice(&flipped, &[cols as i32, rows as i32]).t()
+    }
+
+    /// `a (m x k) @ b (k x n)`, summed in f64.
+    fn direct(a: &[f32], b: &[f32], m: usize, k: usize, n: usize) -> Vec<f64> {
+        let mut out = vec![0.0; m * n];
+        for (i, j) in (0..m).flat_map(|i| (0..n).map(move |j| (i, j))) {
+            out[i * n + j] = (0..k)
+                .map(|p| f64::from(a[i * k + p]) * f64::from(b[p * n + j]))
+                .sum();
+        }
+        out
+    }
+
+    fn assert_close(got: &Array, want: &[f64], what: &str) {
+        got.eval().expect("the product evaluates");
+        let got = got.as_slice::<f32>();
+        assert_eq!(got.len(), want.len(), "{what}");
+        for (i, (g, w)) in got.iter().zip(want).enumerate() {
+            assert!(
+                (f64::from(*g) - w).abs() <= 1e-4 * (1.0 + w.abs()),
+                "{what}: entry {i} is {g}, the direct sum {w}"
+            );
+        }
+    }
+
+    /// On the CPU a product with one row or one column of output goes to the BLAS's
+    /// matrix-vector routine (liblmx_blas.so's `cblas_sgemm`): every orientation of its operands,
+    /// and `addmm`'s scaled sum into an existing output, equal sums taken directly.
+    #[test]
+    fn products_with_one_row_or_column_equal_direct_sums() {
+        for (m, k, n) in [(1, 37, 53), (41, 29, 1), (1, 64, 1), (3, 5, 7)] {
+            let (a, b) = (values(m * k, 1), values(k * n, 2));
+            let want = direct(&a, &b, m, k, n);
+            for (ta, tb) in [(false, false), (false, true), (true, false), (true, true)] {
+                let product = matrix(&a, m, k, ta)
+                    .matmul(matrix(&b, k, n, tb))
+                    .expect("the shapes agree");
+                assert_close(&product, &want, &format!("{m}x{k} @ {k}x{n}, {ta} {tb}"));
+            }
+            let c = values(m * n, 3);
+            let scaled: Vec<f64> = want
+                .iter()
+                .zip(&c)
+                .map(|(p, c)| 0.5 * p + 2.0 * f64::from(*c))
+                .collect();
+            let c = Array::from_slice(&c, &[m as i32, n as i32]);
+            let sum = ops::addmm(
+                &c,
+                matrix(&a, m, k, false),
+                matrix(&b, k, n, true),
+                0.5,
+                2.0,
+            )
+            .expect("the shapes agree");
+            assert_close(&sum, &scaled, &format!("addmm {m}x{k} @ {k}x{n}"));
+        }
+    }
+}

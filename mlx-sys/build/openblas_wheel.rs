@@ -10,7 +10,9 @@
 //! that libmlx imports and the wheel defines, a trampoline: one tail jump to the prefixed function,
 //! which leaves registers and stack as the caller set them and so forwards any signature exactly.
 //! It also forwards `openblas_get_config`, through which `lmx platform` names the OpenBLAS in use,
-//! and `openblas_set_num_threads`, through which `lmx` sets its threads.
+//! and `openblas_set_num_threads`, through which `lmx` sets its threads. `cblas_sgemm` alone is C
+//! (`csrc/blas_vector_products.c`): a product with one row or one column of output goes to
+//! `sgemv`, which reads the matrix once where `sgemm` would pack it.
 
 use crate::python;
 use std::collections::BTreeSet;
@@ -27,6 +29,9 @@ const CACHE_NAME: &str = "scipy-openblas32-0.3.34.481.3";
 const PREFIX: &str = "scipy_";
 /// The library compiled into `OUT_DIR`.
 pub const SHIM: &str = "liblmx_blas.so";
+/// The function defined in C rather than forwarded, and the prefixed ones that C calls.
+const IN_C: &str = "cblas_sgemm";
+const C_CALLS: [&str; 2] = ["cblas_sgemm", "cblas_sgemv"];
 
 /// Fetches the wheel into `cache` (once), compiles the library that forwards libmlx's BLAS and
 /// LAPACK imports to it into `out_dir`, and returns that library; or why it cannot.
@@ -41,24 +46,30 @@ pub fn shim(cache: &Path, out_dir: &Path, libmlx: &Path) -> Result<PathBuf, Stri
     let openblas = lib_dir.join("libscipy_openblas.so");
     let defined = dynamic_symbols(&openblas, "--defined-only")?;
     let imported = dynamic_symbols(libmlx, "--undefined-only")?;
+    if !imported.contains(IN_C) {
+        return Err(format!("{} imports no {IN_C}", libmlx.display()));
+    }
+    if let Some(missing) = C_CALLS
+        .iter()
+        .find(|name| !defined.contains(&format!("{PREFIX}{name}")))
+    {
+        return Err(format!(
+            "{} defines no {PREFIX}{missing}",
+            openblas.display()
+        ));
+    }
     let forwarded: Vec<&str> = imported
         .iter()
         .map(String::as_str)
         .chain(["openblas_get_config", "openblas_set_num_threads"])
-        .filter(|name| defined.contains(&format!("{PREFIX}{name}")))
+        .filter(|name| *name != IN_C && defined.contains(&format!("{PREFIX}{name}")))
         .collect();
-    if !forwarded.contains(&"cblas_sgemm") {
-        return Err(format!(
-            "{} imports no cblas_sgemm that {} defines as {PREFIX}cblas_sgemm",
-            libmlx.display(),
-            openblas.display()
-        ));
-    }
     let source = out_dir.join("lmx_blas.S");
     fs::write(&source, assembly(&forwarded, jump))
         .map_err(|err| format!("cannot write {}: {err}", source.display()))?;
+    let c_source = Path::new(env!("CARGO_MANIFEST_DIR")).join("csrc/blas_vector_products.c");
     let library = out_dir.join(SHIM);
-    compile(&source, &library, &lib_dir)?;
+    compile(&[&source, &c_source], &library, &lib_dir)?;
     Ok(library)
 }
 
@@ -111,17 +122,17 @@ fn dynamic_symbols(library: &Path, filter: &str) -> Result<BTreeSet<String>, Str
         .collect())
 }
 
-/// Compiles `source` into the shared library `library`, which needs the wheel's library and finds
+/// Compiles `sources` into the shared library `library`, which needs the wheel's library and finds
 /// it through its own run path.
-fn compile(source: &Path, library: &Path, lib_dir: &Path) -> Result<(), String> {
+fn compile(sources: &[&Path], library: &Path, lib_dir: &Path) -> Result<(), String> {
     let compiler = cc::Build::new()
         .try_get_compiler()
         .map_err(|err| format!("no C compiler: {err}"))?;
     let mut command = compiler.to_command();
     command
-        .args(["-shared", "-fPIC", "-o"])
+        .args(["-shared", "-fPIC", "-O2", "-o"])
         .arg(library)
-        .arg(source)
+        .args(sources)
         .arg(format!("-Wl,-soname,{SHIM}"))
         .arg(format!("-L{}", lib_dir.display()))
         .arg("-lscipy_openblas")
