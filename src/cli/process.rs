@@ -38,10 +38,6 @@ fn end_quietly_on_a_closed_pipe() {
     }
 }
 
-/// Keeps OpenBLAS to one thread on a machine of at most two cores, unless `OPENBLAS_NUM_THREADS`
-/// (or `OMP_NUM_THREADS`) says otherwise. OpenBLAS starts a worker per core, whose spinning
-/// competes with MLX's own threads: on two cores `gpt2.lmx`'s `bytes` model trained at 2,288
-/// tokens a second with one thread and 405 with two (docs/benchmarks.md).
 /// Turns off the check of MLX's CUDA caches (cuDNN attention graphs, CUDA graphs, convolutions)
 /// that throws once a cache has ever missed twice its capacity: a lifetime count, never reset,
 /// so a long generation or server whose shapes vary (speculative decoding's drafts, prompts of
@@ -55,6 +51,12 @@ fn no_lifetime_cache_fuse() {
     }
 }
 
+/// Keeps OpenBLAS to one thread on a machine of at most two cores, unless `OPENBLAS_NUM_THREADS`
+/// (or `OMP_NUM_THREADS`) says otherwise. OpenBLAS splits a product evenly between a worker per
+/// core, which spins between products: with anything else busy on two cores, the product waits
+/// for its descheduled half, and training and decoding both fell below one thread's speed
+/// (docs/benchmarks.md, "BLAS threads on two cores"); idle, the second thread paid only where
+/// products are large.
 fn one_blas_thread_on_few_cores() {
     let set = ["OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS"]
         .iter()
