@@ -11,8 +11,9 @@
 
 /// A run path to `libmlx` (so binaries run without `LD_LIBRARY_PATH`, which still wins: that is
 /// how a binary built here runs on MLX's CUDA build), and OpenBLAS ahead of MLX's reference BLAS
-/// when `mlx-sys` chose one, with a run path to its directory (the binary names it by its soname,
-/// and the wheel's or a named one is in no system directory). `links` is the `links` name of the
+/// when `mlx-sys` chose one (with lmx's `liblmx_blas.so` in front of a system one), with run
+/// paths to their directories (the binary names them by their sonames, and the wheel's, lmx's or
+/// a named one is in no system directory). `links` is the `links` name of the
 /// direct dependency that publishes mlx-sys's metadata: `MLX` (mlx-sys itself) or `LMX`.
 fn mlx_link_args(links: &str) {
     let macos = std::env::var("CARGO_CFG_TARGET_OS").as_deref() == Ok("macos");
@@ -24,11 +25,13 @@ fn mlx_link_args(links: &str) {
             println!("cargo:rustc-link-arg=-Wl,--enable-new-dtags,-rpath,{dir}");
         }
     }
-    if let Some(blas) = std::env::var_os(format!("DEP_{links}_BLAS")) {
-        let blas = std::path::Path::new(&blas);
-        if let Some(dir) = blas.parent() {
+    if let Some(list) = std::env::var_os(format!("DEP_{links}_BLAS")) {
+        // In this order: lmx's `liblmx_blas.so` first where a system OpenBLAS follows it.
+        let libraries: Vec<_> = std::env::split_paths(&list).collect();
+        for dir in libraries.iter().filter_map(|blas| blas.parent()) {
             println!("cargo:rustc-link-arg=-Wl,-rpath,{}", dir.display());
         }
-        println!("cargo:rustc-link-arg=-Wl,--no-as-needed,{},--as-needed", blas.display());
+        let names: Vec<_> = libraries.iter().map(|blas| blas.display().to_string()).collect();
+        println!("cargo:rustc-link-arg=-Wl,--no-as-needed,{},--as-needed", names.join(","));
     }
 }

@@ -8,10 +8,10 @@
 //! (Debian: `apt install libopenblas0-pthread`), else the OpenBLAS of the `scipy-openblas32` wheel
 //! fetched with pip ([`openblas_wheel`]). `LMX_BLAS` changes the choice ([`blas_choice`]):
 //! `reference` keeps MLX's own, `openblas` the system's, `wheel` the wheel's, and a path names a
-//! library.
+//! library. A system or named OpenBLAS gets [`shim`]'s `cblas_sgemm` linked ahead of it.
 
 use crate::blas_choice::{self, Choice, Request};
-use crate::{fail, openblas_wheel};
+use crate::{fail, openblas_wheel, shim};
 use std::env;
 use std::path::{Path, PathBuf};
 
@@ -25,11 +25,12 @@ const CANDIDATES: &[&str] = &[
     "/usr/lib/libopenblas.so.0",
 ];
 
-/// The BLAS library to link ahead of `libmlx`, if any. The wheel's is fetched into `cache` and its
-/// forwarding library compiled into `out_dir` only when it is the one chosen.
-pub fn select(cache: &Path, out_dir: &Path, libmlx: &Path) -> Option<PathBuf> {
+/// The BLAS libraries to link ahead of `libmlx`, in order (none for the reference BLAS). The
+/// wheel's is fetched into `cache` and its forwarding library compiled into `out_dir` only when it
+/// is the one chosen.
+pub fn select(cache: &Path, out_dir: &Path, libmlx: &Path) -> Vec<PathBuf> {
     if env::var("CARGO_CFG_TARGET_OS").as_deref() == Ok("macos") {
-        return None; // MLX on macOS uses Accelerate.
+        return Vec::new(); // MLX on macOS uses Accelerate.
     }
     let request = Request::parse(env::var("LMX_BLAS").ok().as_deref());
     if let Request::File(path) = &request {
@@ -42,17 +43,37 @@ pub fn select(cache: &Path, out_dir: &Path, libmlx: &Path) -> Option<PathBuf> {
         .map(Path::new)
         .find(|path| path.is_file())
         .map(Path::to_path_buf);
-    let wheel = || openblas_wheel::shim(cache, out_dir, libmlx);
+    let mut wheel_shim = None;
+    let wheel = || {
+        let library = openblas_wheel::shim(cache, out_dir, libmlx)?;
+        wheel_shim = Some(library.clone());
+        Ok(library)
+    };
     match blas_choice::decide(&request, system, wheel) {
-        Ok(Choice::Linked(path)) => Some(path),
+        // The wheel's forwarding library has the shim's `cblas_sgemm` in it already.
+        Ok(Choice::Linked(path)) if wheel_shim.as_ref() == Some(&path) => vec![path],
+        Ok(Choice::Linked(path)) => match shim::ahead_of(&path, out_dir) {
+            Ok(ahead) => vec![ahead, path],
+            Err(why) => {
+                warn(&format!(
+                    "one-row products stay with {}'s sgemm: {why}",
+                    path.display()
+                ));
+                vec![path]
+            }
+        },
         Ok(Choice::Reference { warning }) => {
             if let Some(warning) = warning {
-                for line in warning.lines() {
-                    println!("cargo:warning={line}");
-                }
+                warn(&warning);
             }
-            None
+            Vec::new()
         }
         Err(why) => fail::with(why),
+    }
+}
+
+fn warn(text: &str) {
+    for line in text.lines() {
+        println!("cargo:warning={line}");
     }
 }

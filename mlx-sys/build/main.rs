@@ -8,7 +8,8 @@
 //! 3. mlx-c is compiled with the `cc` crate and linked statically; `libmlx` is linked dynamically.
 //! 4. [`libclang`] finds libclang for bindgen (the system's, else the PyPI wheel).
 //! 5. [`blas`] puts OpenBLAS ahead of the reference BLAS of the `mlx-cpu` wheel: the system's, or
-//!    else the `scipy-openblas32` wheel's, fetched with pip into the cache ([`openblas_wheel`]).
+//!    else the `scipy-openblas32` wheel's, fetched with pip into the cache ([`openblas_wheel`]),
+//!    either behind `liblmx_blas.so` ([`shim`]).
 //!
 //! Dependents read `DEP_MLX_LIB_DIR` and `DEP_MLX_BLAS` (see `link_args.rs`, which their build
 //! scripts include) to give their binaries a run path to `libmlx` and to load OpenBLAS first.
@@ -21,6 +22,7 @@ mod mlx_c_source;
 mod mlx_install;
 mod openblas_wheel;
 mod python;
+mod shim;
 
 use std::env;
 use std::path::{Path, PathBuf};
@@ -39,7 +41,7 @@ fn main() {
 
     compile_mlx_c(&mlx_c, &mlx);
     let blas = blas::select(&cache, &out_dir, &mlx.lib_dir().join("libmlx.so"));
-    link(&mlx, blas.as_deref());
+    link(&mlx, &blas);
     generate_bindings(&mlx_c, &out_dir, &cache);
 }
 
@@ -70,19 +72,19 @@ fn compile_mlx_c(mlx_c: &Path, mlx: &mlx_install::Mlx) {
     build.compile("mlxc");
 }
 
-fn link(mlx: &mlx_install::Mlx, blas: Option<&Path>) {
+/// Links libmlx, and publishes the BLAS libraries to link ahead of it (a list in the platform's
+/// path-list form, `link_args.rs` splits it).
+fn link(mlx: &mlx_install::Mlx, blas: &[PathBuf]) {
     let lib_dir = mlx.lib_dir();
     println!("cargo:rustc-link-search=native={}", lib_dir.display());
     println!("cargo:rustc-link-lib=dylib=mlx");
     println!("cargo:rustc-env=LMX_MLX_LIB_DIR={}", lib_dir.display());
-    println!(
-        "cargo:rustc-env=LMX_LINKED_BLAS={}",
-        blas.map(|path| path.display().to_string())
-            .unwrap_or_default()
-    );
+    let blas = env::join_paths(blas)
+        .unwrap_or_else(|err| fail::with(format!("a BLAS path cannot be listed: {err}")));
+    println!("cargo:rustc-env=LMX_LINKED_BLAS={}", blas.to_string_lossy());
     println!("cargo::metadata=lib_dir={}", lib_dir.display());
-    if let Some(blas) = blas {
-        println!("cargo::metadata=blas={}", blas.display());
+    if !blas.is_empty() {
+        println!("cargo::metadata=blas={}", blas.to_string_lossy());
     }
 }
 

@@ -10,16 +10,14 @@
 //! that libmlx imports and the wheel defines, a trampoline: one tail jump to the prefixed function,
 //! which leaves registers and stack as the caller set them and so forwards any signature exactly.
 //! It also forwards `openblas_get_config`, through which `lmx platform` names the OpenBLAS in use,
-//! and `openblas_set_num_threads`, through which `lmx` sets its threads. `cblas_sgemm` alone is C
-//! (`csrc/blas_vector_products.c`): a product with one row or one column of output goes to
-//! `sgemv`, which reads the matrix once where `sgemm` would pack it.
+//! and `openblas_set_num_threads`, through which `lmx` sets its threads. `cblas_sgemm` is the
+//! shim's C ([`crate::shim`]), compiled in with the wheel's prefix.
 
 use crate::python;
-use std::collections::BTreeSet;
+use crate::shim::{self, C_CALLS, IN_C, SHIM};
 use std::env;
 use std::fs;
 use std::path::{Path, PathBuf};
-use std::process::Command;
 
 /// The wheel: OpenBLAS 0.3.34 with 32-bit integers, as MLX's LAPACK calls expect.
 const WHEEL: &str = "scipy-openblas32==0.3.34.481.3";
@@ -27,11 +25,6 @@ const WHEEL: &str = "scipy-openblas32==0.3.34.481.3";
 const CACHE_NAME: &str = "scipy-openblas32-0.3.34.481.3";
 /// The prefix of the wheel's symbols.
 const PREFIX: &str = "scipy_";
-/// The library compiled into `OUT_DIR`.
-pub const SHIM: &str = "liblmx_blas.so";
-/// The function defined in C rather than forwarded, and the prefixed ones that C calls.
-const IN_C: &str = "cblas_sgemm";
-const C_CALLS: [&str; 2] = ["cblas_sgemm", "cblas_sgemv"];
 
 /// Fetches the wheel into `cache` (once), compiles the library that forwards libmlx's BLAS and
 /// LAPACK imports to it into `out_dir`, and returns that library; or why it cannot.
@@ -44,8 +37,8 @@ pub fn shim(cache: &Path, out_dir: &Path, libmlx: &Path) -> Result<PathBuf, Stri
         })?;
     let lib_dir = root.join("scipy_openblas32/lib");
     let openblas = lib_dir.join("libscipy_openblas.so");
-    let defined = dynamic_symbols(&openblas, "--defined-only")?;
-    let imported = dynamic_symbols(libmlx, "--undefined-only")?;
+    let defined = shim::dynamic_symbols(&openblas, "--defined-only")?;
+    let imported = shim::dynamic_symbols(libmlx, "--undefined-only")?;
     if !imported.contains(IN_C) {
         return Err(format!("{} imports no {IN_C}", libmlx.display()));
     }
@@ -67,9 +60,8 @@ pub fn shim(cache: &Path, out_dir: &Path, libmlx: &Path) -> Result<PathBuf, Stri
     let source = out_dir.join("lmx_blas.S");
     fs::write(&source, assembly(&forwarded, jump))
         .map_err(|err| format!("cannot write {}: {err}", source.display()))?;
-    let c_source = Path::new(env!("CARGO_MANIFEST_DIR")).join("csrc/blas_vector_products.c");
     let library = out_dir.join(SHIM);
-    compile(&[&source, &c_source], &library, &lib_dir)?;
+    shim::compile(&[&source, &shim::c_source()], PREFIX, &openblas, &library)?;
     Ok(library)
 }
 
@@ -97,54 +89,4 @@ fn assembly(forwarded: &[&str], jump: &str) -> String {
     // No executable stack.
     text += "    .section .note.GNU-stack,\"\",%progbits\n";
     text
-}
-
-/// The names of the dynamic symbols of `library` that `nm` lists with `filter`
-/// (`--defined-only`, `--undefined-only`), without version suffixes.
-fn dynamic_symbols(library: &Path, filter: &str) -> Result<BTreeSet<String>, String> {
-    let nm = env::var_os("NM").unwrap_or_else(|| "nm".into());
-    let output = Command::new(&nm)
-        .args(["-D", filter])
-        .arg(library)
-        .output()
-        .map_err(|err| format!("cannot run {}: {err}", nm.to_string_lossy()))?;
-    if !output.status.success() {
-        return Err(format!(
-            "nm could not read {}: {}",
-            library.display(),
-            String::from_utf8_lossy(&output.stderr).trim()
-        ));
-    }
-    Ok(String::from_utf8_lossy(&output.stdout)
-        .lines()
-        .filter_map(|line| line.split_whitespace().last())
-        .map(|symbol| symbol.split('@').next().unwrap_or(symbol).to_owned())
-        .collect())
-}
-
-/// Compiles `sources` into the shared library `library`, which needs the wheel's library and finds
-/// it through its own run path.
-fn compile(sources: &[&Path], library: &Path, lib_dir: &Path) -> Result<(), String> {
-    let compiler = cc::Build::new()
-        .try_get_compiler()
-        .map_err(|err| format!("no C compiler: {err}"))?;
-    let mut command = compiler.to_command();
-    command
-        .args(["-shared", "-fPIC", "-O2", "-o"])
-        .arg(library)
-        .args(sources)
-        .arg(format!("-Wl,-soname,{SHIM}"))
-        .arg(format!("-L{}", lib_dir.display()))
-        .arg("-lscipy_openblas")
-        .arg(format!("-Wl,-rpath,{}", lib_dir.display()));
-    let output = command
-        .output()
-        .map_err(|err| format!("cannot run the C compiler: {err}"))?;
-    if !output.status.success() {
-        return Err(format!(
-            "the C compiler could not build {SHIM}: {}",
-            String::from_utf8_lossy(&output.stderr).trim()
-        ));
-    }
-    Ok(())
 }

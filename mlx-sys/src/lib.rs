@@ -20,7 +20,8 @@ extern "C" {
 /// The directory holding the `libmlx` this crate was linked against.
 pub const MLX_LIB_DIR: &str = env!("LMX_MLX_LIB_DIR");
 
-/// The BLAS library placed ahead of MLX's own at link time, or `""` when MLX keeps its bundled one.
+/// The BLAS libraries placed ahead of MLX's own at link time, in order, as a path list (`""` when
+/// MLX keeps its bundled one).
 pub const LINKED_BLAS: &str = env!("LMX_LINKED_BLAS");
 
 /// mlx-rs seeds its default random key from `mach_approximate_time`, which only Apple systems
