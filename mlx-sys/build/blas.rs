@@ -43,15 +43,10 @@ pub fn select(cache: &Path, out_dir: &Path, libmlx: &Path) -> Vec<PathBuf> {
         .map(Path::new)
         .find(|path| path.is_file())
         .map(Path::to_path_buf);
-    let mut wheel_shim = None;
-    let wheel = || {
-        let library = openblas_wheel::shim(cache, out_dir, libmlx)?;
-        wheel_shim = Some(library.clone());
-        Ok(library)
-    };
+    let wheel = || openblas_wheel::shim(cache, out_dir, libmlx);
     match blas_choice::decide(&request, system, wheel) {
-        // The wheel's forwarding library has the shim's `cblas_sgemm` in it already.
-        Ok(Choice::Linked(path)) if wheel_shim.as_ref() == Some(&path) => vec![path],
+        // The wheel's forwarding library, compiled here, has the shim's `cblas_sgemm` in it.
+        Ok(Choice::Linked(path)) if path == out_dir.join(shim::SHIM) => vec![path],
         Ok(Choice::Linked(path)) => match shim::ahead_of(&path, out_dir) {
             Ok(ahead) => vec![ahead, path],
             Err(why) => {

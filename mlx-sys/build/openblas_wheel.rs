@@ -14,7 +14,7 @@
 //! shim's C ([`crate::shim`]), compiled in with the wheel's prefix.
 
 use crate::python;
-use crate::shim::{self, C_CALLS, IN_C, SHIM};
+use crate::shim::{self, IN_C, SHIM};
 use std::env;
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -42,15 +42,7 @@ pub fn shim(cache: &Path, out_dir: &Path, libmlx: &Path) -> Result<PathBuf, Stri
     if !imported.contains(IN_C) {
         return Err(format!("{} imports no {IN_C}", libmlx.display()));
     }
-    if let Some(missing) = C_CALLS
-        .iter()
-        .find(|name| !defined.contains(&format!("{PREFIX}{name}")))
-    {
-        return Err(format!(
-            "{} defines no {PREFIX}{missing}",
-            openblas.display()
-        ));
-    }
+    shim::has_c_calls(&openblas, &defined, PREFIX)?;
     let forwarded: Vec<&str> = imported
         .iter()
         .map(String::as_str)

@@ -15,7 +15,7 @@ pub const SHIM: &str = "liblmx_blas.so";
 /// The function it defines in C.
 pub const IN_C: &str = "cblas_sgemm";
 /// The functions that C calls, before any prefix.
-pub const C_CALLS: [&str; 2] = ["sgemm_", "cblas_sgemv"];
+const C_CALLS: [&str; 2] = ["sgemm_", "cblas_sgemv"];
 
 /// The C source.
 pub fn c_source() -> PathBuf {
@@ -25,13 +25,22 @@ pub fn c_source() -> PathBuf {
 /// The shim ahead of `blas` (a system or named OpenBLAS, linked right after it), compiled into
 /// `out_dir`; or why there is none (`blas` lacks a function the C calls, or it would not build).
 pub fn ahead_of(blas: &Path, out_dir: &Path) -> Result<PathBuf, String> {
-    let defined = dynamic_symbols(blas, "--defined-only")?;
-    if let Some(missing) = C_CALLS.iter().find(|name| !defined.contains(**name)) {
-        return Err(format!("{} defines no {missing}", blas.display()));
-    }
+    has_c_calls(blas, &dynamic_symbols(blas, "--defined-only")?, "")?;
     let library = out_dir.join(SHIM);
     compile(&[&c_source()], "", blas, &library)?;
     Ok(library)
+}
+
+/// Whether `blas`, whose dynamic symbols are `defined`, has every function the C calls under
+/// `prefix`; or the first it lacks.
+pub fn has_c_calls(blas: &Path, defined: &BTreeSet<String>, prefix: &str) -> Result<(), String> {
+    match C_CALLS
+        .iter()
+        .find(|name| !defined.contains(&format!("{prefix}{name}")))
+    {
+        Some(missing) => Err(format!("{} defines no {prefix}{missing}", blas.display())),
+        None => Ok(()),
+    }
 }
 
 /// The names of the dynamic symbols of `library` that `nm` lists with `filter`
