@@ -91,7 +91,7 @@
     const int row0 = phase == 3 ? (t - SD) * 8 + warp : phase == 2 ? (t - SC) * 8 + warp : (t - SE) * 4 + warp / 2;
 
     if (phase == 0) {
-      lmx_task_rows<T, D / 2> w;
+      lmx_task_rows<lmx_dense<T>, D / 2> w;
       w.load(r0, r0 + D / 2, lane, true);
       wait();
       if (have != 0) {
@@ -196,7 +196,7 @@
         }
       }
     } else if (phase == 2) {
-      lmx_task_rows<T, NQ * HD / 2> w;
+      lmx_task_rows<lmx_dense<T>, NQ * HD / 2> w;
       w.load(r0, r0 + NQ * HD / 2, lane, true);
       wait();
       if (have != 2) {
@@ -250,7 +250,7 @@
         hbuf[row0] = static_cast<T>(static_cast<float>(x[row0]) + lmx_round<T>(a0 + a1));
       }
     } else if (phase == 3) {
-      lmx_task_rows<T, D> w;
+      lmx_task_rows<lmx_dense<T>, D> w;
       w.load(r0, r1, lane, true);
       wait();
       if (have != 3) {
@@ -266,7 +266,7 @@
         act[row0] = static_cast<T>(sg * u);
       }
     } else {
-      lmx_task_rows<T, F / 4> w;
+      lmx_task_rows<lmx_dense<T>, F / 4> w;
       w.load(r0, r0 + F / 4, lane, true);
       wait();
       if (have != 4) {

@@ -18,10 +18,13 @@ import mlx.nn as nn
 
 here = os.path.dirname(os.path.abspath(__file__))
 # The runtime's helpers (its gated MLP kernel's loads and warp sums), then the probe's own.
+def rust_const(path, name):
+    source = open(os.path.join(here, "../../lmx-runtime/src/cuda", path)).read()
+    return re.search(r'const %s: &str = r#"(.*?)"#;' % name, source, re.S).group(1)
 def rust_header(path):
     source = open(os.path.join(here, "../../lmx-runtime/src/cuda", path)).read()
     return re.search(r'const HEADER: &str = r#"(.*?)"#;', source, re.S).group(1)
-HEADER = rust_header("matvec.rs") + rust_header("tasks.rs") + open(os.path.join(here, "layer.cuh")).read()
+HEADER = rust_header("matvec.rs") + rust_const("weights.rs", "STREAM") + rust_const("weights.rs", "DENSE") + rust_header("tasks.rs") + open(os.path.join(here, "layer.cuh")).read()
 BODY = open(os.path.join(here, "layer.cu")).read()
 
 D, NQ, NKV, HD, F = 2048, 32, 4, 64, 5632

@@ -22,7 +22,7 @@
   const T* w = head < HQ ? wq + size_t(head * HD + row) * D
              : head < HQ + HKV ? wk + size_t((head - HQ) * HD + row) * D
              : wv + size_t((head - HQ - HKV) * HD + row) * D;
-  lmx_task_rows<T, D / 2> rows;
+  lmx_task_rows<lmx_dense<T>, D / 2> rows;
   rows.load(w, w + D / 2, lane, aligned);
   lmx_task_rms_norm<T, D, WARPS>(x, nw, xs, eps, red, aligned);
   float a0, a1;

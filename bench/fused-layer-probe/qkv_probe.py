@@ -23,7 +23,7 @@ here = os.path.dirname(os.path.abspath(__file__))
 def rust(path, name):
     source = open(os.path.join(here, "../../lmx-runtime/src/cuda", path)).read()
     return re.search(r'const %s: &str = r#"(.*?)"#;' % name, source, re.S).group(1)
-HEADER = rust("matvec.rs", "HEADER") + rust("tasks.rs", "HEADER")
+HEADER = rust("matvec.rs", "HEADER") + rust("weights.rs", "STREAM") + rust("weights.rs", "DENSE") + rust("tasks.rs", "HEADER")
 BODY = open(os.path.join(here, "qkv.cu")).read()
 
 D, HQ, HKV, HD, CAP, F = 2048, 32, 4, 64, 512, 5632

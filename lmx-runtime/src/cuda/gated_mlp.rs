@@ -13,9 +13,10 @@
 
 use super::kernel::{Inputs, Kernel, Launch, TemplateArg};
 use super::sums::pack_width;
+use super::weights::{Format, Weight};
 use crate::error::{Error, Result};
 use crate::nn::Activation;
-use mlx_rs::{Array, Dtype};
+use mlx_rs::Array;
 
 /// Threads per block: eight warps.
 const THREADS: i32 = 256;
@@ -28,22 +29,41 @@ const BLOCKS: i32 = 264;
 const MAX_LOADS: i32 = 8;
 
 thread_local! {
-    static KERNEL: Result<Kernel> = Kernel::new(
-        "lmx_gated_mlp",
-        (&["x", "nw", "wg", "wu", "wd", "res", "ctl"], Inputs::RowContiguous),
-        &["y", "act"],
-        &format!(
-            "{}{}{}",
-            super::activation::HEADER,
-            super::matvec::HEADER,
-            super::tasks::HEADER
-        ),
-        BODY,
-    );
+    /// The kernel over weights of each form.
+    static KERNELS: [Result<Kernel>; 2] = Format::ALL.map(kernel);
 }
 
-/// The kernel's body. Template arguments: `T`, `D` (the model's width), `F` (the MLP's), `KX`
-/// (the larger), `ACT` (the activation) and `EPS_BITS` (the norm's epsilon's float bits).
+fn kernel(format: Format) -> Result<Kernel> {
+    let mut inputs = vec!["x".to_owned(), "nw".to_owned()];
+    inputs.extend(["wg", "wu", "wd"].iter().flat_map(|w| format.inputs(w)));
+    inputs.extend(["res".to_owned(), "ctl".to_owned()]);
+    let inputs: Vec<&str> = inputs.iter().map(String::as_str).collect();
+    let matrices = format!(
+        "  using W = {};\n  const W mg = {};\n  const W mu = {};\n  const W md = {};\n",
+        format.device_type(),
+        format.matrix("wg"),
+        format.matrix("wu"),
+        format.matrix("wd"),
+    );
+    Kernel::new(
+        "lmx_gated_mlp",
+        (&inputs, Inputs::RowContiguous),
+        &["y", "act"],
+        &format!(
+            "{}{}{}{}",
+            super::activation::HEADER,
+            super::matvec::HEADER,
+            format.header(),
+            super::tasks::HEADER
+        ),
+        &format!("{matrices}{BODY}"),
+    )
+}
+
+/// The kernel's body, after the weights' matrices (`mg`, `mu`, `md`, of the device type `W`).
+/// Template arguments: `T`, `D` (the model's width), `F` (the MLP's), `KX` (the larger), `ACT`
+/// (the activation), `EPS_BITS` (the norm's epsilon's float bits) and packed weights' `BITS`
+/// and `GS`.
 const BODY: &str = r#"
   constexpr int WARPS = 8;
   constexpr int V = 16 / int(sizeof(T));
@@ -59,9 +79,8 @@ const BODY: &str = r#"
   const int warp = threadIdx.x >> 5;
   int have = -1;
   // Whether every operand starts on a 16-byte boundary (rows of D and F values then do too).
-  const bool aligned = ((reinterpret_cast<size_t>(x) | reinterpret_cast<size_t>(nw) |
-                         reinterpret_cast<size_t>(wg) | reinterpret_cast<size_t>(wu) |
-                         reinterpret_cast<size_t>(wd)) % 16) == 0;
+  const bool aligned = ((reinterpret_cast<size_t>(x) | reinterpret_cast<size_t>(nw)) % 16) == 0 &&
+                       mg.aligned() && mu.aligned() && md.aligned();
   if (threadIdx.x == 0) {
     s_ticket = atomicAdd(control, 1);
   }
@@ -76,8 +95,8 @@ const BODY: &str = r#"
     }
     if (t < TG) {
       const int f = t * 8 + warp;
-      lmx_task_rows<T, D> w;
-      w.load(wg + size_t(f) * D, wu + size_t(f) * D, lane, aligned);
+      lmx_task_rows<W, D> w;
+      w.load(mg.at(f, D, 0), mu.at(f, D, 0), lane, aligned);
       if (have != 0) {
         lmx_task_rms_norm<T, D, WARPS>(x, nw, xs, eps, red, aligned);
         have = 0;
@@ -93,9 +112,8 @@ const BODY: &str = r#"
       // Row `row` of the down product, this warp's half of it as two quarters.
       const int row = (t - TG) * 4 + warp / 2;
       const int half = (warp & 1) * (F / 2);
-      lmx_task_rows<T, F / 4> w;
-      const T* r = wd + size_t(row) * F + half;
-      w.load(r, r + F / 4, lane, aligned);
+      lmx_task_rows<W, F / 4> w;
+      w.load(md.at(row, F, half), md.at(row, F, half + F / 4), lane, aligned);
       // Every gated value written.
       lmx_task_wait(ctl + 64, TG);
       __syncthreads();
@@ -149,42 +167,43 @@ pub(crate) struct GatedMlp<'a> {
     pub norm: &'a Array,
     pub eps: f32,
     pub activation: Activation,
-    pub gate: &'a Array,
-    pub up: &'a Array,
-    pub down: &'a Array,
+    pub gate: Weight<'a>,
+    pub up: Weight<'a>,
+    pub down: Weight<'a>,
     pub residual: &'a Array,
 }
 
 impl GatedMlp<'_> {
     /// Whether the kernel takes it: one row `x` of width `D` and a residual of its shape, a
-    /// norm `[D]`, gate and up `[F, D]`, down `[D, F]`, all of one floating-point dtype; `D` a
-    /// whole number of 16-byte vectors (and of 4 rows), `F` of four times that (the down
-    /// product's quarters), each row stretch at most [`MAX_LOADS`] loads a lane.
+    /// norm `[D]`, gate and up `[F, D]`, down `[D, F]`, of one form that reads `x`'s dtype
+    /// ([`Weight::fits`]); `D` a whole number of 16-byte vectors and of 4 rows, `F` of four
+    /// weight chunks (the down product's quarters), each row stretch at most [`MAX_LOADS`]
+    /// chunks a lane.
     pub(crate) fn fits(&self) -> bool {
-        use Dtype::{Bfloat16, Float16, Float32};
         let dtype = self.x.dtype();
         let Some(&d) = self.x.shape().last() else {
             return false;
         };
-        let f = self.gate.shape().first().copied().unwrap_or(0);
-        let v = pack_width(dtype);
-        let same = |a: &Array| a.dtype() == dtype;
-        let lanes = |k: i32| (k / v + 31) / 32;
-        matches!(dtype, Float32 | Float16 | Bfloat16)
-            && self.x.size() as i32 == d
+        let f = self.gate.features();
+        let chunk = self.gate.chunk(dtype);
+        let lanes = |k: i32| (k / chunk + 31) / 32;
+        let shaped = |w: Weight, (features, width): (i32, i32)| {
+            w.features() == features && w.width() == width && w.fits(dtype)
+        };
+        self.x.size() as i32 == d
             && self.residual.shape() == self.x.shape()
+            && self.residual.dtype() == dtype
             && self.norm.shape() == [d]
-            && self.gate.shape() == [f, d]
-            && self.up.shape() == [f, d]
-            && self.down.shape() == [d, f]
-            && [self.norm, self.gate, self.up, self.down, self.residual]
-                .into_iter()
-                .all(same)
+            && self.norm.dtype() == dtype
+            && shaped(self.gate, (f, d))
+            && shaped(self.up, (f, d))
+            && shaped(self.down, (d, f))
+            && Weight::alike(&[self.gate, self.up, self.down])
             && d > 0
             && f > 0
-            && d % v == 0
+            && d % pack_width(dtype) == 0
             && d % 4 == 0
-            && f % (4 * v) == 0
+            && f % (4 * chunk) == 0
             && lanes(d) <= MAX_LOADS
             && lanes(f / 4) <= MAX_LOADS
     }
@@ -192,17 +211,16 @@ impl GatedMlp<'_> {
     /// The block's output, shaped as `x`. Callers check [`fits`](Self::fits).
     pub(crate) fn apply(&self) -> Result<Array> {
         let d = *self.x.shape().last().unwrap_or(&1);
-        let f = self.gate.shape()[0];
-        let inputs = [
-            self.x.clone(),
-            self.norm.clone(),
-            self.gate.clone(),
-            self.up.clone(),
-            self.down.clone(),
+        let f = self.gate.features();
+        let mut inputs = vec![self.x.clone(), self.norm.clone()];
+        for weight in [self.gate, self.up, self.down] {
+            inputs.extend(weight.arrays());
+        }
+        inputs.extend([
             self.residual.clone(),
             super::tasks::control("lmx_gated_mlp")?,
-        ];
-        let template = [
+        ]);
+        let mut template = vec![
             TemplateArg::Type("T", self.x.dtype()),
             TemplateArg::Int("D", d),
             TemplateArg::Int("F", f),
@@ -210,9 +228,10 @@ impl GatedMlp<'_> {
             TemplateArg::Int("ACT", self.activation as i32),
             TemplateArg::Int("EPS_BITS", self.eps.to_bits() as i32),
         ];
+        template.extend(self.gate.template());
         let tasks = f / 8 + d / 4;
-        let outputs = KERNEL.with(|kernel| {
-            let kernel = kernel
+        let outputs = KERNELS.with(|kernels| {
+            let kernel = kernels[self.gate.format() as usize]
                 .as_ref()
                 .map_err(|err| Error::Layout(err.to_string()))?;
             kernel.launch(

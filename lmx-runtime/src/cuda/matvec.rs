@@ -12,13 +12,15 @@
 //! float32. For one weight the input may be activated as the kernel reads it (`f(x)`, or a gated
 //! MLP's `f(gate) * up`): each block activates the input once into shared memory, where its
 //! warps read it, so that the activation is no kernel of its own; the weight rows' reads from
-//! memory, requested first, overlap it.
+//! memory, requested first, overlap it. The weights are dense or packed by MLX's affine
+//! quantization, all of a launch's alike ([`Weight`]): a packed row is read in the same 16-byte
+//! chunks, each with its group's scale and offset.
 //!
 //! It has no gradient: it is taken only where none is
 //! ([`without_gradients`](crate::nn::without_gradients)).
 
 use super::kernel::{Inputs, Kernel, Launch, TemplateArg};
-use super::sums::pack_width;
+use super::weights::{Format, Weight};
 use crate::error::{Error, Result};
 use crate::nn::Activation;
 use mlx_rs::{Array, Dtype};
@@ -41,16 +43,21 @@ const ACTIVATED_THREADS: i32 = 256;
 const MAX_ACTIVATED_BYTES: i64 = 32 * 1024;
 
 thread_local! {
-    /// The kernel for 1, 2 and 3 weights, without and with biases.
-    static KERNELS: [[Result<Kernel>; 2]; MAX_WEIGHTS] = [1, 2, 3].map(|count| {
-        [false, true].map(|biased| kernel(count, biased, Input::Plain, false))
+    /// The kernel for 1, 2 and 3 weights of each form, without and with biases.
+    static KERNELS: [[[Result<Kernel>; 2]; MAX_WEIGHTS]; 2] = Format::ALL.map(|format| {
+        [1, 2, 3].map(|count| {
+            [false, true].map(|biased| kernel(format, count, biased, Input::Plain, false))
+        })
     });
-    /// The kernel for one weight of an input as it is, activated or gated, without and with a
-    /// bias, without and with a residual added to its output.
-    static ONE_KERNELS: [[[Result<Kernel>; 2]; 2]; 3] =
+    /// The kernel for one weight of each form over an input as it is, activated or gated,
+    /// without and with a bias, without and with a residual added to its output.
+    static ONE_KERNELS: [[[[Result<Kernel>; 2]; 2]; 3]; 2] = Format::ALL.map(|format| {
         [Input::Plain, Input::Activated, Input::Gated].map(|input| {
-            [false, true].map(|biased| [false, true].map(|residual| kernel(1, biased, input, residual)))
-        });
+            [false, true].map(|biased| {
+                [false, true].map(|residual| kernel(format, 1, biased, input, residual))
+            })
+        })
+    });
 }
 
 /// What the kernel multiplies by the weights: the input `x` itself, `f(x)`, or `f(x) * u` (a
@@ -64,20 +71,26 @@ enum Input {
     Gated,
 }
 
-fn kernel(count: usize, biased: bool, input: Input, residual: bool) -> Result<Kernel> {
-    let (inputs, body) = source(count, biased, input, residual);
+fn kernel(
+    format: Format,
+    count: usize,
+    biased: bool,
+    input: Input,
+    residual: bool,
+) -> Result<Kernel> {
+    let (inputs, body) = source(format, count, biased, input, residual);
     let inputs: Vec<&str> = inputs.iter().map(String::as_str).collect();
     let outputs: Vec<String> = (0..count).map(|i| format!("y{i}")).collect();
     let outputs: Vec<&str> = outputs.iter().map(String::as_str).collect();
-    let header = match input {
-        Input::Plain => HEADER.to_owned(),
-        Input::Activated | Input::Gated => format!("{}{HEADER}", super::activation::HEADER),
+    let activation = match input {
+        Input::Plain => "",
+        Input::Activated | Input::Gated => super::activation::HEADER,
     };
     Kernel::new(
         "lmx_matvec",
         (&inputs, Inputs::RowContiguous),
         &outputs,
-        &header,
+        &format!("{activation}{HEADER}{}", format.header()),
         &body,
     )
 }
@@ -100,22 +113,29 @@ __device__ inline uint4 lmx_matvec_load(const T* p, bool aligned) {
 }
 "#;
 
-/// The kernel's input names and body for `count` weights, with biases or not, over `input`.
+/// The kernel's input names and body for `count` weights of `format`, with biases or not, over
+/// `input`.
 ///
-/// Template arguments: `T` (the element type), `R` (the input's rows), `V` (values per 16
-/// bytes) and, over an activated or gated input, `ACT` (the activation) and `KT` (the input's
-/// width, sizing the shared memory it is activated into). Warp `f` takes feature `f` of the
-/// weights stacked in order: the dot product of each input row `r` with that weight row (then
-/// `+ b[f]`), rounded to `T`, written to that weight's own output `y<i>` (`[R, features of
-/// weight i]`: no split of one wide output after the launch, whose slices would be operations
-/// of their own); with a residual (one weight), that plus the residual's value there, rounded
-/// again (as the product, then MLX's sum, round).
-fn source(count: usize, biased: bool, input: Input, residual: bool) -> (Vec<String>, String) {
+/// Template arguments: `T` (the element type), `R` (the input's rows), packed weights' `BITS`
+/// and `GS` (their group size) and, over an activated or gated input, `ACT` (the activation) and
+/// `KT` (the input's width, sizing the shared memory it is activated into). Warp `f` takes
+/// feature `f` of the weights stacked in order: the dot product of each input row `r` with that
+/// weight row (then `+ b[f]`), rounded to `T`, written to that weight's own output `y<i>` (`[R,
+/// features of weight i]`: no split of one wide output after the launch, whose slices would be
+/// operations of their own); with a residual (one weight), that plus the residual's value there,
+/// rounded again (as the product, then MLX's sum, round).
+fn source(
+    format: Format,
+    count: usize,
+    biased: bool,
+    input: Input,
+    residual: bool,
+) -> (Vec<String>, String) {
     let mut inputs = vec!["x".to_owned()];
     if input == Input::Gated {
         inputs.push("u".to_owned());
     }
-    inputs.extend((0..count).map(|i| format!("w{i}")));
+    inputs.extend((0..count).flat_map(|i| format.inputs(&format!("w{i}"))));
     if biased {
         inputs.extend((0..count).map(|i| format!("b{i}")));
     }
@@ -130,8 +150,9 @@ fn source(count: usize, biased: bool, input: Input, residual: bool) -> (Vec<Stri
     // Which weight (and bias) feature `f` reads, its row there, and the output it is written
     // to (each weight's own, as wide as its features): the first weight whose end (its features
     // and those before it) lies past `f`.
-    let mut pick = String::from(
-        "  const T* w = w0;\n  T* y = y0;\n  int row = f;\n  int width = w0_shape[0];\n",
+    let mut pick = format!(
+        "  W m = {};\n  T* y = y0;\n  int row = f;\n  int width = w0_shape[0];\n",
+        format.matrix("w0")
     );
     if biased {
         pick.push_str("  const T* b = b0;\n");
@@ -139,7 +160,8 @@ fn source(count: usize, biased: bool, input: Input, residual: bool) -> (Vec<Stri
     let mut end = String::from("w0_shape[0]");
     for i in 1..count {
         pick.push_str(&format!(
-            "  if (f >= {end}) {{ w = w{i}; y = y{i}; row = f - ({end}); width = w{i}_shape[0];{bias} }}\n",
+            "  if (f >= {end}) {{ m = {matrix}; y = y{i}; row = f - ({end}); width = w{i}_shape[0];{bias} }}\n",
+            matrix = format.matrix(&format!("w{i}")),
             bias = if biased {
                 format!(" b = b{i};")
             } else {
@@ -158,7 +180,7 @@ fn source(count: usize, biased: bool, input: Input, residual: bool) -> (Vec<Stri
     // the block reads it: computed by each warp, the activation (an exponential and a division
     // a value for SiLU) would cost more than reading the weight row.
     let (activate, source_x, x_address) = match input {
-        Input::Plain => (String::new(), "x", " | reinterpret_cast<size_t>(x)"),
+        Input::Plain => (String::new(), "x", "reinterpret_cast<size_t>(x)"),
         Input::Activated | Input::Gated => {
             let (up_address, up_load, up) = match input {
                 Input::Gated => (
@@ -177,14 +199,15 @@ fn source(count: usize, biased: bool, input: Input, residual: bool) -> (Vec<Stri
             let activate = format!(
                 r#"
   if (f < total) {{
-    const char* line = reinterpret_cast<const char*>(wr);
-    const int lines = (K * int(sizeof(T)) + 127) / 128;
+    const char* line = reinterpret_cast<const char*>(wr.p);
+    const int lines = (K / W::VALUES * 16 + 127) / 128;
     for (int l = lane; l < lines; l += WARP) {{
       asm volatile("prefetch.global.L2 [%0];" :: "l"(line + size_t(l) * 128));
     }}
   }}
   __shared__ __align__(16) T xs[R * KT];
   {{
+    constexpr int V = 16 / int(sizeof(T));
     const bool aligned = ((reinterpret_cast<size_t>(x){up_address}) % 16) == 0;
     for (int i = threadIdx.x; i < R * KT / V; i += blockDim.x) {{
       const uint4 xp = lmx_matvec_load<T, V>(x + size_t(i) * V, aligned);
@@ -200,42 +223,36 @@ fn source(count: usize, biased: bool, input: Input, residual: bool) -> (Vec<Stri
   }}
   __syncthreads();"#
             );
-            (activate, "xs", "")
+            (activate, "xs", "0")
         }
     };
     let body = format!(
         r#"
   constexpr int WARP = 32;
-  const int K = w0_shape[1];
+  using W = {device_type};
+  const int K = {width};
   const int total = {total};
   const int f = (blockIdx.x * blockDim.x + threadIdx.x) / WARP;
   const int lane = threadIdx.x % WARP;
 {pick}
-  const T* wr = w + size_t(row) * K;
+  const auto wr = m.at(row, K, 0);
 {activate}
   if (f >= total) {{
     return;
   }}
-  const bool aligned = ((reinterpret_cast<size_t>(wr){x_address}) % 16) == 0;
-  const int vectors = K / V;
+  const bool aligned = m.aligned() && (({x_address}) % 16) == 0;
+  const int chunks = K / W::VALUES;
   float acc[R];
 #pragma unroll
   for (int r = 0; r < R; ++r) {{
     acc[r] = 0.0f;
   }}
 #pragma unroll 4
-  for (int i = lane; i < vectors; i += WARP) {{
-    const uint4 wp = lmx_matvec_load<T, V>(wr + size_t(i) * V, aligned);
-    const T* wt = reinterpret_cast<const T*>(&wp);
+  for (int i = lane; i < chunks; i += WARP) {{
+    const auto c = wr.load(i, aligned);
 #pragma unroll
     for (int r = 0; r < R; ++r) {{
-      const uint4 xp =
-          lmx_matvec_load<T, V>({source_x} + size_t(r) * K + size_t(i) * V, aligned);
-      const T* xt = reinterpret_cast<const T*>(&xp);
-#pragma unroll
-      for (int j = 0; j < V; ++j) {{
-        acc[r] += static_cast<float>(wt[j]) * static_cast<float>(xt[j]);
-      }}
+      W::dot(c, {source_x} + size_t(r) * K + size_t(i) * W::VALUES, aligned, acc[r]);
     }}
   }}
 #pragma unroll
@@ -253,33 +270,33 @@ fn source(count: usize, biased: bool, input: Input, residual: bool) -> (Vec<Stri
     }}
   }}
 "#,
+        device_type = format.device_type(),
+        width = format.width("w0"),
         total = total.join(" + "),
     );
     (inputs, body)
 }
 
 /// Whether the kernel multiplies `x` by `weights` (with `biases`, one per weight, if given): one
-/// to [`MAX_WEIGHTS`] floating-point `[features, K]` weights of `x`'s dtype whose rows are whole
-/// 16-byte vectors (at least one feature in all), `x` of at most [`MAX_ROWS`] rows of `K`, biases
+/// to [`MAX_WEIGHTS`] weights of one form that read `x`'s dtype ([`Weight::fits`]), each `K`
+/// wide (at least one feature in all), `x` of at most [`MAX_ROWS`] rows of `K`, biases
 /// `[features]` of that dtype.
-pub(crate) fn matvec_fits(x: &Array, weights: &[&Array], biases: Option<&[&Array]>) -> bool {
-    use Dtype::{Bfloat16, Float16, Float32};
+pub(crate) fn matvec_fits(x: &Array, weights: &[Weight], biases: Option<&[&Array]>) -> bool {
     let dtype = x.dtype();
     let Some(&k) = x.shape().last() else {
         return false;
     };
     let rows = x.size() as i64 / i64::from(k.max(1));
-    let features: i64 = weights.iter().map(|w| i64::from(w.shape()[0])).sum();
-    let weight_fits = |w: &&Array| w.ndim() == 2 && w.shape()[1] == k && w.dtype() == dtype;
-    let bias_fits = |(b, w): (&&Array, &&Array)| {
-        b.ndim() == 1 && b.shape()[0] == w.shape()[0] && b.dtype() == dtype
+    let features: i64 = weights.iter().map(|w| i64::from(w.features())).sum();
+    let weight_fits = |w: &Weight| w.width() == k && w.fits(dtype);
+    let bias_fits = |(b, w): (&&Array, &Weight)| {
+        b.ndim() == 1 && b.shape()[0] == w.features() && b.dtype() == dtype
     };
-    matches!(dtype, Float32 | Float16 | Bfloat16)
-        && (1..=MAX_WEIGHTS).contains(&weights.len())
+    (1..=MAX_WEIGHTS).contains(&weights.len())
         && k > 0
-        && k % pack_width(dtype) == 0
         && (1..=i64::from(MAX_ROWS)).contains(&rows)
         && weights.iter().all(weight_fits)
+        && Weight::alike(weights)
         && biases.is_none_or(|b| b.len() == weights.len() && b.iter().zip(weights).all(bias_fits))
         && (1..=i64::from(i32::MAX) / 32).contains(&features)
 }
@@ -288,16 +305,17 @@ pub(crate) fn matvec_fits(x: &Array, weights: &[&Array], biases: Option<&[&Array
 /// per weight, from one launch. Callers check [`matvec_fits`].
 pub(crate) fn matvec(
     x: &Array,
-    weights: &[&Array],
+    weights: &[Weight],
     biases: Option<&[&Array]>,
 ) -> Result<Vec<Array>> {
     let mut inputs = vec![x.clone()];
-    inputs.extend(weights.iter().map(|&w| w.clone()));
+    inputs.extend(weights.iter().flat_map(Weight::arrays));
     inputs.extend(biases.into_iter().flatten().map(|&b| b.clone()));
     let biased = usize::from(biases.is_some());
+    let format = weights[0].format() as usize;
     KERNELS.with(|kernels| {
-        let kernel = &kernels[weights.len() - 1][biased];
-        launch(kernel, &inputs, weights, (THREADS, &[]))
+        let kernel = &kernels[format][weights.len() - 1][biased];
+        launch(kernel, &inputs, weights, (THREADS, Vec::new()))
     })
 }
 
@@ -309,7 +327,7 @@ pub(crate) struct OneLayer<'a> {
     pub x: &'a Array,
     pub activation: Option<Activation>,
     pub up: Option<&'a Array>,
-    pub weight: &'a Array,
+    pub weight: Weight<'a>,
     pub bias: Option<&'a Array>,
     pub residual: Option<&'a Array>,
 }
@@ -325,7 +343,8 @@ impl OneLayer<'_> {
 
     /// Whether the kernel takes it: `x` and the weight as [`matvec_fits`] takes them; `up` only
     /// with an activation, shaped and typed as `x`; an activated input's rows at most
-    /// [`MAX_ACTIVATED_BYTES`]; a residual of the output's shape and `x`'s dtype.
+    /// [`MAX_ACTIVATED_BYTES`] (whole 16-byte vectors, as a weight's whole chunks make them); a
+    /// residual of the output's shape and `x`'s dtype.
     pub(crate) fn fits(&self) -> bool {
         let biases = self.bias.map(|bias| [bias]);
         let x = self.x;
@@ -335,12 +354,15 @@ impl OneLayer<'_> {
         let residual_fits = self.residual.is_none_or(|residual| {
             let mut shape = x.shape().to_vec();
             if let Some(last) = shape.last_mut() {
-                *last = self.weight.shape()[0];
+                *last = self.weight.features();
             }
             residual.shape() == shape && residual.dtype() == x.dtype()
         });
-        matvec_fits(x, &[self.weight], biases.as_ref().map(|b| &b[..]))
-            && up_fits
+        matvec_fits(
+            x,
+            std::slice::from_ref(&self.weight),
+            biases.as_ref().map(|b| &b[..]),
+        ) && up_fits
             && residual_fits
             && (self.activation.is_none() || x.nbytes() as i64 <= MAX_ACTIVATED_BYTES)
     }
@@ -350,7 +372,7 @@ impl OneLayer<'_> {
     pub(crate) fn product(&self) -> Result<Array> {
         let mut inputs = vec![self.x.clone()];
         inputs.extend(self.up.cloned());
-        inputs.push(self.weight.clone());
+        inputs.extend(self.weight.arrays());
         inputs.extend(self.bias.cloned());
         inputs.extend(self.residual.cloned());
         let input = self.input();
@@ -369,22 +391,24 @@ impl OneLayer<'_> {
             Input::Plain => THREADS,
             Input::Activated | Input::Gated => ACTIVATED_THREADS,
         };
+        let format = self.weight.format() as usize;
+        let weights = std::slice::from_ref(&self.weight);
         let mut outputs = ONE_KERNELS.with(|kernels| {
-            let kernel = &kernels[input as usize][biased][residual];
-            launch(kernel, &inputs, &[self.weight], (threads, &template))
+            let kernel = &kernels[format][input as usize][biased][residual];
+            launch(kernel, &inputs, weights, (threads, template))
         })?;
         Ok(outputs.remove(0))
     }
 }
 
 /// One launch of `kernel` over `inputs` (`x` first), a warp per output feature of `weights`, in
-/// blocks of `threads`, with the template arguments `more` besides `T`, `R` and `V`: an output
-/// per weight.
+/// blocks of `threads`, with the template arguments `more` besides `T`, `R` and the weights'
+/// form's: an output per weight.
 fn launch(
     kernel: &Result<Kernel>,
     inputs: &[Array],
-    weights: &[&Array],
-    (threads, more): (i32, &[TemplateArg]),
+    weights: &[Weight],
+    (threads, mut more): (i32, Vec<TemplateArg>),
 ) -> Result<Vec<Array>> {
     let kernel = kernel
         .as_ref()
@@ -392,12 +416,12 @@ fn launch(
     let x = &inputs[0];
     let k = *x.shape().last().unwrap_or(&1);
     let rows = x.size() as i32 / k.max(1);
-    let features: i32 = weights.iter().map(|w| w.shape()[0]).sum();
+    let features: i32 = weights.iter().map(Weight::features).sum();
     let shapes: Vec<Vec<i32>> = weights
         .iter()
         .map(|w| {
             let mut shape = x.shape().to_vec();
-            *shape.last_mut().unwrap_or(&mut 0) = w.shape()[0];
+            *shape.last_mut().unwrap_or(&mut 0) = w.features();
             shape
         })
         .collect();
@@ -405,9 +429,9 @@ fn launch(
     let mut template = vec![
         TemplateArg::Type("T", x.dtype()),
         TemplateArg::Int("R", rows),
-        TemplateArg::Int("V", pack_width(x.dtype())),
     ];
-    template.extend_from_slice(more);
+    template.extend(weights[0].template());
+    template.append(&mut more);
     kernel.launch(
         inputs,
         &Launch {
@@ -426,6 +450,10 @@ mod tests {
     use mlx_rs::ops;
     use mlx_rs::ops::indexing::IndexOp;
 
+    fn dense<'a>(weights: &[&'a Array]) -> Vec<Weight<'a>> {
+        weights.iter().map(|&w| Weight::Dense(w)).collect()
+    }
+
     /// Up to three float weights of one dtype and width in whole 16-byte rows, some features,
     /// at most eight input rows, biases of the weights' lengths: nothing else fits.
     #[test]
@@ -436,39 +464,39 @@ mod tests {
             normal(&[8, 64], bf),
             normal(&[8], bf),
         );
-        assert!(matvec_fits(&x, &[&w], None));
-        assert!(matvec_fits(&x, &[&w, &w, &w], Some(&[&b, &b, &b])));
-        assert!(matvec_fits(&normal(&[8, 64], bf), &[&w], None));
-        assert!(!matvec_fits(&normal(&[9, 64], bf), &[&w], None));
-        assert!(!matvec_fits(&x, &[&w, &w, &w, &w], None));
-        assert!(!matvec_fits(&x, &[], None));
-        assert!(!matvec_fits(&x, &[&w], Some(&[&normal(&[7], bf)])));
-        assert!(!matvec_fits(&x, &[&w, &w], Some(&[&b])));
+        assert!(matvec_fits(&x, &dense(&[&w]), None));
+        assert!(matvec_fits(&x, &dense(&[&w, &w, &w]), Some(&[&b, &b, &b])));
+        assert!(matvec_fits(&normal(&[8, 64], bf), &dense(&[&w]), None));
+        assert!(!matvec_fits(&normal(&[9, 64], bf), &dense(&[&w]), None));
+        assert!(!matvec_fits(&x, &dense(&[&w, &w, &w, &w]), None));
+        assert!(!matvec_fits(&x, &dense(&[]), None));
+        assert!(!matvec_fits(&x, &dense(&[&w]), Some(&[&normal(&[7], bf)])));
+        assert!(!matvec_fits(&x, &dense(&[&w, &w]), Some(&[&b])));
         assert!(!matvec_fits(
             &x,
-            &[&w.as_dtype(Dtype::Float32).unwrap()],
+            &dense(&[&w.as_dtype(Dtype::Float32).unwrap()]),
             None
         ));
         let (x12, w12) = (normal(&[1, 12], bf), normal(&[4, 12], bf));
-        assert!(!matvec_fits(&x12, &[&w12], None));
+        assert!(!matvec_fits(&x12, &dense(&[&w12]), None));
         let (x12, w12) = (
             normal(&[1, 12], Dtype::Float32),
             normal(&[4, 12], Dtype::Float32),
         );
-        assert!(matvec_fits(&x12, &[&w12], None));
+        assert!(matvec_fits(&x12, &dense(&[&w12]), None));
         assert!(!matvec_fits(
             &x.as_dtype(Dtype::Int32).unwrap(),
-            &[&w],
+            &dense(&[&w]),
             None
         ));
-        assert!(!matvec_fits(&x, &[&normal(&[0, 64], bf)], None));
+        assert!(!matvec_fits(&x, &dense(&[&normal(&[0, 64], bf)]), None));
         // One layer: `up` only with an activation and as `x`, an activated input's rows within
         // the shared memory, a residual of the output's shape and dtype.
         let one = |x, activation, up, residual| OneLayer {
             x,
             activation,
             up,
-            weight: &w,
+            weight: Weight::Dense(&w),
             bias: Some(&b),
             residual,
         };
@@ -488,7 +516,7 @@ mod tests {
             x,
             activation: silu,
             up: None,
-            weight: &wide,
+            weight: Weight::Dense(&wide),
             bias: None,
             residual: None,
         };
@@ -499,6 +527,68 @@ mod tests {
             ..wide_one(&wide_rows)
         }
         .fits());
+    }
+
+    /// MLX's `quantize` of `w`, and the weight reading it.
+    fn packed(w: &Array, bits: i32, group_size: i32) -> (Array, Array, Array, i32, i32) {
+        let (p, s, b) = ops::quantize(w, group_size, bits).unwrap();
+        (p, s, b, bits, group_size)
+    }
+
+    fn affine(p: &(Array, Array, Array, i32, i32)) -> Weight<'_> {
+        Weight::Affine {
+            packed: &p.0,
+            scales: &p.1,
+            biases: &p.2,
+            bits: p.3,
+            group_size: p.4,
+        }
+    }
+
+    /// The weight `p` reads, dequantized in float32 (MLX's `dequantize` of the same words).
+    fn dequantized(p: &(Array, Array, Array, i32, i32)) -> Array {
+        let f32 = |a: &Array| a.as_dtype(Dtype::Float32).unwrap();
+        ops::dequantize(&p.0, f32(&p.1), &f32(&p.2), p.4, p.3).unwrap()
+    }
+
+    /// A packed weight fits in 4 and 8 bits by groups of 32, 64 and 128, as wide as the input,
+    /// its scales and offsets of the input's dtype, beside weights packed alike; not in 2, 3 or
+    /// 6 bits, with scales of another dtype or count, for an input of another width or dtype,
+    /// beside a dense weight or one packed otherwise.
+    #[test]
+    fn what_packed_weights_fit() {
+        let bf = Dtype::Bfloat16;
+        let (w, x) = (normal(&[8, 256], bf), normal(&[1, 1, 256], bf));
+        for bits in [2, 3, 4, 6, 8] {
+            for group_size in [32, 64, 128] {
+                let p = packed(&w, bits, group_size);
+                let fits = matvec_fits(&x, &[affine(&p)], None);
+                assert_eq!(fits, bits == 4 || bits == 8, "{bits} bits by {group_size}");
+            }
+        }
+        let (four, eight) = (packed(&w, 4, 64), packed(&w, 8, 64));
+        assert!(matvec_fits(&x, &[affine(&four), affine(&four)], None));
+        assert!(!matvec_fits(&x, &[affine(&four), affine(&eight)], None));
+        assert!(!matvec_fits(&x, &[affine(&four), Weight::Dense(&w)], None));
+        assert!(!matvec_fits(&normal(&[1, 128], bf), &[affine(&four)], None));
+        assert!(!matvec_fits(
+            &x.as_dtype(Dtype::Float32).unwrap(),
+            &[affine(&four)],
+            None
+        ));
+        // Scales of float32: a float32 input's, not a bfloat16 one's.
+        let float = |a: &Array| a.as_dtype(Dtype::Float32).unwrap();
+        let other = (four.0.clone(), float(&four.1), float(&four.2), 4, 64);
+        assert!(matvec_fits(&float(&x), &[affine(&other)], None));
+        assert!(!matvec_fits(&x, &[affine(&other)], None));
+        let fewer = (
+            four.0.clone(),
+            four.1.index((.., ..2)),
+            four.2.index((.., ..2)),
+            4,
+            64,
+        );
+        assert!(!matvec_fits(&x, &[affine(&fewer)], None));
     }
 
     /// Three weights (a query's and a narrower key's and value's) over 1, 3 and 8 rows, with and
@@ -536,7 +626,7 @@ mod tests {
                 let misaligned = flat.index(1..).reshape(&[rows, 1, 136]).unwrap();
                 for x in [aligned, misaligned] {
                     let want = f32(&x).matmul(whole.t()).unwrap();
-                    let outputs = matvec(&x, &w, None).unwrap();
+                    let outputs = matvec(&x, &dense(&w), None).unwrap();
                     let shapes: Vec<&[i32]> = outputs.iter().map(Array::shape).collect();
                     assert_eq!(shapes, [&[rows, 1, 40], &[rows, 1, 8], &[rows, 1, 8]]);
                     assert!(outputs.iter().all(|y| y.dtype() == dtype));
@@ -560,7 +650,8 @@ mod tests {
                     };
                     let e = close(&got, &want);
                     assert!(e <= tolerance, "{dtype:?} rows {rows}: {e}");
-                    let got = ops::concatenate(&matvec(&x, &w, Some(&b)).unwrap(), -1).unwrap();
+                    let got =
+                        ops::concatenate(&matvec(&x, &dense(&w), Some(&b)).unwrap(), -1).unwrap();
                     let e = close(&got, &want.add(&bias).unwrap());
                     assert!(e <= tolerance, "{dtype:?} rows {rows} biased: {e}");
                 }
@@ -632,7 +723,7 @@ mod tests {
                             x: &x,
                             activation,
                             up,
-                            weight: &w,
+                            weight: Weight::Dense(&w),
                             bias,
                             residual,
                         };
@@ -653,6 +744,143 @@ mod tests {
                         );
                     }
                 }
+            }
+        }
+    }
+
+    /// Packed weights (4 and 8 bits, groups of 32, 64 and 128), three to a launch (a query's and
+    /// a narrower key's and value's), with and without biases, equal the products in float32 of
+    /// the weights MLX dequantizes from the same words, to the output dtype's rounding: over one
+    /// row in bfloat16 for every packing; over 3 and 8 rows and an input one value off 16 bytes
+    /// for 4 bits by 64; in float16 and float32 for 4 bits by 64 and 8 bits by 32.
+    #[test]
+    fn packed_products_equal_dequantized_products() {
+        if !crate::cuda::available() {
+            return;
+        }
+        let f32 = |a: &Array| a.as_dtype(Dtype::Float32).unwrap();
+        let bf = (Dtype::Bfloat16, 2e-2);
+        let mut cases = Vec::new();
+        for bits in [4, 8] {
+            for group_size in [32, 64, 128] {
+                cases.push((bf, bits, group_size, &[1][..]));
+            }
+        }
+        cases.push((bf, 4, 64, &[3, 8][..]));
+        for dtype in [(Dtype::Float16, 4e-3), (Dtype::Float32, 1e-4)] {
+            cases.push((dtype, 4, 64, &[1][..]));
+            cases.push((dtype, 8, 32, &[1][..]));
+        }
+        for ((dtype, tolerance), bits, group_size, rows) in cases {
+            let k = 256;
+            let packs: Vec<_> = [40, 8, 8]
+                .iter()
+                .map(|&n| packed(&normal(&[n, k], dtype), bits, group_size))
+                .collect();
+            let weights: Vec<Weight> = packs.iter().map(affine).collect();
+            let biases = [
+                normal(&[40], dtype),
+                normal(&[8], dtype),
+                normal(&[8], dtype),
+            ];
+            let b: Vec<&Array> = biases.iter().collect();
+            let whole =
+                ops::concatenate(&packs.iter().map(dequantized).collect::<Vec<_>>(), 0).unwrap();
+            let bias = ops::concatenate(&biases.iter().map(f32).collect::<Vec<_>>(), 0).unwrap();
+            for &rows in rows {
+                let flat = normal(&[rows * k + 1], dtype);
+                let aligned = flat.index(..rows * k).reshape(&[rows, 1, k]).unwrap();
+                let misaligned = flat.index(1..).reshape(&[rows, 1, k]).unwrap();
+                for x in [aligned, misaligned] {
+                    let want = f32(&x).matmul(whole.t()).unwrap();
+                    for (biases, want) in [
+                        (None, want.clone()),
+                        (Some(&b[..]), want.add(&bias).unwrap()),
+                    ] {
+                        assert!(matvec_fits(&x, &weights, biases));
+                        let outputs = matvec(&x, &weights, biases).unwrap();
+                        let shapes: Vec<&[i32]> = outputs.iter().map(Array::shape).collect();
+                        assert_eq!(shapes, [&[rows, 1, 40], &[rows, 1, 8], &[rows, 1, 8]]);
+                        assert!(outputs.iter().all(|y| y.dtype() == dtype));
+                        let got = ops::concatenate(&outputs, -1).unwrap();
+                        let scale = want.abs().unwrap().max(None).unwrap().item_cast::<f32>();
+                        let err = f32(&got).subtract(&want).unwrap().abs().unwrap();
+                        let err = err.max(None).unwrap().item_cast::<f32>() / scale.max(1.0);
+                        assert!(
+                            err <= tolerance,
+                            "{dtype:?} {bits} bits by {group_size}, rows {rows}, biased {}: {err}",
+                            biases.is_some()
+                        );
+                    }
+                }
+            }
+        }
+    }
+
+    /// One packed weight over an input as it is plus a residual, over a GELU-activated input,
+    /// and over a SiLU-gated product plus a residual, with a bias, equals the product in float32
+    /// of the dequantized weight and the activated input rounded to the dtype (then the residual
+    /// added to the rounded product): 4 bits by 64 in bfloat16, 8 bits by 128 in float32.
+    #[test]
+    fn packed_layers_of_activated_and_gated_inputs_equal_float32_products() {
+        if !crate::cuda::available() {
+            return;
+        }
+        use Activation::{GeluTanh, Silu};
+        let f32 = |a: &Array| a.as_dtype(Dtype::Float32).unwrap();
+        for (dtype, tolerance, bits, group_size) in [
+            (Dtype::Bfloat16, 2e-2, 4, 64),
+            (Dtype::Float32, 1e-4, 8, 128),
+        ] {
+            let k = 256;
+            let p = packed(&normal(&[40, k], dtype), bits, group_size);
+            let b = normal(&[40], dtype);
+            let (x, up, residual) = (
+                normal(&[1, 1, k], dtype),
+                normal(&[1, 1, k], dtype),
+                normal(&[1, 1, 40], dtype),
+            );
+            for (activation, gated, plus) in [
+                (None, false, true),
+                (Some(GeluTanh), false, false),
+                (Some(Silu), true, true),
+            ] {
+                let mut input = match activation {
+                    Some(activation) => activation.of(&f32(&x)).unwrap(),
+                    None => f32(&x),
+                };
+                if gated {
+                    input = input.multiply(f32(&up)).unwrap();
+                }
+                let input = f32(&input.as_dtype(dtype).unwrap());
+                let mut want = input
+                    .matmul(dequantized(&p).t())
+                    .unwrap()
+                    .add(f32(&b))
+                    .unwrap();
+                if plus {
+                    want = f32(&want.as_dtype(dtype).unwrap())
+                        .add(f32(&residual))
+                        .unwrap();
+                }
+                let layer = OneLayer {
+                    x: &x,
+                    activation,
+                    up: gated.then_some(&up),
+                    weight: affine(&p),
+                    bias: Some(&b),
+                    residual: plus.then_some(&residual),
+                };
+                assert!(layer.fits());
+                let got = layer.product().unwrap();
+                assert_eq!((got.shape(), got.dtype()), (&[1, 1, 40][..], dtype));
+                let scale = want.abs().unwrap().max(None).unwrap().item_cast::<f32>();
+                let err = f32(&got).subtract(&want).unwrap().abs().unwrap();
+                let err = err.max(None).unwrap().item_cast::<f32>() / scale.max(1.0);
+                assert!(
+                    err <= tolerance,
+                    "{dtype:?} {activation:?} gated {gated}: {err}"
+                );
             }
         }
     }

@@ -21,6 +21,7 @@ mod rows;
 mod squares;
 mod sums;
 mod tasks;
+mod weights;
 
 pub(crate) use activation::{
     activation, activation_backward, activation_fits, swiglu, swiglu_backward,
@@ -34,6 +35,7 @@ pub(crate) use rope::{rope, rope_fits};
 pub(crate) use rows::{rows, rows_fit};
 pub(crate) use squares::{squares, squares_fit};
 pub(crate) use sums::column_sum;
+pub(crate) use weights::{HeldWeight, Weight};
 
 use crate::device::{default_kind, DeviceKind};
 

@@ -48,7 +48,8 @@ pub(super) fn control(kernel: &'static str) -> Result<Array> {
 
 /// Device helpers: the counters' acquire loads, bounded waits and the leaving block's reset;
 /// weight rows streamed into registers and dotted with a shared input; a block's RMS norm into
-/// shared memory. Needs [`super::matvec::HEADER`] before it.
+/// shared memory. Needs [`super::matvec::HEADER`] and a weight form's header
+/// ([`Format::header`](super::weights::Format::header)) before it.
 pub(super) const HEADER: &str = r#"
 __device__ __forceinline__ int lmx_task_acquire(const int* p) {
   int v;
@@ -88,30 +89,6 @@ __device__ __forceinline__ void lmx_task_leave(int* control) {
   }
 }
 
-// 16 bytes of weights read once, around L1; value by value where `p` is not 16-byte aligned.
-template <typename T>
-__device__ __forceinline__ uint4 lmx_task_stream(const T* p, bool aligned) {
-  if (!aligned) {
-    return lmx_matvec_load<T, 16 / int(sizeof(T))>(p, false);
-  }
-  uint4 v;
-  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
-               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
-  return v;
-}
-
-template <typename T>
-__device__ __forceinline__ float lmx_task_dot(uint4 a, uint4 b) {
-  const T* x = reinterpret_cast<const T*>(&a);
-  const T* y = reinterpret_cast<const T*>(&b);
-  float s = 0.0f;
-#pragma unroll
-  for (int j = 0; j < 16 / int(sizeof(T)); ++j) {
-    s += static_cast<float>(x[j]) * static_cast<float>(y[j]);
-  }
-  return s;
-}
-
 __device__ __forceinline__ float lmx_task_warp_sum(float v) {
 #pragma unroll
   for (int o = 16; o > 0; o /= 2) {
@@ -120,21 +97,23 @@ __device__ __forceinline__ float lmx_task_warp_sum(float v) {
   return v;
 }
 
-// Two stretches of K values of weight rows, loaded into a warp's registers (all loads issued
-// before any is used), then dotted with two stretches of the shared input.
-template <typename T, int K>
+// Two stretches of K values of weight rows (rows of the matrix type `W`: `lmx_dense<T>` or
+// `lmx_affine<T, BITS, GS>`), loaded into a warp's registers (all loads issued before any is
+// used), then dotted with two stretches of the shared input.
+template <typename W, int K>
 struct lmx_task_rows {
-  static constexpr int V = 16 / int(sizeof(T));
-  static constexpr int N = K / V;
+  using T = typename W::value;
+  static constexpr int N = K / W::VALUES;
   static constexpr int PER = (N + 31) / 32;
-  uint4 p[PER], q[PER];
-  __device__ __forceinline__ void load(const T* r0, const T* r1, int lane, bool aligned) {
+  typename W::chunk p[PER], q[PER];
+  __device__ __forceinline__ void load(
+      const typename W::row& r0, const typename W::row& r1, int lane, bool aligned) {
 #pragma unroll
     for (int u = 0; u < PER; ++u) {
       const int i = u * 32 + lane;
       if (i < N) {
-        p[u] = lmx_task_stream<T>(r0 + size_t(i) * V, aligned);
-        q[u] = lmx_task_stream<T>(r1 + size_t(i) * V, aligned);
+        p[u] = r0.stream(i, aligned);
+        q[u] = r1.stream(i, aligned);
       }
     }
   }
@@ -145,8 +124,8 @@ struct lmx_task_rows {
     for (int u = 0; u < PER; ++u) {
       const int i = u * 32 + lane;
       if (i < N) {
-        a0 += lmx_task_dot<T>(p[u], reinterpret_cast<const uint4*>(x0)[i]);
-        a1 += lmx_task_dot<T>(q[u], reinterpret_cast<const uint4*>(x1)[i]);
+        W::dot(p[u], x0 + size_t(i) * W::VALUES, true, a0);
+        W::dot(q[u], x1 + size_t(i) * W::VALUES, true, a1);
       }
     }
     a0 = lmx_task_warp_sum(a0);

@@ -9,8 +9,8 @@
 //! needs; a compiled decode step records only that). Where the output is read elsewhere too (the keys, which the
 //! cache stores), it is computed there as before, and the kernel's numbers are the same.
 //!
-//! In the same way a one-row RMS norm and a decoding product group of two plain layers are
-//! remembered: a gated MLP's down projection whose gate and up inputs are the two outputs of one
+//! In the same way a one-row RMS norm and a decoding product group of two layers (dense or
+//! quantized, not adapted) are remembered: a gated MLP's down projection whose gate and up inputs are the two outputs of one
 //! group over a remembered norm's output is the whole block in one kernel
 //! ([`cuda::GatedMlp`]), and the norm and the group are never computed.
 //!
@@ -20,7 +20,7 @@
 //! output of an operation made just before it.
 
 use super::custom_vjp::gradient_free;
-use crate::cuda::{self, RotatedQuery};
+use crate::cuda::{self, HeldWeight, RotatedQuery, Weight};
 use mlx_rs::Array;
 use std::cell::RefCell;
 use std::collections::VecDeque;
@@ -47,7 +47,7 @@ enum Made {
     /// Output `index` of one launch of the products of `x` by `weights` (no biases).
     Product {
         x: Array,
-        weights: Vec<Array>,
+        weights: Vec<HeldWeight>,
         index: usize,
     },
 }
@@ -133,14 +133,14 @@ pub(super) fn remember_norm(output: &Array, input: &Array, weight: &Array, eps: 
     remember(output, made);
 }
 
-/// The outputs of one decoding product launch over `x` by `weights` (plain layers, no biases),
+/// The outputs of one decoding product launch over `x` by `weights` (layers without biases),
 /// where they are a pair: the only group [`normed_gated`] reads (a gate and an up projection),
 /// so that a layer's query, key and value products take no room and no host time here.
-pub(super) fn remember_products(outputs: &[Array], x: &Array, weights: &[&Array]) {
+pub(super) fn remember_products(outputs: &[Array], x: &Array, weights: &[Weight]) {
     if weights.len() != 2 {
         return;
     }
-    let weights: Vec<Array> = weights.iter().map(|&w| w.clone()).collect();
+    let weights: Vec<HeldWeight> = weights.iter().map(Weight::held).collect();
     for (index, output) in outputs.iter().enumerate() {
         let made = Made::Product {
             x: x.clone(),
@@ -165,7 +165,11 @@ pub(super) fn normed_gated(gate: &Array, up: &Array) -> Option<NormedGated> {
     };
     let (x, weights) = product(gate, 0)?;
     let (x_up, weights_up) = product(up, 1)?;
-    let same = id(&x) == id(&x_up) && weights.iter().zip(&weights_up).all(|(a, b)| id(a) == id(b));
+    let same = id(&x) == id(&x_up)
+        && weights
+            .iter()
+            .zip(&weights_up)
+            .all(|(a, b)| id(a.weight().values()) == id(b.weight().values()));
     if !same {
         return None;
     }
@@ -173,7 +177,7 @@ pub(super) fn normed_gated(gate: &Array, up: &Array) -> Option<NormedGated> {
         Made::Norm { input, weight, eps } => Some((input.clone(), weight.clone(), *eps)),
         _ => None,
     })?;
-    let [gate, up]: [Array; 2] = weights.try_into().ok()?;
+    let [gate, up]: [HeldWeight; 2] = weights.try_into().ok()?;
     Some(NormedGated {
         input,
         norm,
@@ -188,8 +192,8 @@ pub(super) struct NormedGated {
     pub input: Array,
     pub norm: Array,
     pub eps: f32,
-    pub gate: Array,
-    pub up: Array,
+    pub gate: HeldWeight,
+    pub up: HeldWeight,
 }
 
 #[cfg(test)]

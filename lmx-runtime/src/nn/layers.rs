@@ -263,18 +263,7 @@ pub(crate) fn adapted_weight(w: &Array, a: &Array, b: &Array, scale: f32) -> Res
 /// The base layer's product with `bias` added.
 fn base(params: &LinearParams, x: &Array, bias: Option<&Array>) -> Result<Array> {
     match params.packed() {
-        Some(Packed {
-            weight: w,
-            scales,
-            biases,
-            quantization: q,
-        }) => {
-            let y = quantized_product::quantized_linear(x, w, scales, biases, q)?;
-            Ok(match bias {
-                Some(bias) => ops::add(&y, bias)?,
-                None => y,
-            })
-        }
+        Some(packed) => quantized_product::quantized_linear(x, &packed, bias),
         None => padded_product::linear(x, &params.weight, bias),
     }
 }
@@ -305,12 +294,7 @@ pub fn embedding(params: &EmbeddingParams, ids: &Array) -> Result<Array> {
 /// `x` projected on the embedding table, as a tied output head: `[..., dim] -> [..., vocab]`.
 pub fn embedding_as_linear(params: &EmbeddingParams, x: &Array) -> Result<Array> {
     match params.packed() {
-        Some(Packed {
-            weight: w,
-            scales,
-            biases,
-            quantization: q,
-        }) => quantized_product::quantized_linear(x, w, scales, biases, q),
+        Some(packed) => quantized_product::quantized_linear(x, &packed, None),
         None => padded_product::linear(x, &params.weight, None),
     }
 }

@@ -14,6 +14,7 @@
 use super::decode_product::decode_product;
 use super::gpu_rows::many_rows_on_gpu;
 use super::linear_grad::linear_with_row_major_grad;
+use crate::cuda::Weight;
 use crate::error::Result;
 use mlx_rs::ops::indexing::{Ellipsis, IndexOp};
 use mlx_rs::{ops, Array};
@@ -32,7 +33,7 @@ const ALIGNED: i32 = 8;
 /// on a GPU over at least [`MIN_ROWS`](super::gpu_rows::MIN_ROWS) rows of `x`.
 pub fn linear(x: &Array, w: &Array, b: Option<&Array>) -> Result<Array> {
     let biases = b.map(|b| [b]);
-    if let Some(mut y) = decode_product(x, &[w], biases.as_ref().map(|b| &b[..]))? {
+    if let Some(mut y) = decode_product(x, &[Weight::Dense(w)], biases.as_ref().map(|b| &b[..]))? {
         return Ok(y.remove(0));
     }
     let outputs = w.shape()[0];

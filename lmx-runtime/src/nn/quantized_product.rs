@@ -10,36 +10,46 @@
 //! quantized product did.
 //!
 //! Decoding a few rows reads the weight once in a matrix-vector product, where the packed
-//! weight's smaller reads are the point, and the CPU's and Metal's quantized kernels have no
+//! weight's smaller reads are the point: on CUDA lmx's own kernel reads the packed rows
+//! ([`decode_product`](super::decode_product)); the CPU's and Metal's quantized kernels have no
 //! such gap: there `quantized_matmul` stays ([`gpu_rows`](super::gpu_rows)'s rule).
 
 use super::custom_vjp::{self, WithGradient};
+use super::decode_product::decode_product;
 use super::gpu_rows::many_rows_on_gpu;
-use super::Quantization;
+use super::{Packed, Quantization};
 use crate::error::{Error, Result};
 use mlx_rs::{ops, Array};
 
-/// `x @ W.T` for the packed weight `w` with its `scales` and `biases`: dense on a GPU from
-/// [`MIN_ROWS`](super::gpu_rows::MIN_ROWS) rows of `x` on, MLX's `quantized_matmul` otherwise.
+/// `x @ W.T (+ bias)` for the packed weight `packed`: decoding's few rows through
+/// [`decode_product`], dense on a GPU from [`MIN_ROWS`](super::gpu_rows::MIN_ROWS) rows of `x`
+/// on, MLX's `quantized_matmul` otherwise (the bias then added).
 pub(crate) fn quantized_linear(
     x: &Array,
-    w: &Array,
-    scales: &Array,
-    biases: &Array,
-    q: Quantization,
+    packed: &Packed<'_, Array>,
+    bias: Option<&Array>,
 ) -> Result<Array> {
-    if !many_rows_on_gpu(x)? {
-        return Ok(ops::quantized_matmul(
-            x,
-            w,
-            scales,
-            biases,
-            true,
-            q.group_size,
-            q.bits,
-        )?);
+    let biases = bias.map(|b| [b]);
+    if let Some(mut y) =
+        decode_product(x, &[packed.weight_rows()], biases.as_ref().map(|b| &b[..]))?
+    {
+        return Ok(y.remove(0));
     }
-    dequantized(x, w, scales, biases, q)
+    let Packed {
+        weight: w,
+        scales,
+        biases,
+        quantization: q,
+    } = *packed;
+    let y = if many_rows_on_gpu(x)? {
+        dequantized(x, w, scales, biases, q)?
+    } else {
+        ops::quantized_matmul(x, w, scales, biases, true, q.group_size, q.bits)?
+    };
+    Ok(match bias {
+        Some(bias) => ops::add(&y, bias)?,
+        None => y,
+    })
 }
 
 /// `x @ dequantize(w).T` through [`Dequantized`]'s gradient.
