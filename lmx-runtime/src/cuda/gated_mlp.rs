@@ -28,6 +28,13 @@ const BLOCKS: i32 = 264;
 /// A warp's 16-byte loads in flight per row stretch, at most (registers).
 const MAX_LOADS: i32 = 8;
 
+/// The static shared memory a kernel may declare (CUDA's limit without opting in): the block's
+/// copy of the input or the gated values (`KX` values) and a few counters must fit.
+const MAX_SHARED_BYTES: i64 = 48 * 1024;
+
+/// The shared memory besides the `KX` values: the ticket and two floats a warp, with room.
+const SHARED_OVERHEAD: i64 = 256;
+
 thread_local! {
     /// The kernel over weights of each form.
     static KERNELS: [Result<Kernel>; 2] = Format::ALL.map(kernel);
@@ -178,7 +185,8 @@ impl GatedMlp<'_> {
     /// norm `[D]`, gate and up `[F, D]`, down `[D, F]`, of one form that reads `x`'s dtype
     /// ([`Weight::fits`]); `D` a whole number of 16-byte vectors and of 4 rows, `F` of four
     /// weight chunks (the down product's quarters), each row stretch at most [`MAX_LOADS`]
-    /// chunks a lane.
+    /// chunks a lane (a packed chunk holds more values than a dense one, so packed layers may be
+    /// wider), the wider of `D` and `F` within [`MAX_SHARED_BYTES`].
     pub(crate) fn fits(&self) -> bool {
         let dtype = self.x.dtype();
         let Some(&d) = self.x.shape().last() else {
@@ -206,6 +214,7 @@ impl GatedMlp<'_> {
             && f % (4 * chunk) == 0
             && lanes(d) <= MAX_LOADS
             && lanes(f / 4) <= MAX_LOADS
+            && i64::from(d.max(f)) * self.x.item_size() as i64 + SHARED_OVERHEAD <= MAX_SHARED_BYTES
     }
 
     /// The block's output, shaped as `x`. Callers check [`fits`](Self::fits).
@@ -248,5 +257,77 @@ impl GatedMlp<'_> {
             .into_iter()
             .next()
             .ok_or_else(|| Error::Layout("the gated MLP kernel made no output".into()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::test_arrays::normal;
+    use mlx_rs::Dtype;
+
+    /// TinyLlama's block fits dense and packed in 4 bits; a 4-bit block of Llama-3-70B's size
+    /// (8,192 by 28,672), whose rows fit the loads, does not: its gated values would overflow
+    /// the shared memory (in float32 from 12,288 gated values on); nor gates of another form
+    /// than the down projection's.
+    #[test]
+    fn what_fits() {
+        let bf = Dtype::Bfloat16;
+        // Packed words, scales and offsets of the shapes 4 bits by 64 make (values unread).
+        let packed = |features: i32, width: i32, dtype: Dtype| {
+            let zeros =
+                |shape: &[i32], dtype: Dtype| mlx_rs::ops::zeros_dtype(shape, dtype).unwrap();
+            [
+                zeros(&[features, width / 8], Dtype::Uint32),
+                zeros(&[features, width / 64], dtype),
+                zeros(&[features, width / 64], dtype),
+            ]
+        };
+        fn affine(p: &[Array; 3]) -> Weight<'_> {
+            Weight::Affine {
+                packed: &p[0],
+                scales: &p[1],
+                biases: &p[2],
+                bits: 4,
+                group_size: 64,
+            }
+        }
+        let fits = |d: i32, dtype: Dtype, parts: [Weight; 3]| {
+            let (x, norm) = (normal(&[1, 1, d], dtype), normal(&[d], dtype));
+            GatedMlp {
+                x: &x,
+                norm: &norm,
+                eps: 1e-5,
+                activation: Activation::Silu,
+                gate: parts[0],
+                up: parts[1],
+                down: parts[2],
+                residual: &x,
+            }
+            .fits()
+        };
+        let (gate, down) = (normal(&[5632, 2048], bf), normal(&[2048, 5632], bf));
+        let dense = [
+            Weight::Dense(&gate),
+            Weight::Dense(&gate),
+            Weight::Dense(&down),
+        ];
+        assert!(fits(2048, bf, dense), "TinyLlama dense");
+        let (g4, d4) = (packed(5632, 2048, bf), packed(2048, 5632, bf));
+        assert!(
+            fits(2048, bf, [affine(&g4), affine(&g4), affine(&d4)]),
+            "TinyLlama 4-bit"
+        );
+        let mixed = [affine(&g4), affine(&g4), Weight::Dense(&down)];
+        assert!(!fits(2048, bf, mixed), "mixed forms");
+        let (g70, d70) = (packed(28672, 8192, bf), packed(8192, 28672, bf));
+        let large = [affine(&g70), affine(&g70), affine(&d70)];
+        assert!(!fits(8192, bf, large), "70B 4-bit");
+        let f32 = Dtype::Float32;
+        for (f, fit) in [(12160, true), (12288, false)] {
+            let (g, d) = (packed(f, 2048, f32), packed(2048, f, f32));
+            let parts = [affine(&g), affine(&g), affine(&d)];
+            assert_eq!(fits(2048, f32, parts), fit, "float32 F = {f}");
+        }
     }
 }

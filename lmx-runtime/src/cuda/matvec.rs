@@ -529,7 +529,15 @@ mod tests {
         .fits());
     }
 
-    /// MLX's `quantize` of `w`, and the weight reading it.
+    /// The largest difference of `got` from `want` (float32), relative to `want`'s largest
+    /// magnitude (at least 1).
+    fn relative_error(got: &Array, want: &Array) -> f32 {
+        let largest = |a: Array| a.abs().unwrap().max(None).unwrap().item_cast::<f32>();
+        let got = got.as_dtype(Dtype::Float32).unwrap();
+        largest(got.subtract(want).unwrap()) / largest(want.clone()).max(1.0)
+    }
+
+    /// MLX's `quantize` of `w`, and its bits and group size.
     fn packed(w: &Array, bits: i32, group_size: i32) -> (Array, Array, Array, i32, i32) {
         let (p, s, b) = ops::quantize(w, group_size, bits).unwrap();
         (p, s, b, bits, group_size)
@@ -631,28 +639,11 @@ mod tests {
                     assert_eq!(shapes, [&[rows, 1, 40], &[rows, 1, 8], &[rows, 1, 8]]);
                     assert!(outputs.iter().all(|y| y.dtype() == dtype));
                     let got = ops::concatenate(&outputs, -1).unwrap();
-                    let close = |got: &Array, want: &Array| {
-                        let scale = want
-                            .abs()
-                            .unwrap()
-                            .max(None)
-                            .unwrap()
-                            .item_cast::<f32>()
-                            .max(1.0);
-                        let err = f32(got)
-                            .subtract(want)
-                            .unwrap()
-                            .abs()
-                            .unwrap()
-                            .max(None)
-                            .unwrap();
-                        err.item_cast::<f32>() / scale
-                    };
-                    let e = close(&got, &want);
+                    let e = relative_error(&got, &want);
                     assert!(e <= tolerance, "{dtype:?} rows {rows}: {e}");
                     let got =
                         ops::concatenate(&matvec(&x, &dense(&w), Some(&b)).unwrap(), -1).unwrap();
-                    let e = close(&got, &want.add(&bias).unwrap());
+                    let e = relative_error(&got, &want.add(&bias).unwrap());
                     assert!(e <= tolerance, "{dtype:?} rows {rows} biased: {e}");
                 }
             }
@@ -731,10 +722,7 @@ mod tests {
                         let got = layer.product().unwrap();
                         assert_eq!(got.shape(), &[rows, 1, 40]);
                         assert_eq!(got.dtype(), dtype);
-                        let scale = want.abs().unwrap().max(None).unwrap();
-                        let scale = scale.item_cast::<f32>().max(1.0);
-                        let err = f32(&got).subtract(&want).unwrap().abs().unwrap();
-                        let err = err.max(None).unwrap().item_cast::<f32>() / scale;
+                        let err = relative_error(&got, &want);
                         assert!(
                             err <= tolerance,
                             "{dtype:?} {activation:?} rows {rows} gated {gated} biased {} \
@@ -802,10 +790,7 @@ mod tests {
                         let shapes: Vec<&[i32]> = outputs.iter().map(Array::shape).collect();
                         assert_eq!(shapes, [&[rows, 1, 40], &[rows, 1, 8], &[rows, 1, 8]]);
                         assert!(outputs.iter().all(|y| y.dtype() == dtype));
-                        let got = ops::concatenate(&outputs, -1).unwrap();
-                        let scale = want.abs().unwrap().max(None).unwrap().item_cast::<f32>();
-                        let err = f32(&got).subtract(&want).unwrap().abs().unwrap();
-                        let err = err.max(None).unwrap().item_cast::<f32>() / scale.max(1.0);
+                        let err = relative_error(&ops::concatenate(&outputs, -1).unwrap(), &want);
                         assert!(
                             err <= tolerance,
                             "{dtype:?} {bits} bits by {group_size}, rows {rows}, biased {}: {err}",
@@ -874,9 +859,7 @@ mod tests {
                 assert!(layer.fits());
                 let got = layer.product().unwrap();
                 assert_eq!((got.shape(), got.dtype()), (&[1, 1, 40][..], dtype));
-                let scale = want.abs().unwrap().max(None).unwrap().item_cast::<f32>();
-                let err = f32(&got).subtract(&want).unwrap().abs().unwrap();
-                let err = err.max(None).unwrap().item_cast::<f32>() / scale.max(1.0);
+                let err = relative_error(&got, &want);
                 assert!(
                     err <= tolerance,
                     "{dtype:?} {activation:?} gated {gated}: {err}"
