@@ -4,10 +4,11 @@
 //! A quantized token is worth decoding only if it issues no more kernels than a dense one and
 //! reads its smaller weights at the memory's speed: through MLX's `quantized_matmul`, an
 //! operation per layer with the norms, activations and sums around it operations of their own,
-//! 4-bit decoding was slower than bfloat16's (docs/benchmarks.md). So the matrix-vector kernels take
-//! either form of weight ([`Weight`]) through one device interface ([`HEADER`]): a matrix's row
-//! at an offset, a chunk of it loaded into registers (with its group's scale and offset when
-//! packed), and the chunk's dot product with as many input values, accumulated in float32.
+//! 4-bit decoding was slower than bfloat16's (docs/benchmarks.md). So the matrix-vector kernels
+//! take either form of weight ([`Weight`]) through one device interface ([`Format::header`]): a
+//! matrix's row at an offset, a chunk of it loaded into registers (with its group's scale and
+//! offset when packed), and the chunk's dot product with as many input values, accumulated in
+//! float32.
 //!
 //! A packed chunk is four 32-bit words, `32 / bits` values each, the first value in the lowest
 //! bits (MLX's `quantize`); each value is `scale * q + bias` of its group of `group_size` values
@@ -18,7 +19,8 @@ use super::kernel::TemplateArg;
 use super::sums::pack_width;
 use mlx_rs::{Array, Dtype};
 
-/// The bit widths whose values never straddle a 32-bit word, which the kernels read.
+/// The bit widths the kernels read: a value never straddles a 32-bit word, and a 16-byte chunk
+/// (32 or 16 values) never two groups (2 bits would put 64 values in a chunk).
 const BITS: [i32; 2] = [4, 8];
 
 /// The group sizes MLX quantizes with.

@@ -10,9 +10,9 @@
 //! cache stores), it is computed there as before, and the kernel's numbers are the same.
 //!
 //! In the same way a one-row RMS norm and a decoding product group of two layers (dense or
-//! quantized, not adapted) are remembered: a gated MLP's down projection whose gate and up inputs are the two outputs of one
-//! group over a remembered norm's output is the whole block in one kernel
-//! ([`cuda::GatedMlp`]), and the norm and the group are never computed.
+//! quantized, not adapted) are remembered: a gated MLP's down projection whose gate and up inputs
+//! are the two outputs of one group over a remembered norm's output is the whole block in one
+//! kernel ([`cuda::GatedMlp`]), and the norm and the group are never computed.
 //!
 //! Arrays are matched by identity (MLX's array id, the same for every handle to one array), and
 //! an entry holds a handle to the operation's output, so that no other array takes its id while
