@@ -89,8 +89,8 @@ impl Format {
         }
     }
 
-    /// The device type reading a weight of this form (`HEADER`'s), over the element type `T`
-    /// (and, packed, the template arguments `BITS` and `GS`).
+    /// The device type reading a weight of this form ([`Format::header`]'s), over the element
+    /// type `T` (and, packed, the template arguments `BITS` and `GS`).
     pub(crate) fn device_type(self) -> &'static str {
         match self {
             Format::Dense => "lmx_dense<T>",
@@ -109,10 +109,7 @@ impl Format {
 
     /// A device expression of the matrix that weight `name`'s inputs are.
     pub(crate) fn matrix(self, name: &str) -> String {
-        match self {
-            Format::Dense => format!("{}{{{name}}}", self.device_type()),
-            Format::Affine => format!("{}{{{name}, {name}_s, {name}_z}}", self.device_type()),
-        }
+        format!("{}{{{}}}", self.device_type(), self.inputs(name).join(", "))
     }
 
     /// A device expression of weight `name`'s width (its rows' values).
@@ -127,22 +124,26 @@ impl Format {
 impl<'a> Weight<'a> {
     /// Its arrays, held.
     pub(crate) fn held(&self) -> HeldWeight {
-        let packing = match *self {
+        HeldWeight {
+            arrays: self.arrays(),
+            packing: self.packing(),
+        }
+    }
+
+    /// A packed weight's bits and group size; `None` for a dense one.
+    fn packing(&self) -> Option<(i32, i32)> {
+        match *self {
             Weight::Dense(_) => None,
             Weight::Affine {
                 bits, group_size, ..
             } => Some((bits, group_size)),
-        };
-        HeldWeight {
-            arrays: self.arrays(),
-            packing,
         }
     }
 
     pub(crate) fn format(&self) -> Format {
-        match self {
-            Weight::Dense(_) => Format::Dense,
-            Weight::Affine { .. } => Format::Affine,
+        match self.packing() {
+            None => Format::Dense,
+            Some(_) => Format::Affine,
         }
     }
 
@@ -223,13 +224,11 @@ impl<'a> Weight<'a> {
 
     /// The template arguments its form adds.
     pub(crate) fn template(&self) -> Vec<TemplateArg> {
-        match self {
-            Weight::Dense(_) => Vec::new(),
-            Weight::Affine {
-                bits, group_size, ..
-            } => vec![
-                TemplateArg::Int("BITS", *bits),
-                TemplateArg::Int("GS", *group_size),
+        match self.packing() {
+            None => Vec::new(),
+            Some((bits, group_size)) => vec![
+                TemplateArg::Int("BITS", bits),
+                TemplateArg::Int("GS", group_size),
             ],
         }
     }
@@ -239,15 +238,9 @@ impl<'a> Weight<'a> {
     where
         'a: 'w,
     {
-        let key = |w: &Weight| match w {
-            Weight::Dense(_) => (Format::Dense, 0, 0),
-            Weight::Affine {
-                bits, group_size, ..
-            } => (Format::Affine, *bits, *group_size),
-        };
-        let mut keys = weights.into_iter().map(key);
-        let first = keys.next();
-        keys.all(|k| Some(k) == first)
+        let mut packings = weights.into_iter().map(Weight::packing);
+        let first = packings.next();
+        packings.all(|packing| Some(packing) == first)
     }
 }
 

@@ -8,7 +8,7 @@
 //! their usual path. The outputs are the same products, accumulated in float32.
 
 use super::custom_vjp::gradient_free;
-use super::{deferred, LayerInput, LinearParams, Packed};
+use super::{deferred, LayerInput, LinearParams};
 use crate::cuda::{self, Weight};
 use crate::error::Result;
 use mlx_rs::Array;
@@ -32,19 +32,6 @@ pub(super) fn base_weight(layer: &LinearParams) -> Weight<'_> {
     match layer.packed() {
         Some(packed) => packed.weight_rows(),
         None => Weight::Dense(&layer.weight),
-    }
-}
-
-impl<'a> Packed<'a, Array> {
-    /// The packed weight as the kernels read it.
-    pub(super) fn weight_rows(&self) -> Weight<'a> {
-        Weight::Affine {
-            packed: self.weight,
-            scales: self.scales,
-            biases: self.biases,
-            bits: self.quantization.bits,
-            group_size: self.quantization.group_size,
-        }
     }
 }
 

@@ -2,6 +2,7 @@
 
 use super::extra::literal;
 use super::{deferred, padded_product, quantized_product};
+use crate::cuda::Weight;
 use crate::error::Result;
 use crate::model::Context;
 use mlx_rs::fast::{self, ScaledDotProductAttentionMask};
@@ -219,7 +220,18 @@ pub(crate) fn dense_weight(params: &LinearParams) -> Result<Array> {
     }
 }
 
-impl Packed<'_, Array> {
+impl<'a> Packed<'a, Array> {
+    /// The packed weight as decoding's kernels read it.
+    pub(crate) fn weight_rows(&self) -> Weight<'a> {
+        Weight::Affine {
+            packed: self.weight,
+            scales: self.scales,
+            biases: self.biases,
+            bits: self.quantization.bits,
+            group_size: self.quantization.group_size,
+        }
+    }
+
     /// The packed weight's values, dequantized (in the scales' dtype, as MLX gives them).
     pub(crate) fn dequantized(&self) -> Result<Array> {
         Ok(ops::dequantize(
