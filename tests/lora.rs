@@ -848,3 +848,40 @@ fn expert_adapters_train_alone_and_refuse_what_they_cannot_do() -> Result<()> {
     );
     assert_only_adapters_moved(&state.params, &adapted)
 }
+
+/// A choice that adapts no layer (here the last 0 blocks) is refused, naming the model's linear
+/// layers, rather than leaving a tree without adapters, whose whole model `lmx lora` would then
+/// train; the tree is unchanged.
+#[test]
+fn a_choice_of_no_layer_is_refused_naming_the_linear_layers() -> Result<()> {
+    let (_, params) = tiny()?;
+    let mut tree = params.clone();
+    let err = lora::attach(
+        &mut tree,
+        &LoraParameters::default(),
+        0,
+        0,
+        FineTuneType::Lora,
+    )
+    .unwrap_err();
+    let message = err.to_string();
+    assert!(
+        message.starts_with("no layer takes an adapter")
+            && message.ends_with(
+                "model.layers.0.self_attn.q_proj, model.layers.0.self_attn.k_proj, \
+                 model.layers.0.self_attn.v_proj, model.layers.0.self_attn.o_proj, \
+                 model.layers.0.mlp.gate_proj, model.layers.0.mlp.up_proj, \
+                 model.layers.0.mlp.down_proj, model.layers.1.self_attn.q_proj, \
+                 model.layers.1.self_attn.k_proj, model.layers.1.self_attn.v_proj, \
+                 model.layers.1.self_attn.o_proj, model.layers.1.mlp.gate_proj, \
+                 model.layers.1.mlp.up_proj, model.layers.1.mlp.down_proj, lm_head"
+            ),
+        "{message}"
+    );
+    assert!(matches!(err, Error::NothingToAdapt { .. }));
+    assert!(tree::specs(&tree)
+        .iter()
+        .all(|spec| spec.role != LeafRole::Adapter));
+
+    Ok(())
+}

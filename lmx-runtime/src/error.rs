@@ -103,6 +103,17 @@ pub enum Error {
         /// The model's blocks.
         blocks: usize,
     },
+    /// No layer of the model was chosen to take an adapter: training would change nothing, or,
+    /// with no adapter to freeze the base, the whole model.
+    #[error(
+        "no layer takes an adapter: by default the linear layers inside a list of blocks do (in \
+         the last num_layers of them), and this choice finds none; name the layers to adapt in \
+         `keys` (`--keys`): the model's linear layers are {}", linear.join(", ")
+    )]
+    NothingToAdapt {
+        /// The model's linear layers and stacked expert projections, by dotted name.
+        linear: Vec<String>,
+    },
     /// A layer asked to take an adapter has one already (adapters go over a base model, or over
     /// one whose adapters were fused into it).
     #[error("layer `{layer}` already has an adapter")]

@@ -115,8 +115,8 @@ fn default_keys<R: Tree<Array> + ?Sized>(tree: &R) -> BTreeSet<String> {
 /// Fails, leaving `tree` unchanged, on a rank below 1, a scale that is not finite, a dropout
 /// outside `[0, 1)`, more `num_layers` than blocks ([`Error::TooManyBlocks`]), a key that names
 /// no linear layer or stacked experts, a layer that already has an adapter
-/// ([`Error::AlreadyAdapted`]), or DoRA on stacked experts (which mlx-lm's DoRA does not adapt
-/// either).
+/// ([`Error::AlreadyAdapted`]), DoRA on stacked experts (which mlx-lm's DoRA does not adapt
+/// either), or a choice of no layer at all ([`Error::NothingToAdapt`]).
 pub fn attach<R: Tree<Array> + ?Sized>(
     tree: &mut R,
     parameters: &LoraParameters,
@@ -208,10 +208,19 @@ pub fn attach<R: Tree<Array> + ?Sized>(
             Err(err) => failed = Some(err),
         }
     });
-    match failed {
-        Some(err) => Err(err),
-        None => Ok(attached),
+    if let Some(err) = failed {
+        return Err(err);
     }
+    if attached.is_empty() {
+        let mut linear = Vec::new();
+        tree.for_each_layer(&Scope::root(), &mut |scope, layer| {
+            if let Layer::Linear(_) | Layer::SwitchLinear(_) = layer {
+                linear.push(scope.name().to_owned());
+            }
+        });
+        return Err(Error::NothingToAdapt { linear });
+    }
+    Ok(attached)
 }
 
 /// Fails on settings out of their range, naming the setting.
