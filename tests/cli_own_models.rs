@@ -174,11 +174,12 @@ fn every_command_on_a_run_of_a_model_file_the_binary_does_not_hold_runs_in_its_p
     .unwrap();
     let exported = dir.path().join("exported");
     let exported = exported.to_str().unwrap();
-    let commands: [&[&str]; 5] = [
+    let commands: [&[&str]; 6] = [
         &["generate", "--run", run_arg, "--max-tokens", "2"],
         &["eval", "--run", run_arg, "--data", file_arg],
         &["export", "--run", run_arg, "--out", exported],
         &["fuse", "--run", run_arg, "--out", exported],
+        &["quantize", "--model", run_arg, "--out", exported],
         &["serve", "--run", run_arg],
     ];
     for args in commands {

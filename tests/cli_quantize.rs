@@ -319,3 +319,255 @@ fn a_mixtral_quantizes_its_experts_generates_and_trains_adapters() {
     ]);
     assert!(greedy(&["--run", &s("qlora")]).starts_with("Double 3.\n"));
 }
+
+/// The tensors of a safetensors file, by name: dtype, shape and bytes.
+fn tensors(
+    path: &std::path::Path,
+) -> std::collections::BTreeMap<String, (String, Vec<usize>, Vec<u8>)> {
+    let bytes = std::fs::read(path).unwrap();
+    let file = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    file.tensors()
+        .into_iter()
+        .map(|(name, view)| {
+            let entry = (
+                format!("{:?}", view.dtype()),
+                view.shape().to_vec(),
+                view.data().to_vec(),
+            );
+            (name, entry)
+        })
+        .collect()
+}
+
+/// A run of a model with no Hugging Face layout for packed weights (lmx's GPT-2, as a model of
+/// one's own) quantizes into a run directory: its checkpoint holds exactly MLX's quantization of
+/// the run's weights and its record names the packed layers, so that `lmx generate --run` reads
+/// it and decodes what the library decodes from those weights; adapters train over it (`lmx lora
+/// --base`), their run recording the packed base too. Full training, a Hugging Face export and a
+/// float16 run are refused, naming why, with nothing written; `--dequantize` gives a dense run
+/// back.
+#[test]
+fn a_run_without_a_hugging_face_layout_quantizes_into_a_run() {
+    use lmx::models::gpt2::Gpt2;
+    use lmx::runtime::model::LanguageModel;
+    use lmx::runtime::{checkpoint, quant, tree};
+
+    let dir = tempfile::tempdir().unwrap();
+    let s = |name: &str| dir.path().join(name).to_str().unwrap().to_owned();
+    let (run, q4, qlora) = (s("run"), s("q4"), s("qlora"));
+    let ok = |args: &[&str]| {
+        let output = lmx(args);
+        let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
+        assert!(
+            output.status.success(),
+            "lmx {args:?}: {stdout}{}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        stdout
+    };
+    let fails = |args: &[&str]| {
+        let output = lmx(args);
+        assert!(!output.status.success(), "lmx {args:?} succeeded");
+        String::from_utf8_lossy(&output.stderr).into_owned()
+    };
+    let data = concat!(env!("CARGO_MANIFEST_DIR"), "/data/shakespeare.txt");
+    let common = [
+        "--tokenizer",
+        "byte",
+        "--batch-size",
+        "2",
+        "--seq-len",
+        "16",
+    ];
+    let quiet = ["--quiet", "--sample", "0", "--data", data];
+    let mut train = vec![
+        "train",
+        "--model",
+        "gpt2",
+        "--preset",
+        "tiny",
+        "--set",
+        "vocab=257",
+    ];
+    train.extend(common);
+    train.extend(quiet);
+    train.extend(["--steps", "3", "--out", &run]);
+    ok(&train);
+
+    let stdout = ok(&[
+        "quantize",
+        "--model",
+        &s("run"),
+        "--bits",
+        "4",
+        "--group-size",
+        "32",
+        "--out",
+        &s("q4"),
+    ]);
+    // Per block c_attn, the attention's c_proj, c_fc and the MLP's c_proj; wte and wpe.
+    assert!(
+        stdout.contains("10 layers quantized to 4 bits in groups of 32"),
+        "{stdout}"
+    );
+    let record: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(s("q4/run.json")).unwrap()).unwrap();
+    let mut expected = serde_json::json!({"group_size": 32, "bits": 4, "mode": "affine",
+                                          "wte": true, "wpe": true});
+    for block in 0..2 {
+        for layer in ["attn.c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_proj"] {
+            expected[format!("h.{block}.{layer}")] = true.into();
+        }
+    }
+    assert_eq!(record["quantization"], expected);
+
+    // The reference: the run's weights, quantized by the library (MLX's `quantize`).
+    let config: <Gpt2 as LanguageModel>::Config =
+        serde_json::from_value(record["model_config"].clone()).unwrap();
+    let step = "checkpoints/step-000003/model.safetensors";
+    let template = Gpt2::init(&config, 0).unwrap();
+    let mut params = checkpoint::load_tree(&dir.path().join("run").join(step), &template).unwrap();
+    quant::quantize_tree(&mut params, Quantization::new(32, 4).unwrap()).unwrap();
+    let reference = dir.path().join("reference.safetensors");
+    checkpoint::save_tree(&reference, &params).unwrap();
+    assert_eq!(
+        tensors(&dir.path().join("q4").join(step)),
+        tensors(&reference)
+    );
+
+    let prompt = "ROMEO:";
+    let sampling = Sampling {
+        temperature: 0.0,
+        max_tokens: 12,
+        ..Sampling::default()
+    };
+    let ids: Vec<u32> = prompt.bytes().map(u32::from).collect();
+    let generation = generate::<Gpt2>(&params, &config, &ids, &sampling, None, |_| {}).unwrap();
+    let bytes: Vec<u8> = ids
+        .iter()
+        .chain(generation.tokens.iter().take_while(|&&id| id < 256))
+        .map(|&id| id as u8)
+        .collect();
+    let greedy = |run: &str| {
+        ok(&[
+            "generate",
+            "--run",
+            run,
+            "--prompt",
+            prompt,
+            "--max-tokens",
+            "12",
+            "--temperature",
+            "0",
+        ])
+    };
+    assert_eq!(
+        greedy(&s("q4")).trim_end_matches('\n'),
+        String::from_utf8_lossy(&bytes)
+    );
+
+    // Adapters over the packed weights; their run reads the packed base back.
+    let mut lora = vec!["lora", "--base", &q4, "--rank", "4", "--num-layers", "-1"];
+    lora.extend(["--batch-size", "2", "--seq-len", "16", "--steps", "2"]);
+    lora.extend(quiet);
+    lora.extend(["--out", &qlora]);
+    ok(&lora);
+    let qlora: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(s("qlora/run.json")).unwrap()).unwrap();
+    assert_eq!(qlora["quantization"], expected);
+    let packed = tensors(
+        &dir.path()
+            .join("qlora/checkpoints/step-000002/model.safetensors"),
+    );
+    let base = tensors(&dir.path().join("q4").join(step));
+    assert_eq!(packed["h.1.mlp.c_fc.weight"], base["h.1.mlp.c_fc.weight"]);
+    assert!(greedy(&s("qlora")).starts_with(prompt));
+
+    let refused = fails(&["train", "--resume", "--out", &s("q4"), "--steps", "4"]);
+    assert!(
+        refused.contains(&format!(
+            "{} is a quantized run, with no training state to resume",
+            s("q4")
+        )),
+        "{refused}"
+    );
+    assert_eq!(
+        tensors(&dir.path().join("q4").join(step)),
+        tensors(&reference)
+    );
+    let refused = fails(&["export", "--run", &s("q4"), "--out", &s("exported")]);
+    assert!(
+        refused.contains(
+            "`h.0.attn.c_attn` is quantized, and gpt2 checkpoints store its weight transposed"
+        ),
+        "{refused}"
+    );
+    let refused = fails(&[
+        "quantize",
+        "--model",
+        &s("run"),
+        "--dtype",
+        "float16",
+        "--out",
+        &s("f16"),
+    ]);
+    assert!(
+        refused.contains("--dtype float16: a run keeps its parameters in float32 or bfloat16"),
+        "{refused}"
+    );
+    let refused = fails(&["quantize", "--model", &s("run"), "--out", &s("q4")]);
+    assert!(
+        refused.contains("exists and is not an empty folder"),
+        "{refused}"
+    );
+    for name in ["exported", "f16"] {
+        assert!(!dir.path().join(name).exists(), "{name}");
+    }
+    let staged = std::fs::read_dir(dir.path())
+        .unwrap()
+        .filter(|entry| {
+            entry
+                .as_ref()
+                .unwrap()
+                .file_name()
+                .to_string_lossy()
+                .starts_with('.')
+        })
+        .count();
+    assert_eq!(staged, 0, "nothing staged is left behind");
+
+    let stdout = ok(&[
+        "quantize",
+        "--dequantize",
+        "--model",
+        &s("q4"),
+        "--out",
+        &s("dense"),
+    ]);
+    assert!(stdout.contains("10 layers dequantized"), "{stdout}");
+    let dense: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(s("dense/run.json")).unwrap()).unwrap();
+    assert!(dense.get("quantization").is_none(), "{dense}");
+    let refused = fails(&[
+        "train",
+        "--resume",
+        "--allow-changes",
+        "--out",
+        &s("dense"),
+        "--steps",
+        "4",
+    ]);
+    assert!(
+        refused.contains("holds a model's weights and no training state"),
+        "{refused}"
+    );
+    quant::dequantize_tree(&mut params).unwrap();
+    let back = checkpoint::load_tree(&dir.path().join("dense").join(step), &template).unwrap();
+    for ((name, a), b) in tree::names(&params)
+        .iter()
+        .zip(tree::flatten(&params))
+        .zip(tree::flatten(&back))
+    {
+        assert!(a.eq_values(&b).unwrap(), "{name}");
+    }
+}

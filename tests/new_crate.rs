@@ -1,8 +1,8 @@
 //! A crate of one's own, as a user makes it: `lmx new` into a folder outside the workspace (with a
 //! path dependency on this checkout), a model of its own added beside the template's, `cargo
 //! build` (sharing this workspace's target folder, so that only lmx's own packages build anew,
-//! once), and through the crate's binary each model trains a few steps, saves, resumes and
-//! generates.
+//! once), and through the crate's binary each model trains a few steps, saves, resumes,
+//! generates, quantizes into a run that generates, and trains adapters over that.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -345,6 +345,76 @@ fn a_new_crate_builds_and_each_of_its_models_trains_resumes_and_generates() {
             ])
             .arg(&out));
         assert!(generated.starts_with("ROMEO:"), "{model}: {generated}");
+
+        // Quantized into a run of its own, which generates, and adapters train over it.
+        let quantized = krate.join("runs").join(format!("{model}-q8"));
+        let said = run(Command::new(&binary)
+            .current_dir(&krate)
+            .args(["quantize", "--bits", "8", "--group-size", "32", "--model"])
+            .arg(&out)
+            .arg("--out")
+            .arg(&quantized));
+        assert!(said.contains("quantized to 8 bits"), "{model}: {said}");
+        let record = std::fs::read_to_string(quantized.join("run.json")).unwrap();
+        assert!(record.contains("\"quantization\""), "{model}: {record}");
+        let adapted = krate.join("runs").join(format!("{model}-qlora"));
+        let lora = |keys: &[&str]| {
+            Command::new(&binary)
+                .current_dir(&krate)
+                .args(["lora", "--rank", "2", "--num-layers", "-1", "--base"])
+                .arg(&quantized)
+                .args([
+                    "--batch-size",
+                    "2",
+                    "--seq-len",
+                    "16",
+                    "--steps",
+                    "2",
+                    "--quiet",
+                ])
+                .args(["--sample", "0", "--out"])
+                .arg(&adapted)
+                .args(keys)
+                .output()
+                .unwrap()
+        };
+        if model == "causal_mixer" {
+            // Its layers are not in a list of blocks, where the default adapters go: refused,
+            // naming them, before any step.
+            let refused = lora(&[]);
+            let stderr = String::from_utf8_lossy(&refused.stderr);
+            assert!(
+                !refused.status.success()
+                    && stderr.contains("no layer takes an adapter")
+                    && stderr.contains("qkv, out, up, down, head"),
+                "{stderr}"
+            );
+            assert!(!adapted.join("checkpoints").exists(), "{model}");
+        }
+        let keys: &[&str] = match model {
+            "causal_mixer" => &["--keys", "qkv,out,up,down"],
+            _ => &[],
+        };
+        let adapters = lora(keys);
+        assert!(
+            adapters.status.success(),
+            "{model}: {}",
+            String::from_utf8_lossy(&adapters.stderr)
+        );
+        for sampled in [&quantized, &adapted] {
+            let generated = run(Command::new(&binary)
+                .current_dir(&krate)
+                .args([
+                    "generate",
+                    "--prompt",
+                    "ROMEO:",
+                    "--max-tokens",
+                    "8",
+                    "--run",
+                ])
+                .arg(sampled));
+            assert!(generated.starts_with("ROMEO:"), "{model}: {generated}");
+        }
     }
 
     // The file's second step trains by name, with its frozen reference and its metric.

@@ -284,3 +284,71 @@ fn bad_quantized_folders_fail_naming_file_layer_and_setting() {
         "{error}"
     );
 }
+
+/// A run records its quantization with every packed layer named (`layout::record`), and a fresh
+/// template laid out from the record alone (`layout::prepare_recorded`, no weights file asked)
+/// loads the packed checkpoint back: layers at the default (`true`), one quantized otherwise (its
+/// own entry) and one left dense (`false`). A record naming a layer the model lacks is refused,
+/// naming the record's place and the layer.
+#[test]
+fn a_run_s_record_of_its_quantization_lays_out_its_checkpoint() -> Result<()> {
+    let folder = HfFolder::open(&fixture("hf/llama"))?;
+    let (config, mut params) = hf::load_model::<Llama>(&folder, Some(Dtype::Float32))?;
+    let eight = Quantization::new(32, 8)?;
+    let lm_head = params.lm_head.as_mut().expect("an untied head");
+    let (w, s, b) = quant::quantize_weight("lm_head", &lm_head.weight, eight)?;
+    (lm_head.weight, lm_head.scales, lm_head.biases) = (w, Some(s), Some(b));
+    lm_head.quantization = Some(eight);
+    // The embedding stays dense.
+    let embedding = params.model.embed_tokens.clone();
+    quant::quantize_tree(&mut params, Quantization::new(32, 4)?)?;
+    params.model.embed_tokens = embedding;
+
+    let record = layout::record(&params).expect("some layers are packed");
+    let mut expected = serde_json::json!({
+        "group_size": 32, "bits": 4, "mode": "affine",
+        "lm_head": {"group_size": 32, "bits": 8, "mode": "affine"},
+        "model.embed_tokens": false,
+    });
+    for block in 0..2 {
+        for layer in [
+            "self_attn.q_proj",
+            "self_attn.k_proj",
+            "self_attn.v_proj",
+            "self_attn.o_proj",
+            "mlp.gate_proj",
+            "mlp.up_proj",
+            "mlp.down_proj",
+        ] {
+            expected[format!("model.layers.{block}.{layer}")] = true.into();
+        }
+    }
+    assert_eq!(record, expected);
+
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("model.safetensors");
+    lmx::runtime::checkpoint::save_tree(&file, &params)?;
+    let mut template = Llama::init(&config, 0)?;
+    layout::prepare_recorded(&mut template, &record, "RUN/run.json")?;
+    let back = lmx::runtime::checkpoint::load_tree(&file, &template)?;
+    for ((name, a), b) in tree::names(&params)
+        .iter()
+        .zip(tree::flatten(&params))
+        .zip(tree::flatten(&back))
+    {
+        assert_eq!(a.dtype(), b.dtype(), "{name}");
+        assert!(a.eq_values(&b)?, "{name} changed");
+    }
+    assert_eq!(layout::record(&back), Some(record.clone()));
+
+    let mut wrong = record;
+    wrong["model.layers.9.mlp.up_proj"] = true.into();
+    let err = layout::prepare_recorded(&mut Llama::init(&config, 0)?, &wrong, "RUN/run.json")
+        .unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "RUN/run.json: quantization.model.layers.9.mlp.up_proj: the model has no linear layer, \
+         embedding or expert projection `model.layers.9.mlp.up_proj`"
+    );
+    Ok(())
+}

@@ -216,7 +216,11 @@ pub fn export<M: LanguageModel>(request: ExportRequest) -> anyhow::Result<()> {
             super::run_file::refuse_adapters(run, dir, "export")?;
             let checkpoint = super::run_file::checkpoint_of(dir, checkpoint.clone())?;
             let params = super::run_file::load_params::<M>(run, &config, &checkpoint, None)?;
-            let dtype = tree::flatten(&params).first().map(|leaf| leaf.dtype());
+            // The parameters' dtype: a packed weight's `uint32` is not it.
+            let dtype = tree::flatten(&params)
+                .iter()
+                .map(|leaf| leaf.dtype())
+                .find(|dtype| matches!(dtype, Dtype::Float32 | Dtype::Bfloat16 | Dtype::Float16));
             let source = match &run.init {
                 Some(init) => Some(serde_json::from_str(
                     &std::fs::read_to_string(init.join(hf::CONFIG_FILE))

@@ -5,6 +5,7 @@ use super::run_file::RunFile;
 use super::TrainArgs;
 use clap::Args;
 use lmx::runtime::checkpoint::{self, MODEL_FILE};
+use lmx::runtime::hf::HfFolder;
 use lmx::runtime::lora::{self, AdapterConfig, FineTuneType, LoraParameters};
 use lmx::runtime::model::{LanguageModel, TrainingStep};
 use lmx::runtime::tree::{self, Tree};
@@ -171,12 +172,20 @@ pub fn base_params<M: LanguageModel>(
     config: &M::Config,
     seed: u64,
 ) -> anyhow::Result<M::Params> {
-    let params = M::init(config, seed)?;
     let Some(checkpoint) = lora.and_then(|lora| lora.base.as_ref()) else {
-        return Ok(params);
+        return Ok(M::init(config, seed)?);
     };
     let base = RunFile::read(run_of(checkpoint)?)?;
-    let template = base.train.precision.cast(&params)?;
+    if base.lora.is_some() {
+        anyhow::bail!(
+            "{} is a LoRA run's checkpoint, which holds adapters over its own base: fuse them \
+             into the weights first (`lmx fuse --run RUN --out FUSED`) and give FUSED as --base",
+            checkpoint.display()
+        );
+    }
+    let folder = base.init.as_deref().map(HfFolder::open).transpose()?;
+    let place = super::run_file::run_file_of(checkpoint);
+    let template = super::run_file::template::<M>(&base, config, seed, folder.as_ref(), &place)?;
     Ok(checkpoint::load_tree(
         &checkpoint.join(MODEL_FILE),
         &template,
@@ -224,6 +233,7 @@ pub fn fuse<S: TrainingStep>(run: &RunFile, args: &FuseArgs) -> anyhow::Result<(
         serde_json::from_value(run.model_config.clone())?;
     S::Model::validate(&config)?;
     let checkpoint = super::run_file::checkpoint_of(&args.run, args.checkpoint.clone())?;
+    super::derived_run::refuse_occupied(&args.out)?;
     let mut params = super::run_file::load_params::<S::Model>(
         run,
         &config,
@@ -237,31 +247,12 @@ pub fn fuse<S: TrainingStep>(run: &RunFile, args: &FuseArgs) -> anyhow::Result<(
             checkpoint.display()
         );
     }
-    if args.out.exists() && std::fs::read_dir(&args.out)?.next().is_some() {
-        anyhow::bail!("{} is not empty", args.out.display());
-    }
-    let step = checkpoint
-        .file_name()
-        .and_then(|name| name.to_str())
-        .unwrap_or_default()
-        .to_owned();
-    let target = args.out.join("checkpoints").join(if step.is_empty() {
-        checkpoint::dir_name(0)
-    } else {
-        step
-    });
-    checkpoint::save_tree(&target.join(MODEL_FILE), &params)?;
-    let trained = args.run.join(super::tokenizer::TRAINED_FILE);
-    if trained.is_file() {
-        let copy = args.out.join(super::tokenizer::TRAINED_FILE);
-        std::fs::copy(&trained, &copy)
-            .map_err(|err| anyhow::anyhow!("{}: {err}", copy.display()))?;
-    }
-    RunFile {
+    let record = RunFile {
         lora: None,
+        quantization: lmx::runtime::quant::layout::record(&params),
         ..run.clone()
-    }
-    .write(&args.out)?;
+    };
+    super::derived_run::write(&args.out, &args.run, &record, &checkpoint, &params)?;
     println!(
         "fused {fused} adapter(s) of {} into {}",
         checkpoint.display(),

@@ -3,6 +3,7 @@
 pub mod bench;
 pub mod check;
 pub mod decay;
+pub mod derived_run;
 pub mod eval;
 pub mod export;
 pub mod folder_info;
@@ -999,7 +1000,7 @@ pub fn run(cli: Cli, registry: &Registry) -> anyhow::Result<()> {
         }
         Command::Bench(command) => bench::run(&command),
         Command::Launch(args) => launch::run(&args),
-        Command::Quantize(args) => quantize::run(args),
+        Command::Quantize(args) => quantize::run(args, registry),
         Command::Serve(args) => serve::run(args, registry, cli.device),
         Command::Platform => {
             println!("{}", lmx::runtime::platform::describe());
@@ -1015,6 +1016,20 @@ fn train_and_sample(
     lora: Option<&lora::LoraArgs>,
 ) -> anyhow::Result<()> {
     let mut request = args.request(registry)?;
+    // A run `lmx quantize` wrote has packed weights and no training state: said before the
+    // data is read, rather than when the trainer finds no optimizer state to resume.
+    let quantized = request
+        .recorded
+        .as_ref()
+        .filter(|run| run.quantization.is_some() && run.lora.is_none() && run.init.is_none());
+    if let (Some(_), None) = (quantized, lora) {
+        anyhow::bail!(
+            "{} is a quantized run, with no training state to resume (and packed weights that \
+             do not train): train adapters over it in a new run (`lmx lora --base {0} --out \
+             NEW`)",
+            request.train.out_dir.display()
+        );
+    }
     if let Some(lora) = lora {
         let run = lora.lora_run(&request.train.out_dir, request.recorded.as_ref())?;
         lora::on_base(&mut request, &run)?;

@@ -1,18 +1,21 @@
 //! `lmx quantize`: a model (a Hugging Face or mlx-lm folder, a run, or a run's checkpoint)
-//! quantized as mlx-lm's `convert -q` does it and written in mlx-lm's layout, which both lmx
-//! (`lmx generate --model DIR`) and mlx-lm load.
+//! quantized as mlx-lm's `convert -q` does it. A model with a Hugging Face layout is written in
+//! mlx-lm's (which both lmx, `lmx generate --model DIR`, and mlx-lm load); a run of a model
+//! without one (a model of one's own, GPT-2) becomes a new run directory whose checkpoint holds
+//! the packed weights and whose record names them, which `lmx generate --run`, `serve`, `eval`
+//! and `lora --base` read as they read any run.
 
+use super::registry::Registry;
+use super::resolve::{self, Resolved};
 use super::run_file::RunFile;
 use super::tokenizer::TRAINED_FILE;
 use clap::Args;
-use lmx::models::{
-    deepseek_v2, gemma, gemma2, gemma3_text, gpt2, llama, mistral, mixtral, mpt, phi3, qwen2, qwen3,
-};
 use lmx::runtime::checkpoint::MODEL_FILE;
 use lmx::runtime::hf::{self, Family, HfFolder, CONFIG_FILE};
 use lmx::runtime::mlx_rs::Dtype;
 use lmx::runtime::model::LanguageModel;
 use lmx::runtime::quant::{self, Quantization};
+use lmx::runtime::train::Precision;
 use lmx::runtime::tree::{self, Tree};
 use lmx::runtime::Array;
 use std::path::{Path, PathBuf};
@@ -30,7 +33,8 @@ pub struct QuantizeArgs {
     /// Weights per scale and offset: 32, 64 or 128.
     #[arg(long, default_value_t = 64)]
     pub group_size: i32,
-    /// The folder to write: new, or empty.
+    /// The folder to write (new, or empty): a model folder in mlx-lm's layout, or, for a run of a
+    /// model with no Hugging Face layout (one's own, GPT-2), a run directory.
     #[arg(long)]
     pub out: PathBuf,
     /// Write the model dequantized instead: every quantized layer's weights dense again (mlx-lm's
@@ -38,9 +42,10 @@ pub struct QuantizeArgs {
     #[arg(long)]
     pub dequantize: bool,
     /// The dtype of the scales, offsets and the weights left unquantized: `float16` (as mlx-lm's
-    /// models), `bfloat16` or `float32`.
-    #[arg(long, default_value = "float16", value_parser = parse_dtype)]
-    pub dtype: Dtype,
+    /// models; a folder's default), `bfloat16` or `float32` (a run's default: its parameters'
+    /// dtype; a run keeps float32 or bfloat16).
+    #[arg(long, value_parser = parse_dtype)]
+    pub dtype: Option<Dtype>,
 }
 
 fn parse_dtype(text: &str) -> Result<Dtype, String> {
@@ -53,129 +58,118 @@ fn parse_dtype(text: &str) -> Result<Dtype, String> {
 }
 
 /// Where the model comes from.
-enum Source {
+pub enum Source {
     /// A model folder.
     Folder(HfFolder),
-    /// A run's checkpoint: the run's record and directory, and the checkpoint directory.
-    Checkpoint(Box<RunFile>, PathBuf, PathBuf),
+    /// A run's checkpoint.
+    Checkpoint {
+        /// The run's record.
+        run: Box<RunFile>,
+        /// The run directory.
+        dir: PathBuf,
+        /// The checkpoint directory.
+        checkpoint: PathBuf,
+    },
 }
 
-impl Source {
-    fn open(path: &Path) -> anyhow::Result<Source> {
-        if path.join(CONFIG_FILE).exists() {
-            return Ok(Source::Folder(HfFolder::open(path)?));
-        }
-        if path.join(super::run_file::RUN_FILE).exists() {
-            let run = RunFile::read(path)?;
-            let checkpoint = super::run_file::checkpoint_of(path, None)?;
-            return Ok(Source::Checkpoint(
-                Box::new(run),
-                path.to_owned(),
-                checkpoint,
-            ));
-        }
-        // A checkpoint directory lies in RUN/checkpoints/.
-        if let Some(run_dir) = path.parent().and_then(Path::parent) {
-            if path.join(MODEL_FILE).exists() && run_dir.join(super::run_file::RUN_FILE).exists() {
-                let run = RunFile::read(run_dir)?;
-                return Ok(Source::Checkpoint(
-                    Box::new(run),
-                    run_dir.to_owned(),
-                    path.to_owned(),
-                ));
-            }
-        }
-        anyhow::bail!(
-            "--model {}: not a model folder (config.json), a run (run.json) or a run's checkpoint",
-            path.display()
-        )
+/// The run and checkpoint that `path` names: a run directory (its latest checkpoint) or a
+/// checkpoint directory of one (`RUN/checkpoints/step-N`).
+fn checkpoint_source(path: &Path) -> anyhow::Result<Source> {
+    if path.join(super::run_file::RUN_FILE).exists() {
+        return Ok(Source::Checkpoint {
+            run: Box::new(RunFile::read(path)?),
+            dir: path.to_owned(),
+            checkpoint: super::run_file::checkpoint_of(path, None)?,
+        });
     }
-
-    fn model_name(&self) -> &str {
-        match self {
-            Source::Folder(folder) => folder.family().model_name(),
-            Source::Checkpoint(run, _, _) => &run.model,
+    if let Some(dir) = path.parent().and_then(Path::parent) {
+        if path.join(MODEL_FILE).exists() && dir.join(super::run_file::RUN_FILE).exists() {
+            return Ok(Source::Checkpoint {
+                run: Box::new(RunFile::read(dir)?),
+                dir: dir.to_owned(),
+                checkpoint: path.to_owned(),
+            });
         }
     }
+    anyhow::bail!(
+        "--model {}: not a model folder (config.json), a run (run.json) or a run's checkpoint",
+        path.display()
+    )
 }
 
-/// Runs `lmx quantize`.
-pub fn run(args: QuantizeArgs) -> anyhow::Result<()> {
+/// What `lmx quantize` was asked to do.
+pub struct QuantizeRequest {
+    /// The model.
+    pub source: Source,
+    /// How to quantize it; `None` dequantizes it.
+    pub quantization: Option<Quantization>,
+    /// The folder to write.
+    pub out: PathBuf,
+    /// `--dtype`, `None` for the default of what is written.
+    pub dtype: Option<Dtype>,
+}
+
+/// Runs `lmx quantize` over `registry`'s models.
+pub fn run(args: QuantizeArgs, registry: &Registry) -> anyhow::Result<()> {
     let q = Quantization::new(args.group_size, args.bits)?;
-    let source = Source::open(&args.model)?;
-    let name = source.model_name().to_owned();
-    // GPT-2's checkpoints store its Conv1D weights transposed ([in, out]), which a packed
-    // weight cannot be: refused before any work rather than written wrong.
-    if Family::of_model(&name) == Some(Family::Gpt2) {
-        anyhow::bail!(
-            "{name}: quantized GPT-2 models cannot be written in the Hugging Face layout yet"
-        );
-    }
-    let request = Request {
+    let path = args.model.to_string_lossy();
+    let (model, source) = if args.model.join(CONFIG_FILE).exists() {
+        match resolve::resolve(registry, &path)? {
+            Resolved::Folder(model, folder) => (model, Source::Folder(folder)),
+            _ => anyhow::bail!("--model {path}: not a Hugging Face model folder"),
+        }
+    } else {
+        let source = checkpoint_source(&args.model)?;
+        let Source::Checkpoint { run, dir, .. } = &source else {
+            unreachable!("checkpoint_source gives checkpoints")
+        };
+        match resolve::resolve(registry, &run.model)? {
+            Resolved::Registered(model) => (model, source),
+            // A run of a `.lmx` file this program does not hold: the program built for the
+            // file quantizes it.
+            Resolved::File(file) => return super::model_file::run_in_built_program(&file),
+            Resolved::Folder(..) => anyhow::bail!(
+                "{}'s model {} is a folder, not a model: quantize the folder itself",
+                dir.display(),
+                run.model
+            ),
+        }
+    };
+    super::derived_run::refuse_occupied(&args.out)?;
+    model.quantize(QuantizeRequest {
         source,
         quantization: (!args.dequantize).then_some(q),
-        out: &args.out,
+        out: args.out,
         dtype: args.dtype,
-    };
-    match name.as_str() {
-        gpt2::Gpt2::NAME => quantize::<gpt2::Gpt2>(request),
-        llama::Llama::NAME => quantize::<llama::Llama>(request),
-        gemma::Gemma::NAME => quantize::<gemma::Gemma>(request),
-        mistral::Mistral::NAME => quantize::<mistral::Mistral>(request),
-        mixtral::Mixtral::NAME => quantize::<mixtral::Mixtral>(request),
-        mpt::Mpt::NAME => quantize::<mpt::Mpt>(request),
-        qwen2::Qwen2::NAME => quantize::<qwen2::Qwen2>(request),
-        qwen3::Qwen3::NAME => quantize::<qwen3::Qwen3>(request),
-        gemma2::Gemma2::NAME => quantize::<gemma2::Gemma2>(request),
-        gemma3_text::Gemma3Text::NAME => quantize::<gemma3_text::Gemma3Text>(request),
-        phi3::Phi3::NAME => quantize::<phi3::Phi3>(request),
-        deepseek_v2::DeepseekV2::NAME => quantize::<deepseek_v2::DeepseekV2>(request),
-        other => anyhow::bail!("{other} models have no Hugging Face layout to write"),
+    })
+}
+
+/// The Hugging Face layout `M`'s quantized weights can be written in: none for a model of one's
+/// own, nor for GPT-2, whose checkpoints store its Conv1D weights transposed (`[in, out]`), which
+/// a packed weight cannot be.
+fn writable_family<M: LanguageModel>() -> Option<Family> {
+    Family::of_model(M::NAME).filter(|family| *family != Family::Gpt2)
+}
+
+/// Quantizes (or dequantizes) a model `M` as `request` says.
+pub fn quantize<M: LanguageModel>(request: QuantizeRequest) -> anyhow::Result<()> {
+    match (&request.source, writable_family::<M>()) {
+        (Source::Checkpoint { .. }, None) => quantize_run::<M>(request),
+        (_, Some(family)) => quantize_folder::<M>(request, family),
+        (Source::Folder(folder), None) => anyhow::bail!(
+            "{}: a {} model's quantized weights cannot be written in the Hugging Face layout \
+             yet; a run of lmx's {} quantizes into a run directory (`lmx quantize --model RUN`)",
+            folder.dir().display(),
+            folder.family().model_type(),
+            M::NAME
+        ),
     }
 }
 
-/// What to read, how to quantize it (`None`: dequantize) and where to write it.
-struct Request<'a> {
-    source: Source,
-    quantization: Option<Quantization>,
-    out: &'a Path,
-    dtype: Dtype,
-}
-
-fn quantize<M: LanguageModel>(request: Request) -> anyhow::Result<()> {
-    let Request {
-        source,
-        quantization,
-        out,
-        dtype,
-    } = request;
-    let source_config = match &source {
-        Source::Folder(folder) => Some(folder.config().clone()),
-        Source::Checkpoint(..) => None,
-    };
-    let (config, params, family, carried) = match source {
-        Source::Folder(folder) => {
-            let (config, params) = hf::load_model::<M>(&folder, Some(dtype))?;
-            (config, params, folder.family(), folder.carried_files())
-        }
-        Source::Checkpoint(run, run_dir, checkpoint) => {
-            let config: M::Config = serde_json::from_value(run.model_config.clone())?;
-            M::validate(&config)?;
-            let family = Family::of_model(M::NAME)
-                .ok_or_else(|| anyhow::anyhow!("{} has no Hugging Face layout", M::NAME))?;
-            super::run_file::refuse_adapters(&run, &run_dir, "quantize")?;
-            let params = super::run_file::load_params::<M>(&run, &config, &checkpoint, None)?;
-            let tokenizer = run_dir.join(TRAINED_FILE);
-            let carried = if tokenizer.exists() {
-                vec![tokenizer]
-            } else {
-                vec![]
-            };
-            (config, params, family, carried)
-        }
-    };
-    // Cast first, as mlx-lm quantizes a model loaded in its dtype: the scales take that dtype.
-    let cast = tree::flatten(&params)
+/// `params` with every floating-point leaf cast to `dtype`: as mlx-lm quantizes a model loaded
+/// in its dtype, the scales take that dtype.
+fn cast_floats<R: Tree<Array>>(params: &R, dtype: Dtype) -> anyhow::Result<R> {
+    let cast = tree::flatten(params)
         .iter()
         .map(|leaf| match leaf.dtype() {
             Dtype::Float32 | Dtype::Float16 | Dtype::Bfloat16 => leaf.as_dtype(dtype),
@@ -183,80 +177,150 @@ fn quantize<M: LanguageModel>(request: Request) -> anyhow::Result<()> {
         })
         .collect::<Result<Vec<Array>, _>>()?;
     let mut cast = cast.into_iter();
-    let mut params = params.map_same(&mut |_| cast.next().expect("one array per leaf"));
-    let before = quant::tree_bytes(&params);
-    // What was done, said once the folder is written.
-    let summary = match quantization {
-        None => {
-            let layers = quant::dequantize_tree(&mut params)?;
-            format!(
-                "{}: {} layers dequantized; {} -> {} bytes",
-                out.display(),
-                layers.len(),
-                before,
-                quant::tree_bytes(&params)
+    Ok(params.map_same(&mut |_| cast.next().expect("one array per leaf")))
+}
+
+/// Quantizes (or dequantizes, `None`) `params` in place; what was done, for the summary.
+fn apply<R: Tree<Array>>(
+    params: &mut R,
+    quantization: Option<Quantization>,
+    out: &Path,
+) -> anyhow::Result<String> {
+    let before = quant::tree_bytes(params);
+    let Some(q) = quantization else {
+        let layers = quant::dequantize_tree(params)?;
+        return Ok(format!(
+            "{}: {} layers dequantized; {} -> {} bytes",
+            out.display(),
+            layers.len(),
+            before,
+            quant::tree_bytes(params)
+        ));
+    };
+    let report = quant::quantize_tree(params, q)?;
+    let after = quant::tree_bytes(params);
+    let count = quant::logical_parameter_count(params);
+    let experts = match report.experts {
+        0 => String::new(),
+        n => format!(" ({n} of them stacked experts)"),
+    };
+    let mut summary = format!(
+        "{}: {} layers{experts} quantized to {} bits in groups of {}; {count} parameters, \
+         {before} -> {after} bytes ({:.3} bits per weight)",
+        out.display(),
+        report.quantized.len(),
+        q.bits,
+        q.group_size,
+        after as f64 * 8.0 / count as f64,
+    );
+    if !report.skipped.is_empty() {
+        summary.push_str(&format!(
+            "\nleft as they were (already quantized, or rows not divisible into groups of {}): {}",
+            q.group_size,
+            report.skipped.join(", ")
+        ));
+    }
+    Ok(summary)
+}
+
+/// A model with a Hugging Face layout, written as a folder in mlx-lm's layout.
+fn quantize_folder<M: LanguageModel>(
+    request: QuantizeRequest,
+    family: Family,
+) -> anyhow::Result<()> {
+    let QuantizeRequest {
+        source,
+        quantization,
+        out,
+        dtype,
+    } = request;
+    let dtype = dtype.unwrap_or(Dtype::Float16);
+    let (config, params, source_config, carried) = match source {
+        Source::Folder(folder) => {
+            let (config, params) = hf::load_model::<M>(&folder, Some(dtype))?;
+            (
+                config,
+                params,
+                Some(folder.config().clone()),
+                folder.carried_files(),
             )
         }
-        Some(q) => {
-            let report = quant::quantize_tree(&mut params, q)?;
-            let after = quant::tree_bytes(&params);
-            let count = quant::logical_parameter_count(&params);
-            let experts = match report.experts {
-                0 => String::new(),
-                n => format!(" ({n} of them stacked experts)"),
+        Source::Checkpoint {
+            run,
+            dir,
+            checkpoint,
+        } => {
+            let config: M::Config = serde_json::from_value(run.model_config.clone())?;
+            M::validate(&config)?;
+            super::run_file::refuse_adapters(&run, &dir, "quantize")?;
+            let params = super::run_file::load_params::<M>(&run, &config, &checkpoint, None)?;
+            let tokenizer = dir.join(TRAINED_FILE);
+            let carried = match tokenizer.exists() {
+                true => vec![tokenizer],
+                false => vec![],
             };
-            let mut summary = format!(
-                "{}: {} layers{experts} quantized to {} bits in groups of {}; {count} parameters, \
-                 {before} -> {after} bytes ({:.3} bits per weight)",
-                out.display(),
-                report.quantized.len(),
-                q.bits,
-                q.group_size,
-                after as f64 * 8.0 / count as f64,
-            );
-            if !report.skipped.is_empty() {
-                summary.push_str(&format!(
-                    "\nleft as they were (already quantized, or rows not divisible into groups \
-                     of {}): {}",
-                    q.group_size,
-                    report.skipped.join(", ")
-                ));
-            }
-            summary
+            (config, params, None, carried)
         }
     };
-    export(
-        out,
-        family,
-        &config,
-        source_config.as_ref(),
-        &params,
+    let mut params = cast_floats(&params, dtype)?;
+    let summary = apply(&mut params, quantization, &out)?;
+    let lmx_config = serde_json::to_value(&config)?;
+    let spec = hf::ExportSpec {
+        lmx_config: &lmx_config,
+        source_config: source_config.as_ref(),
         dtype,
-        &carried,
-    )?;
+        copy: &carried,
+        max_shard_bytes: hf::DEFAULT_MAX_SHARD_BYTES,
+    };
+    hf::export(&out, family, &params, &spec)?;
     println!("{summary}");
     Ok(())
 }
 
-/// Writes `params` (with `config`) as a Hugging Face folder in mlx-lm's layout, atomically,
-/// keeping the source's token ids.
-fn export<C: serde::Serialize, R: Tree<Array>>(
-    out: &Path,
-    family: Family,
-    config: &C,
-    source_config: Option<&serde_json::Value>,
-    params: &R,
-    dtype: Dtype,
-    carried: &[PathBuf],
-) -> anyhow::Result<()> {
-    let lmx_config = serde_json::to_value(config)?;
-    let spec = hf::ExportSpec {
-        lmx_config: &lmx_config,
-        source_config,
+/// A run of a model without a Hugging Face layout, written as a new run directory: the packed
+/// weights in a checkpoint named as the source's, their layout in the record.
+fn quantize_run<M: LanguageModel>(request: QuantizeRequest) -> anyhow::Result<()> {
+    let QuantizeRequest {
+        source,
+        quantization,
+        out,
         dtype,
-        copy: carried,
-        max_shard_bytes: hf::DEFAULT_MAX_SHARD_BYTES,
+    } = request;
+    let Source::Checkpoint {
+        run,
+        dir,
+        checkpoint,
+    } = source
+    else {
+        unreachable!("a folder has a Hugging Face layout")
     };
-    hf::export(out, family, params, &spec)?;
+    let precision = match (dtype, run.train.precision) {
+        (None, precision) => precision,
+        (Some(Dtype::Float32), Precision::Mixed) => Precision::Mixed,
+        (Some(Dtype::Float32), _) => Precision::Float32,
+        (Some(Dtype::Bfloat16), _) => Precision::Bfloat16,
+        (Some(_), _) => anyhow::bail!(
+            "--dtype float16: a run keeps its parameters in float32 or bfloat16 (float16 is for \
+             model folders)"
+        ),
+    };
+    let config: M::Config = serde_json::from_value(run.model_config.clone())?;
+    M::validate(&config)?;
+    super::run_file::refuse_adapters(&run, &dir, "quantize")?;
+    let params = super::run_file::load_params::<M>(&run, &config, &checkpoint, None)?;
+    let mut params = cast_floats(&params, precision.dtype())?;
+    let summary = apply(&mut params, quantization, &out)?;
+    let mut record = RunFile {
+        quantization: quant::layout::record(&params),
+        ..*run
+    };
+    record.train.precision = precision;
+    super::derived_run::write(&out, &dir, &record, &checkpoint, &params)?;
+    println!("{summary}");
+    println!(
+        "a run directory: `lmx generate --run {0}` samples it, `lmx lora --base {0}` trains \
+         adapters over it",
+        out.display()
+    );
     Ok(())
 }

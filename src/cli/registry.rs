@@ -18,6 +18,7 @@ use super::eval::{self, EvalRequest};
 use super::export::{self, ExportRequest};
 use super::hf_model::{self, FolderGenerateRequest};
 use super::objective::ObjectiveSettings;
+use super::quantize::{self, QuantizeRequest};
 use super::run_file::RunFile;
 use super::train::{self, GenerateRequest, TrainRequest};
 use lmx::runtime::device::DeviceKind;
@@ -57,6 +58,7 @@ pub struct Registered {
     fuse: fn(&RunFile, &super::lora::FuseArgs) -> anyhow::Result<()>,
     generate_folder: fn(&HfFolder, FolderGenerateRequest) -> anyhow::Result<()>,
     export: fn(ExportRequest) -> anyhow::Result<()>,
+    quantize: fn(QuantizeRequest) -> anyhow::Result<()>,
     serve: fn(super::serve::Source, &super::serve::ServeArgs, DeviceKind) -> anyhow::Result<()>,
     read_teacher: fn(&Path) -> anyhow::Result<Teacher>,
     steps: fn() -> Vec<NamedStep>,
@@ -182,6 +184,11 @@ impl Registered {
         (self.export)(request)
     }
 
+    /// Quantizes (or dequantizes) a run's checkpoint, or a folder, of this model.
+    pub fn quantize(&self, request: QuantizeRequest) -> anyhow::Result<()> {
+        (self.quantize)(request)
+    }
+
     /// Reads a run or Hugging Face folder of this model as a distillation teacher of any student
     /// (`--teacher DIR`): its own configuration, its weights as frozen inputs.
     pub fn read_teacher(&self, dir: &Path) -> anyhow::Result<Teacher> {
@@ -253,6 +260,7 @@ impl Registry {
             fuse: super::lora::fuse::<S>,
             generate_folder: hf_model::sample::<S::Model>,
             export: export::export::<S::Model>,
+            quantize: quantize::quantize::<S::Model>,
             serve: super::serve::serve::<S::Model>,
             read_teacher: super::objective::read_teacher::<S::Model>,
             steps: named_steps::<S>,

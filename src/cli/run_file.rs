@@ -56,6 +56,11 @@ pub struct RunFile {
     /// The easy data of a difficulty curriculum (`--curriculum-easy`), `data` being the hard.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub curriculum: Option<DifficultySettings>,
+    /// The layers its checkpoints hold packed, as mlx-lm's `quantization` entry with every
+    /// quantized layer named (`quant::layout::record`): a run `lmx quantize` wrote, or one whose
+    /// model started from packed weights.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub quantization: Option<serde_json::Value>,
 }
 
 /// A difficulty curriculum as `run.json` records it: every batch mixes rows of `easy` with
@@ -261,20 +266,12 @@ pub fn load_params<M: LanguageModel>(
         );
     }
     let folder = run.init.as_deref().map(HfFolder::open).transpose()?;
-    let template = match (&folder, &run.lora) {
+    let place = run_file_of(checkpoint);
+    let mut template = match (&folder, &run.lora) {
         // A LoRA run's checkpoints leave out the frozen base, which is the folder's.
-        (Some(folder), Some(_)) => lora_base::<M>(run, folder)?,
-        (folder, _) => {
-            let mut template = M::init(config, 0)?;
-            // A run from a quantized folder keeps its packed layers: the template takes their
-            // layout before the run's precision casts its floating-point leaves.
-            if let Some(folder) = folder {
-                quant::layout::prepare_folder(&mut template, folder)?;
-            }
-            template
-        }
+        (Some(folder), Some(_)) => run.train.precision.cast(&lora_base::<M>(run, folder)?)?,
+        (folder, _) => template::<M>(run, config, 0, folder.as_ref(), &place)?,
     };
-    let mut template = run.train.precision.cast(&template)?;
     if let Some(lora) = &run.lora {
         lora::attach(
             &mut template,
@@ -296,6 +293,38 @@ pub fn load_params<M: LanguageModel>(
     Ok(params)
 }
 
+/// The parameters a checkpoint of `run` (a run of `M` at `config`) loads into: `M`'s, initialised
+/// from `seed`, laid out as the checkpoint's packed layers are (the quantization of `folder`, the
+/// run's `--init`, and the run's own record; `place` names that record in errors), in the run's
+/// precision.
+pub fn template<M: LanguageModel>(
+    run: &RunFile,
+    config: &M::Config,
+    seed: u64,
+    folder: Option<&HfFolder>,
+    place: &str,
+) -> anyhow::Result<M::Params> {
+    let mut template = M::init(config, seed)?;
+    // The layout first, so that the precision casts the placeholders' scales as the
+    // checkpoint holds them.
+    if let Some(folder) = folder {
+        quant::layout::prepare_folder(&mut template, folder)?;
+    }
+    if let Some(record) = &run.quantization {
+        quant::layout::prepare_recorded(&mut template, record, place)?;
+    }
+    Ok(run.train.precision.cast(&template)?)
+}
+
+/// The record (`RUN/run.json`) of the run that `checkpoint` (`RUN/checkpoints/step-N`) belongs
+/// to, as errors name it.
+pub fn run_file_of(checkpoint: &Path) -> String {
+    match checkpoint.parent().and_then(Path::parent) {
+        Some(run) => run.join(RUN_FILE).display().to_string(),
+        None => RUN_FILE.to_owned(),
+    }
+}
+
 /// The frozen base of the LoRA run `run` over `folder` (its `--init`): the folder's weights, once
 /// they are known to be those the run recorded.
 fn lora_base<M: LanguageModel>(run: &RunFile, folder: &HfFolder) -> anyhow::Result<M::Params> {
@@ -314,13 +343,13 @@ fn lora_base<M: LanguageModel>(run: &RunFile, folder: &HfFolder) -> anyhow::Resu
     Ok(hf::load_model::<M>(folder, None)?.1)
 }
 
-/// Refuses a LoRA run where a Hugging Face folder is to be written from its checkpoint (`what`:
-/// the command): such a folder cannot hold adapters, which must be fused first.
+/// Refuses a LoRA run where its model alone is to be written from its checkpoint (`what`: the
+/// command, which reads no adapters): they must be fused into the weights first.
 pub fn refuse_adapters(run: &RunFile, dir: &Path, what: &str) -> anyhow::Result<()> {
     if run.lora.is_some() {
         anyhow::bail!(
-            "{} trains low-rank adapters, which a Hugging Face model folder cannot hold: fuse \
-             them into the weights first (`lmx fuse --run {0} --out FUSED`), then {what} FUSED",
+            "{} trains low-rank adapters over its model: fuse them into the weights first (`lmx \
+             fuse --run {0} --out FUSED`), then {what} FUSED",
             dir.display()
         );
     }
@@ -348,6 +377,7 @@ mod tests {
             init_weights: None,
             objective: None,
             curriculum: None,
+            quantization: None,
         }
     }
 

@@ -272,7 +272,7 @@ where
         }
         (Some(_), _) => anyhow::bail!(NOT_TEXT_CURRICULUM),
     };
-    let run_file = RunFile {
+    let mut run_file = RunFile {
         model: request.model.clone(),
         preset: request.preset.clone(),
         model_config: serde_json::to_value(&model_config)?,
@@ -289,6 +289,7 @@ where
             .transpose()?,
         objective: request.objective.clone(),
         curriculum,
+        quantization: None,
     };
 
     let run_dir = match leader {
@@ -356,6 +357,8 @@ where
             request.train.seed,
         )?,
     };
+    // What of the model is packed (a quantized base or folder), for its checkpoints' readers.
+    run_file.quantization = lmx::runtime::quant::layout::record(&params);
     if let Some(lora) = &request.lora {
         lmx::runtime::lora::attach(
             &mut params,

@@ -96,6 +96,16 @@ pub fn load<P: Tree<Array>, O: Optimizer>(
     dir: &Path,
     state: &mut TrainState<P, O>,
 ) -> Result<serde_json::Value> {
+    if dir.join(MODEL_FILE).is_file() && !dir.join(OPTIMIZER_FILE).exists() {
+        // A run made from another (`lmx fuse`, `lmx quantize`) checkpoints its weights alone.
+        return Err(Error::Checkpoint {
+            path: dir.to_owned(),
+            message: "holds a model's weights and no training state (a run written by `lmx \
+                      fuse` or `lmx quantize`), so no run resumes from it: train adapters over \
+                      it (`lmx lora --base RUN`) in a new run"
+                .into(),
+        });
+    }
     let frozen: Vec<bool> = tree::specs(&state.params)
         .iter()
         .map(|spec| !spec.changes_in_training())

@@ -43,11 +43,26 @@ pub fn hf_tensors<R: Tree<Array>>(
     dtype: Dtype,
 ) -> Result<Vec<(String, Array)>> {
     let mut packed = HashSet::new();
+    let mut transposed = None;
     params.for_each_layer(&Scope::root(), &mut |scope, layer| {
-        if let (Layer::SwitchLinear(_), Some(_)) = (&layer, layer.quantization()) {
-            packed.insert(format!("{}.weight", scope.name()));
+        let weight = format!("{}.weight", scope.name());
+        match (&layer, layer.quantization()) {
+            (_, Some(_)) if transposed.is_none() && family.transposed(&weight) => {
+                transposed = Some(scope.name().to_owned());
+            }
+            (Layer::SwitchLinear(_), Some(_)) => {
+                packed.insert(weight);
+            }
+            _ => {}
         }
     });
+    if let Some(layer) = transposed {
+        return Err(HfError::PackedTransposed {
+            layer,
+            model_type: family.model_type(),
+        }
+        .into());
+    }
     let mut tensors = Vec::new();
     for (name, leaf) in tree::names(params).into_iter().zip(tree::flatten(params)) {
         let mut array = leaf;

@@ -276,6 +276,38 @@ pub fn write_config<R: Tree<Array> + ?Sized>(config: &mut Map<String, Value>, tr
     }
 }
 
+/// `tree`'s quantization as a run records it (`run.json`'s `quantization`): [`config_entry`]'s
+/// form with every quantized layer named (`true` for one at the default), so that
+/// [`prepare_recorded`] lays a template out from the record alone, with no weights file to ask
+/// which layers hold scales. `None` when nothing is quantized.
+pub fn record<R: Tree<Array> + ?Sized>(tree: &R) -> Option<Value> {
+    let Some(Value::Object(mut entry)) = config_entry(tree) else {
+        return None;
+    };
+    tree.for_each_layer(&Scope::root(), &mut |scope, layer| {
+        if layer.quantization().is_some() {
+            entry
+                .entry(scope.name().to_owned())
+                .or_insert(Value::Bool(true));
+        }
+    });
+    Some(Value::Object(entry))
+}
+
+/// Makes `template`'s layers the placeholders that a run's `record` (of [`record`]) declares
+/// quantized; `place` names the record in errors (`RUN/run.json`).
+pub fn prepare_recorded<R: Tree<Array> + ?Sized>(
+    template: &mut R,
+    record: &Value,
+    place: &str,
+) -> Result<()> {
+    let config = json!({ "quantization": record });
+    if let Some(layout) = QuantizedLayout::from_config(&config, place)? {
+        layout.prepare(template, &|_| false, place)?;
+    }
+    Ok(())
+}
+
 /// `{group_size, bits, mode}` as mlx-lm writes them.
 fn object(q: Quantization) -> Map<String, Value> {
     let Value::Object(map) = json!({"group_size": q.group_size, "bits": q.bits, "mode": AFFINE})
