@@ -160,6 +160,17 @@ fn llama_batched_generation_matches_one_at_a_time() -> Result<()> {
     batch_matches_alone::<llama::Llama>(&config)
 }
 
+/// LLaMA with heads of 64 (query heads 4 over 2 key heads), a shape lmx's decode attention
+/// kernel takes on CUDA: a batch's traced step writes every row's key and value at the shared
+/// slot as it attends, each row from its own start.
+#[test]
+fn llama_batched_generation_through_the_decode_attention_kernel() -> Result<()> {
+    let mut config = llama::Config::preset("tiny").expect("llama has a tiny preset");
+    config.d_model = 256;
+    config.d_ff = 256;
+    batch_matches_alone::<llama::Llama>(&config)
+}
+
 /// Learned absolute positions: a padded or joining row counts its positions from its own first
 /// slot, as alone.
 #[test]

@@ -161,6 +161,22 @@ fn llama_greedy_decoding_through_the_fused_mlp() -> Result<()> {
     )
 }
 
+/// LLaMA with heads of 64 (4 query heads over 2 key heads), a shape lmx's decode attention kernel
+/// takes on CUDA: the traced step's kernel rotates the query and the key and writes the key and
+/// value into the cache's buffers in place as it attends, across the buffers' growth past their
+/// first block; the same tokens as the full forward pass and the op-by-op loop.
+#[test]
+fn llama_greedy_decoding_through_the_decode_attention_kernel() -> Result<()> {
+    greedy_follows_the_full_forward_pass::<llama::Llama>(
+        |config| {
+            config.ctx = (PROMPT + NEW) as _;
+            config.d_model = 256;
+            config.d_ff = 256;
+        },
+        2,
+    )
+}
+
 /// Sampling with a seed, top-k and a presence penalty: two runs draw the same tokens, the op-by-op
 /// loop draws them too, another seed draws others; within one cache block the step is traced
 /// once per length of the penalty's look-back window while it fills, then never again.
