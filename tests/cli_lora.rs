@@ -3,19 +3,8 @@
 //! all decode the same greedy text, which the base alone does not; the base's checkpoint is
 //! untouched, and the adapters folder is mlx-lm's.
 
-use crate::support::cli::lmx;
+use crate::support::cli::{lmx, ok};
 use std::path::Path;
-
-fn ok(args: &[&str]) -> String {
-    let output = lmx(args);
-    let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
-    assert!(
-        output.status.success(),
-        "lmx {args:?} failed:\n{stdout}\n{}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    stdout
-}
 
 fn greedy(run: &Path, adapter: Option<&Path>) -> String {
     let mut args = vec![

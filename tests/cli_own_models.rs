@@ -3,20 +3,9 @@
 //! that model; another is built into a program of its own, which needs lmx's source), and `lmx
 //! new`'s refusals. Building a crate is tests/new_crate.rs's part.
 
-use crate::support::cli::lmx;
+use crate::support::cli::{lmx, ok};
 use std::path::Path;
 use std::process::{Command, Output};
-
-fn succeeds(args: &[&str]) -> String {
-    let output = lmx(args);
-    let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
-    assert!(
-        output.status.success(),
-        "lmx {args:?} failed:\n{stdout}\n{}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    stdout
-}
 
 fn stderr_of_failing(output: Output) -> String {
     let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
@@ -34,7 +23,7 @@ fn fails(args: &[&str]) -> String {
 
 /// Trains `file` (a GPT-2 source) at its tiny preset for `steps` steps into `out`: the output.
 fn train_tiny(file: &str, steps: &str, out: &str) -> String {
-    succeeds(&[
+    ok(&[
         "train",
         "--model",
         file,
@@ -125,7 +114,7 @@ fn a_model_file_with_a_bundled_model_s_source_trains_and_generates_as_that_model
         serde_json::from_str(&std::fs::read_to_string(Path::new(out).join("run.json")).unwrap())
             .unwrap();
     assert_eq!(run["model"], file, "the run records the file, as given");
-    let generated = succeeds(&["generate", "--run", out, "--max-tokens", "4"]);
+    let generated = ok(&["generate", "--run", out, "--max-tokens", "4"]);
     assert!(generated.starts_with("ROMEO:"), "{generated}");
 }
 
@@ -245,7 +234,7 @@ fn lmx_new_refuses_a_folder_that_is_not_empty_and_an_invalid_name() {
 #[test]
 fn lmx_check_reports_what_frozen_marks_leave_to_train() {
     let file = Path::new(env!("CARGO_MANIFEST_DIR")).join("grammar/tests/accept/param_marks.lmx");
-    let checked = succeeds(&["check", file.to_str().unwrap()]);
+    let checked = ok(&["check", file.to_str().unwrap()]);
     assert!(
         checked.contains("trainable         16,512 (`frozen` marks; 25,088 frozen)\n"),
         "{checked}"

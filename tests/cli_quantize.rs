@@ -3,13 +3,20 @@
 //! back with `--dequantize`; unsupported settings fail naming the flag's value
 //! before any work, and nothing is written.
 
-use crate::support::cli::lmx;
+use crate::support::cli::{lmx, ok};
 use lmx::models::llama::Llama;
 use lmx::runtime::generate::{generate, Sampling};
 use lmx::runtime::hf::{self, HfFolder};
 use lmx::runtime::mlx_rs::Dtype;
 use lmx::runtime::nn::Quantization;
 use std::path::PathBuf;
+
+/// The standard error of `lmx ARGS`, which must fail.
+fn fails(args: &[&str]) -> String {
+    let output = lmx(args);
+    assert!(!output.status.success(), "lmx {args:?} succeeded");
+    String::from_utf8_lossy(&output.stderr).into_owned()
+}
 
 fn llama() -> String {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
@@ -250,16 +257,6 @@ fn a_run_quantizes_generates_and_dequantizes() {
 fn a_mixtral_quantizes_its_experts_generates_and_trains_adapters() {
     let dir = tempfile::tempdir().unwrap();
     let s = |name: &str| dir.path().join(name).to_str().unwrap().to_owned();
-    let ok = |args: &[&str]| {
-        let output = lmx(args);
-        let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
-        assert!(
-            output.status.success(),
-            "lmx {args:?}: {stdout}{}",
-            String::from_utf8_lossy(&output.stderr)
-        );
-        stdout
-    };
     let mixtral = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/hf/mixtral");
     let stdout = ok(&[
         "quantize",
@@ -355,21 +352,6 @@ fn a_run_without_a_hugging_face_layout_quantizes_into_a_run() {
     let dir = tempfile::tempdir().unwrap();
     let s = |name: &str| dir.path().join(name).to_str().unwrap().to_owned();
     let (run, q4, qlora) = (s("run"), s("q4"), s("qlora"));
-    let ok = |args: &[&str]| {
-        let output = lmx(args);
-        let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
-        assert!(
-            output.status.success(),
-            "lmx {args:?}: {stdout}{}",
-            String::from_utf8_lossy(&output.stderr)
-        );
-        stdout
-    };
-    let fails = |args: &[&str]| {
-        let output = lmx(args);
-        assert!(!output.status.success(), "lmx {args:?} succeeded");
-        String::from_utf8_lossy(&output.stderr).into_owned()
-    };
     let data = concat!(env!("CARGO_MANIFEST_DIR"), "/data/shakespeare.txt");
     let common = [
         "--tokenizer",

@@ -11,6 +11,18 @@ pub fn lmx(args: &[&str]) -> Output {
         .expect("lmx runs")
 }
 
+/// The standard output of `lmx ARGS`, which must succeed (the failure shows both streams).
+pub fn ok(args: &[&str]) -> String {
+    let output = lmx(args);
+    let stdout = text(&output.stdout);
+    assert!(
+        output.status.success(),
+        "lmx {args:?} failed:\n{stdout}\n{}",
+        text(&output.stderr)
+    );
+    stdout
+}
+
 pub fn text(bytes: &[u8]) -> String {
     String::from_utf8_lossy(bytes).into_owned()
 }
