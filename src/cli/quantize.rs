@@ -114,10 +114,13 @@ pub fn run(args: QuantizeArgs, registry: &Registry) -> anyhow::Result<()> {
     let q = Quantization::new(args.group_size, args.bits)?;
     let path = args.model.to_string_lossy();
     let (model, source) = if args.model.join(CONFIG_FILE).exists() {
-        match resolve::resolve(registry, &path)? {
-            Resolved::Folder(model, folder) => (model, Source::Folder(folder)),
-            _ => anyhow::bail!("--model {path}: not a Hugging Face model folder"),
-        }
+        // Opened as the folder it is, even where its path is also a registered model's name.
+        let folder = HfFolder::open(&args.model)?;
+        let name = folder.family().model_name();
+        let model = registry.step(name).ok_or_else(|| {
+            anyhow::anyhow!("{path} holds a {name} model, which this program does not register")
+        })?;
+        (model, Source::Folder(folder))
     } else {
         let source = checkpoint_source(&args.model)?;
         let Source::Checkpoint { run, dir, .. } = &source else {
@@ -310,8 +313,12 @@ fn quantize_run<M: LanguageModel>(request: QuantizeRequest) -> anyhow::Result<()
     let params = super::run_file::load_params::<M>(&run, &config, &checkpoint, None)?;
     let mut params = cast_floats(&params, precision.dtype())?;
     let summary = apply(&mut params, quantization, &out)?;
+    // The checkpoint holds the whole model: the run no longer reads its `--init` folder, whose
+    // layout (packed or not) is not the checkpoint's.
     let mut record = RunFile {
         quantization: quant::layout::record(&params),
+        init: None,
+        init_weights: None,
         ..*run
     };
     record.train.precision = precision;

@@ -357,8 +357,12 @@ where
             request.train.seed,
         )?,
     };
-    // What of the model is packed (a quantized base or folder), for its checkpoints' readers.
-    run_file.quantization = lmx::runtime::quant::layout::record(&params);
+    // What of the model is packed (a quantized base or folder), for its checkpoints' readers;
+    // a resumed run whose parameters are read from its checkpoint later keeps its record.
+    run_file.quantization = lmx::runtime::quant::layout::record(&params).or_else(|| {
+        let recorded = request.recorded.as_ref();
+        recorded.and_then(|run| run.quantization.clone())
+    });
     if let Some(lora) = &request.lora {
         lmx::runtime::lora::attach(
             &mut params,

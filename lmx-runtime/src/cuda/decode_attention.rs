@@ -369,10 +369,13 @@ pub(crate) fn decode_attention(
     let warps = warps(head_dim);
     let position = position.reshape(&[1])?.as_dtype(Dtype::Int32)?;
     let rotated_key = new.and_then(|new| new.rotated_key.as_ref());
+    // What the kernel reads of the query: never a rotation's output it rotates itself, which
+    // would then be computed.
+    let query = rotated.map_or(q, |r| &r.input);
     // Without starts, a rotation or a new key and value, the kernel reads none: stand-ins of
     // their types.
     let inputs = [
-        rotated.map_or_else(|| q.clone(), |r| r.input.clone()),
+        query.clone(),
         k.clone(),
         v.clone(),
         position.clone(),
@@ -388,9 +391,9 @@ pub(crate) fn decode_attention(
         match (new, rotated_key) {
             (_, Some(r)) => r.input.clone(),
             (Some(new), None) => new.key.clone(),
-            (None, None) => q.clone(),
+            (None, None) => query.clone(),
         },
-        new.map_or_else(|| q.clone(), |new| new.value.clone()),
+        new.map_or_else(|| query.clone(), |new| new.value.clone()),
         match rotated_key {
             Some(r) => r.offset.reshape(&[-1])?,
             None => position,
