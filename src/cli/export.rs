@@ -210,12 +210,9 @@ pub fn export<M: LanguageModel>(request: ExportRequest) -> anyhow::Result<()> {
             run,
             checkpoint,
         } => {
-            let config: M::Config = serde_json::from_value(run.model_config.clone())
-                .map_err(|err| anyhow::anyhow!("{}'s model configuration: {err}", dir.display()))?;
-            M::validate(&config)?;
-            super::run_file::refuse_adapters(run, dir, "export")?;
             let checkpoint = super::run_file::checkpoint_of(dir, checkpoint.clone())?;
-            let params = super::run_file::load_params::<M>(run, &config, &checkpoint, None)?;
+            let (config, params) =
+                super::run_file::read_model::<M>(run, dir, &checkpoint, "export")?;
             // The parameters' dtype: a packed weight's `uint32` is not it.
             let dtype = tree::flatten(&params)
                 .iter()

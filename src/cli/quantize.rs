@@ -253,10 +253,8 @@ fn quantize_folder<M: LanguageModel>(
             dir,
             checkpoint,
         } => {
-            let config: M::Config = serde_json::from_value(run.model_config.clone())?;
-            M::validate(&config)?;
-            super::run_file::refuse_adapters(&run, &dir, "quantize")?;
-            let params = super::run_file::load_params::<M>(&run, &config, &checkpoint, None)?;
+            let (config, params) =
+                super::run_file::read_model::<M>(&run, &dir, &checkpoint, "quantize")?;
             let tokenizer = dir.join(TRAINED_FILE);
             let carried = match tokenizer.exists() {
                 true => vec![tokenizer],
@@ -307,10 +305,7 @@ fn quantize_run<M: LanguageModel>(request: QuantizeRequest) -> anyhow::Result<()
              model folders)"
         ),
     };
-    let config: M::Config = serde_json::from_value(run.model_config.clone())?;
-    M::validate(&config)?;
-    super::run_file::refuse_adapters(&run, &dir, "quantize")?;
-    let params = super::run_file::load_params::<M>(&run, &config, &checkpoint, None)?;
+    let (_, params) = super::run_file::read_model::<M>(&run, &dir, &checkpoint, "quantize")?;
     let mut params = cast_floats(&params, precision.dtype())?;
     let summary = apply(&mut params, quantization, &out)?;
     // The checkpoint holds the whole model: the run no longer reads its `--init` folder, whose

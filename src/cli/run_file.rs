@@ -293,6 +293,22 @@ pub fn load_params<M: LanguageModel>(
     Ok(params)
 }
 
+/// The configuration and parameters of `checkpoint` of the run `run` (in `dir`), a run of `M`,
+/// for a command (`what`) that reads the model alone: a LoRA run is refused.
+pub fn read_model<M: LanguageModel>(
+    run: &RunFile,
+    dir: &Path,
+    checkpoint: &Path,
+    what: &str,
+) -> anyhow::Result<(M::Config, M::Params)> {
+    let config: M::Config = serde_json::from_value(run.model_config.clone())
+        .map_err(|err| anyhow::anyhow!("{}'s model configuration: {err}", dir.display()))?;
+    M::validate(&config)?;
+    refuse_adapters(run, dir, what)?;
+    let params = load_params::<M>(run, &config, checkpoint, None)?;
+    Ok((config, params))
+}
+
 /// The parameters a checkpoint of `run` (a run of `M` at `config`) loads into: `M`'s, initialised
 /// from `seed`, laid out as the checkpoint's packed layers are (the quantization of `folder`, the
 /// run's `--init`, and the run's own record; `place` names that record in errors), in the run's
