@@ -161,8 +161,8 @@ fn llama_batched_generation_matches_one_at_a_time() -> Result<()> {
 }
 
 /// LLaMA with heads of 64 (query heads 4 over 2 key heads), a shape lmx's decode attention
-/// kernel takes on CUDA (the tiny preset's heads of 16 it does not): a batch's traced step
-/// attends over each row's slots from its own start.
+/// kernel takes on CUDA: a batch's traced step writes every row's key and value at the shared
+/// slot as it attends, each row from its own start.
 #[test]
 fn llama_batched_generation_through_the_decode_attention_kernel() -> Result<()> {
     let mut config = llama::Config::preset("tiny").expect("llama has a tiny preset");

@@ -162,9 +162,9 @@ fn llama_greedy_decoding_through_the_fused_mlp() -> Result<()> {
 }
 
 /// LLaMA with heads of 64 (4 query heads over 2 key heads), a shape lmx's decode attention kernel
-/// takes on CUDA (the tiny preset's heads of 16 it does not): the traced step's kernel rotates
-/// the query as it reads it, across the buffers' growth past their first block; the same tokens
-/// as the full forward pass and the op-by-op loop.
+/// takes on CUDA: the traced step's kernel rotates the query and the key and writes the key and
+/// value into the cache's buffers in place as it attends, across the buffers' growth past their
+/// first block; the same tokens as the full forward pass and the op-by-op loop.
 #[test]
 fn llama_greedy_decoding_through_the_decode_attention_kernel() -> Result<()> {
     greedy_follows_the_full_forward_pass::<llama::Llama>(

@@ -240,15 +240,10 @@ impl Context {
             let mask = crate::generate::ring::visible(&queries, &positions, ring)?;
             return crate::nn::attention(q, &k, &v, crate::nn::AttentionMask::Array(&mask));
         }
-        let (k, v) = cache.extend(layer, k, v)?;
         if let Some(slots) = cache.decode_slots(q.dim(2)) {
-            let k_len = k.dim(2);
-            return crate::nn::decode_attention(q, &k, &v, &slots, || {
-                cache.mask(1, k_len)?.ok_or_else(|| {
-                    crate::error::Error::Layout("a traced decode step's cache built no mask".into())
-                })
-            });
+            return cache.attend_decoding(layer, q, (k, v), &slots);
         }
+        let (k, v) = cache.extend(layer, k, v)?;
         if let Some(mask) = cache.mask(q.dim(2), k.dim(2))? {
             return crate::nn::attention(q, &k, &v, crate::nn::AttentionMask::Array(&mask));
         }

@@ -1,5 +1,6 @@
-//! One query per row over a decode step's whole key-value buffers (`nn::decode_attention`)
-//! against a float64 softmax over the slots each row sees, computed here: MLX's fused attention
+//! One query per row over a decode step's whole key-value buffers (`nn::decode_attention`), the
+//! token's own key and value written at its slot first, against a float64 softmax over the slots
+//! each row sees, computed here, and the buffers so written: MLX's fused attention
 //! under a mask on the CPU, lmx's kernel on MLX's CUDA backend (`tests/gpu.sh`), whose split form
 //! (past 1,024 slots of capacity) and rows that start late are covered too.
 
@@ -59,12 +60,28 @@ fn check(case: &Case) {
             .collect();
         Ok(Array::from_slice(&visible, &[rows, 1, 1, capacity]))
     };
-    let out = nn::decode_attention(&q, &k, &v, &slots, mask).unwrap();
+    let k_new = normal(&[rows, kv_heads, 1, d], 4, dtype);
+    let v_new = normal(&[rows, kv_heads, 1, d], 5, dtype);
+    // The buffers as the token's key and value written at its slot make them, read before the
+    // kernel writes them in place.
+    let (d_u, cap_u) = (d as usize, capacity as usize);
+    let (qv, mut kv, mut vv) = (values(&q), values(&k), values(&v));
+    let (own_k, own_v) = (values(&k_new), values(&v_new));
+    for row in 0..(rows * kv_heads) as usize {
+        let slot = (row * cap_u + position as usize) * d_u;
+        kv[slot..slot + d_u].copy_from_slice(&own_k[row * d_u..][..d_u]);
+        vv[slot..slot + d_u].copy_from_slice(&own_v[row * d_u..][..d_u]);
+    }
+    let (out, keys, values_written) =
+        nn::decode_attention(&q, (&k_new, &v_new), (k, v), &slots, mask).unwrap();
     assert_eq!(out.shape(), [rows, heads, 1, d]);
     assert_eq!(out.dtype(), dtype);
+    // The buffers are read as the cache reads them, after the output is evaluated: on CUDA the
+    // kernel writes them in place, which MLX's CUDA graph does not order a read beside it after.
+    out.eval().unwrap();
+    assert_eq!(values(&keys), kv, "the keys written");
+    assert_eq!(values(&values_written), vv, "the values written");
 
-    let (qv, kv, vv) = (values(&q), values(&k), values(&v));
-    let (d_u, cap_u) = (d as usize, capacity as usize);
     let group = heads / kv_heads;
     let mut expected = Vec::new();
     for b in 0..rows {

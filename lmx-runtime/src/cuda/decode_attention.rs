@@ -38,6 +38,11 @@ const MAX_SPLITS: i32 = 64;
 /// value, or one per row) by `inv_freq`, as lmx's RoPE kernel would). Leaves the share's maximum
 /// score `M`, its sum of exponentials `L` and this thread's output value `o` (thread `t < D` for
 /// component `t`). A query on its row's padding (before the row's start) sees only its own slot.
+/// Where `WRITE`, the token's own key and value are `k_new`, `v_new` (`[B, KVH, 1, D]`; the key
+/// rotated here where `ROPE_K`, at `k_rope_offset` by `k_inv_freq`, as the query), read for the
+/// query's slot in place of the buffers', and the first block of each key head's first query head
+/// writes them into the buffers at that slot: the buffers are a traced decode step's own, updated
+/// in place, which is why `k` and `v` are written through their inputs' pointers.
 /// Each lane holds `D / 32` neighbouring components; `UNROLL` slots' loads are in flight at once.
 const SHARE: &str = r#"
   constexpr int E = D / 32;
@@ -89,6 +94,31 @@ const SHARE: &str = r#"
     qv[e] *= scale;
   }
   const size_t base = (static_cast<size_t>(b) * kv_heads + kvh) * capacity * D + lane * E;
+  Pack kn;
+  Pack vn;
+  if (WRITE) {
+    const size_t own = (static_cast<size_t>(b) * kv_heads + kvh) * D + lane * E;
+    kn = *reinterpret_cast<const Pack*>(k_new + own);
+    vn = *reinterpret_cast<const Pack*>(v_new + own);
+    if (ROPE_K) {
+      const float at = static_cast<float>(k_rope_offset[k_rope_offset_shape[0] == 1 ? 0 : b]);
+      const bool low = lane < 16;
+#pragma unroll
+      for (int e = 0; e < E; ++e) {
+        const float x = static_cast<float>(kn.v[e]);
+        const float other = __shfl_xor_sync(0xffffffff, x, 16);
+        float s;
+        float c;
+        sincosf(at * k_inv_freq[(lane % 16) * E + e], &s, &c);
+        kn.v[e] = static_cast<T>(low ? x * c - other * s : other * s + x * c);
+      }
+    }
+    if (blockIdx.x == 0 && (bh % heads) % (heads / kv_heads) == 0 && warp == 0) {
+      const size_t slot = base + static_cast<size_t>(pos) * D;
+      *reinterpret_cast<Pack*>(const_cast<T*>(k) + slot) = kn;
+      *reinterpret_cast<Pack*>(const_cast<T*>(v) + slot) = vn;
+    }
+  }
   float m = -INFINITY;
   float l = 0.f;
   float acc[E];
@@ -102,7 +132,10 @@ const SHARE: &str = r#"
 #pragma unroll
     for (int u = 0; u < UNROLL; ++u) {
       const int j = j0 + u * WARPS;
-      if (j < hi) {
+      if (WRITE && j == pos) {
+        kp[u] = kn;
+        vp[u] = vn;
+      } else if (j < hi) {
         kp[u] = *reinterpret_cast<const Pack*>(k + base + static_cast<size_t>(j) * D);
         vp[u] = *reinterpret_cast<const Pack*>(v + base + static_cast<size_t>(j) * D);
       }
@@ -212,6 +245,10 @@ const INPUTS: &[&str] = &[
     "starts",
     "rope_offset",
     "inv_freq",
+    "k_new",
+    "v_new",
+    "k_rope_offset",
+    "k_inv_freq",
 ];
 
 thread_local! {
@@ -258,23 +295,22 @@ pub(crate) fn decode_attention_fits(q: &Array, k: &Array, v: &Array) -> bool {
         && matches!(q.dtype(), Float32 | Float16 | Bfloat16)
 }
 
-/// A decode step's query before its rotation (RoPE, rotate-half, the whole head), which
-/// [`decode_attention`] then rotates as it reads it: the query `input`, the position `offset`
-/// (int32, one value or one per row) and each pair's angle per position, `rates` (float32,
-/// `[D / 2]`).
-pub(crate) struct RotatedQuery {
+/// A decode step's query or key before its rotation (RoPE, rotate-half, the whole head), which
+/// [`decode_attention`] then rotates as it reads it: the `input`, the position `offset` (int32,
+/// one value or one per row) and each pair's angle per position, `rates` (float32, `[D / 2]`).
+pub(crate) struct Rotation {
     pub input: Array,
     pub offset: Array,
     pub rates: Array,
 }
 
-impl RotatedQuery {
-    /// Whether it stands for the query `q` in [`decode_attention`]: an input of `q`'s shape and
-    /// dtype, a rate per pair of the head, an offset per row or one for all.
-    pub(crate) fn fits(&self, q: &Array) -> bool {
-        let (shape, rows) = (q.shape(), q.shape()[0] as usize);
+impl Rotation {
+    /// Whether it stands for `x` (a query or key) in [`decode_attention`]: an input of `x`'s
+    /// shape and dtype, a rate per pair of the head, an offset per row or one for all.
+    pub(crate) fn fits(&self, x: &Array) -> bool {
+        let (shape, rows) = (x.shape(), x.shape()[0] as usize);
         self.input.shape() == shape
-            && self.input.dtype() == q.dtype()
+            && self.input.dtype() == x.dtype()
             && self.rates.dtype() == Dtype::Float32
             && self.rates.shape() == [shape[3] / 2]
             && self.offset.dtype() == Dtype::Int32
@@ -283,19 +319,48 @@ impl RotatedQuery {
     }
 }
 
+/// The decoded token's own key and value (`[B, KVH, 1, D]`), which [`decode_attention`] writes
+/// into the buffers at the query's slot as it attends, the key before its rotation where
+/// `rotated_key` is given.
+pub(crate) struct NewKeyValue<'a> {
+    pub key: &'a Array,
+    pub value: &'a Array,
+    pub rotated_key: Option<Rotation>,
+}
+
+impl NewKeyValue<'_> {
+    /// Whether [`decode_attention`] writes it into buffers `k` (of `k`'s dtype, one slot of their
+    /// shape), its key's rotation fitting it.
+    pub(crate) fn fits(&self, k: &Array) -> bool {
+        let (ks, own) = (k.shape(), self.key.shape());
+        own.len() == 4
+            && own[0] == ks[0]
+            && own[1] == ks[1]
+            && own[2] == 1
+            && own[3] == ks[3]
+            && self.value.shape() == own
+            && self.key.dtype() == k.dtype()
+            && self.value.dtype() == k.dtype()
+            && self.rotated_key.as_ref().is_none_or(|r| r.fits(self.key))
+    }
+}
+
 /// `softmax(q k^T / sqrt(D)) v` of `q: [B, H, 1, D]` over the slots of `k`, `v: [B, KVH, C, D]`
 /// that each row's query sees: from `starts[b]` (`[B]` int32; slot 0 for every row without them)
 /// up to `position` (an int32 scalar, the query's slot), only its own slot where that is before
 /// the row's start. Computed in float32 and returned in `q`'s dtype. Where `rotated` is given
-/// (it [fits](RotatedQuery::fits) `q`), the kernel reads the query before its rotation and
-/// rotates it, to `q`'s numbers, so that the rotation is no operation of its own. Callers check
-/// [`decode_attention_fits`].
+/// (it [fits](Rotation::fits) `q`), the kernel reads the query before its rotation and rotates
+/// it, to `q`'s numbers, so that the rotation is no operation of its own. Where `new` is given
+/// (it [fits](NewKeyValue::fits) `k`), the kernel writes the token's key and value into `k` and
+/// `v` at `position`, in place, and attends to them there: `k` and `v` must be buffers that
+/// nothing else reads before this, row-contiguous (MLX would copy them otherwise), as a traced
+/// decode step's are. Callers check [`decode_attention_fits`].
 pub(crate) fn decode_attention(
     q: &Array,
-    k: &Array,
-    v: &Array,
+    (k, v): (&Array, &Array),
     (position, starts): (&Array, Option<&Array>),
-    rotated: Option<&RotatedQuery>,
+    rotated: Option<&Rotation>,
+    new: Option<&NewKeyValue>,
 ) -> Result<Array> {
     let (rows, heads, head_dim) = (q.shape()[0], q.shape()[1], q.shape()[3]);
     let capacity = k.shape()[2];
@@ -303,9 +368,14 @@ pub(crate) fn decode_attention(
     let dtype = q.dtype();
     let warps = warps(head_dim);
     let position = position.reshape(&[1])?.as_dtype(Dtype::Int32)?;
-    // Without starts, or a rotation, the kernel reads none: stand-ins of their types.
+    let rotated_key = new.and_then(|new| new.rotated_key.as_ref());
+    // What the kernel reads of the query: never a rotation's output it rotates itself, which
+    // would then be computed.
+    let query = rotated.map_or(q, |r| &r.input);
+    // Without starts, a rotation or a new key and value, the kernel reads none: stand-ins of
+    // their types.
     let inputs = [
-        rotated.map_or_else(|| q.clone(), |r| r.input.clone()),
+        query.clone(),
         k.clone(),
         v.clone(),
         position.clone(),
@@ -315,9 +385,20 @@ pub(crate) fn decode_attention(
         },
         match rotated {
             Some(r) => r.offset.reshape(&[-1])?,
-            None => position,
+            None => position.clone(),
         },
         rotated.map_or_else(|| Array::from_f32(0.0), |r| r.rates.clone()),
+        match (new, rotated_key) {
+            (_, Some(r)) => r.input.clone(),
+            (Some(new), None) => new.key.clone(),
+            (None, None) => query.clone(),
+        },
+        new.map_or_else(|| query.clone(), |new| new.value.clone()),
+        match rotated_key {
+            Some(r) => r.offset.reshape(&[-1])?,
+            None => position,
+        },
+        rotated_key.map_or_else(|| Array::from_f32(0.0), |r| r.rates.clone()),
     ];
     let template = [
         TemplateArg::Type("T", dtype),
@@ -325,6 +406,8 @@ pub(crate) fn decode_attention(
         TemplateArg::Int("WARPS", warps),
         TemplateArg::Int("HAS_STARTS", i32::from(starts.is_some())),
         TemplateArg::Int("ROPE_Q", i32::from(rotated.is_some())),
+        TemplateArg::Int("WRITE", i32::from(new.is_some())),
+        TemplateArg::Int("ROPE_K", i32::from(rotated_key.is_some())),
     ];
     let grid = (splits * warps * 32, rows * heads, 1);
     let block = (warps * 32, 1, 1);

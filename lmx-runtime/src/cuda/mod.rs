@@ -26,7 +26,7 @@ mod weights;
 pub(crate) use activation::{
     activation, activation_backward, activation_fits, swiglu, swiglu_backward,
 };
-pub(crate) use decode_attention::{decode_attention, decode_attention_fits, RotatedQuery};
+pub(crate) use decode_attention::{decode_attention, decode_attention_fits, NewKeyValue, Rotation};
 pub(crate) use gated_mlp::GatedMlp;
 pub(crate) use layer_norm::{layer_norm_backward, LAYER_NORM_MAX_COLUMNS};
 pub(crate) use matvec::{matvec, matvec_fits, OneLayer, MAX_ROWS};

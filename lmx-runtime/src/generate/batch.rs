@@ -283,7 +283,15 @@ impl<M: LanguageModel> BatchGenerator<M> {
             .decoder
             .get_or_insert_with(|| BatchStep::new::<M>(params, config, cache.states.len()));
         let logits = decoder.step(cache, &input)?;
-        let next = self.sample_bucket(&logits)?;
+        let next = match self.sample_bucket(&logits) {
+            Ok(next) => next,
+            Err(err) => {
+                // The step counted its slot filled; on CUDA its keys and values are written
+                // only when the step runs (in place, by attention): run it before failing.
+                async_eval([&logits])?;
+                return Err(err);
+            }
+        };
         async_eval([&next])?;
         Ok(next)
     }

@@ -342,6 +342,32 @@ impl KvCache {
         Ok(filled)
     }
 
+    /// In a traced step of one token per row (where [`decode_slots`](Self::decode_slots) gives
+    /// its slots), attention of layer `layer`'s queries `q` over its buffers with this token's
+    /// keys `k` and values `v` written into them (`nn::decode_attention`: on CUDA in place, by
+    /// the kernel that attends).
+    pub(crate) fn attend_decoding(
+        &mut self,
+        layer: usize,
+        q: &Array,
+        (k, v): (&Array, &Array),
+        slots: &nn::DecodeSlots,
+    ) -> Result<Array> {
+        let buffers = self.layers.get_mut(layer).and_then(Option::take);
+        let buffers = buffers.ok_or_else(|| {
+            Error::Layout(format!(
+                "a traced decode step attends in layer {layer}, which holds no keys yet"
+            ))
+        })?;
+        let capacity = buffers.0.dim(2);
+        let (out, keys, values) = nn::decode_attention(q, (k, v), buffers, slots, || {
+            self.mask(1, capacity)?
+                .ok_or_else(|| Error::Layout("a traced decode step's cache built no mask".into()))
+        })?;
+        self.layers[layer] = Some((keys, values));
+        Ok(out)
+    }
+
     /// In a traced step of one token per row, which of the buffers' slots its queries see (the
     /// same view as [`mask`](Self::mask), for attention that reads only those slots).
     pub(crate) fn decode_slots(&self, q_len: i32) -> Option<nn::DecodeSlots> {

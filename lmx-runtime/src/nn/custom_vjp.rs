@@ -157,7 +157,7 @@ fn call(closure: mlx_sys::mlx_closure, inputs: &[Array], name: &str) -> Result<V
 ///
 /// # Safety
 /// `vector` is a live mlx-c vector of arrays.
-unsafe fn arrays_of(vector: mlx_sys::mlx_vector_array) -> Result<Vec<Array>> {
+pub(super) unsafe fn arrays_of(vector: mlx_sys::mlx_vector_array) -> Result<Vec<Array>> {
     let size = mlx_sys::mlx_vector_array_size(vector);
     let mut arrays = Vec::with_capacity(size);
     for index in 0..size {

@@ -4,10 +4,11 @@
 //! operation of its own, whose host time a decoded token pays (docs/benchmarks.md, "Third
 //! session of 2026-11-28"). Where no gradient is taken on CUDA, a rotation of one position over
 //! a few rows is remembered here with its input: attention whose query is that rotation's output
-//! rotates the query itself as it reads it ([`cuda::RotatedQuery`]), and the rotation's own
+//! rotates the query itself as it reads it ([`cuda::Rotation`]), and the rotation's own
 //! output, which no one else reads, is never computed (MLX computes only what an evaluated array
-//! needs; a compiled decode step records only that). Where the output is read elsewhere too (the keys, which the
-//! cache stores), it is computed there as before, and the kernel's numbers are the same.
+//! needs; a compiled decode step records only that). The keys' rotation is remembered too: the
+//! same kernel rotates the token's key as it writes it into the cache. Where an output is read
+//! elsewhere too, it is computed there as before, and the kernel's numbers are the same.
 //!
 //! In the same way a one-row RMS norm and a decoding product group of two layers (dense or
 //! quantized, not adapted) are remembered: a gated MLP's down projection whose gate and up inputs
@@ -20,7 +21,7 @@
 //! output of an operation made just before it.
 
 use super::custom_vjp::gradient_free;
-use crate::cuda::{self, HeldWeight, RotatedQuery, Weight};
+use crate::cuda::{self, HeldWeight, Rotation, Weight};
 use mlx_rs::Array;
 use std::cell::RefCell;
 use std::collections::VecDeque;
@@ -83,7 +84,7 @@ fn made<T>(output: &Array, read: impl FnOnce(&Made) -> Option<T>) -> Option<T> {
 }
 
 /// The rotation `output` of one position's `input` (`[B, heads, 1, head_dim]`) at `offset` by
-/// `rates`, made by lmx's CUDA kernel, remembered for [`rotated_query`] where no gradient is
+/// `rates`, made by lmx's CUDA kernel, remembered for [`rotation`] where no gradient is
 /// taken, over at most a decoding product's rows.
 pub(super) fn remember_rope(output: &Array, input: &Array, offset: &Array, rates: &Array) {
     let one_position = input.ndim() == 4 && input.shape()[2] == 1;
@@ -98,15 +99,15 @@ pub(super) fn remember_rope(output: &Array, input: &Array, offset: &Array, rates
     remember(output, made);
 }
 
-/// The query before its rotation, where `q` is a remembered rotation's output: attention may
-/// rotate it as it reads it.
-pub(super) fn rotated_query(q: &Array) -> Option<RotatedQuery> {
-    made(q, |made| match made {
+/// The query or key before its rotation, where `x` is a remembered rotation's output: attention
+/// may rotate it as it reads it.
+pub(super) fn rotation(x: &Array) -> Option<Rotation> {
+    made(x, |made| match made {
         Made::Rope {
             input,
             offset,
             rates,
-        } => Some(RotatedQuery {
+        } => Some(Rotation {
             input: input.clone(),
             offset: offset.clone(),
             rates: rates.clone(),
@@ -216,59 +217,80 @@ mod tests {
         assert_ne!(id(&a), id(&a.multiply(&equal).unwrap()));
     }
 
-    /// Where no gradient is taken on CUDA, attention of a rotated query (one per row: 1 and 2
-    /// rows, 8 query heads over 2 and 8 key heads, heads of 64 and 128, bfloat16 and float32,
-    /// the slots in one block and split over several) rotates the query as it reads it, equal
-    /// to attention of the rotation's output (the same numbers, taken through a copy MLX made);
-    /// off CUDA nothing is remembered.
+    /// Where no gradient is taken on CUDA, decode attention of a rotated query with the token's
+    /// rotated key and its value (one query per row: 1 and 2 rows, 8 query heads over 2 and 8 key
+    /// heads, heads of 64 and 128, bfloat16 and float32, the slots in one block and split over
+    /// several) rotates both as it reads them and writes the key and value into the buffers at
+    /// the query's slot: its output and buffers equal, to rounding, the rotations computed by
+    /// their own kernel, written by a dynamic-offset update, and MLX's attention in float32 under
+    /// the mask; off CUDA nothing is remembered.
     #[test]
-    fn attention_rotates_a_rotated_query() {
+    fn decode_attention_rotates_and_writes_the_token() {
         let cuda = crate::cuda::available();
+        let f32 = |x: &Array| x.as_dtype(Dtype::Float32).unwrap();
+        let largest = |a: &Array, b: &Array| {
+            let err = f32(a).subtract(f32(b)).unwrap().abs().unwrap();
+            err.max(None).unwrap().item_cast::<f32>()
+        };
         for (dtype, tolerance) in [(Dtype::Bfloat16, 1e-2), (Dtype::Float32, 1e-5)] {
             for (rows, kv_heads, head_dim, capacity) in
                 [(1, 2, 64, 48), (2, 8, 128, 40), (1, 2, 64, 2100)]
             {
                 let q = normal(&[rows, 8, 1, head_dim], dtype);
-                let k = normal(&[rows, kv_heads, capacity, head_dim], dtype);
-                let v = normal(&[rows, kv_heads, capacity, head_dim], dtype);
+                let k = normal(&[rows, kv_heads, 1, head_dim], dtype);
+                let v = normal(&[rows, kv_heads, 1, head_dim], dtype);
+                let keys = normal(&[rows, kv_heads, capacity, head_dim], dtype);
+                let values = normal(&[rows, kv_heads, capacity, head_dim], dtype);
                 let position = Array::from_int(capacity - 3);
-                let rotated = without_gradients(|| {
-                    crate::nn::rope(&q, head_dim, 10000.0, &position).unwrap()
-                });
-                assert_eq!(rotated_query(&rotated).is_some(), cuda);
-                let slots = crate::nn::DecodeSlots {
-                    position: position.clone(),
-                    starts: None,
+                let rotate = |x: &Array| {
+                    without_gradients(|| crate::nn::rope(x, head_dim, 10000.0, &position).unwrap())
                 };
+                let (q_rotated, k_rotated) = (rotate(&q), rotate(&k));
+                assert_eq!(rotation(&q_rotated).is_some(), cuda);
+                assert_eq!(rotation(&k_rotated).is_some(), cuda);
+                // The reference's operands, evaluated before the kernel writes the buffers.
+                let one = Array::from_f32(1.0).as_dtype(dtype).unwrap();
+                let copy = |x: &Array| x.multiply(&one).unwrap();
+                let (q_plain, k_plain) = (copy(&q_rotated), copy(&k_rotated));
+                let (keys_before, values_before) = (copy(&keys), copy(&values));
+                mlx_rs::transforms::eval([&q_plain, &k_plain, &keys_before, &values_before])
+                    .unwrap();
+                let update = |buffer: &Array, x: &Array| {
+                    crate::nn::slice_update_dynamic(buffer, x, &position, 2).unwrap()
+                };
+                let keys_after = update(&keys_before, &k_plain);
+                let values_after = update(&values_before, &v);
                 let mask = || -> crate::error::Result<Array> {
                     let slots = mlx_rs::ops::arange::<_, i32>(None, capacity, None)?;
                     Ok(slots.le(&position)?.reshape(&[1, 1, 1, capacity])?)
                 };
-                let attend = |q: &Array| {
-                    crate::nn::decode_attention(q, &k, &v, &slots, mask)
-                        .unwrap()
-                        .as_dtype(Dtype::Float32)
-                        .unwrap()
+                let expected = crate::nn::attention(
+                    &f32(&q_plain),
+                    &f32(&keys_after),
+                    &f32(&values_after),
+                    crate::nn::AttentionMask::Array(&mask().unwrap()),
+                )
+                .unwrap();
+                let slots = crate::nn::DecodeSlots {
+                    position: position.clone(),
+                    starts: None,
                 };
-                let fused = attend(&rotated);
-                let copy = rotated
-                    .multiply(Array::from_f32(1.0).as_dtype(dtype).unwrap())
-                    .unwrap();
-                assert!(rotated_query(&copy).is_none());
-                let plain = attend(&copy);
-                let err = fused
-                    .subtract(&plain)
-                    .unwrap()
-                    .abs()
-                    .unwrap()
-                    .max(None)
-                    .unwrap();
-                let err = err.item_cast::<f32>();
-                assert!(
-                    err <= tolerance,
-                    "{dtype:?} rows {rows} kv heads {kv_heads} head {head_dim} capacity \
-                     {capacity}: {err}"
+                let (out, keys, values) = crate::nn::decode_attention(
+                    &q_rotated,
+                    (&k_rotated, &v),
+                    (keys, values),
+                    &slots,
+                    mask,
+                )
+                .unwrap();
+                let case = format!(
+                    "{dtype:?} rows {rows} kv heads {kv_heads} head {head_dim} capacity {capacity}"
                 );
+                let err = largest(&out, &expected);
+                assert!(err <= tolerance, "{case}: output off by {err}");
+                let err = largest(&keys, &keys_after);
+                assert!(err <= tolerance, "{case}: keys off by {err}");
+                assert_eq!(largest(&values, &values_after), 0.0, "{case}: values");
             }
         }
     }

@@ -54,6 +54,32 @@ pub fn slice_update_dynamic(
     }
 }
 
+/// `arrays` as arrays that are evaluated only after `after` (MLX's `depends`): the same buffers,
+/// for what an operation of `after` wrote into them in place, which MLX's graph does not see.
+pub(crate) fn after(arrays: &[Array], after: &[Array]) -> Result<Vec<Array>> {
+    let handles = |arrays: &[Array]| arrays.iter().map(Array::as_ptr).collect::<Vec<_>>();
+    let (inputs, dependencies) = (handles(arrays), handles(after));
+    // SAFETY: the vectors copy the handles they are given (each array gains a reference) and
+    // are freed here; `arrays_of` takes its own references out of the result.
+    unsafe {
+        let inputs = mlx_sys::mlx_vector_array_new_data(inputs.as_ptr(), inputs.len());
+        let dependencies =
+            mlx_sys::mlx_vector_array_new_data(dependencies.as_ptr(), dependencies.len());
+        let mut output = mlx_sys::mlx_vector_array_new();
+        let status = mlx_sys::mlx_depends(&mut output, inputs, dependencies);
+        mlx_sys::mlx_vector_array_free(inputs);
+        mlx_sys::mlx_vector_array_free(dependencies);
+        let result = match status {
+            0 => super::custom_vjp::arrays_of(output),
+            _ => Err(Error::Mlx(Exception::custom(
+                "MLX could not order arrays after others",
+            ))),
+        };
+        mlx_sys::mlx_vector_array_free(output);
+        result
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -412,24 +412,59 @@ pub struct DecodeSlots {
 }
 
 /// Attention of one query per row, `q: [B, heads, 1, head_dim]`, over a traced decode step's
-/// whole buffers `k`, `v: [B, kv_heads, capacity, head_dim]`, of which it sees `slots`. On MLX's
-/// CUDA backend this is lmx's kernel, which reads only the slots seen (MLX's fused attention takes
-/// no array mask there); elsewhere MLX's fused attention under the mask that `mask` builds (the
-/// same view, `[B, 1, 1, capacity]` bool). Where `q` is a rotation's output, the kernel rotates
-/// the query as it reads it (`deferred`).
+/// whole buffers `keys`, `values: [B, kv_heads, capacity, head_dim]`, of which it sees `slots`,
+/// after the token's own key and value, `k`, `v: [B, kv_heads, 1, head_dim]`, are written into
+/// them at the query's slot; returns the output and the buffers so written. On MLX's CUDA backend
+/// this is one kernel of lmx's, which reads only the slots seen (MLX's fused attention takes no
+/// array mask there) and writes the key and value into the buffers in place, rotating the query
+/// and the key where they are rotations' outputs (`deferred`). So the buffers must be the traced
+/// step's own: row-contiguous (MLX would hand the kernel a copy otherwise) and shared with no
+/// other array, as the cache's are (made by its own updates, gathers and concatenations). The
+/// buffers returned are ordered after the kernel in MLX's graph (`depends`), but MLX's CUDA graphs
+/// order operations by the buffers they *output*, which these are not: read them only in an
+/// evaluation after the output's, as the cache does (the next step's query follows from this
+/// step's output), never beside it. Elsewhere a dynamic-offset update of each buffer, then MLX's
+/// fused attention under the mask that `mask` builds (the same view, `[B, 1, 1, capacity]`
+/// bool).
 pub fn decode_attention(
     q: &Array,
-    k: &Array,
-    v: &Array,
+    (k, v): (&Array, &Array),
+    (keys, values): (Array, Array),
     slots: &DecodeSlots,
     mask: impl FnOnce() -> Result<Array>,
-) -> Result<Array> {
-    if crate::cuda::available() && crate::cuda::decode_attention_fits(q, k, v) {
-        let rotated = deferred::rotated_query(q).filter(|r| r.fits(q));
-        let slots = (&slots.position, slots.starts.as_ref());
-        return crate::cuda::decode_attention(q, k, v, slots, rotated.as_ref());
+) -> Result<(Array, Array, Array)> {
+    if crate::cuda::available() && crate::cuda::decode_attention_fits(q, &keys, &values) {
+        let new = crate::cuda::NewKeyValue {
+            key: k,
+            value: v,
+            rotated_key: deferred::rotation(k).filter(|r| r.fits(k)),
+        };
+        if new.fits(&keys) {
+            let rotated = deferred::rotation(q).filter(|r| r.fits(q));
+            let position = (&slots.position, slots.starts.as_ref());
+            let out = crate::cuda::decode_attention(
+                q,
+                (&keys, &values),
+                position,
+                rotated.as_ref(),
+                Some(&new),
+            )?;
+            // The buffers as the kernel leaves them: whoever reads them waits for it.
+            let written = crate::nn::dynamic::after(&[keys, values], std::slice::from_ref(&out))?;
+            let [keys, values]: [Array; 2] = written.try_into().expect("depends keeps its arrays");
+            return Ok((out, keys, values));
+        }
     }
-    attention(q, k, v, AttentionMask::Array(&mask()?))
+    let keys = crate::nn::slice_update_dynamic(&keys, k, &slots.position, 2)?;
+    let values = crate::nn::slice_update_dynamic(&values, v, &slots.position, 2)?;
+    let out = if crate::cuda::available() && crate::cuda::decode_attention_fits(q, &keys, &values) {
+        let rotated = deferred::rotation(q).filter(|r| r.fits(q));
+        let position = (&slots.position, slots.starts.as_ref());
+        crate::cuda::decode_attention(q, (&keys, &values), position, rotated.as_ref(), None)?
+    } else {
+        attention(q, &keys, &values, AttentionMask::Array(&mask()?))?
+    };
+    Ok((out, keys, values))
 }
 
 /// A scalar of `dtype`, for arithmetic that keeps its operand's precision.
