@@ -31,6 +31,12 @@ pub enum Error {
         /// The underlying error (in the message, so not also a `source()`).
         cause: std::io::Error,
     },
+    /// A new folder was asked for where something is already.
+    #[error("{}: exists and is not an empty folder; give a new one", path.display())]
+    FolderTaken {
+        /// The folder.
+        path: PathBuf,
+    },
     /// Training data could not be read or cut into batches.
     #[error(transparent)]
     Data(#[from] crate::data::DataError),

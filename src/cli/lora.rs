@@ -114,33 +114,22 @@ impl LoraArgs {
                 (None, None) => out_dir.join("adapters"),
             },
             base: match (&self.base, recorded) {
-                (Some(base), _) => Some(base_checkpoint(base)?),
+                (Some(base), _) => Some(run_checkpoint(base)?.1),
                 (None, recorded) => recorded.and_then(|lora| lora.base.clone()),
             },
         })
     }
 }
 
-/// The checkpoint `base` names: itself, or the latest of the run directory it is.
-fn base_checkpoint(base: &Path) -> anyhow::Result<PathBuf> {
-    if base.join(MODEL_FILE).is_file() {
-        return Ok(base.to_owned());
-    }
-    super::run_file::checkpoint_of(base, None)
-}
-
-/// The run directory of a checkpoint directory (`RUN/checkpoints/step-N`).
-fn run_of(checkpoint: &Path) -> anyhow::Result<&Path> {
-    checkpoint
-        .parent()
-        .and_then(Path::parent)
-        .filter(|run| run.join(super::run_file::RUN_FILE).is_file())
-        .ok_or_else(|| {
-            anyhow::anyhow!(
-                "{}: not a checkpoint of a run directory (RUN/checkpoints/step-N)",
-                checkpoint.display()
-            )
-        })
+/// The run directory and checkpoint `path` names: a run directory (its latest checkpoint) or a
+/// checkpoint of one (`RUN/checkpoints/step-N`).
+fn run_checkpoint(path: &Path) -> anyhow::Result<(PathBuf, PathBuf)> {
+    super::run_file::run_checkpoint(path)?.ok_or_else(|| {
+        anyhow::anyhow!(
+            "{}: not a run directory (run.json) or a checkpoint of one (RUN/checkpoints/step-N)",
+            path.display()
+        )
+    })
 }
 
 /// `request` made to train on top of the base run of `lora`: its model, configuration and
@@ -149,8 +138,8 @@ pub fn on_base(request: &mut super::train::TrainRequest, lora: &LoraRun) -> anyh
     let Some(checkpoint) = &lora.base else {
         return Ok(());
     };
-    let dir = run_of(checkpoint)?;
-    let base = RunFile::read(dir)?;
+    let (dir, _) = run_checkpoint(checkpoint)?;
+    let base = RunFile::read(&dir)?;
     request.model = base.model;
     request.preset = base.preset;
     request.model_config = Some(base.model_config);
@@ -175,7 +164,7 @@ pub fn base_params<M: LanguageModel>(
     let Some(checkpoint) = lora.and_then(|lora| lora.base.as_ref()) else {
         return Ok(M::init(config, seed)?);
     };
-    let base = RunFile::read(run_of(checkpoint)?)?;
+    let base = RunFile::read(&run_checkpoint(checkpoint)?.0)?;
     if base.lora.is_some() {
         anyhow::bail!(
             "{} is a LoRA run's checkpoint, which holds adapters over its own base: fuse them \
@@ -233,7 +222,7 @@ pub fn fuse<S: TrainingStep>(run: &RunFile, args: &FuseArgs) -> anyhow::Result<(
         serde_json::from_value(run.model_config.clone())?;
     S::Model::validate(&config)?;
     let checkpoint = super::run_file::checkpoint_of(&args.run, args.checkpoint.clone())?;
-    super::derived_run::refuse_occupied(&args.out)?;
+    lmx::runtime::checkpoint::atomic::refuse_taken(&args.out)?;
     let mut params = super::run_file::load_params::<S::Model>(
         run,
         &config,

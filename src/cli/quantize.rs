@@ -10,7 +10,6 @@ use super::resolve::{self, Resolved};
 use super::run_file::RunFile;
 use super::tokenizer::TRAINED_FILE;
 use clap::Args;
-use lmx::runtime::checkpoint::MODEL_FILE;
 use lmx::runtime::hf::{self, Family, HfFolder, CONFIG_FILE};
 use lmx::runtime::mlx_rs::Dtype;
 use lmx::runtime::model::LanguageModel;
@@ -75,26 +74,17 @@ pub enum Source {
 /// The run and checkpoint that `path` names: a run directory (its latest checkpoint) or a
 /// checkpoint directory of one (`RUN/checkpoints/step-N`).
 fn checkpoint_source(path: &Path) -> anyhow::Result<Source> {
-    if path.join(super::run_file::RUN_FILE).exists() {
-        return Ok(Source::Checkpoint {
-            run: Box::new(RunFile::read(path)?),
-            dir: path.to_owned(),
-            checkpoint: super::run_file::checkpoint_of(path, None)?,
-        });
-    }
-    if let Some(dir) = path.parent().and_then(Path::parent) {
-        if path.join(MODEL_FILE).exists() && dir.join(super::run_file::RUN_FILE).exists() {
-            return Ok(Source::Checkpoint {
-                run: Box::new(RunFile::read(dir)?),
-                dir: dir.to_owned(),
-                checkpoint: path.to_owned(),
-            });
-        }
-    }
-    anyhow::bail!(
-        "--model {}: not a model folder (config.json), a run (run.json) or a run's checkpoint",
-        path.display()
-    )
+    let Some((dir, checkpoint)) = super::run_file::run_checkpoint(path)? else {
+        anyhow::bail!(
+            "--model {}: not a model folder (config.json), a run (run.json) or a run's checkpoint",
+            path.display()
+        )
+    };
+    Ok(Source::Checkpoint {
+        run: Box::new(RunFile::read(&dir)?),
+        dir,
+        checkpoint,
+    })
 }
 
 /// What `lmx quantize` was asked to do.
@@ -138,7 +128,7 @@ pub fn run(args: QuantizeArgs, registry: &Registry) -> anyhow::Result<()> {
             ),
         }
     };
-    super::derived_run::refuse_occupied(&args.out)?;
+    lmx::runtime::checkpoint::atomic::refuse_taken(&args.out)?;
     model.quantize(QuantizeRequest {
         source,
         quantization: (!args.dequantize).then_some(q),

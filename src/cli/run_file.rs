@@ -248,6 +248,20 @@ pub fn checkpoint_of(run: &Path, checkpoint: Option<PathBuf>) -> anyhow::Result<
     }
 }
 
+/// `path` as a run's checkpoint, `(run directory, checkpoint)`: a run directory (its latest
+/// checkpoint) or a checkpoint directory of one (`RUN/checkpoints/step-N`); `None` where it is
+/// neither.
+pub fn run_checkpoint(path: &Path) -> anyhow::Result<Option<(PathBuf, PathBuf)>> {
+    if path.join(RUN_FILE).is_file() {
+        return Ok(Some((path.to_owned(), checkpoint_of(path, None)?)));
+    }
+    let run = path
+        .parent()
+        .and_then(Path::parent)
+        .filter(|run| path.join(MODEL_FILE).is_file() && run.join(RUN_FILE).is_file());
+    Ok(run.map(|run| (run.to_owned(), path.to_owned())))
+}
+
 /// The parameters of `checkpoint` of `run`, a run of `M`, with the run's own adapters (a LoRA
 /// run's checkpoints hold them) and then those of the folder `adapter`.
 pub fn load_params<M: LanguageModel>(

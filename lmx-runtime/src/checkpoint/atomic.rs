@@ -7,7 +7,8 @@
 //! the destination as it was plus temporary entries, which readers ignore and the next save
 //! removes. Replacing a directory takes two renames (the old one aside, the new one in); a crash
 //! between them leaves the destination missing and its old copy aside, which the next save puts
-//! back.
+//! back. A new folder that a command fills (an exported model, a derived run) is staged the same
+//! way ([`create_dir`]).
 
 use crate::error::{Error, Result};
 use std::fs;
@@ -157,4 +158,44 @@ pub(crate) fn write_dir(
         fs::rename(&temp, dir).map_err(io_error(dir))?;
     }
     sync_dir(&parent)
+}
+
+/// Fails with [`Error::FolderTaken`] unless `dir` can become a new folder: missing, or an empty
+/// folder. [`create_dir`] checks it; commands call it before their work, so that a taken name
+/// costs nothing.
+pub fn refuse_taken(dir: &Path) -> Result<()> {
+    let occupied = fs::read_dir(dir).is_ok_and(|mut entries| entries.next().is_some());
+    if occupied || (dir.exists() && !dir.is_dir()) {
+        return Err(Error::FolderTaken {
+            path: dir.to_owned(),
+        });
+    }
+    Ok(())
+}
+
+/// Makes `dir` (missing, or an empty folder) a new folder that `fill` writes, atomically: `fill`
+/// writes into a folder staged beside it (a temporary entry, which [`remove_stale`] would clear),
+/// which is synced and renamed into place. On any failure the staged folder is removed and `dir`
+/// is as it was.
+pub fn create_dir<E: From<Error>>(
+    dir: &Path,
+    fill: impl FnOnce(&Path) -> std::result::Result<(), E>,
+) -> std::result::Result<(), E> {
+    refuse_taken(dir)?;
+    let (parent, temp) = beside(dir, "")?;
+    fs::create_dir_all(&parent).map_err(io_error(&parent))?;
+    remove(&temp)?;
+    fs::create_dir(&temp).map_err(io_error(&temp))?;
+    let written = fill(&temp).and_then(|()| {
+        sync_dir(&temp)?;
+        if dir.exists() {
+            fs::remove_dir(dir).map_err(io_error(dir))?;
+        }
+        fs::rename(&temp, dir).map_err(io_error(dir))?;
+        Ok(sync_dir(&parent)?)
+    });
+    if written.is_err() {
+        let _ = fs::remove_dir_all(&temp);
+    }
+    written
 }

@@ -9,7 +9,7 @@ use super::error::HfError;
 use super::experts::per_expert_names;
 use super::family::Family;
 use super::weights::{INDEX_FILE, WEIGHTS_FILE};
-use crate::checkpoint::atomic::TEMP_PREFIX;
+use crate::checkpoint::atomic;
 use crate::error::Result;
 use crate::tree::{self, Layer, Scope, Tree};
 use half::{bf16, f16};
@@ -215,39 +215,9 @@ pub fn write_folder(
     copy: &[PathBuf],
     max_shard_bytes: u64,
 ) -> Result<()> {
-    let occupied = fs::read_dir(dir).is_ok_and(|mut entries| entries.next().is_some());
-    if occupied || (dir.exists() && !dir.is_dir()) {
-        return Err(HfError::File {
-            path: dir.to_owned(),
-            message: "exists and is not an empty folder; give a new one".into(),
-        }
-        .into());
-    }
-    let name = dir.file_name().ok_or_else(|| HfError::File {
-        path: dir.to_owned(),
-        message: "has no folder name".into(),
-    })?;
-    let parent = match dir.parent() {
-        Some(parent) if !parent.as_os_str().is_empty() => parent.to_owned(),
-        _ => PathBuf::from("."),
-    };
-    fs::create_dir_all(&parent).map_err(io(&parent))?;
-    let temp = parent.join(format!("{TEMP_PREFIX}{}", name.to_string_lossy()));
-    if temp.exists() {
-        fs::remove_dir_all(&temp).map_err(io(&temp))?;
-    }
-    fs::create_dir(&temp).map_err(io(&temp))?;
-    let written = fill(&temp, config, tensors, copy, max_shard_bytes).and_then(|()| {
-        if dir.exists() {
-            fs::remove_dir(dir).map_err(io(dir))?;
-        }
-        fs::rename(&temp, dir).map_err(io(dir))?;
-        sync(&parent)
-    });
-    if written.is_err() {
-        let _ = fs::remove_dir_all(&temp);
-    }
-    written
+    atomic::create_dir(dir, |temp| {
+        fill(temp, config, tensors, copy, max_shard_bytes)
+    })
 }
 
 fn fill(
@@ -285,5 +255,5 @@ fn fill(
         fs::copy(source, &target).map_err(io(source))?;
         sync(&target)?;
     }
-    sync(dir)
+    Ok(())
 }
