@@ -28,7 +28,7 @@ cargo build --release
 # The runtime's tests that touch the device, and the model checks against the Python references.
 runtime_tests=$(cargo test --no-run --message-format=json \
     -p lmx-runtime --lib --test device --test mlp_training --test optim_compiled --test trainer \
-    --test reductions --test decode_attention)
+    --test reductions)
 # The root crate's integration tests are one executable (t_integration): tests/gpu.sh runs the
 # modules it names, `t_integration@generation::,models_reference::,...`.
 model_tests=$(cargo test --no-run --message-format=json --test integration)

@@ -119,6 +119,8 @@ pub struct ExportRequest {
 
 /// Runs `lmx export` over `registry`'s models.
 pub fn run(args: ExportArgs, registry: &Registry) -> anyhow::Result<()> {
+    // Before the model is read, so that a taken name costs nothing.
+    lmx::runtime::checkpoint::atomic::refuse_taken(&args.out)?;
     let (model, source) = match (&args.run, &args.model) {
         (Some(dir), _) => {
             let run = RunFile::read(dir)?;

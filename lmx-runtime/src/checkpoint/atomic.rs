@@ -61,6 +61,21 @@ fn sync_dir(dir: &Path) -> Result<()> {
     Ok(())
 }
 
+/// Flushes every file and folder under `dir`, and `dir` itself, to stable storage.
+fn sync_tree(dir: &Path) -> Result<()> {
+    for entry in fs::read_dir(dir).map_err(io_error(dir))? {
+        let path = entry.map_err(io_error(dir))?.path();
+        if path.is_dir() {
+            sync_tree(&path)?;
+        } else {
+            fs::File::open(&path)
+                .and_then(|file| file.sync_all())
+                .map_err(io_error(&path))?;
+        }
+    }
+    sync_dir(dir)
+}
+
 /// The parent directory of `path` and the temporary path beside it for `tag`.
 fn beside(path: &Path, tag: &str) -> Result<(PathBuf, PathBuf)> {
     let parent = path.parent().map(Path::to_owned).unwrap_or_default();
@@ -175,8 +190,9 @@ pub fn refuse_taken(dir: &Path) -> Result<()> {
 
 /// Makes `dir` (missing, or an empty folder) a new folder that `fill` writes, atomically: `fill`
 /// writes into a folder staged beside it (a temporary entry, which [`remove_stale`] would clear),
-/// which is synced and renamed into place. On any failure the staged folder is removed and `dir`
-/// is as it was.
+/// whose every file and folder is then synced, and which is renamed into place (a rename
+/// replaces an empty folder whole). On any failure the staged folder is removed and `dir` is as
+/// it was.
 pub fn create_dir<E: From<Error>>(
     dir: &Path,
     fill: impl FnOnce(&Path) -> std::result::Result<(), E>,
@@ -187,10 +203,7 @@ pub fn create_dir<E: From<Error>>(
     remove(&temp)?;
     fs::create_dir(&temp).map_err(io_error(&temp))?;
     let written = fill(&temp).and_then(|()| {
-        sync_dir(&temp)?;
-        if dir.exists() {
-            fs::remove_dir(dir).map_err(io_error(dir))?;
-        }
+        sync_tree(&temp)?;
         fs::rename(&temp, dir).map_err(io_error(dir))?;
         Ok(sync_dir(&parent)?)
     });

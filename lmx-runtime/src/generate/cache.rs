@@ -9,8 +9,9 @@
 //! logits are the same whatever slot it starts at.
 //!
 //! In a traced decode step ([`super::step`]) the cache is *traced*: its buffers are inputs of the
-//! trace, read whole (every slot of their capacity) and written with a dynamic-offset update at
-//! the step's position, an int32 scalar input too, and the mask hides the slots past each query.
+//! trace, read whole (every slot of their capacity) and written at the step's position, an int32
+//! scalar input too (with a dynamic-offset update, or on CUDA by decode attention itself,
+//! [`KvCache::attend_decoding`]), and the mask hides the slots past each query.
 //! Nothing in the trace then depends on how many slots are filled, so one trace serves every token
 //! until the buffers grow.
 //!
@@ -29,8 +30,9 @@ use crate::nn;
 use mlx_rs::ops::indexing::{IndexOp, TryIndexMutOp};
 use mlx_rs::{ops, Array};
 
-/// Keys and values of every attention layer so far, `len` slots filled.
-#[derive(Clone, Default)]
+/// Keys and values of every attention layer so far, `len` slots filled. Not `Clone`: on CUDA
+/// decode attention writes a cache's buffers in place, so no two caches may share them.
+#[derive(Default)]
 pub(crate) struct KvCache {
     layers: Vec<Option<(Array, Array)>>,
     /// Slots filled in every row.

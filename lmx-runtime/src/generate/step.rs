@@ -13,8 +13,8 @@
 //!   values written at its position and the recurrent states after it.
 //!
 //! Nothing in the trace depends on the position's value: RoPE reads it as an array, learned
-//! positions are gathered at it, the keys and values are written with a dynamic-offset update and
-//! attention reads the buffers' whole capacity, the slots past the token masked ([`KvCache`]'s
+//! positions are gathered at it, the keys and values are written with a dynamic-offset update (on
+//! CUDA by decode attention itself) and attention reads the buffers' whole capacity, the slots past the token masked ([`KvCache`]'s
 //! traced form). A trace holds for its input shapes, the bucket: the buffers' capacity, grown in
 //! blocks of [`KvCache::STEP`] before the step that needs room (MLX traces again for the new
 //! shape and keeps the old trace), and, while a penalty's look-back window is still filling, its
