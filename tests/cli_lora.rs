@@ -58,6 +58,21 @@ fn lora_generate_with_adapter_and_fuse() {
     .concat());
     let base_model = base.join("checkpoints/step-000010/model.safetensors");
     let before = std::fs::read(&base_model).unwrap();
+    // Refused once its run directory is locked (the model has one block): the folder it made
+    // goes with it.
+    let refused = dir.path().join("refused");
+    let output = lmx(&[
+        &["lora", "--base", &s(&base), "--num-layers", "16"][..],
+        &["--steps", "1", "--out", &s(&refused)],
+        &common,
+    ]
+    .concat());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        !output.status.success() && stderr.contains("num_layers is 16, but the model has 1"),
+        "{stderr}"
+    );
+    assert!(!refused.exists(), "a refused run leaves no folder");
     let output = lmx(&[
         &[
             "lora",

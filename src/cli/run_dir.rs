@@ -19,7 +19,10 @@ const RUN_ENTRIES: &[&str] = &[
 pub struct RunDir {
     dir: PathBuf,
     /// `None` for a rank of a data-parallel run other than 0, which only reads the folder.
-    _lock: Option<RunLock>,
+    lock: Option<RunLock>,
+    /// Whether locking it made it: a run that fails before writing anything then leaves no
+    /// folder behind.
+    made: bool,
 }
 
 fn io(path: &Path) -> impl FnOnce(std::io::Error) -> anyhow::Error + '_ {
@@ -29,9 +32,11 @@ fn io(path: &Path) -> impl FnOnce(std::io::Error) -> anyhow::Error + '_ {
 impl RunDir {
     /// Creates `dir` if needed and locks it until dropped (the process's end releases it too).
     pub fn lock(dir: &Path) -> anyhow::Result<RunDir> {
+        let made = !dir.exists();
         Ok(RunDir {
             dir: dir.to_owned(),
-            _lock: Some(RunLock::acquire(dir)?),
+            lock: Some(RunLock::acquire(dir)?),
+            made,
         })
     }
 
@@ -40,7 +45,8 @@ impl RunDir {
     pub fn of_rank_0(dir: &Path) -> RunDir {
         RunDir {
             dir: dir.to_owned(),
-            _lock: None,
+            lock: None,
+            made: false,
         }
     }
 
@@ -120,5 +126,25 @@ impl RunDir {
             );
         }
         Ok(checkpoint.to_owned())
+    }
+}
+
+impl Drop for RunDir {
+    /// Removes the folder where locking it made it and the run wrote nothing into it (it failed
+    /// first): the lock file and an empty `checkpoints/` from [`RunDir::probe`].
+    fn drop(&mut self) {
+        if !self.made || self.lock.is_none() {
+            return;
+        }
+        let Ok(entries) = self.entries() else {
+            return;
+        };
+        // `remove_dir` removes only an empty folder.
+        let untouched = entries.iter().all(|name| name == "checkpoints")
+            && (entries.is_empty() || std::fs::remove_dir(self.checkpoints()).is_ok());
+        if untouched {
+            let _ = std::fs::remove_file(self.dir.join(LOCK_FILE));
+            let _ = std::fs::remove_dir(&self.dir);
+        }
     }
 }
