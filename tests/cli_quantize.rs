@@ -9,6 +9,7 @@ use lmx::runtime::generate::{generate, Sampling};
 use lmx::runtime::hf::{self, HfFolder};
 use lmx::runtime::mlx_rs::Dtype;
 use lmx::runtime::nn::Quantization;
+use lmx::runtime::Array;
 use std::path::PathBuf;
 
 /// The standard error of `lmx ARGS`, which must fail.
@@ -336,8 +337,54 @@ fn tensors(
         .collect()
 }
 
-/// A run of a model with no Hugging Face layout for packed weights (lmx's GPT-2, as a model of
-/// one's own) quantizes into a run directory: its checkpoint holds exactly MLX's quantization of
+/// A GPT-2 folder (transformers' `Conv1D` weights, `[in, out]`) quantizes into mlx-lm's own
+/// layout, tensor for tensor what mlx-lm's `quantize_model` saves for it
+/// (`tests/fixtures/gpt2_q_mlx_lm`, `tests/reference/quantized.py`), and generates.
+#[test]
+fn a_gpt2_folder_quantizes_as_mlx_lm_does() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("q4");
+    let source = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures");
+    let folder = source.join("hf/gpt2");
+    ok(&[
+        "quantize",
+        "--model",
+        folder.to_str().unwrap(),
+        "--bits",
+        "4",
+        "--group-size",
+        "32",
+        "--dtype",
+        "float32",
+        "--out",
+        out.to_str().unwrap(),
+    ]);
+    let ours = Array::load_safetensors(out.join("model.safetensors")).unwrap();
+    let theirs = Array::load_safetensors(source.join("gpt2_q_mlx_lm/model.safetensors")).unwrap();
+    let mut names: Vec<_> = ours.keys().collect();
+    names.sort();
+    let mut expected: Vec<_> = theirs.keys().collect();
+    expected.sort();
+    assert_eq!(names, expected);
+    for (name, array) in &ours {
+        assert!(array.eq_values(&theirs[name]).unwrap(), "{name}");
+    }
+    let text = ok(&[
+        "generate",
+        "--model",
+        out.to_str().unwrap(),
+        "--prompt",
+        "Hello",
+        "--max-tokens",
+        "4",
+        "--temperature",
+        "0",
+    ]);
+    assert!(text.starts_with("Hello"), "{text}");
+}
+
+/// A run of a model with no Hugging Face layout (the bundled hybrid of Mamba-2 mixers and
+/// attention, as a model of one's own) quantizes into a run directory: its checkpoint holds exactly MLX's quantization of
 /// the run's weights and its record names the packed layers, so that `lmx generate --run` reads
 /// it and decodes what the library decodes from those weights; adapters train over it (`lmx lora
 /// --base`), their run recording the packed base too. Full training, a Hugging Face export and a
@@ -345,7 +392,7 @@ fn tensors(
 /// back.
 #[test]
 fn a_run_without_a_hugging_face_layout_quantizes_into_a_run() {
-    use lmx::models::gpt2::Gpt2;
+    use lmx::models::hybrid::Hybrid;
     use lmx::runtime::model::LanguageModel;
     use lmx::runtime::{checkpoint, quant, tree};
 
@@ -365,7 +412,7 @@ fn a_run_without_a_hugging_face_layout_quantizes_into_a_run() {
     let mut train = vec![
         "train",
         "--model",
-        "gpt2",
+        "hybrid",
         "--preset",
         "tiny",
         "--set",
@@ -387,29 +434,28 @@ fn a_run_without_a_hugging_face_layout_quantizes_into_a_run() {
         "--out",
         &s("q4"),
     ]);
-    // Per block c_attn, the attention's c_proj, c_fc and the MLP's c_proj; wte and wpe.
-    assert!(
-        stdout.contains("10 layers quantized to 4 bits in groups of 32"),
-        "{stdout}"
-    );
+    // The reference: the run's weights, quantized by the library (MLX's `quantize`).
     let record: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(s("q4/run.json")).unwrap()).unwrap();
-    let mut expected = serde_json::json!({"group_size": 32, "bits": 4, "mode": "affine",
-                                          "wte": true, "wpe": true});
-    for block in 0..2 {
-        for layer in ["attn.c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_proj"] {
-            expected[format!("h.{block}.{layer}")] = true.into();
-        }
-    }
-    assert_eq!(record["quantization"], expected);
-
-    // The reference: the run's weights, quantized by the library (MLX's `quantize`).
-    let config: <Gpt2 as LanguageModel>::Config =
+    let config: <Hybrid as LanguageModel>::Config =
         serde_json::from_value(record["model_config"].clone()).unwrap();
     let step = "checkpoints/step-000003/model.safetensors";
-    let template = Gpt2::init(&config, 0).unwrap();
+    let template = Hybrid::init(&config, 0).unwrap();
     let mut params = checkpoint::load_tree(&dir.path().join("run").join(step), &template).unwrap();
-    quant::quantize_tree(&mut params, Quantization::new(32, 4).unwrap()).unwrap();
+    let report = quant::quantize_tree(&mut params, Quantization::new(32, 4).unwrap()).unwrap();
+    let layers = report.quantized.len();
+    assert!(layers > 0, "{report:?}");
+    assert!(
+        stdout.contains(&format!(
+            "{layers} layers quantized to 4 bits in groups of 32"
+        )),
+        "{stdout}"
+    );
+    let mut expected = serde_json::json!({"group_size": 32, "bits": 4, "mode": "affine"});
+    for layer in &report.quantized {
+        expected[layer] = true.into();
+    }
+    assert_eq!(record["quantization"], expected);
     let reference = dir.path().join("reference.safetensors");
     checkpoint::save_tree(&reference, &params).unwrap();
     assert_eq!(
@@ -424,7 +470,7 @@ fn a_run_without_a_hugging_face_layout_quantizes_into_a_run() {
         ..Sampling::default()
     };
     let ids: Vec<u32> = prompt.bytes().map(u32::from).collect();
-    let generation = generate::<Gpt2>(&params, &config, &ids, &sampling, None, |_| {}).unwrap();
+    let generation = generate::<Hybrid>(&params, &config, &ids, &sampling, None, |_| {}).unwrap();
     let bytes: Vec<u8> = ids
         .iter()
         .chain(generation.tokens.iter().take_while(|&&id| id < 256))
@@ -462,7 +508,8 @@ fn a_run_without_a_hugging_face_layout_quantizes_into_a_run() {
             .join("qlora/checkpoints/step-000002/model.safetensors"),
     );
     let base = tensors(&dir.path().join("q4").join(step));
-    assert_eq!(packed["h.1.mlp.c_fc.weight"], base["h.1.mlp.c_fc.weight"]);
+    let weight = format!("{}.weight", report.quantized[0]);
+    assert_eq!(packed[&weight], base[&weight]);
     assert!(greedy(&s("qlora")).starts_with(prompt));
 
     let refused = fails(&["train", "--resume", "--out", &s("q4"), "--steps", "4"]);
@@ -479,9 +526,7 @@ fn a_run_without_a_hugging_face_layout_quantizes_into_a_run() {
     );
     let refused = fails(&["export", "--run", &s("q4"), "--out", &s("exported")]);
     assert!(
-        refused.contains(
-            "`h.0.attn.c_attn` is quantized, and gpt2 checkpoints store its weight transposed"
-        ),
+        refused.contains("hybrid has no Hugging Face layout"),
         "{refused}"
     );
     let refused = fails(&[
@@ -514,7 +559,10 @@ fn a_run_without_a_hugging_face_layout_quantizes_into_a_run() {
         "--out",
         &s("dense"),
     ]);
-    assert!(stdout.contains("10 layers dequantized"), "{stdout}");
+    assert!(
+        stdout.contains(&format!("{layers} layers dequantized")),
+        "{stdout}"
+    );
     let dense: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(s("dense/run.json")).unwrap()).unwrap();
     assert!(dense.get("quantization").is_none(), "{dense}");

@@ -26,7 +26,12 @@ use std::path::{Path, PathBuf};
 const TOLERANCE: f32 = 1e-4;
 
 fn io() -> (Array, Array, Vec<u32>) {
-    let path = fixture("llama_q_mlx_lm_io.safetensors");
+    io_of("llama_q_mlx_lm_io.safetensors")
+}
+
+/// A fixture's tokens, mlx-lm's float32 logits and its greedy continuation.
+fn io_of(name: &str) -> (Array, Array, Vec<u32>) {
+    let path = fixture(name);
     let mut io = Array::load_safetensors(&path).unwrap_or_else(|err| panic!("{path:?}: {err}"));
     let greedy = io.remove("greedy").unwrap();
     let greedy = greedy.as_slice::<i32>().iter().map(|&t| t as u32).collect();
@@ -158,6 +163,64 @@ fn a_model_quantized_by_lmx_round_trips_in_mlx_lm_layout() -> Result<()> {
     // Dequantized, the model is a plain one again, and its export says so.
     quant::dequantize_tree(&mut params)?;
     assert_eq!(layout::config_entry(&params), None);
+    Ok(())
+}
+
+/// GPT-2 in mlx-lm's layout (`tests/fixtures/gpt2_q_mlx_lm`: the float folder `hf/gpt2`
+/// quantized by mlx-lm, 4 bits in groups of 32, saved under mlx-lm's names, `model.h.0...`, with
+/// the `Conv1D` weights `[out, in]` where transformers stores them `[in, out]`). lmx's own
+/// quantization of the float folder is mlx-lm's, tensor for tensor under those names; the folder
+/// loads with mlx-lm's logits and greedy continuation; lmx's export of it is mlx-lm's file.
+#[test]
+fn gpt2_in_mlx_lm_layout_is_read_and_written_as_mlx_lm_does() -> Result<()> {
+    use lmx::models::gpt2::Gpt2;
+    let mlx_lm = fixture("gpt2_q_mlx_lm");
+    let stored = Array::load_safetensors(mlx_lm.join("model.safetensors")).unwrap();
+    let same_as_stored = |params: &<Gpt2 as LanguageModel>::Params, what: &str| {
+        let names = tree::names(params);
+        assert_eq!(names.len(), stored.len(), "{what}: the tensors stored");
+        for (name, leaf) in names.iter().zip(tree::flatten(params)) {
+            let theirs = &stored[&format!("model.{name}")];
+            assert_eq!(leaf.dtype(), theirs.dtype(), "{what}: {name}");
+            assert!(leaf.eq_values(theirs).unwrap(), "{what}: {name} differs");
+        }
+    };
+
+    let float = HfFolder::open(&fixture("hf/gpt2"))?;
+    let (_, mut quantized) = hf::load_model::<Gpt2>(&float, Some(Dtype::Float32))?;
+    let report = quant::quantize_tree(&mut quantized, Quantization::new(32, 4)?)?;
+    // Per block c_attn, the attention's c_proj, c_fc and the MLP's c_proj; wte and wpe.
+    assert_eq!(report.quantized.len(), 2 * 4 + 2);
+    same_as_stored(&quantized, "lmx's quantization");
+
+    let folder = HfFolder::open(&mlx_lm)?;
+    let (config, params) = hf::load_model::<Gpt2>(&folder, Some(Dtype::Float32))?;
+    same_as_stored(&params, "the folder read");
+    let (tokens, expected, greedy) = io_of("gpt2_q_mlx_lm_io.safetensors");
+    assert_logits_and_greedy::<Gpt2>(&params, &config, &tokens, &expected, &greedy, 8, TOLERANCE)?;
+
+    let out = tempfile::tempdir().unwrap();
+    let exported = out.path().join("q4");
+    let lmx_config = serde_json::to_value(&config).unwrap();
+    let spec = hf::ExportSpec {
+        lmx_config: &lmx_config,
+        source_config: Some(folder.config()),
+        dtype: Dtype::Float32,
+        copy: &[],
+        max_shard_bytes: hf::DEFAULT_MAX_SHARD_BYTES,
+    };
+    hf::export(&exported, folder.family(), &params, &spec)?;
+    let written = Array::load_safetensors(exported.join("model.safetensors")).unwrap();
+    let mut names: Vec<_> = written.keys().collect();
+    names.sort();
+    let mut theirs: Vec<_> = stored.keys().collect();
+    theirs.sort();
+    assert_eq!(names, theirs, "the names written");
+    for (name, array) in &written {
+        assert!(array.eq_values(&stored[name])?, "{name} written differs");
+    }
+    let (_, reloaded) = hf::load_model::<Gpt2>(&HfFolder::open(&exported)?, Some(Dtype::Float32))?;
+    same_as_stored(&reloaded, "the export read back");
     Ok(())
 }
 

@@ -1,7 +1,7 @@
 //! `lmx quantize`: a model (a Hugging Face or mlx-lm folder, a run, or a run's checkpoint)
 //! quantized as mlx-lm's `convert -q` does it. A model with a Hugging Face layout is written in
 //! mlx-lm's (which both lmx, `lmx generate --model DIR`, and mlx-lm load); a run of a model
-//! without one (a model of one's own, GPT-2) becomes a new run directory whose checkpoint holds
+//! without one (a model of one's own) becomes a new run directory whose checkpoint holds
 //! the packed weights and whose record names them, which `lmx generate --run`, `serve`, `eval`
 //! and `lora --base` read as they read any run.
 
@@ -33,7 +33,7 @@ pub struct QuantizeArgs {
     #[arg(long, default_value_t = 64)]
     pub group_size: i32,
     /// The folder to write (new, or empty): a model folder in mlx-lm's layout, or, for a run of a
-    /// model with no Hugging Face layout (one's own, GPT-2), a run directory.
+    /// model with no Hugging Face layout (one's own), a run directory.
     #[arg(long)]
     pub out: PathBuf,
     /// Write the model dequantized instead: every quantized layer's weights dense again (mlx-lm's
@@ -137,11 +137,10 @@ pub fn run(args: QuantizeArgs, registry: &Registry) -> anyhow::Result<()> {
     })
 }
 
-/// The Hugging Face layout `M`'s quantized weights can be written in: none for a model of one's
-/// own, nor for GPT-2, whose checkpoints store its Conv1D weights transposed (`[in, out]`), which
-/// a packed weight cannot be.
+/// The Hugging Face layout `M`'s quantized weights can be written in (mlx-lm's): none for a model
+/// of one's own.
 fn writable_family<M: LanguageModel>() -> Option<Family> {
-    Family::of_model(M::NAME).filter(|family| *family != Family::Gpt2)
+    Family::of_model(M::NAME)
 }
 
 /// Quantizes (or dequantizes) a model `M` as `request` says.

@@ -28,6 +28,13 @@ Writes:
   8 bits in groups of 64 by a per-layer entry. tests/fixtures/mixtral_q_mlx_lm_io.safetensors: as
   the LLaMA's, with tokens [2, 20].
 
+- tests/fixtures/gpt2_q_mlx_lm/: the tiny GPT-2 of tests/fixtures/hf/gpt2 (transformers'
+  `Conv1D` weights, `[in, out]`) loaded by mlx-lm's `load_model` (whose `sanitize` transposes
+  them and names the network `model.`), quantized by `quantize_model` (4 bits in groups of 32:
+  every linear layer and both embeddings) and saved by `save_model`/`save_config`, as
+  `mlx_lm.convert -q` does: `model.`-prefixed names, the weights `[out, in]`.
+  tests/fixtures/gpt2_q_mlx_lm_io.safetensors: as the LLaMA's, with tokens [2, 8].
+
 `--check DIR` loads DIR (a model folder lmx wrote: config.json, model.safetensors and
 `io.safetensors` with `tokens` and lmx's `logits`) with mlx-lm's `load_model` and compares the
 logits.
@@ -35,6 +42,7 @@ logits.
 
 import json
 import sys
+import tempfile
 from pathlib import Path
 
 import mlx.core as mx
@@ -182,6 +190,29 @@ def mixtral_fixture():
     print("wrote", folder, "greedy", greedy)
 
 
+def gpt2_fixture():
+    folder = ROOT / "tests/fixtures/gpt2_q_mlx_lm"
+    # mlx-lm reads GPT-2 as the published `gpt2` weights are stored (saved from `GPT2Model`,
+    # without transformers' `transformer.` prefix or the tied head) and requires `n_ctx`, which
+    # transformers no longer writes (it is n_positions).
+    source = ROOT / "tests/fixtures/hf/gpt2"
+    weights = mx.load(str(source / "model.safetensors"))
+    weights = {
+        name.removeprefix("transformer."): w for name, w in weights.items() if name != "lm_head.weight"
+    }
+    with tempfile.TemporaryDirectory() as published:
+        mx.save_safetensors(str(Path(published) / "model.safetensors"), weights)
+        config = json.loads((source / "config.json").read_text())
+        (Path(published) / "config.json").write_text(json.dumps(config | {"n_ctx": 64}))
+        model, config = load_model(Path(published))
+    model, config = quantize_model(model, config, 32, 4)
+    save_model(folder, model)
+    save_config(config, folder / "config.json")
+    model, _ = load_model(folder)
+    greedy = io_fixture(model, "gpt2_q_mlx_lm", 8)
+    print("wrote", folder, "greedy", greedy)
+
+
 def check(folder):
     folder = Path(folder)
     model, config = load_model(folder)
@@ -203,3 +234,4 @@ if __name__ == "__main__":
         quantize_fixture()
         llama_fixture()
         mixtral_fixture()
+        gpt2_fixture()

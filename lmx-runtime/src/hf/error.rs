@@ -68,15 +68,6 @@ pub enum HfError {
         /// How many there are.
         count: usize,
     },
-    /// A quantized layer whose family stores its weight transposed (GPT-2's Conv1D, `[in, out]`),
-    /// which packed values, grouped along a row, cannot be.
-    #[error("`{layer}` is quantized, and {model_type} checkpoints store its weight transposed, which packed values cannot be: dequantize the model first (`lmx quantize --dequantize`)")]
-    PackedTransposed {
-        /// The layer's dotted name.
-        layer: String,
-        /// The family's `model_type`.
-        model_type: &'static str,
-    },
     /// A file of the folder is missing, unreadable as what it should be, or cannot be written.
     #[error("{}: {message}", path.display())]
     File {

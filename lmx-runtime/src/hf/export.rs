@@ -36,33 +36,29 @@ fn io(path: &Path) -> impl FnOnce(std::io::Error) -> HfError + '_ {
 /// The leaves of `params` (a `family` model's) named and laid out as transformers stores them,
 /// floating-point ones cast to `dtype`, evaluated. Quantized stacked experts stay stacked, with
 /// their scales and biases, as mlx-lm saves its `QuantizedSwitchLinear` (transformers has no
-/// layout for MLX's quantization, and mlx-lm reads the stacked one).
+/// layout for MLX's quantization, and mlx-lm reads the stacked one). A quantized model whose
+/// family stores weights transposed (GPT-2's `Conv1D`, which a packed weight cannot be) is laid
+/// out as mlx-lm saves it instead: its own names (`model.h.0...`), every weight as the model holds
+/// it, which mlx-lm's loader takes as they are.
 pub fn hf_tensors<R: Tree<Array>>(
     family: Family,
     params: &R,
     dtype: Dtype,
 ) -> Result<Vec<(String, Array)>> {
     let mut packed = HashSet::new();
-    let mut transposed = None;
+    let mut quantized = false;
     params.for_each_layer(&Scope::root(), &mut |scope, layer| {
-        let weight = format!("{}.weight", scope.name());
-        match (&layer, layer.quantization()) {
-            (_, Some(_)) if transposed.is_none() && family.transposed(&weight) => {
-                transposed = Some(scope.name().to_owned());
+        if layer.quantization().is_some() {
+            quantized = true;
+            if let Layer::SwitchLinear(_) = layer {
+                packed.insert(format!("{}.weight", scope.name()));
             }
-            (Layer::SwitchLinear(_), Some(_)) => {
-                packed.insert(weight);
-            }
-            _ => {}
         }
     });
-    if let Some(layer) = transposed {
-        return Err(HfError::PackedTransposed {
-            layer,
-            model_type: family.model_type(),
-        }
-        .into());
-    }
+    let mlx_lm_layout = quantized
+        && tree::names(params)
+            .iter()
+            .any(|name| family.transposed(name));
     let mut tensors = Vec::new();
     for (name, leaf) in tree::names(params).into_iter().zip(tree::flatten(params)) {
         let mut array = leaf;
@@ -72,6 +68,10 @@ pub fn hf_tensors<R: Tree<Array>>(
         ) && array.dtype() != dtype
         {
             array = array.as_dtype(dtype)?;
+        }
+        if mlx_lm_layout {
+            tensors.push((family.mlx_lm_name(&name), array.contiguous()?));
+            continue;
         }
         if family.transposed(&name) {
             array = array.t();

@@ -539,12 +539,13 @@ impl Family {
     }
 
     /// The names under which a checkpoint may hold the leaf `name`, most usual first: GPT-2's
-    /// published `gpt2` weights are saved from `GPT2Model`, without the `transformer.` prefix;
-    /// an untied head of a model saved tied is the embedding.
+    /// published `gpt2` weights are saved from `GPT2Model`, without the `transformer.` prefix,
+    /// and mlx-lm saves its own tree's names (`model.h.0...`); an untied head of a model saved
+    /// tied is the embedding.
     pub(crate) fn stored_names(self, name: &str, tied: bool) -> Vec<String> {
         let mut names = vec![self.hf_name(name)];
         match self {
-            Family::Gpt2 => names.push(name.to_owned()),
+            Family::Gpt2 => names.extend([name.to_owned(), self.mlx_lm_name(name)]),
             // A quantized head of a tied model is the embedding's weight, scales and biases.
             Family::Llama | Family::Mistral | Family::Mixtral
                 if tied && name.starts_with("lm_head.") =>
@@ -556,9 +557,18 @@ impl Family {
         names
     }
 
-    /// Whether the leaf `name` is stored transposed: GPT-2's `Conv1D` weights.
+    /// Whether the leaf `name` is stored transposed under transformers' names: GPT-2's `Conv1D`
+    /// weights.
     pub fn transposed(self, name: &str) -> bool {
         self == Family::Gpt2 && GPT2_CONV1D.iter().any(|suffix| name.ends_with(suffix))
+    }
+
+    /// Whether the leaf `name`, stored as `stored`, is stored transposed: under transformers'
+    /// names ([`transposed`](Self::transposed)), not under mlx-lm's, which hold every weight as
+    /// the model does (mlx-lm's GPT-2 transposes the `Conv1D` weights as it loads them, and saves
+    /// them so).
+    pub(crate) fn stored_transposed(self, name: &str, stored: &str) -> bool {
+        self.transposed(name) && stored != self.mlx_lm_name(name)
     }
 
     /// Whether a checkpoint's tensor `stored` (not a leaf of the model) is one transformers

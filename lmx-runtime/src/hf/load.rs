@@ -80,7 +80,7 @@ pub fn load_into<R: Tree<Array>>(
         };
         used.insert(stored_name.clone());
         let stored = weights.get(stored_name)?;
-        let transposed = family.transposed(&spec.name);
+        let transposed = family.stored_transposed(&spec.name, stored_name);
         let mut expected: Vec<usize> = leaf.shape().iter().map(|&dim| dim as usize).collect();
         if transposed {
             expected.reverse();
