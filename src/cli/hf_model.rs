@@ -28,7 +28,8 @@ pub struct FolderGenerateRequest {
 pub fn tokenizer(folder: &HfFolder) -> anyhow::Result<TokenizerSpec> {
     let path = folder.tokenizer_file().ok_or_else(|| {
         anyhow::anyhow!(
-            "{} has no {}: give --tokenizer",
+            "{} has no {}: copy the model's tokenizer files into it (to train from it, \
+             --tokenizer names another)",
             folder.dir().display(),
             hf::TOKENIZER_FILE
         )
