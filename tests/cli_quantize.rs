@@ -4,12 +4,12 @@
 //! before any work, and nothing is written.
 
 use crate::support::cli::{lmx, ok};
+use crate::support::reference::assert_same_tensors;
 use lmx::models::llama::Llama;
 use lmx::runtime::generate::{generate, Sampling};
 use lmx::runtime::hf::{self, HfFolder};
 use lmx::runtime::mlx_rs::Dtype;
 use lmx::runtime::nn::Quantization;
-use lmx::runtime::Array;
 use std::path::PathBuf;
 
 /// The standard error of `lmx ARGS`, which must fail.
@@ -359,16 +359,10 @@ fn a_gpt2_folder_quantizes_as_mlx_lm_does() {
         "--out",
         out.to_str().unwrap(),
     ]);
-    let ours = Array::load_safetensors(out.join("model.safetensors")).unwrap();
-    let theirs = Array::load_safetensors(source.join("gpt2_q_mlx_lm/model.safetensors")).unwrap();
-    let mut names: Vec<_> = ours.keys().collect();
-    names.sort();
-    let mut expected: Vec<_> = theirs.keys().collect();
-    expected.sort();
-    assert_eq!(names, expected);
-    for (name, array) in &ours {
-        assert!(array.eq_values(&theirs[name]).unwrap(), "{name}");
-    }
+    assert_same_tensors(
+        &out.join("model.safetensors"),
+        &source.join("gpt2_q_mlx_lm/model.safetensors"),
+    );
     let text = ok(&[
         "generate",
         "--model",

@@ -12,7 +12,9 @@
 //! rounding in differently fused element-wise code: 1e-4 absolute (the logits are of order 1),
 //! as for the float models of `hf_models.rs`.
 
-use crate::support::reference::{assert_logits_and_greedy, fixture, max_error};
+use crate::support::reference::{
+    assert_logits_and_greedy, assert_same_tensors, fixture, max_error,
+};
 use lmx::models::llama::Llama;
 use lmx::runtime::hf::{self, HfFolder};
 use lmx::runtime::mlx_rs::Dtype;
@@ -210,15 +212,10 @@ fn gpt2_in_mlx_lm_layout_is_read_and_written_as_mlx_lm_does() -> Result<()> {
         max_shard_bytes: hf::DEFAULT_MAX_SHARD_BYTES,
     };
     hf::export(&exported, folder.family(), &params, &spec)?;
-    let written = Array::load_safetensors(exported.join("model.safetensors")).unwrap();
-    let mut names: Vec<_> = written.keys().collect();
-    names.sort();
-    let mut theirs: Vec<_> = stored.keys().collect();
-    theirs.sort();
-    assert_eq!(names, theirs, "the names written");
-    for (name, array) in &written {
-        assert!(array.eq_values(&stored[name])?, "{name} written differs");
-    }
+    assert_same_tensors(
+        &exported.join("model.safetensors"),
+        &mlx_lm.join("model.safetensors"),
+    );
     let (_, reloaded) = hf::load_model::<Gpt2>(&HfFolder::open(&exported)?, Some(Dtype::Float32))?;
     same_as_stored(&reloaded, "the export read back");
     Ok(())

@@ -4,7 +4,7 @@
 use lmx::runtime::generate::{generate, Sampling};
 use lmx::runtime::model::{Context, LanguageModel};
 use lmx::runtime::{Array, Result};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 /// `tests/fixtures/NAME`.
 pub fn fixture(name: &str) -> PathBuf {
@@ -50,4 +50,23 @@ pub fn assert_logits_and_greedy<M: LanguageModel>(
         "the reference's greedy continuation"
     );
     Ok(())
+}
+
+/// Fails unless the safetensors files `ours` and `theirs` hold the same tensor names, each with
+/// equal values and dtype.
+pub fn assert_same_tensors(ours: &Path, theirs: &Path) {
+    let load = |path: &Path| {
+        Array::load_safetensors(path).unwrap_or_else(|err| panic!("{}: {err}", path.display()))
+    };
+    let (ours, theirs) = (load(ours), load(theirs));
+    let names = |tensors: &std::collections::HashMap<String, Array>| {
+        let mut names: Vec<String> = tensors.keys().cloned().collect();
+        names.sort();
+        names
+    };
+    assert_eq!(names(&ours), names(&theirs), "the tensors' names");
+    for (name, array) in &ours {
+        assert_eq!(array.dtype(), theirs[name].dtype(), "{name}");
+        assert!(array.eq_values(&theirs[name]).unwrap(), "{name} differs");
+    }
 }
