@@ -198,10 +198,11 @@ fn a_run_quantizes_generates_and_dequantizes() {
             out.to_str().unwrap(),
         ]);
         let stdout = String::from_utf8_lossy(&output.stdout);
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(output.status.success(), "{stdout}{stderr}");
         assert!(
-            output.status.success(),
-            "{stdout}{}",
-            String::from_utf8_lossy(&output.stderr)
+            stderr.contains("the run's tokenizer is bytes, which has no tokenizer.json to write"),
+            "{stderr}"
         );
         // 7 linear layers a block but the 172-wide down_proj, the embedding and the head.
         assert!(
@@ -363,7 +364,8 @@ fn a_gpt2_folder_quantizes_as_mlx_lm_does() {
         &out.join("model.safetensors"),
         &source.join("gpt2_q_mlx_lm/model.safetensors"),
     );
-    let text = ok(&[
+    // It samples (its numbers are `quantized_models.rs`'s to check).
+    ok(&[
         "generate",
         "--model",
         out.to_str().unwrap(),
@@ -371,10 +373,7 @@ fn a_gpt2_folder_quantizes_as_mlx_lm_does() {
         "Hello",
         "--max-tokens",
         "4",
-        "--temperature",
-        "0",
     ]);
-    assert!(text.starts_with("Hello"), "{text}");
 }
 
 /// A run of a model with no Hugging Face layout (the bundled hybrid of Mamba-2 mixers and

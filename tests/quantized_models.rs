@@ -218,6 +218,44 @@ fn gpt2_in_mlx_lm_layout_is_read_and_written_as_mlx_lm_does() -> Result<()> {
     );
     let (_, reloaded) = hf::load_model::<Gpt2>(&HfFolder::open(&exported)?, Some(Dtype::Float32))?;
     same_as_stored(&reloaded, "the export read back");
+
+    // A layer of its own setting is named in `config.json` as mlx-lm's tree names it, and read
+    // back so. With `LMX_QUANT_EXPORT=DIR` the export is left in DIR with `io.safetensors`, for
+    // `tests/reference/quantized.py --check DIR` to load in mlx-lm.
+    let (_, mut mixed) = hf::load_model::<Gpt2>(&float, Some(Dtype::Float32))?;
+    let eight = Quantization::new(32, 8)?;
+    let c_fc = &mut mixed.h[1].mlp.c_fc;
+    let (w, s, b) = quant::quantize_weight("h.1.mlp.c_fc", &c_fc.weight, eight)?;
+    (c_fc.weight, c_fc.scales, c_fc.biases) = (w, Some(s), Some(b));
+    c_fc.quantization = Some(eight);
+    quant::quantize_tree(&mut mixed, Quantization::new(32, 4)?)?;
+    let exported = match std::env::var_os("LMX_QUANT_EXPORT") {
+        Some(dir) => PathBuf::from(dir),
+        None => out.path().join("mixed"),
+    };
+    hf::export(&exported, folder.family(), &mixed, &spec)?;
+    let written: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(exported.join("config.json")).unwrap())
+            .unwrap();
+    assert_eq!(
+        written["quantization"],
+        serde_json::json!({"group_size": 32, "bits": 4, "mode": "affine",
+                           "model.h.1.mlp.c_fc": {"group_size": 32, "bits": 8, "mode": "affine"}})
+    );
+    let (_, reloaded) = hf::load_model::<Gpt2>(&HfFolder::open(&exported)?, Some(Dtype::Float32))?;
+    assert_eq!(reloaded.h[1].mlp.c_fc.quantization, Some(eight));
+    for ((name, a), b) in tree::names(&mixed)
+        .iter()
+        .zip(tree::flatten(&mixed))
+        .zip(tree::flatten(&reloaded))
+    {
+        assert!(a.eq_values(&b)?, "{name} changed");
+    }
+    if std::env::var_os("LMX_QUANT_EXPORT").is_some() {
+        let logits = Gpt2::forward(&reloaded, &config, &tokens, &mut Context::evaluation())?;
+        let io = [("tokens", &tokens), ("logits", &logits)];
+        Array::save_safetensors(io, None, exported.join("io.safetensors")).unwrap();
+    }
     Ok(())
 }
 

@@ -175,9 +175,20 @@ fn stored_dtype(folder: &HfFolder) -> Option<Dtype> {
     }
 }
 
+/// The `config.json` of a run's `--init` folder, whose settings a folder written from the run
+/// carries (token ids and the like).
+pub(super) fn init_config(run: &RunFile) -> anyhow::Result<Option<serde_json::Value>> {
+    let Some(init) = &run.init else {
+        return Ok(None);
+    };
+    let text = std::fs::read_to_string(init.join(hf::CONFIG_FILE))
+        .map_err(|err| anyhow::anyhow!("{}: {err}", init.display()))?;
+    Ok(Some(serde_json::from_str(&text)?))
+}
+
 /// The tokenizer files of a run: its `--init` folder's, a Hugging Face `tokenizer.json` it was
 /// trained with, or the BPE tokenizer trained for it; none for bytes.
-fn run_tokenizer_files(dir: &std::path::Path, run: &RunFile) -> Vec<PathBuf> {
+pub(super) fn run_tokenizer_files(dir: &std::path::Path, run: &RunFile) -> Vec<PathBuf> {
     if let Some(init) = &run.init {
         return hf::carried_files(init);
     }
@@ -220,14 +231,13 @@ pub fn export<M: LanguageModel>(request: ExportRequest) -> anyhow::Result<()> {
                 .iter()
                 .map(|leaf| leaf.dtype())
                 .find(|dtype| matches!(dtype, Dtype::Float32 | Dtype::Bfloat16 | Dtype::Float16));
-            let source = match &run.init {
-                Some(init) => Some(serde_json::from_str(
-                    &std::fs::read_to_string(init.join(hf::CONFIG_FILE))
-                        .map_err(|err| anyhow::anyhow!("{}: {err}", init.display()))?,
-                )?),
-                None => None,
-            };
-            (config, params, run_tokenizer_files(dir, run), dtype, source)
+            (
+                config,
+                params,
+                run_tokenizer_files(dir, run),
+                dtype,
+                init_config(run)?,
+            )
         }
     };
     let spec = hf::ExportSpec {

@@ -1,14 +1,14 @@
 //! `lmx quantize`: a model (a Hugging Face or mlx-lm folder, a run, or a run's checkpoint)
 //! quantized as mlx-lm's `convert -q` does it. A model with a Hugging Face layout is written in
-//! mlx-lm's (which both lmx, `lmx generate --model DIR`, and mlx-lm load); a run of a model
-//! without one (a model of one's own) becomes a new run directory whose checkpoint holds
-//! the packed weights and whose record names them, which `lmx generate --run`, `serve`, `eval`
-//! and `lora --base` read as they read any run.
+//! mlx-lm's (which both lmx, `lmx generate --model DIR`, and mlx-lm load; a dequantized GPT-2
+//! goes back to transformers' layout, which transformers and lmx load), with the run's tokenizer
+//! files where it has any (bytes are none); a run of a model without one (a model of one's own)
+//! becomes a new run directory whose checkpoint holds the packed weights and whose record names
+//! them, which `lmx generate --run`, `serve`, `eval` and `lora --base` read as they read any run.
 
 use super::registry::Registry;
 use super::resolve::{self, Resolved};
 use super::run_file::RunFile;
-use super::tokenizer::TRAINED_FILE;
 use clap::Args;
 use lmx::runtime::hf::{self, Family, HfFolder, CONFIG_FILE};
 use lmx::runtime::mlx_rs::Dtype;
@@ -244,12 +244,8 @@ fn quantize_folder<M: LanguageModel>(
         } => {
             let (config, params) =
                 super::run_file::read_model::<M>(&run, &dir, &checkpoint, "quantize")?;
-            let tokenizer = dir.join(TRAINED_FILE);
-            let carried = match tokenizer.exists() {
-                true => vec![tokenizer],
-                false => vec![],
-            };
-            (config, params, None, carried)
+            let carried = super::export::run_tokenizer_files(&dir, &run);
+            (config, params, super::export::init_config(&run)?, carried)
         }
     };
     let mut params = cast_floats(&params, dtype)?;

@@ -46,19 +46,12 @@ pub fn hf_tensors<R: Tree<Array>>(
     dtype: Dtype,
 ) -> Result<Vec<(String, Array)>> {
     let mut packed = HashSet::new();
-    let mut quantized = false;
     params.for_each_layer(&Scope::root(), &mut |scope, layer| {
-        if layer.quantization().is_some() {
-            quantized = true;
-            if let Layer::SwitchLinear(_) = layer {
-                packed.insert(format!("{}.weight", scope.name()));
-            }
+        if let (Layer::SwitchLinear(_), Some(_)) = (&layer, layer.quantization()) {
+            packed.insert(format!("{}.weight", scope.name()));
         }
     });
-    let mlx_lm_layout = quantized
-        && tree::names(params)
-            .iter()
-            .any(|name| family.transposed(name));
+    let mlx_lm_layout = in_mlx_lm_layout(family, params);
     let mut tensors = Vec::new();
     for (name, leaf) in tree::names(params).into_iter().zip(tree::flatten(params)) {
         let mut array = leaf;
@@ -90,6 +83,19 @@ pub fn hf_tensors<R: Tree<Array>>(
     }
     eval(tensors.iter().map(|(_, array)| array))?;
     Ok(tensors)
+}
+
+/// Whether `params` (a `family` model's) is written in mlx-lm's own layout: quantized, of a
+/// family that stores some weight transposed, which a packed weight cannot be.
+pub(crate) fn in_mlx_lm_layout<R: Tree<Array>>(family: Family, params: &R) -> bool {
+    let mut quantized = false;
+    params.for_each_layer(&Scope::root(), &mut |_, layer| {
+        quantized |= layer.quantization().is_some();
+    });
+    quantized
+        && tree::names(params)
+            .iter()
+            .any(|name| family.transposed(name))
 }
 
 /// An evaluated, contiguous array's bytes, as safetensors serializes a tensor.

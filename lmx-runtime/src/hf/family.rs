@@ -538,6 +538,14 @@ impl Family {
         }
     }
 
+    /// The leaf or layer name of mlx-lm's `name` ([`mlx_lm_name`](Self::mlx_lm_name) undone).
+    pub(crate) fn name_of_mlx_lm(self, name: &str) -> String {
+        match self {
+            Family::Gpt2 => name.strip_prefix("model.").unwrap_or(name).to_owned(),
+            _ => name.to_owned(),
+        }
+    }
+
     /// The names under which a checkpoint may hold the leaf `name`, most usual first: GPT-2's
     /// published `gpt2` weights are saved from `GPT2Model`, without the `transformer.` prefix,
     /// and mlx-lm saves its own tree's names (`model.h.0...`); an untied head of a model saved

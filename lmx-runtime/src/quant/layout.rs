@@ -134,6 +134,11 @@ pub fn prepare_folder<R: Tree<Array> + ?Sized>(template: &mut R, folder: &HfFold
     let place = folder.dir().join(CONFIG_FILE).display().to_string();
     if let Some(mut layout) = QuantizedLayout::from_config(folder.config(), &place)? {
         let family = folder.family();
+        // Entries named as mlx-lm's tree names its layers (GPT-2's `model.h.0...`).
+        layout.layers = std::mem::take(&mut layout.layers)
+            .into_iter()
+            .map(|(name, entry)| (family.name_of_mlx_lm(&name), entry))
+            .collect();
         let tied = family.tied(folder.config());
         // The head of a tied model is read from the embedding, so it is quantized as that is.
         let head = family.stored_names("lm_head.weight", tied);
