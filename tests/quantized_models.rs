@@ -251,6 +251,28 @@ fn gpt2_in_mlx_lm_layout_is_read_and_written_as_mlx_lm_does() -> Result<()> {
     {
         assert!(a.eq_values(&b)?, "{name} changed");
     }
+
+    // A stored tensor of the wrong shape under mlx-lm's names is told as the setting it breaks.
+    let broken = out.path().join("broken");
+    std::fs::create_dir(&broken).unwrap();
+    std::fs::copy(mlx_lm.join("config.json"), broken.join("config.json")).unwrap();
+    let mut tensors = stored.clone();
+    tensors.insert(
+        "model.h.0.attn.c_attn.scales".into(),
+        Array::zeros::<f32>(&[96, 2]).unwrap(),
+    );
+    let weights = broken.join("model.safetensors");
+    Array::save_safetensors(tensors.iter().map(|(k, v)| (k.as_str(), v)), None, &weights).unwrap();
+    let error = message(hf::load_model::<Gpt2>(&HfFolder::open(&broken)?, None));
+    assert_eq!(
+        error,
+        format!(
+            "{}: tensor `model.h.0.attn.c_attn.scales` has shape [96, 2], not [96, 1]; {}: \
+             quantization makes `model.h.0.attn.c_attn` 4-bit in groups of 32",
+            weights.display(),
+            broken.join("config.json").display()
+        )
+    );
     if std::env::var_os("LMX_QUANT_EXPORT").is_some() {
         let logits = Gpt2::forward(&reloaded, &config, &tokens, &mut Context::evaluation())?;
         let io = [("tokens", &tokens), ("logits", &logits)];

@@ -192,8 +192,11 @@ pub fn loading_error<R: Tree<Array> + ?Sized>(
         return err;
     };
     let mut quantized = None;
+    let family = folder.family();
     template.for_each_layer(&Scope::root(), &mut |scope, found| {
-        if folder.family().hf_name(scope.name()) == layer {
+        // The layer under any name a folder stores it by (transformers', mlx-lm's).
+        let name = scope.name();
+        if [family.hf_name(name), family.mlx_lm_name(name)].contains(&layer.to_owned()) {
             quantized = Some(found.quantization());
         }
     });
