@@ -87,7 +87,7 @@ pub fn hf_tensors<R: Tree<Array>>(
 
 /// Whether `params` (a `family` model's) is written in mlx-lm's own layout: quantized, of a
 /// family that stores some weight transposed, which a packed weight cannot be.
-pub(crate) fn in_mlx_lm_layout<R: Tree<Array>>(family: Family, params: &R) -> bool {
+fn in_mlx_lm_layout<R: Tree<Array>>(family: Family, params: &R) -> bool {
     let mut quantized = false;
     params.for_each_layer(&Scope::root(), &mut |_, layer| {
         quantized |= layer.quantization().is_some();

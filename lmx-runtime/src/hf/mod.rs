@@ -224,21 +224,7 @@ pub fn export<R: Tree<Array>>(
         }
     }
     if let Some(config) = config.as_object_mut() {
-        crate::quant::layout::write_config(config, params);
-        if export::in_mlx_lm_layout(family, params) {
-            // mlx-lm names the layers of its entries as its own tree does.
-            for key in ["quantization", "quantization_config"] {
-                if let Some(Value::Object(entry)) = config.get_mut(key) {
-                    *entry = std::mem::take(entry)
-                        .into_iter()
-                        .map(|(name, value)| match name.as_str() {
-                            "group_size" | "bits" | "mode" => (name, value),
-                            _ => (family.mlx_lm_name(&name), value),
-                        })
-                        .collect();
-                }
-            }
-        }
+        crate::quant::layout::write_config(config, params, &|name| family.mlx_lm_name(name));
     }
     let tensors = hf_tensors(family, params, spec.dtype)?;
     write_folder(dir, &config, &tensors, spec.copy, spec.max_shard_bytes)

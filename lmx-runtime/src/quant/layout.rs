@@ -237,9 +237,17 @@ pub fn loading_error<R: Tree<Array> + ?Sized>(
 /// quantized: the most common quantization as the default, an object for each layer quantized
 /// otherwise and `false` for each layer left in floating point.
 pub fn config_entry<R: Tree<Array> + ?Sized>(tree: &R) -> Option<Value> {
+    entry_named(tree, &str::to_owned)
+}
+
+/// [`config_entry`] with each layer's entry under `layer_name` of its name.
+fn entry_named<R: Tree<Array> + ?Sized>(
+    tree: &R,
+    layer_name: &dyn Fn(&str) -> String,
+) -> Option<Value> {
     let mut layers: Vec<(String, Option<Quantization>)> = Vec::new();
     tree.for_each_layer(&Scope::root(), &mut |scope, layer| {
-        layers.push((scope.name().to_owned(), layer.quantization()));
+        layers.push((layer_name(scope.name()), layer.quantization()));
     });
     let mut counts: Vec<(Quantization, usize)> = Vec::new();
     for q in layers.iter().filter_map(|(_, q)| *q) {
@@ -271,8 +279,14 @@ pub fn config_entry<R: Tree<Array> + ?Sized>(tree: &R) -> Option<Value> {
 
 /// Sets `config`'s `quantization` and `quantization_config` (mlx-lm writes both, the second for
 /// Hugging Face's loaders) to `tree`'s quantization, or removes them when nothing is quantized.
-pub fn write_config<R: Tree<Array> + ?Sized>(config: &mut Map<String, Value>, tree: &R) {
-    match config_entry(tree) {
+/// A layer's own entry is named as mlx-lm's tree names the layer (`layer_name`,
+/// `Family::mlx_lm_name`: GPT-2's `model.h.0...`), as [`prepare_folder`] reads it back.
+pub fn write_config<R: Tree<Array> + ?Sized>(
+    config: &mut Map<String, Value>,
+    tree: &R,
+    layer_name: &dyn Fn(&str) -> String,
+) {
+    match entry_named(tree, layer_name) {
         Some(entry) => {
             config.insert("quantization".into(), entry.clone());
             config.insert("quantization_config".into(), entry);
