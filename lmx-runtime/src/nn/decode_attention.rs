@@ -82,16 +82,8 @@ pub(crate) fn decode_attention(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use mlx_rs::{random, Dtype};
-
-    /// Normal values of `shape`, rounded to `dtype`.
-    fn normal(shape: &[i32], seed: u64, dtype: Dtype) -> Array {
-        let key = random::key(seed).unwrap();
-        random::normal::<f32>(shape, None, None, &key)
-            .unwrap()
-            .as_dtype(dtype)
-            .unwrap()
-    }
+    use crate::test_arrays::normal;
+    use mlx_rs::Dtype;
 
     /// The values of `a` as float64, row-major.
     fn values(a: &Array) -> Vec<f64> {
@@ -131,9 +123,9 @@ mod tests {
             dtype,
             ..
         } = *case;
-        let q = normal(&[rows, heads, 1, d], 1, dtype);
-        let k = normal(&[rows, kv_heads, capacity, d], 2, dtype);
-        let v = normal(&[rows, kv_heads, capacity, d], 3, dtype);
+        let q = normal(&[rows, heads, 1, d], dtype);
+        let k = normal(&[rows, kv_heads, capacity, d], dtype);
+        let v = normal(&[rows, kv_heads, capacity, d], dtype);
         let starts = case.starts.clone().unwrap_or(vec![0; rows as usize]);
         let slots = DecodeSlots {
             position: Array::from_int(position),
@@ -148,8 +140,8 @@ mod tests {
                 .collect();
             Ok(Array::from_slice(&visible, &[rows, 1, 1, capacity]))
         };
-        let k_new = normal(&[rows, kv_heads, 1, d], 4, dtype);
-        let v_new = normal(&[rows, kv_heads, 1, d], 5, dtype);
+        let k_new = normal(&[rows, kv_heads, 1, d], dtype);
+        let v_new = normal(&[rows, kv_heads, 1, d], dtype);
         // The buffers as the token's key and value written at its slot make them, read before the
         // kernel writes them in place.
         let (d_u, cap_u) = (d as usize, capacity as usize);
