@@ -57,9 +57,10 @@ fn kernel(format: Format) -> Result<Kernel> {
         (&inputs, Inputs::RowContiguous),
         &["y", "act"],
         &format!(
-            "{}{}{}{}",
+            "{}{}{}{}{}",
             super::activation::HEADER,
             super::matvec::HEADER,
+            super::row_norm::HEADER,
             format.header(),
             super::tasks::HEADER
         ),
@@ -105,7 +106,7 @@ const BODY: &str = r#"
       lmx_task_rows<W, D> w;
       w.load(mg.at(f, D, 0), mu.at(f, D, 0), lane, aligned);
       if (have != 0) {
-        lmx_task_rms_norm<T, D, WARPS>(x, nw, xs, eps, red, aligned);
+        lmx_rms_norm_row<T, D, WARPS>(x, nw, xs, eps, red, aligned);
         have = 0;
       }
       float g, u;

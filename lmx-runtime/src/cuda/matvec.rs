@@ -12,7 +12,9 @@
 //! float32. For one weight the input may be activated as the kernel reads it (`f(x)`, or a gated
 //! MLP's `f(gate) * up`): each block activates the input once into shared memory, where its
 //! warps read it, so that the activation is no kernel of its own; the weight rows' reads from
-//! memory, requested first, overlap it. The weights are dense or packed by MLX's affine
+//! memory, requested first, overlap it. In the same way a group's one-row input may be normalised
+//! as the kernel reads it (an RMS or layer norm, [`RowNorm`]), so that a pre-norm block's norm is
+//! no kernel of its own either. The weights are dense or packed by MLX's affine
 //! quantization, all of a launch's alike ([`Weight`]): a packed row is read in the same 16-byte
 //! chunks, each with its group's scale and offset.
 //!
@@ -20,6 +22,7 @@
 //! ([`without_gradients`](crate::nn::without_gradients)).
 
 use super::kernel::{Inputs, Kernel, Launch, TemplateArg};
+use super::row_norm::{NormKind, RowNorm};
 use super::weights::{Format, Weight};
 use crate::error::{Error, Result};
 use crate::nn::Activation;
@@ -38,15 +41,22 @@ const THREADS: i32 = 128;
 /// Threads per block over an activated input: eight warps share each activation of it.
 const ACTIVATED_THREADS: i32 = 256;
 
-/// The most bytes of activated input (its rows times their width) one block holds in shared
-/// memory.
+/// The most bytes of activated or normalised input (its rows times their width) one block holds
+/// in shared memory.
 const MAX_ACTIVATED_BYTES: i64 = 32 * 1024;
 
+/// Warps per block over an activated or normalised input (the norm's device code sums over them).
+const SHARING_WARPS: i32 = ACTIVATED_THREADS / 32;
+
 thread_local! {
-    /// The kernel for 1, 2 and 3 weights of each form, without and with biases.
-    static KERNELS: [[[Result<Kernel>; 2]; MAX_WEIGHTS]; 2] = Format::ALL.map(|format| {
+    /// The kernel for 1, 2 and 3 weights of each form, without and with biases, over an input as
+    /// it is or normalised.
+    static KERNELS: [[[[Result<Kernel>; 4]; 2]; MAX_WEIGHTS]; 2] = Format::ALL.map(|format| {
         [1, 2, 3].map(|count| {
-            [false, true].map(|biased| kernel(format, count, biased, Input::Plain, false))
+            [false, true].map(|biased| {
+                [Input::Plain, Input::Rms, Input::Layer, Input::LayerShifted]
+                    .map(|input| kernel(format, count, biased, input, false))
+            })
         })
     });
     /// The kernel for one weight of each form over an input as it is, activated or gated,
@@ -63,12 +73,37 @@ thread_local! {
 /// What the kernel multiplies by the weights: the input `x` itself, `f(x)`, or `f(x) * u` (a
 /// gated MLP's product), `f` the activation whose discriminant is the template argument `ACT`,
 /// each value computed in float32 and rounded to the input's dtype, as lmx's activation kernels
-/// round their outputs.
+/// round their outputs; or one row's norm (RMS, layer, layer with a shift: [`RowNorm`]), rounded
+/// as MLX's norms round it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Input {
     Plain,
     Activated,
     Gated,
+    Rms,
+    Layer,
+    LayerShifted,
+}
+
+impl Input {
+    /// The input of a kernel that applies `norm`.
+    fn normed(norm: &RowNorm) -> Input {
+        match (norm.kind, norm.bias.is_some()) {
+            (NormKind::Rms, _) => Input::Rms,
+            (NormKind::Layer, false) => Input::Layer,
+            (NormKind::Layer, true) => Input::LayerShifted,
+        }
+    }
+
+    /// Its place in [`KERNELS`]'s last axis.
+    fn normed_index(self) -> usize {
+        match self {
+            Input::Rms => 1,
+            Input::Layer => 2,
+            Input::LayerShifted => 3,
+            _ => 0,
+        }
+    }
 }
 
 fn kernel(
@@ -82,15 +117,16 @@ fn kernel(
     let inputs: Vec<&str> = inputs.iter().map(String::as_str).collect();
     let outputs: Vec<String> = (0..count).map(|i| format!("y{i}")).collect();
     let outputs: Vec<&str> = outputs.iter().map(String::as_str).collect();
-    let activation = match input {
-        Input::Plain => "",
-        Input::Activated | Input::Gated => super::activation::HEADER,
+    let (activation, norm) = match input {
+        Input::Plain => ("", ""),
+        Input::Activated | Input::Gated => (super::activation::HEADER, ""),
+        Input::Rms | Input::Layer | Input::LayerShifted => ("", super::row_norm::HEADER),
     };
     Kernel::new(
         "lmx_matvec",
         (&inputs, Inputs::RowContiguous),
         &outputs,
-        &format!("{activation}{HEADER}{}", format.header()),
+        &format!("{activation}{HEADER}{norm}{}", format.header()),
         &body,
     )
 }
@@ -117,8 +153,9 @@ __device__ inline uint4 lmx_matvec_load(const T* p, bool aligned) {
 /// `input`.
 ///
 /// Template arguments: `T` (the element type), `R` (the input's rows), packed weights' `BITS`
-/// and `GS` (their group size) and, over an activated or gated input, `ACT` (the activation) and
-/// `KT` (the input's width, sizing the shared memory it is activated into). Warp `f` takes
+/// and `GS` (their group size); over an activated or gated input, `ACT` (the activation) and
+/// `KT` (the input's width, sizing the shared memory it is activated into); over a normalised
+/// one, `KT` and `EPS_BITS` (the norm's epsilon's float bits). Warp `f` takes
 /// feature `f` of the weights stacked in order: the dot product of each input row `r` with that
 /// weight row (then `+ b[f]`), rounded to `T`, written to that weight's own output `y<i>` (`[R,
 /// features of weight i]`: no split of one wide output after the launch, whose slices would be
@@ -132,8 +169,11 @@ fn source(
     residual: bool,
 ) -> (Vec<String>, String) {
     let mut inputs = vec!["x".to_owned()];
-    if input == Input::Gated {
-        inputs.push("u".to_owned());
+    match input {
+        Input::Gated => inputs.push("u".to_owned()),
+        Input::Rms | Input::Layer => inputs.push("nw".to_owned()),
+        Input::LayerShifted => inputs.extend(["nw".to_owned(), "nb".to_owned()]),
+        Input::Plain | Input::Activated => {}
     }
     inputs.extend((0..count).flat_map(|i| format.inputs(&format!("w{i}"))));
     if biased {
@@ -176,11 +216,44 @@ fn source(
     } else {
         "0.0f"
     };
-    // An activated input is computed once per block, into shared memory, where every warp of
-    // the block reads it: computed by each warp, the activation (an exponential and a division
-    // a value for SiLU) would cost more than reading the weight row.
+    // Each warp first asks L2 for its weight row, whose reads from memory then overlap the
+    // activation or norm (over a plain input, with nothing to overlap, the same requests only
+    // slowed the wider products).
+    let prefetch = r#"
+  if (f < total) {
+    const char* line = reinterpret_cast<const char*>(wr.p);
+    const int lines = (K / W::VALUES * 16 + 127) / 128;
+    for (int l = lane; l < lines; l += WARP) {
+      asm volatile("prefetch.global.L2 [%0];" :: "l"(line + size_t(l) * 128));
+    }
+  }"#;
+    // An activated or normalised input is computed once per block, into shared memory, where
+    // every warp of the block reads it: computed by each warp, the activation (an exponential
+    // and a division a value for SiLU) would cost more than reading the weight row.
     let (activate, source_x, x_address) = match input {
         Input::Plain => (String::new(), "x", "reinterpret_cast<size_t>(x)"),
+        Input::Rms | Input::Layer | Input::LayerShifted => {
+            let (call, shift) = match input {
+                Input::Rms => ("lmx_rms_norm_row<T, KT, SHARING_WARPS>(x, nw, ", ""),
+                Input::Layer => ("lmx_layer_norm_row<T, KT, SHARING_WARPS, false>(x, nw, nw, ", ""),
+                _ => (
+                    "lmx_layer_norm_row<T, KT, SHARING_WARPS, true>(x, nw, nb, ",
+                    " | reinterpret_cast<size_t>(nb)",
+                ),
+            };
+            let activate = format!(
+                r#"{prefetch}
+  __shared__ __align__(16) T xs[KT];
+  __shared__ float red[{SHARING_WARPS}];
+  {{
+    constexpr int SHARING_WARPS = {SHARING_WARPS};
+    const bool aligned =
+        ((reinterpret_cast<size_t>(x) | reinterpret_cast<size_t>(nw){shift}) % 16) == 0;
+    {call}xs, __int_as_float(EPS_BITS), red, aligned);
+  }}"#
+            );
+            (activate, "xs", "0")
+        }
         Input::Activated | Input::Gated => {
             let (up_address, up_load, up) = match input {
                 Input::Gated => (
@@ -191,20 +264,11 @@ fn source(
                 ),
                 _ => ("", "", ""),
             };
-            // Each warp first asks L2 for its weight row, whose reads from memory then overlap
-            // the activation (over a plain input, with nothing to overlap, the same requests
-            // only slowed the wider products). The input is read 16 bytes a thread at a time,
-            // as the weights are: value by value, each thread would wait out one load's latency
-            // after another before any weight is read.
+            // The input is read 16 bytes a thread at a time, as the weights are: value by value,
+            // each thread would wait out one load's latency after another before any weight is
+            // read.
             let activate = format!(
-                r#"
-  if (f < total) {{
-    const char* line = reinterpret_cast<const char*>(wr.p);
-    const int lines = (K / W::VALUES * 16 + 127) / 128;
-    for (int l = lane; l < lines; l += WARP) {{
-      asm volatile("prefetch.global.L2 [%0];" :: "l"(line + size_t(l) * 128));
-    }}
-  }}
+                r#"{prefetch}
   __shared__ __align__(16) T xs[R * KT];
   {{
     constexpr int V = 16 / int(sizeof(T));
@@ -314,8 +378,45 @@ pub(crate) fn matvec(
     let biased = usize::from(biases.is_some());
     let format = weights[0].format() as usize;
     KERNELS.with(|kernels| {
-        let kernel = &kernels[format][weights.len() - 1][biased];
+        let kernel = &kernels[format][weights.len() - 1][biased][Input::Plain.normed_index()];
         launch(kernel, &inputs, weights, (THREADS, Vec::new()))
+    })
+}
+
+/// Whether the kernel multiplies `norm` of `x` by `weights` (with `biases`): `x` and the weights
+/// as [`matvec_fits`] takes them, `x` one row that `norm` fits ([`RowNorm::fits`]) within
+/// [`MAX_ACTIVATED_BYTES`].
+pub(crate) fn normed_matvec_fits(
+    x: &Array,
+    norm: &RowNorm,
+    weights: &[Weight],
+    biases: Option<&[&Array]>,
+) -> bool {
+    matvec_fits(x, weights, biases) && norm.fits(x, MAX_ACTIVATED_BYTES)
+}
+
+/// What [`matvec`] gives over `norm`'s output of `x`, from one launch whose every block
+/// normalises `x` as it reads it. Callers check [`normed_matvec_fits`].
+pub(crate) fn normed_matvec(
+    x: &Array,
+    norm: &RowNorm,
+    weights: &[Weight],
+    biases: Option<&[&Array]>,
+) -> Result<Vec<Array>> {
+    let mut inputs = vec![x.clone()];
+    inputs.extend(norm.arrays());
+    inputs.extend(weights.iter().flat_map(Weight::arrays));
+    inputs.extend(biases.into_iter().flatten().map(|&b| b.clone()));
+    let biased = usize::from(biases.is_some());
+    let format = weights[0].format() as usize;
+    let input = Input::normed(norm).normed_index();
+    let template = vec![
+        TemplateArg::Int("KT", *x.shape().last().unwrap_or(&1)),
+        norm.epsilon(),
+    ];
+    KERNELS.with(|kernels| {
+        let kernel = &kernels[format][weights.len() - 1][biased][input];
+        launch(kernel, &inputs, weights, (ACTIVATED_THREADS, template))
     })
 }
 
@@ -389,7 +490,7 @@ impl OneLayer<'_> {
         };
         let threads = match input {
             Input::Plain => THREADS,
-            Input::Activated | Input::Gated => ACTIVATED_THREADS,
+            _ => ACTIVATED_THREADS,
         };
         let format = self.weight.format() as usize;
         let weights = std::slice::from_ref(&self.weight);
@@ -402,8 +503,10 @@ impl OneLayer<'_> {
 }
 
 /// One launch of `kernel` over `inputs` (`x` first), a warp per output feature of `weights`, in
-/// blocks of `threads`, with the template arguments `more` besides `T`, `R` and the weights'
-/// form's: an output per weight.
+/// whole blocks of `threads` (MLX shrinks a block to a smaller grid, and a norm's block sums
+/// count on every warp of the block: a router's few features would sum shared memory no warp
+/// wrote), with the template arguments `more` besides `T`, `R` and the weights' form's: an
+/// output per weight.
 fn launch(
     kernel: &Result<Kernel>,
     inputs: &[Array],
@@ -436,7 +539,7 @@ fn launch(
         inputs,
         &Launch {
             outputs: &outputs,
-            grid: (features * 32, 1, 1),
+            grid: ((features * 32 + threads - 1) / threads * threads, 1, 1),
             block: (threads, 1, 1),
             template: &template,
         },

@@ -17,6 +17,7 @@ mod layer_norm;
 mod matvec;
 mod pack;
 mod rope;
+mod row_norm;
 mod rows;
 mod squares;
 mod sums;
@@ -29,7 +30,10 @@ pub(crate) use activation::{
 pub(crate) use decode_attention::{decode_attention, decode_attention_fits, NewKeyValue, Rotation};
 pub(crate) use gated_mlp::GatedMlp;
 pub(crate) use layer_norm::{layer_norm_backward, LAYER_NORM_MAX_COLUMNS};
-pub(crate) use matvec::{matvec, matvec_fits, OneLayer, MAX_ROWS};
+pub(crate) use matvec::{
+    matvec, matvec_fits, normed_matvec, normed_matvec_fits, OneLayer, MAX_ROWS,
+};
+pub(crate) use row_norm::{NormKind, RowNorm};
 pub(crate) use pack::pack_with_squares;
 pub(crate) use rope::{rope, rope_fits};
 pub(crate) use rows::{rows, rows_fit};

@@ -47,8 +47,8 @@ pub(super) fn control(kernel: &'static str) -> Result<Array> {
 }
 
 /// Device helpers: the counters' acquire loads, bounded waits and the leaving block's reset;
-/// weight rows streamed into registers and dotted with a shared input; a block's RMS norm into
-/// shared memory. Needs [`super::matvec::HEADER`] and a weight form's header
+/// weight rows streamed into registers and dotted with a shared input. Needs
+/// [`super::matvec::HEADER`], [`super::row_norm::HEADER`] and a weight form's header
 /// ([`Format::header`](super::weights::Format::header)) before it.
 pub(super) const HEADER: &str = r#"
 __device__ __forceinline__ int lmx_task_acquire(const int* p) {
@@ -89,14 +89,6 @@ __device__ __forceinline__ void lmx_task_leave(int* control) {
   }
 }
 
-__device__ __forceinline__ float lmx_task_warp_sum(float v) {
-#pragma unroll
-  for (int o = 16; o > 0; o /= 2) {
-    v += __shfl_xor_sync(0xffffffff, v, o);
-  }
-  return v;
-}
-
 // Two stretches of K values of weight rows (rows of the matrix type `W`: `lmx_dense<T>` or
 // `lmx_affine<T, BITS, GS>`), loaded into a warp's registers (all loads issued before any is
 // used), then dotted with two stretches of the shared input.
@@ -128,64 +120,8 @@ struct lmx_task_rows {
         W::dot(q[u], x1 + size_t(i) * W::VALUES, true, a1);
       }
     }
-    a0 = lmx_task_warp_sum(a0);
-    a1 = lmx_task_warp_sum(a1);
+    a0 = lmx_warp_sum(a0);
+    a1 = lmx_warp_sum(a1);
   }
 };
-
-// `xs = rms_norm(x) * nw` over `D` values (`w * T(x * r)`, as MLX rounds it), written to shared
-// memory by every thread of the block (`WARPS` warps; `red` holds `WARPS` floats of shared
-// memory): every thread's loads first, then the sum of squares over the block.
-template <typename T, int D, int WARPS>
-__device__ __forceinline__ void lmx_task_rms_norm(
-    const T* x, const T* nw, T* xs, float eps, float* red, bool aligned) {
-  constexpr int V = 16 / int(sizeof(T));
-  constexpr int NV = D / V;
-  constexpr int PER = (NV + WARPS * 32 - 1) / (WARPS * 32);
-  const int lane = threadIdx.x & 31;
-  const int warp = threadIdx.x >> 5;
-  uint4 xv[PER], nv[PER];
-#pragma unroll
-  for (int k = 0; k < PER; ++k) {
-    const int i = k * WARPS * 32 + threadIdx.x;
-    if (i < NV) {
-      xv[k] = lmx_matvec_load<T, V>(x + size_t(i) * V, aligned);
-      nv[k] = lmx_matvec_load<T, V>(nw + size_t(i) * V, aligned);
-    }
-  }
-  float ss = 0.0f;
-#pragma unroll
-  for (int k = 0; k < PER; ++k) {
-    if (k * WARPS * 32 + threadIdx.x < NV) {
-      const T* v = reinterpret_cast<const T*>(&xv[k]);
-#pragma unroll
-      for (int j = 0; j < V; ++j) {
-        ss += static_cast<float>(v[j]) * static_cast<float>(v[j]);
-      }
-    }
-  }
-  ss = lmx_task_warp_sum(ss);
-  if (lane == 0) red[warp] = ss;
-  __syncthreads();
-  ss = 0.0f;
-#pragma unroll
-  for (int i = 0; i < WARPS; ++i) ss += red[i];
-  const float r = rsqrtf(ss / float(D) + eps);
-#pragma unroll
-  for (int k = 0; k < PER; ++k) {
-    const int i = k * WARPS * 32 + threadIdx.x;
-    if (i < NV) {
-      const T* v = reinterpret_cast<const T*>(&xv[k]);
-      const T* n = reinterpret_cast<const T*>(&nv[k]);
-      uint4 packed;
-      T* o = reinterpret_cast<T*>(&packed);
-#pragma unroll
-      for (int j = 0; j < V; ++j) {
-        o[j] = n[j] * static_cast<T>(static_cast<float>(v[j]) * r);
-      }
-      reinterpret_cast<uint4*>(xs)[i] = packed;
-    }
-  }
-  __syncthreads();
-}
 "#;

@@ -10,10 +10,12 @@
 //! same kernel rotates the token's key as it writes it into the cache. Where an output is read
 //! elsewhere too, it is computed there as before, and the kernel's numbers are the same.
 //!
-//! In the same way a one-row RMS norm and a decoding product group of two layers (dense or
-//! quantized, not adapted) are remembered: a gated MLP's down projection whose gate and up inputs
-//! are the two outputs of one group over a remembered norm's output is the whole block in one
-//! kernel ([`cuda::GatedMlp`]), and the norm and the group are never computed.
+//! In the same way a one-row norm (RMS or layer) is remembered: a decoding product over its output
+//! normalises the norm's input as it reads it ([`cuda::normed_matvec`]), and the norm is never
+//! computed. A decoding product group of two layers (dense or quantized, not adapted) is
+//! remembered too: a gated MLP's down projection whose gate and up inputs are the two outputs of
+//! one group over a remembered RMS norm's output is the whole block in one kernel
+//! ([`cuda::GatedMlp`]), and the norm and the group are never computed.
 //!
 //! Arrays are matched by identity (MLX's array id, the same for every handle to one array), and
 //! an entry holds a handle to the operation's output, so that no other array takes its id while
@@ -21,7 +23,7 @@
 //! output of an operation made just before it.
 
 use super::custom_vjp::gradient_free;
-use crate::cuda::{self, HeldWeight, Rotation, Weight};
+use crate::cuda::{self, HeldWeight, NormKind, Rotation, RowNorm, Weight};
 use mlx_rs::Array;
 use std::cell::RefCell;
 use std::collections::VecDeque;
@@ -39,12 +41,8 @@ enum Made {
         offset: Array,
         rates: Array,
     },
-    /// `rms_norm(input) * weight`, one row.
-    Norm {
-        input: Array,
-        weight: Array,
-        eps: f32,
-    },
+    /// `norm` of one row `input`.
+    Norm { input: Array, norm: RowNorm },
     /// Output `index` of one launch of the products of `x` by `weights` (no biases).
     Product {
         x: Array,
@@ -116,9 +114,14 @@ pub(super) fn rotation(x: &Array) -> Option<Rotation> {
     })
 }
 
-/// The RMS norm `output` of one row `input`, scaled by `weight`, remembered for
-/// [`normed_gated`] where no gradient is taken on CUDA.
-pub(super) fn remember_norm(output: &Array, input: &Array, weight: &Array, eps: f32) {
+/// The norm `output` of one row `input` (of `kind`, scaled by `weight`, shifted by `bias`),
+/// remembered for [`normed`] and [`normed_gated`] where no gradient is taken on CUDA.
+pub(super) fn remember_norm(
+    output: &Array,
+    input: &Array,
+    (kind, weight, bias): (NormKind, &Array, Option<&Array>),
+    eps: f32,
+) {
     let one_row = input
         .shape()
         .last()
@@ -126,12 +129,26 @@ pub(super) fn remember_norm(output: &Array, input: &Array, weight: &Array, eps: 
     if !one_row || !gradient_free() || !cuda::available() {
         return;
     }
-    let made = Made::Norm {
-        input: input.clone(),
+    let norm = RowNorm {
+        kind,
         weight: weight.clone(),
+        bias: bias.cloned(),
         eps,
     };
+    let made = Made::Norm {
+        input: input.clone(),
+        norm,
+    };
     remember(output, made);
+}
+
+/// The input of the remembered norm whose output is `x`, and the norm: a product may normalise
+/// the input as it reads it.
+pub(super) fn normed(x: &Array) -> Option<(Array, RowNorm)> {
+    made(x, |made| match made {
+        Made::Norm { input, norm } => Some((input.clone(), norm.clone())),
+        _ => None,
+    })
 }
 
 /// The outputs of one decoding product launch over `x` by `weights` (layers without biases),
@@ -174,15 +191,12 @@ pub(super) fn normed_gated(gate: &Array, up: &Array) -> Option<NormedGated> {
     if !same {
         return None;
     }
-    let (input, norm, eps) = made(&x, |made| match made {
-        Made::Norm { input, weight, eps } => Some((input.clone(), weight.clone(), *eps)),
-        _ => None,
-    })?;
+    let (input, norm) = normed(&x).filter(|(_, norm)| norm.kind == NormKind::Rms)?;
     let [gate, up]: [HeldWeight; 2] = weights.try_into().ok()?;
     Some(NormedGated {
         input,
-        norm,
-        eps,
+        norm: norm.weight,
+        eps: norm.eps,
         gate,
         up,
     })

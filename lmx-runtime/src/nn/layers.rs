@@ -2,7 +2,7 @@
 
 use super::extra::literal;
 use super::{deferred, padded_product, quantized_product};
-use crate::cuda::Weight;
+use crate::cuda::{NormKind, Weight};
 use crate::error::Result;
 use crate::model::Context;
 use mlx_rs::fast::{self, ScaledDotProductAttentionMask};
@@ -314,13 +314,16 @@ pub fn embedding_as_linear(params: &EmbeddingParams, x: &Array) -> Result<Array>
 /// Layer normalisation over the last axis: MLX's fused kernel, whose gradient on MLX's CUDA
 /// backend is lmx's own (one pass, float32 sums for the scale's and shift's gradients).
 pub fn layer_norm(params: &LayerNormParams, x: &Array, eps: f32) -> Result<Array> {
-    super::layer_norm_grad::layer_norm(x, &params.weight, params.bias.as_ref(), eps)
+    let y = super::layer_norm_grad::layer_norm(x, &params.weight, params.bias.as_ref(), eps)?;
+    let norm = (NormKind::Layer, &params.weight, params.bias.as_ref());
+    deferred::remember_norm(&y, x, norm, eps);
+    Ok(y)
 }
 
 /// RMS normalisation over the last axis (MLX's fused kernel).
 pub fn rms_norm(params: &RmsNormParams, x: &Array, eps: f32) -> Result<Array> {
     let y = fast::rms_norm(x, Some(&params.weight), eps)?;
-    deferred::remember_norm(&y, x, &params.weight, eps);
+    deferred::remember_norm(&y, x, (NormKind::Rms, &params.weight, None), eps);
     Ok(y)
 }
 
@@ -336,7 +339,7 @@ pub fn rms_norm_with_offset(
         .weight
         .add(literal(f64::from(offset), &params.weight)?)?;
     let y = fast::rms_norm(x, Some(&scale), eps)?;
-    deferred::remember_norm(&y, x, &scale, eps);
+    deferred::remember_norm(&y, x, (NormKind::Rms, &scale, None), eps);
     Ok(y)
 }
 
