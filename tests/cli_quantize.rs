@@ -6,6 +6,7 @@
 use crate::support::cli::{lmx, ok};
 use crate::support::reference::assert_same_tensors;
 use lmx::models::llama::Llama;
+use lmx::runtime::data::{HfTokenizer, Tokenizer};
 use lmx::runtime::generate::{generate, Sampling};
 use lmx::runtime::hf::{self, HfFolder};
 use lmx::runtime::mlx_rs::Dtype;
@@ -200,10 +201,10 @@ fn a_run_quantizes_generates_and_dequantizes() {
         let stdout = String::from_utf8_lossy(&output.stdout);
         let stderr = String::from_utf8_lossy(&output.stderr);
         assert!(output.status.success(), "{stdout}{stderr}");
-        assert!(
-            stderr.contains("the run's tokenizer is bytes, which has no tokenizer.json to write"),
-            "{stderr}"
-        );
+        // The run's byte tokenizer, written as a tokenizer.json of the byte ids.
+        let tokenizer = HfTokenizer::from_file(out.join("tokenizer.json")).unwrap();
+        assert_eq!(tokenizer.encode("Hi").unwrap(), [72, 105], "{stderr}");
+        assert_eq!(tokenizer.eos_id(), Some(256));
         // 7 linear layers a block but the 172-wide down_proj, the embedding and the head.
         assert!(
             stdout.contains("14 layers quantized to 4 bits in groups of 64"),

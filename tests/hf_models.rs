@@ -14,7 +14,7 @@ use lmx::models::{
     deepseek_v2, deepseek_v3, gemma, gemma2, gemma3_text, gpt2, llama, mamba2, mistral, mixtral,
     mpt, phi3, qwen2, qwen3, qwen3_next,
 };
-use lmx::runtime::hf::{self, HfFolder};
+use lmx::runtime::hf::{self, Carried, HfFolder};
 use lmx::runtime::mlx_rs::Dtype;
 use lmx::runtime::model::{Context, LanguageModel};
 use lmx::runtime::tree;
@@ -72,7 +72,7 @@ fn round_trip<M: LanguageModel>(name: &str, max_shard_bytes: u64) -> Result<()> 
         lmx_config: &config,
         source_config: Some(folder.config()),
         dtype: Dtype::Float32,
-        copy: &folder.carried_files(),
+        carry: &folder.carried_files(),
         max_shard_bytes,
     };
     hf::export(&exported, folder.family(), &params, &spec)?;
@@ -549,7 +549,7 @@ fn an_export_never_overwrites_and_leaves_nothing_half_written() -> Result<()> {
     // neither the folder nor its temporary copy remains.
     let out = temp.path().join("out");
     let missing = temp.path().join("tokenizer.json");
-    let error = hf::write_folder(&out, folder.config(), &[], &[missing], u64::MAX).unwrap_err();
+    let error = hf::write_folder(&out, folder.config(), &[], &[Carried::Copy(missing)], u64::MAX).unwrap_err();
     assert!(error.to_string().contains("tokenizer.json"), "{error}");
     let left: Vec<_> = std::fs::read_dir(temp.path())
         .unwrap()
@@ -588,7 +588,7 @@ fn a_setting_transformers_cannot_express_fails_the_export_before_anything_is_wri
         lmx_config: &serde_json::to_value(&config).unwrap(),
         source_config: None,
         dtype: Dtype::Float32,
-        copy: &[],
+        carry: &[],
         max_shard_bytes: hf::DEFAULT_MAX_SHARD_BYTES,
     };
     let error = hf::export(&out, hf::Family::Mistral, &params, &spec).unwrap_err();

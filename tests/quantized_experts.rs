@@ -109,7 +109,7 @@ fn lmx_quantizes_experts_as_mlx_lm_and_writes_its_layout() -> Result<()> {
         lmx_config: &lmx_config,
         source_config: Some(source.config()),
         dtype: Dtype::Float32,
-        copy: &[],
+        carry: &[],
         max_shard_bytes: hf::DEFAULT_MAX_SHARD_BYTES,
     };
     hf::export(&exported, source.family(), &params, &spec)?;

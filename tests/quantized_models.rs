@@ -120,7 +120,7 @@ fn a_model_quantized_by_lmx_round_trips_in_mlx_lm_layout() -> Result<()> {
         lmx_config: &lmx_config,
         source_config: Some(folder.config()),
         dtype: Dtype::Float16,
-        copy: &[],
+        carry: &[],
         max_shard_bytes: hf::DEFAULT_MAX_SHARD_BYTES,
     };
     hf::export(&exported, folder.family(), &params, &spec)?;
@@ -208,7 +208,7 @@ fn gpt2_in_mlx_lm_layout_is_read_and_written_as_mlx_lm_does() -> Result<()> {
         lmx_config: &lmx_config,
         source_config: Some(folder.config()),
         dtype: Dtype::Float32,
-        copy: &[],
+        carry: &[],
         max_shard_bytes: hf::DEFAULT_MAX_SHARD_BYTES,
     };
     hf::export(&exported, folder.family(), &params, &spec)?;

@@ -7,7 +7,8 @@ use super::resolve::{self, Resolved};
 use super::run_file::RunFile;
 use super::tokenizer::{TokenizerSpec, TRAINED_FILE};
 use clap::Args;
-use lmx::runtime::hf::{self, Family, HfFolder, FAMILIES};
+use lmx::runtime::data::HfTokenizer;
+use lmx::runtime::hf::{self, Carried, Family, HfFolder, FAMILIES};
 use lmx::runtime::mlx_rs::Dtype;
 use lmx::runtime::model::LanguageModel;
 use lmx::runtime::tree;
@@ -187,19 +188,25 @@ pub(super) fn init_config(run: &RunFile) -> anyhow::Result<Option<serde_json::Va
 }
 
 /// The tokenizer files of a run: its `--init` folder's, a Hugging Face `tokenizer.json` it was
-/// trained with, or the BPE tokenizer trained for it; none for bytes.
-pub(super) fn run_tokenizer_files(dir: &std::path::Path, run: &RunFile) -> Vec<PathBuf> {
+/// trained with, the BPE tokenizer trained for it, or the byte tokenizer written as one.
+pub(super) fn run_tokenizer_files(
+    dir: &std::path::Path,
+    run: &RunFile,
+) -> anyhow::Result<Vec<Carried>> {
     if let Some(init) = &run.init {
-        return hf::carried_files(init);
+        return Ok(hf::carried_files(init));
     }
-    match &run.tokenizer {
-        TokenizerSpec::HuggingFace { path, .. } => vec![path.clone()],
-        TokenizerSpec::Bpe => vec![dir.join(TRAINED_FILE)],
+    Ok(match &run.tokenizer {
+        TokenizerSpec::HuggingFace { path, .. } => vec![Carried::Copy(path.clone())],
+        TokenizerSpec::Bpe => vec![Carried::Copy(dir.join(TRAINED_FILE))],
         TokenizerSpec::Byte => {
-            eprintln!("note: the run's tokenizer is bytes, which has no tokenizer.json to write");
-            Vec::new()
+            let text = HfTokenizer::bytes()?.to_json()?;
+            vec![Carried::Text {
+                name: TRAINED_FILE,
+                text,
+            }]
         }
-    }
+    })
 }
 
 /// Exports a model `M` as a Hugging Face folder.
@@ -211,7 +218,7 @@ pub fn export<M: LanguageModel>(request: ExportRequest) -> anyhow::Result<()> {
             FAMILIES.map(Family::model_type).join(", ")
         )
     })?;
-    let (config, params, copy, source_dtype, source_config) = match &request.source {
+    let (config, params, carry, source_dtype, source_config) = match &request.source {
         Source::Folder(folder) => {
             let dtype = request.dtype.or_else(|| stored_dtype(folder));
             let (config, params) = hf::load_model::<M>(folder, dtype)?;
@@ -234,7 +241,7 @@ pub fn export<M: LanguageModel>(request: ExportRequest) -> anyhow::Result<()> {
             (
                 config,
                 params,
-                run_tokenizer_files(dir, run),
+                run_tokenizer_files(dir, run)?,
                 dtype,
                 init_config(run)?,
             )
@@ -244,7 +251,7 @@ pub fn export<M: LanguageModel>(request: ExportRequest) -> anyhow::Result<()> {
         lmx_config: &serde_json::to_value(&config)?,
         source_config: source_config.as_ref(),
         dtype: request.dtype.or(source_dtype).unwrap_or(Dtype::Float32),
-        copy: &copy,
+        carry: &carry,
         max_shard_bytes: request.max_shard_bytes,
     };
     hf::export(&request.out, family, &params, &spec)?;

@@ -244,7 +244,7 @@ fn quantize_folder<M: LanguageModel>(
         } => {
             let (config, params) =
                 super::run_file::read_model::<M>(&run, &dir, &checkpoint, "quantize")?;
-            let carried = super::export::run_tokenizer_files(&dir, &run);
+            let carried = super::export::run_tokenizer_files(&dir, &run)?;
             (config, params, super::export::init_config(&run)?, carried)
         }
     };
@@ -255,7 +255,7 @@ fn quantize_folder<M: LanguageModel>(
         lmx_config: &lmx_config,
         source_config: source_config.as_ref(),
         dtype,
-        copy: &carried,
+        carry: &carried,
         max_shard_bytes: hf::DEFAULT_MAX_SHARD_BYTES,
     };
     hf::export(&out, family, &params, &spec)?;

@@ -2,7 +2,7 @@
 
 use std::path::Path;
 
-use tokenizers::models::bpe::{BpeTrainer, BPE};
+use tokenizers::models::bpe::{BpeTrainer, Vocab, BPE};
 use tokenizers::models::TrainerWrapper;
 use tokenizers::pre_tokenizers::byte_level::ByteLevel;
 use tokenizers::{AddedToken, Tokenizer as HfInner};
@@ -50,17 +50,47 @@ impl HfTokenizer {
         Ok(HfTokenizer::from_tokenizer(inner))
     }
 
+    /// The byte tokenizer ([`ByteTokenizer::with_eos`](super::ByteTokenizer::with_eos)) as a
+    /// byte-level BPE tokenizer without merges: ids 0 to 255 the bytes, each spelt as byte-level
+    /// BPE spells it (GPT-2's printable stand-ins), and [`BPE_EOS`] id 256. A folder written
+    /// from a byte-level run carries it as its `tokenizer.json`, which encodes and decodes text
+    /// as the run did (but that [`BPE_EOS`] written out is the one special token, not its bytes).
+    pub fn bytes() -> Result<HfTokenizer, DataError> {
+        let vocab: Vocab = (0..=255u8)
+            .map(|byte| (byte_char(byte).to_string(), u32::from(byte)))
+            .collect();
+        let error = |cause| DataError::Tokenizer {
+            context: "building the byte-level tokenizer".to_owned(),
+            cause,
+        };
+        let bpe = BPE::builder()
+            .vocab_and_merges(vocab, Vec::new())
+            .build()
+            .map_err(error)?;
+        let byte_level = ByteLevel::new(false, true, true);
+        let mut inner = HfInner::new(bpe);
+        inner
+            .with_pre_tokenizer(Some(byte_level))
+            .with_decoder(Some(byte_level));
+        inner.add_special_tokens(&[AddedToken::from(BPE_EOS, true)]);
+        Ok(HfTokenizer::from_tokenizer(inner))
+    }
+
+    /// The text of the tokenizer's `tokenizer.json`.
+    pub fn to_json(&self) -> Result<String, DataError> {
+        self.inner()
+            .to_string(false)
+            .map_err(|cause| DataError::Tokenizer {
+                context: "writing tokenizer.json".to_owned(),
+                cause,
+            })
+    }
+
     /// Writes the tokenizer as a `tokenizer.json` that [`HfTokenizer::from_file`] reads back, by
     /// way of a temporary file renamed into place, so that `path` is never half-written.
     pub fn save(&self, path: impl AsRef<Path>) -> Result<(), DataError> {
         let path = path.as_ref();
-        let json = self
-            .inner()
-            .to_string(false)
-            .map_err(|cause| DataError::Tokenizer {
-                context: format!("saving {}", path.display()),
-                cause,
-            })?;
+        let json = self.to_json()?;
         let mut partial = path.as_os_str().to_owned();
         partial.push(".partial");
         let io = |cause| DataError::Io {
@@ -70,6 +100,18 @@ impl HfTokenizer {
         std::fs::write(&partial, json).map_err(io)?;
         std::fs::rename(&partial, path).map_err(io)
     }
+}
+
+/// How byte-level BPE spells `byte`: itself where it is a printable character of Latin-1, else
+/// the next of the characters from U+0100 on, in the bytes' order (GPT-2's `bytes_to_unicode`,
+/// which the `tokenizers` crate keeps private).
+fn byte_char(byte: u8) -> char {
+    let printable = |b: u8| matches!(b, b'!'..=b'~' | 0xA1..=0xAC | 0xAE..=0xFF);
+    if printable(byte) {
+        return char::from(byte);
+    }
+    let before = (0..byte).filter(|&b| !printable(b)).count() as u32;
+    char::from_u32(256 + before).unwrap_or(char::REPLACEMENT_CHARACTER)
 }
 
 #[cfg(test)]
@@ -114,6 +156,38 @@ mod tests {
             again.inner().to_string(false).unwrap(),
             tokenizer.inner().to_string(false).unwrap()
         );
+    }
+
+    /// The byte tokenizer as a Hugging Face one gives every text the byte tokenizer's ids (each
+    /// of the 256 bytes' spellings among them, as the `tokenizers` crate's byte-level alphabet
+    /// has them) and back, its end-of-sequence id 256, written and read back the same.
+    #[test]
+    fn the_byte_tokenizer_as_a_tokenizer_json_has_the_byte_ids() {
+        use crate::data::ByteTokenizer;
+        let bytes = ByteTokenizer::with_eos();
+        let mut spelt: Vec<char> = (0..=255).map(byte_char).collect();
+        let mut alphabet: Vec<char> = ByteLevel::alphabet().into_iter().collect();
+        spelt.sort_unstable();
+        alphabet.sort_unstable();
+        assert_eq!(spelt, alphabet);
+        let tokenizer = HfTokenizer::bytes().unwrap();
+        assert_eq!(tokenizer.vocab_size(), 257);
+        assert_eq!(tokenizer.eos_id(), Some(ByteTokenizer::EOS_ID));
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("tokenizer.json");
+        tokenizer.save(&path).unwrap();
+        let read = HfTokenizer::from_file(&path).unwrap();
+        let every_char: String = (1..=0x7fu8).map(char::from).collect();
+        for text in [
+            "ROMEO: Is the sun the east?  Café, naïve — ✓\n\tend  ",
+            &every_char,
+            " leading space, ¬ ® \u{ad} \u{0} and 日本語",
+        ] {
+            let want = bytes.encode(text).unwrap();
+            assert_eq!(tokenizer.encode(text).unwrap(), want, "{text:?}");
+            assert_eq!(read.encode(text).unwrap(), want, "{text:?}");
+            assert_eq!(tokenizer.decode(&want).unwrap(), text);
+        }
     }
 
     #[test]

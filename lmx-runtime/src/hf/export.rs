@@ -210,19 +210,30 @@ fn write_json(path: &Path, value: &Value) -> Result<()> {
     sync(path)
 }
 
+/// A file a written folder carries besides its weights: a copy of one (a tokenizer's files, a
+/// model's generation defaults), or one written from its text (the byte tokenizer's
+/// `tokenizer.json`, which no file holds).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Carried {
+    /// A copy of the file, under its name.
+    Copy(PathBuf),
+    /// A file `name` holding `text`.
+    Text { name: &'static str, text: String },
+}
+
 /// Writes the folder `dir`: `config`, `tensors` (named as stored) in one file or in shards of at
-/// most `max_shard_bytes`, and copies of the files `copy` (tokenizer files) under their names.
+/// most `max_shard_bytes`, and the files `carry`.
 ///
 /// `dir` must not exist or be empty; nothing appears under its name until everything is written.
 pub fn write_folder(
     dir: &Path,
     config: &Value,
     tensors: &[(String, Array)],
-    copy: &[PathBuf],
+    carry: &[Carried],
     max_shard_bytes: u64,
 ) -> Result<()> {
     atomic::create_dir(dir, |temp| {
-        fill(temp, config, tensors, copy, max_shard_bytes)
+        fill(temp, config, tensors, carry, max_shard_bytes)
     })
 }
 
@@ -230,7 +241,7 @@ fn fill(
     dir: &Path,
     config: &Value,
     tensors: &[(String, Array)],
-    copy: &[PathBuf],
+    carry: &[Carried],
     max_shard_bytes: u64,
 ) -> Result<()> {
     write_json(&dir.join("config.json"), config)?;
@@ -253,12 +264,22 @@ fn fill(
             &json!({ "metadata": { "total_size": total }, "weight_map": weight_map }),
         )?;
     }
-    for source in copy {
-        let Some(name) = source.file_name() else {
-            continue;
+    for file in carry {
+        let target = match file {
+            Carried::Copy(source) => {
+                let Some(name) = source.file_name() else {
+                    continue;
+                };
+                let target = dir.join(name);
+                fs::copy(source, &target).map_err(io(source))?;
+                target
+            }
+            Carried::Text { name, text } => {
+                let target = dir.join(name);
+                fs::write(&target, text).map_err(io(&target))?;
+                target
+            }
         };
-        let target = dir.join(name);
-        fs::copy(source, &target).map_err(io(source))?;
         sync(&target)?;
     }
     Ok(())

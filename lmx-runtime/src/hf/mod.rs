@@ -31,7 +31,7 @@ mod tokenizer_config;
 mod weights;
 
 pub use error::{HfError, Inexpressible};
-pub use export::{hf_tensors, write_folder, DEFAULT_MAX_SHARD_BYTES};
+pub use export::{hf_tensors, write_folder, Carried, DEFAULT_MAX_SHARD_BYTES};
 pub use family::{Family, FAMILIES};
 pub use load::{load_into, LoadOptions};
 pub use model::{load_model, model_config};
@@ -166,17 +166,18 @@ impl HfFolder {
     }
 
     /// The folder's tokenizer files and generation defaults, which an export carries along.
-    pub fn carried_files(&self) -> Vec<PathBuf> {
+    pub fn carried_files(&self) -> Vec<Carried> {
         carried_files(&self.dir)
     }
 }
 
 /// The tokenizer files and generation defaults of the folder `dir` that an export carries along.
-pub fn carried_files(dir: &Path) -> Vec<PathBuf> {
+pub fn carried_files(dir: &Path) -> Vec<Carried> {
     CARRIED_FILES
         .iter()
         .map(|name| dir.join(name))
         .filter(|path| path.exists())
+        .map(Carried::Copy)
         .collect()
 }
 
@@ -202,7 +203,7 @@ pub struct ExportSpec<'a> {
     /// The dtype of floating-point weights.
     pub dtype: Dtype,
     /// Files carried along (the tokenizer's).
-    pub copy: &'a [PathBuf],
+    pub carry: &'a [Carried],
     /// The largest weights file; a larger model is sharded.
     pub max_shard_bytes: u64,
 }
@@ -227,5 +228,5 @@ pub fn export<R: Tree<Array>>(
         crate::quant::layout::write_config(config, params, &|name| family.mlx_lm_name(name));
     }
     let tensors = hf_tensors(family, params, spec.dtype)?;
-    write_folder(dir, &config, &tensors, spec.copy, spec.max_shard_bytes)
+    write_folder(dir, &config, &tensors, spec.carry, spec.max_shard_bytes)
 }
