@@ -484,10 +484,22 @@ fn a_missing_or_misshapen_expert_of_a_stacked_leaf_is_named() -> Result<()> {
 fn a_missing_or_unexpected_tensor_is_named() -> Result<()> {
     let temp = tempfile::tempdir().unwrap();
     let missing = rewritten::<gpt2::Gpt2>("gpt2", &temp.path().join("missing"), |tensors| {
-        tensors.retain(|(name, _)| name != "transformer.h.1.mlp.c_fc.bias")
+        tensors.retain(|(name, _)| name != "h.1.mlp.c_fc.bias")
     })?;
     assert_eq!(
         load_error::<gpt2::Gpt2>(&missing),
+        "DIR/model.safetensors: tensor `h.1.mlp.c_fc.bias` is missing"
+    );
+    // Under transformers' `GPT2LMHeadModel` names, the missing tensor is named as the file would
+    // hold it.
+    let prefixed = rewritten::<gpt2::Gpt2>("gpt2", &temp.path().join("prefixed"), |tensors| {
+        tensors.retain(|(name, _)| name != "h.1.mlp.c_fc.bias");
+        for (name, _) in tensors.iter_mut() {
+            *name = format!("transformer.{name}");
+        }
+    })?;
+    assert_eq!(
+        load_error::<gpt2::Gpt2>(&prefixed),
         "DIR/model.safetensors: tensor `transformer.h.1.mlp.c_fc.bias` is missing"
     );
     // A leaf named optional (a new adapter) keeps the template's value where the file has none.
@@ -516,12 +528,12 @@ fn a_missing_or_unexpected_tensor_is_named() -> Result<()> {
         .eq_values(template.h[0].mlp.c_fc.bias.as_ref().unwrap())?);
     let extra = rewritten::<gpt2::Gpt2>("gpt2", &temp.path().join("extra"), |tensors| {
         let bias = tensors[0].1.clone();
-        tensors.push(("transformer.h.0.attn.q_attn.bias".into(), bias.clone()));
-        tensors.push(("transformer.h.1.attn.q_attn.bias".into(), bias));
+        tensors.push(("h.0.attn.q_attn.bias".into(), bias.clone()));
+        tensors.push(("h.1.attn.q_attn.bias".into(), bias));
     })?;
     assert_eq!(
         load_error::<gpt2::Gpt2>(&extra),
-        "DIR/model.safetensors: unexpected tensor `transformer.h.0.attn.q_attn.bias` (2 \
+        "DIR/model.safetensors: unexpected tensor `h.0.attn.q_attn.bias` (2 \
          tensor(s) the model does not have)"
     );
     Ok(())

@@ -518,13 +518,13 @@ impl Family {
         Ok(config)
     }
 
-    /// The name transformers' `save_pretrained` gives the leaf `name` of the bundled model.
+    /// The name a Hugging Face checkpoint of the family gives the leaf `name` of the bundled
+    /// model, the name lmx writes: transformers' `save_pretrained` names, but GPT-2's as the
+    /// published `gpt2` checkpoints have them (saved from `GPT2Model`, without the
+    /// `transformer.` prefix its `GPT2LMHeadModel` adds), which transformers and mlx-lm both read
+    /// (mlx-lm's GPT-2 would not find a `transformer.`-prefixed name).
     pub fn hf_name(self, name: &str) -> String {
-        match self {
-            // GPT2LMHeadModel holds the network as `transformer`.
-            Family::Gpt2 => format!("transformer.{name}"),
-            _ => name.to_owned(),
-        }
+        name.to_owned()
     }
 
     /// The name mlx-lm's module tree gives the leaf `name`: mlx-lm's GPT-2 holds the network as
@@ -547,13 +547,13 @@ impl Family {
     }
 
     /// The names under which a checkpoint may hold the leaf `name`, most usual first: GPT-2's
-    /// published `gpt2` weights are saved from `GPT2Model`, without the `transformer.` prefix,
-    /// and mlx-lm saves its own tree's names (`model.h.0...`); an untied head of a model saved
-    /// tied is the embedding.
+    /// published weights have no prefix ([`hf_name`](Self::hf_name)), transformers'
+    /// `GPT2LMHeadModel.save_pretrained` adds `transformer.`, and mlx-lm saves its own tree's
+    /// names (`model.h.0...`); an untied head of a model saved tied is the embedding.
     pub(crate) fn stored_names(self, name: &str, tied: bool) -> Vec<String> {
         let mut names = vec![self.hf_name(name)];
         match self {
-            Family::Gpt2 => names.extend([name.to_owned(), self.mlx_lm_name(name)]),
+            Family::Gpt2 => names.extend([format!("transformer.{name}"), self.mlx_lm_name(name)]),
             // A quantized head of a tied model is the embedding's weight, scales and biases.
             Family::Llama | Family::Mistral | Family::Mixtral
                 if tied && name.starts_with("lm_head.") =>

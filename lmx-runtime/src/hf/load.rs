@@ -72,9 +72,10 @@ pub fn load_into<R: Tree<Array>>(
                 loaded.push(leaf);
                 continue;
             }
+            let tensor = missing.unwrap_or_else(|| named_as_stored(&candidates, weights));
             return Err(HfError::MissingTensor {
                 path: weights.source().to_owned(),
-                tensor: missing.unwrap_or(&candidates[0]).clone(),
+                tensor: tensor.clone(),
             }
             .into());
         };
@@ -123,6 +124,20 @@ pub fn load_into<R: Tree<Array>>(
     }
     let mut loaded = loaded.into_iter();
     Ok(template.map_same(&mut |_| loaded.next().expect("one array per leaf")))
+}
+
+/// Which of a missing leaf's `candidates` (its stored names, the family's usual first) to name:
+/// the first whose prefix the file's other tensors share (GPT-2's `transformer.` or `model.`),
+/// so that the message names the tensor as the file would hold it.
+fn named_as_stored<'a>(candidates: &'a [String], weights: &Weights) -> &'a String {
+    let leaf = &candidates[0];
+    candidates
+        .iter()
+        .find(|name| {
+            let prefix = name.strip_suffix(leaf.as_str()).unwrap_or("");
+            !prefix.is_empty() && weights.names().any(|stored| stored.starts_with(prefix))
+        })
+        .unwrap_or(leaf)
 }
 
 /// The experts' tensors `names` stacked into one `[experts, out, in]` leaf shaped as `leaf`.
