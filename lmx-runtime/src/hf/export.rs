@@ -33,8 +33,11 @@ fn io(path: &Path) -> impl FnOnce(std::io::Error) -> HfError + '_ {
     }
 }
 
-/// The leaves of `params` (a `family` model's) named and laid out as transformers stores them,
-/// floating-point ones cast to `dtype`, evaluated. Quantized stacked experts stay stacked, with
+/// The leaves of `params` (a `family` model's) named and laid out as the family's published
+/// checkpoints store them, floating-point ones cast to `dtype`, evaluated: under their own names
+/// (GPT-2's without the `transformer.` prefix of transformers' `GPT2LMHeadModel`, as the
+/// published `gpt2` stores them, which transformers and mlx-lm both read; mlx-lm finds no
+/// prefixed name), transposed where the family stores them so. Quantized stacked experts stay stacked, with
 /// their scales and biases, as mlx-lm saves its `QuantizedSwitchLinear` (transformers has no
 /// layout for MLX's quantization, and mlx-lm reads the stacked one). A quantized model whose
 /// family stores weights transposed (GPT-2's `Conv1D`, which a packed weight cannot be) is laid
@@ -69,16 +72,15 @@ pub fn hf_tensors<R: Tree<Array>>(
         if family.transposed(&name) {
             array = array.t();
         }
-        let hf_name = family.hf_name(&name);
         let experts = array.shape().first().map_or(0, |&n| n as usize);
-        match per_expert_names(family, &hf_name, experts).filter(|_| !packed.contains(&name)) {
+        match per_expert_names(family, &name, experts).filter(|_| !packed.contains(&name)) {
             Some(names) => {
                 for (e, name) in names.into_iter().enumerate() {
                     let expert = array.index(e as i32);
                     tensors.push((name, expert.contiguous()?));
                 }
             }
-            None => tensors.push((hf_name, array.contiguous()?)),
+            None => tensors.push((name, array.contiguous()?)),
         }
     }
     eval(tensors.iter().map(|(_, array)| array))?;

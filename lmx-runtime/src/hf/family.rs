@@ -518,15 +518,6 @@ impl Family {
         Ok(config)
     }
 
-    /// The name a Hugging Face checkpoint of the family gives the leaf `name` of the bundled
-    /// model, the name lmx writes: transformers' `save_pretrained` names, but GPT-2's as the
-    /// published `gpt2` checkpoints have them (saved from `GPT2Model`, without the
-    /// `transformer.` prefix its `GPT2LMHeadModel` adds), which transformers and mlx-lm both read
-    /// (mlx-lm's GPT-2 would not find a `transformer.`-prefixed name).
-    pub fn hf_name(self, name: &str) -> String {
-        name.to_owned()
-    }
-
     /// The name mlx-lm's module tree gives the leaf `name`: mlx-lm's GPT-2 holds the network as
     /// `model` (`model.h.0.attn.c_attn`), where the checkpoints have no prefix; every other
     /// family's names are the checkpoints'. Adapters must carry these names: mlx-lm loads them
@@ -546,12 +537,13 @@ impl Family {
         }
     }
 
-    /// The names under which a checkpoint may hold the leaf `name`, most usual first: GPT-2's
-    /// published weights have no prefix ([`hf_name`](Self::hf_name)), transformers'
-    /// `GPT2LMHeadModel.save_pretrained` adds `transformer.`, and mlx-lm saves its own tree's
-    /// names (`model.h.0...`); an untied head of a model saved tied is the embedding.
+    /// The names under which a checkpoint may hold the leaf `name`, most usual first: the leaf's
+    /// own (every family's checkpoints name their tensors as the bundled models name their
+    /// leaves; GPT-2's published weights too, saved from `GPT2Model`), then for GPT-2
+    /// `GPT2LMHeadModel.save_pretrained`'s `transformer.`-prefixed one and mlx-lm's own tree's
+    /// (`model.h.0...`); an untied head of a model saved tied is the embedding.
     pub(crate) fn stored_names(self, name: &str, tied: bool) -> Vec<String> {
-        let mut names = vec![self.hf_name(name)];
+        let mut names = vec![name.to_owned()];
         match self {
             Family::Gpt2 => names.extend([format!("transformer.{name}"), self.mlx_lm_name(name)]),
             // A quantized head of a tied model is the embedding's weight, scales and biases.

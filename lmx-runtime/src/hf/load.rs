@@ -1,7 +1,7 @@
 //! A parameter tree's leaves read from a folder's weights by the tree's dotted names.
 //!
-//! The tree decides what is read: every leaf is looked up under the name transformers gives it
-//! ([`Family::hf_name`]), so a tree that other code restructured (adapters, quantized layers)
+//! The tree decides what is read: every leaf is looked up under the names a checkpoint gives it
+//! ([`Family::stored_names`]), so a tree that other code restructured (adapters, quantized layers)
 //! loads the same way, as long as its leaves are named as the file's tensors.
 
 use super::error::HfError;

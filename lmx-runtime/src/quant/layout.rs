@@ -194,9 +194,9 @@ pub fn loading_error<R: Tree<Array> + ?Sized>(
     let mut quantized = None;
     let family = folder.family();
     template.for_each_layer(&Scope::root(), &mut |scope, found| {
-        // The layer under any name a folder stores it by (transformers', mlx-lm's).
+        // The layer under any name a folder stores it by (its own, mlx-lm's).
         let name = scope.name();
-        if [family.hf_name(name), family.mlx_lm_name(name)].contains(&layer.to_owned()) {
+        if name == layer || family.mlx_lm_name(name) == layer {
             quantized = Some(found.quantization());
         }
     });
