@@ -205,6 +205,7 @@ fn a_run_quantizes_generates_and_dequantizes() {
         let tokenizer = HfTokenizer::from_file(out.join("tokenizer.json")).unwrap();
         assert_eq!(tokenizer.encode("Hi").unwrap(), [72, 105], "{stderr}");
         assert_eq!(tokenizer.eos_id(), Some(256));
+
         // 7 linear layers a block but the 172-wide down_proj, the embedding and the head.
         assert!(
             stdout.contains("14 layers quantized to 4 bits in groups of 64"),
@@ -212,6 +213,10 @@ fn a_run_quantizes_generates_and_dequantizes() {
         );
         assert!(stdout.contains("model.layers.1.mlp.down_proj"), "{stdout}");
         let folder = HfFolder::open(&out).unwrap();
+        // config.json names the byte tokenizer's ids (transformers would assume GPT-2's 50256
+        // where it says nothing).
+        assert_eq!(folder.config()["eos_token_id"], 256);
+        assert_eq!(folder.config()["bos_token_id"], serde_json::Value::Null);
         let (config, params) = hf::load_model::<Llama>(&folder, Some(Dtype::Float32)).unwrap();
         assert_eq!(
             params.model.embed_tokens.quantization,

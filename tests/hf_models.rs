@@ -561,7 +561,14 @@ fn an_export_never_overwrites_and_leaves_nothing_half_written() -> Result<()> {
     // neither the folder nor its temporary copy remains.
     let out = temp.path().join("out");
     let missing = temp.path().join("tokenizer.json");
-    let error = hf::write_folder(&out, folder.config(), &[], &[Carried::Copy(missing)], u64::MAX).unwrap_err();
+    let error = hf::write_folder(
+        &out,
+        folder.config(),
+        &[],
+        &[Carried::Copy(missing)],
+        u64::MAX,
+    )
+    .unwrap_err();
     assert!(error.to_string().contains("tokenizer.json"), "{error}");
     let left: Vec<_> = std::fs::read_dir(temp.path())
         .unwrap()

@@ -176,15 +176,24 @@ fn stored_dtype(folder: &HfFolder) -> Option<Dtype> {
     }
 }
 
-/// The `config.json` of a run's `--init` folder, whose settings a folder written from the run
-/// carries (token ids and the like).
-pub(super) fn init_config(run: &RunFile) -> anyhow::Result<Option<serde_json::Value>> {
-    let Some(init) = &run.init else {
-        return Ok(None);
-    };
-    let text = std::fs::read_to_string(init.join(hf::CONFIG_FILE))
-        .map_err(|err| anyhow::anyhow!("{}: {err}", init.display()))?;
-    Ok(Some(serde_json::from_str(&text)?))
+/// The settings a folder written from a run carries into its `config.json` (token ids): its
+/// `--init` folder's `config.json`, or else the special tokens' ids of the tokenizer it was
+/// trained with (a byte-level run's end of sequence is 256, not GPT-2's 50256, which
+/// transformers assumes where `config.json` says nothing).
+pub(super) fn source_config(
+    dir: &std::path::Path,
+    run: &RunFile,
+) -> anyhow::Result<serde_json::Value> {
+    if let Some(init) = &run.init {
+        let text = std::fs::read_to_string(init.join(hf::CONFIG_FILE))
+            .map_err(|err| anyhow::anyhow!("{}: {err}", init.display()))?;
+        return Ok(serde_json::from_str(&text)?);
+    }
+    let tokenizer = run.tokenizer.load(dir)?;
+    Ok(serde_json::json!({
+        "bos_token_id": tokenizer.bos_id(),
+        "eos_token_id": tokenizer.eos_id(),
+    }))
 }
 
 /// The tokenizer files of a run: its `--init` folder's, a Hugging Face `tokenizer.json` it was
@@ -243,7 +252,7 @@ pub fn export<M: LanguageModel>(request: ExportRequest) -> anyhow::Result<()> {
                 params,
                 run_tokenizer_files(dir, run)?,
                 dtype,
-                init_config(run)?,
+                Some(source_config(dir, run)?),
             )
         }
     };

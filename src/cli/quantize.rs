@@ -245,7 +245,8 @@ fn quantize_folder<M: LanguageModel>(
             let (config, params) =
                 super::run_file::read_model::<M>(&run, &dir, &checkpoint, "quantize")?;
             let carried = super::export::run_tokenizer_files(&dir, &run)?;
-            (config, params, super::export::init_config(&run)?, carried)
+            let source = super::export::source_config(&dir, &run)?;
+            (config, params, Some(source), carried)
         }
     };
     let mut params = cast_floats(&params, dtype)?;
