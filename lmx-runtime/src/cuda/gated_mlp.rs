@@ -106,7 +106,7 @@ const BODY: &str = r#"
       lmx_task_rows<W, D> w;
       w.load(mg.at(f, D, 0), mu.at(f, D, 0), lane, aligned);
       if (have != 0) {
-        lmx_rms_norm_row<T, D, WARPS>(x, nw, xs, eps, red, aligned);
+        lmx_norm_row<T, D, WARPS, false, false>(x, nw, nw, xs, eps, red, aligned);
         have = 0;
       }
       float g, u;

@@ -234,10 +234,16 @@ fn source(
         Input::Plain => (String::new(), "x", "reinterpret_cast<size_t>(x)"),
         Input::Rms | Input::Layer | Input::LayerShifted => {
             let (call, shift) = match input {
-                Input::Rms => ("lmx_rms_norm_row<T, KT, SHARING_WARPS>(x, nw, ", ""),
-                Input::Layer => ("lmx_layer_norm_row<T, KT, SHARING_WARPS, false>(x, nw, nw, ", ""),
+                Input::Rms => (
+                    "lmx_norm_row<T, KT, SHARING_WARPS, false, false>(x, nw, nw, ",
+                    "",
+                ),
+                Input::Layer => (
+                    "lmx_norm_row<T, KT, SHARING_WARPS, true, false>(x, nw, nw, ",
+                    "",
+                ),
                 _ => (
-                    "lmx_layer_norm_row<T, KT, SHARING_WARPS, true>(x, nw, nb, ",
+                    "lmx_norm_row<T, KT, SHARING_WARPS, true, true>(x, nw, nb, ",
                     " | reinterpret_cast<size_t>(nb)",
                 ),
             };

@@ -33,9 +33,9 @@ pub(crate) use layer_norm::{layer_norm_backward, LAYER_NORM_MAX_COLUMNS};
 pub(crate) use matvec::{
     matvec, matvec_fits, normed_matvec, normed_matvec_fits, OneLayer, MAX_ROWS,
 };
-pub(crate) use row_norm::{NormKind, RowNorm};
 pub(crate) use pack::pack_with_squares;
 pub(crate) use rope::{rope, rope_fits};
+pub(crate) use row_norm::{NormKind, RowNorm};
 pub(crate) use rows::{rows, rows_fit};
 pub(crate) use squares::{squares, squares_fit};
 pub(crate) use sums::column_sum;

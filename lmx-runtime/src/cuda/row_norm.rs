@@ -62,10 +62,10 @@ impl RowNorm {
     }
 }
 
-/// Device helpers: a warp's sum, and one row's RMS norm and layer norm (`BIAS`: with a shift)
-/// over `D` values of `T`, written to shared memory by every thread of a block of `WARPS` warps
-/// (`red` holds `WARPS` floats of shared memory): every thread's loads first, then the block's
-/// sums. Needs [`super::matvec::HEADER`] before it.
+/// Device helpers: a warp's and a block's sums, and one row's norm over `D` values of `T`
+/// (`lmx_norm_row`: an RMS or a layer norm), written to shared memory by every thread of a block
+/// of `WARPS` warps (`red` holds `WARPS` floats of shared memory): every thread's loads first,
+/// then the block's sums. Needs [`super::matvec::HEADER`] before it.
 pub(super) const HEADER: &str = r#"
 __device__ __forceinline__ float lmx_warp_sum(float v) {
 #pragma unroll
@@ -87,53 +87,11 @@ __device__ __forceinline__ float lmx_block_sum(float v, float* red) {
   return s;
 }
 
-template <typename T, int D, int WARPS>
-__device__ __forceinline__ void lmx_rms_norm_row(
-    const T* x, const T* nw, T* xs, float eps, float* red, bool aligned) {
-  constexpr int V = 16 / int(sizeof(T));
-  constexpr int NV = D / V;
-  constexpr int PER = (NV + WARPS * 32 - 1) / (WARPS * 32);
-  uint4 xv[PER], nv[PER];
-#pragma unroll
-  for (int k = 0; k < PER; ++k) {
-    const int i = k * WARPS * 32 + threadIdx.x;
-    if (i < NV) {
-      xv[k] = lmx_matvec_load<T, V>(x + size_t(i) * V, aligned);
-      nv[k] = lmx_matvec_load<T, V>(nw + size_t(i) * V, aligned);
-    }
-  }
-  float ss = 0.0f;
-#pragma unroll
-  for (int k = 0; k < PER; ++k) {
-    if (k * WARPS * 32 + threadIdx.x < NV) {
-      const T* v = reinterpret_cast<const T*>(&xv[k]);
-#pragma unroll
-      for (int j = 0; j < V; ++j) {
-        ss += static_cast<float>(v[j]) * static_cast<float>(v[j]);
-      }
-    }
-  }
-  const float r = rsqrtf(lmx_block_sum<WARPS>(ss, red) / float(D) + eps);
-#pragma unroll
-  for (int k = 0; k < PER; ++k) {
-    const int i = k * WARPS * 32 + threadIdx.x;
-    if (i < NV) {
-      const T* v = reinterpret_cast<const T*>(&xv[k]);
-      const T* n = reinterpret_cast<const T*>(&nv[k]);
-      uint4 packed;
-      T* o = reinterpret_cast<T*>(&packed);
-#pragma unroll
-      for (int j = 0; j < V; ++j) {
-        o[j] = n[j] * static_cast<T>(static_cast<float>(v[j]) * r);
-      }
-      reinterpret_cast<uint4*>(xs)[i] = packed;
-    }
-  }
-  __syncthreads();
-}
-
-template <typename T, int D, int WARPS, bool BIAS>
-__device__ __forceinline__ void lmx_layer_norm_row(
+// `xs = norm(x) * nw (+ nb)`: with `CENTER` a layer norm (`w * T((x - mean) * r) + b`, `b` read
+// where `BIAS`), else an RMS norm (`w * T(x * r)`: the mean taken as 0, which leaves every value
+// as it is).
+template <typename T, int D, int WARPS, bool CENTER, bool BIAS>
+__device__ __forceinline__ void lmx_norm_row(
     const T* x, const T* nw, const T* nb, T* xs, float eps, float* red, bool aligned) {
   constexpr int V = 16 / int(sizeof(T));
   constexpr int NV = D / V;
@@ -148,16 +106,19 @@ __device__ __forceinline__ void lmx_layer_norm_row(
       if (BIAS) bv[k] = lmx_matvec_load<T, V>(nb + size_t(i) * V, aligned);
     }
   }
-  float s = 0.0f;
+  float mean = 0.0f;
+  if (CENTER) {
+    float s = 0.0f;
 #pragma unroll
-  for (int k = 0; k < PER; ++k) {
-    if (k * WARPS * 32 + threadIdx.x < NV) {
-      const T* v = reinterpret_cast<const T*>(&xv[k]);
+    for (int k = 0; k < PER; ++k) {
+      if (k * WARPS * 32 + threadIdx.x < NV) {
+        const T* v = reinterpret_cast<const T*>(&xv[k]);
 #pragma unroll
-      for (int j = 0; j < V; ++j) s += static_cast<float>(v[j]);
+        for (int j = 0; j < V; ++j) s += static_cast<float>(v[j]);
+      }
     }
+    mean = lmx_block_sum<WARPS>(s, red) / float(D);
   }
-  const float mean = lmx_block_sum<WARPS>(s, red) / float(D);
   float ss = 0.0f;
 #pragma unroll
   for (int k = 0; k < PER; ++k) {

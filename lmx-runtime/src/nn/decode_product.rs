@@ -145,6 +145,40 @@ mod tests {
     use crate::nn::{linear, linears_in, without_gradients};
     use mlx_rs::Dtype;
 
+    /// A norm layer's function of its input.
+    type NormFn<'a> = Box<dyn Fn(&Array) -> Result<Array> + 'a>;
+
+    /// A layer of the weight `w` and the bias `bias`, its weight packed as `packing` says.
+    fn packed_as(
+        w: Array,
+        bias: Option<Array>,
+        packing: Option<crate::nn::Quantization>,
+    ) -> LinearParams {
+        let Some(q) = packing else {
+            return LinearParams::new(w, bias);
+        };
+        let (packed, scales, biases) = mlx_rs::ops::quantize(&w, q.group_size, q.bits).unwrap();
+        LinearParams {
+            scales: Some(scales),
+            biases: Some(biases),
+            quantization: Some(q),
+            ..LinearParams::new(packed, bias)
+        }
+    }
+
+    /// The layer's weight in float32 (a packed one as MLX dequantizes it).
+    fn dense_f32(layer: &LinearParams) -> Array {
+        let f32 = |a: &Array| a.as_dtype(Dtype::Float32).unwrap();
+        match layer.packed() {
+            Some(p) => {
+                let q = p.quantization;
+                let (s, b) = (f32(p.scales), f32(p.biases));
+                mlx_rs::ops::dequantize(p.weight, &s, &b, q.group_size, q.bits).unwrap()
+            }
+            None => f32(&layer.weight),
+        }
+    }
+
     fn layer(features: i32, bias: bool) -> LinearParams {
         let normal = |shape: &[i32]| {
             mlx_rs::random::normal::<f32>(shape, None, None, None)
@@ -251,26 +285,7 @@ mod tests {
                     .unwrap()
                     .as_dtype(dtype)
                     .unwrap();
-                let bias = bias.then(|| small(&[features]));
-                let Some(q) = packing else {
-                    return LinearParams::new(w, bias);
-                };
-                let (packed, scales, biases) =
-                    mlx_rs::ops::quantize(&w, q.group_size, q.bits).unwrap();
-                LinearParams {
-                    scales: Some(scales),
-                    biases: Some(biases),
-                    quantization: Some(q),
-                    ..LinearParams::new(packed, bias)
-                }
-            };
-            let dense = |layer: &LinearParams| match layer.packed() {
-                Some(p) => {
-                    let q = p.quantization;
-                    let (s, b) = (f32(p.scales), f32(p.biases));
-                    mlx_rs::ops::dequantize(p.weight, &s, &b, q.group_size, q.bits).unwrap()
-                }
-                None => f32(&layer.weight),
+                packed_as(w, bias.then(|| small(&[features])), packing)
             };
             let weight = near_one(&[d]);
             let shift = small(&[d]);
@@ -285,7 +300,8 @@ mod tests {
                 weight: weight.clone(),
                 bias: None,
             };
-            let norms: [(&str, Box<dyn Fn(&Array) -> Result<Array>>, Array); 3] = [
+            // Each norm's name, the layer function, and MLX's norm in float32.
+            let norms: [(&str, NormFn, Array); 3] = [
                 (
                     "rms",
                     Box::new(|x| rms_norm(&rms, x, eps)),
@@ -299,18 +315,17 @@ mod tests {
                 (
                     "shifted layer",
                     Box::new(|x| layer_norm(&shifted, x, eps)),
-                    mlx_rs::fast::layer_norm(
-                        f32(&x),
-                        Some(&f32(&weight)),
-                        Some(&f32(&shift)),
-                        eps,
-                    )
-                    .unwrap(),
+                    mlx_rs::fast::layer_norm(f32(&x), Some(&f32(&weight)), Some(&f32(&shift)), eps)
+                        .unwrap(),
                 ),
             ];
             for (name, norm, n_want) in &norms {
                 // A router's few features: fewer warps than a block's.
-                let groups = [(&[96][..], false), (&[64, 16, 16][..], true), (&[4][..], false)];
+                let groups = [
+                    (&[96][..], false),
+                    (&[64, 16, 16][..], true),
+                    (&[4][..], false),
+                ];
                 for (features, bias) in groups {
                     let layers: Vec<LinearParams> =
                         features.iter().map(|&f| layer(f, bias)).collect();
@@ -338,7 +353,7 @@ mod tests {
                         continue;
                     }
                     for (got, layer) in outputs.iter().zip(&layers) {
-                        let mut want = n_want.matmul(dense(layer).t()).unwrap();
+                        let mut want = n_want.matmul(dense_f32(layer).t()).unwrap();
                         if let Some(b) = &layer.bias {
                             want = want.add(f32(b)).unwrap();
                         }
@@ -403,20 +418,8 @@ mod tests {
                     .as_dtype(dtype)
                     .unwrap(),
             };
-            let layer = |shape: &[i32], fan_in: i32| {
-                let w = scaled(shape, fan_in);
-                let Some(q) = packing else {
-                    return LinearParams::new(w, None);
-                };
-                let (packed, scales, biases) =
-                    mlx_rs::ops::quantize(&w, q.group_size, q.bits).unwrap();
-                LinearParams {
-                    scales: Some(scales),
-                    biases: Some(biases),
-                    quantization: Some(q),
-                    ..LinearParams::new(packed, None)
-                }
-            };
+            let layer =
+                |shape: &[i32], fan_in: i32| packed_as(scaled(shape, fan_in), None, packing);
             let (gate, up, down) = (layer(&[f, d], d), layer(&[f, d], d), layer(&[d, f], f));
             let eps = 1e-5;
             let mut ctx = crate::model::Context::evaluation();
@@ -455,18 +458,12 @@ mod tests {
             // MLX's operations in float32 on the same (rounded) values.
             let f32 = |a: &Array| a.as_dtype(Dtype::Float32).unwrap();
             let n = mlx_rs::fast::rms_norm(f32(&x), Some(&f32(&norm.weight)), eps).unwrap();
-            let dense = |layer: &LinearParams| match layer.packed() {
-                Some(p) => {
-                    let q = p.quantization;
-                    let (s, b) = (f32(p.scales), f32(p.biases));
-                    mlx_rs::ops::dequantize(p.weight, &s, &b, q.group_size, q.bits).unwrap()
-                }
-                None => f32(&layer.weight),
-            };
-            let g = n.matmul(dense(&gate).t()).unwrap();
-            let u = n.matmul(dense(&up).t()).unwrap();
+            let g = n.matmul(dense_f32(&gate).t()).unwrap();
+            let u = n.matmul(dense_f32(&up).t()).unwrap();
             let h = mlx_rs::nn::silu(&g).unwrap().multiply(&u).unwrap();
-            let want = f32(&x).add(h.matmul(dense(&down).t()).unwrap()).unwrap();
+            let want = f32(&x)
+                .add(h.matmul(dense_f32(&down).t()).unwrap())
+                .unwrap();
             let err = f32(&fused.0).subtract(&want).unwrap().abs().unwrap();
             let err = err.max(None).unwrap().item_cast::<f32>();
             let scale = want.abs().unwrap().max(None).unwrap().item_cast::<f32>();
