@@ -205,6 +205,15 @@ fn a_run_quantizes_generates_and_dequantizes() {
         let tokenizer = HfTokenizer::from_file(out.join("tokenizer.json")).unwrap();
         assert_eq!(tokenizer.encode("Hi").unwrap(), [72, 105], "{stderr}");
         assert_eq!(tokenizer.eos_id(), Some(256));
+        // With a tokenizer_config.json that has transformers read it as it is (no LLaMA `<s>`).
+        let written = std::fs::read_to_string(out.join("tokenizer_config.json")).unwrap();
+        let tokenizer_config: serde_json::Value = serde_json::from_str(&written).unwrap();
+        assert_eq!(
+            tokenizer_config["tokenizer_class"],
+            "PreTrainedTokenizerFast"
+        );
+        assert_eq!(tokenizer_config["eos_token"], "<|endoftext|>");
+        assert_eq!(tokenizer_config["add_bos_token"], false);
 
         // 7 linear layers a block but the 172-wide down_proj, the embedding and the head.
         assert!(

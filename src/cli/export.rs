@@ -7,7 +7,7 @@ use super::resolve::{self, Resolved};
 use super::run_file::RunFile;
 use super::tokenizer::{TokenizerSpec, TRAINED_FILE};
 use clap::Args;
-use lmx::runtime::data::HfTokenizer;
+use lmx::runtime::data::{HfTokenizer, BPE_EOS};
 use lmx::runtime::hf::{self, Carried, Family, HfFolder, FAMILIES};
 use lmx::runtime::mlx_rs::Dtype;
 use lmx::runtime::model::LanguageModel;
@@ -197,7 +197,8 @@ pub(super) fn source_config(
 }
 
 /// The tokenizer files of a run: its `--init` folder's, a Hugging Face `tokenizer.json` it was
-/// trained with, the BPE tokenizer trained for it, or the byte tokenizer written as one.
+/// trained with, or the BPE tokenizer trained for it or the byte tokenizer written as one, each
+/// of these two with a `tokenizer_config.json` ([`byte_level_config`]).
 pub(super) fn run_tokenizer_files(
     dir: &std::path::Path,
     run: &RunFile,
@@ -205,17 +206,38 @@ pub(super) fn run_tokenizer_files(
     if let Some(init) = &run.init {
         return Ok(hf::carried_files(init));
     }
-    Ok(match &run.tokenizer {
-        TokenizerSpec::HuggingFace { path, .. } => vec![Carried::Copy(path.clone())],
-        TokenizerSpec::Bpe => vec![Carried::Copy(dir.join(TRAINED_FILE))],
-        TokenizerSpec::Byte => {
-            let text = HfTokenizer::bytes()?.to_json()?;
-            vec![Carried::Text {
-                name: TRAINED_FILE,
-                text,
-            }]
-        }
-    })
+    let tokenizer = match &run.tokenizer {
+        TokenizerSpec::HuggingFace { path, .. } => return Ok(vec![Carried::Copy(path.clone())]),
+        TokenizerSpec::Bpe => Carried::Copy(dir.join(TRAINED_FILE)),
+        TokenizerSpec::Byte => Carried::Text {
+            name: TRAINED_FILE,
+            text: HfTokenizer::bytes()?.to_json()?,
+        },
+    };
+    Ok(vec![tokenizer, byte_level_config()])
+}
+
+/// The `tokenizer_config.json` of lmx's byte-level tokenizers (trained BPE, bytes): without it
+/// transformers (and mlx-lm through it) picks the tokenizer's class from the model's type, and a
+/// LLaMA's would add its own `<s>` and `</s>` past the vocabulary and begin every text with one;
+/// with it the `tokenizer.json` is read as it is, [`BPE_EOS`] ending a sequence, no text
+/// beginning with a token.
+fn byte_level_config() -> Carried {
+    let config = serde_json::json!({
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "eos_token": BPE_EOS,
+        "bos_token": null,
+        "unk_token": null,
+        "add_bos_token": false,
+        "add_eos_token": false,
+        "clean_up_tokenization_spaces": false,
+    });
+    let mut text = serde_json::to_string_pretty(&config).expect("JSON values serialize");
+    text.push('\n');
+    Carried::Text {
+        name: "tokenizer_config.json",
+        text,
+    }
 }
 
 /// Exports a model `M` as a Hugging Face folder.
