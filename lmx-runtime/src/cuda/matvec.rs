@@ -54,8 +54,7 @@ thread_local! {
     static KERNELS: [[[[Result<Kernel>; 4]; 2]; MAX_WEIGHTS]; 2] = Format::ALL.map(|format| {
         [1, 2, 3].map(|count| {
             [false, true].map(|biased| {
-                [Input::Plain, Input::Rms, Input::Layer, Input::LayerShifted]
-                    .map(|input| kernel(format, count, biased, input, false))
+                GROUP_INPUTS.map(|input| kernel(format, count, biased, input, false))
             })
         })
     });
@@ -85,24 +84,16 @@ enum Input {
     LayerShifted,
 }
 
-impl Input {
-    /// The input of a kernel that applies `norm`.
-    fn normed(norm: &RowNorm) -> Input {
-        match (norm.kind, norm.bias.is_some()) {
-            (NormKind::Rms, _) => Input::Rms,
-            (NormKind::Layer, false) => Input::Layer,
-            (NormKind::Layer, true) => Input::LayerShifted,
-        }
-    }
+/// The inputs of a group's kernels, in the order of [`KERNELS`]' last axis: as it is, or
+/// normalised by each kind of [`RowNorm`] ([`normed_slot`]).
+const GROUP_INPUTS: [Input; 4] = [Input::Plain, Input::Rms, Input::Layer, Input::LayerShifted];
 
-    /// Its place in [`KERNELS`]'s last axis.
-    fn normed_index(self) -> usize {
-        match self {
-            Input::Rms => 1,
-            Input::Layer => 2,
-            Input::LayerShifted => 3,
-            _ => 0,
-        }
+/// The place in [`GROUP_INPUTS`] of the input a kernel that applies `norm` reads.
+fn normed_slot(norm: &RowNorm) -> usize {
+    match (norm.kind, norm.bias.is_some()) {
+        (NormKind::Rms, _) => 1,
+        (NormKind::Layer, false) => 2,
+        (NormKind::Layer, true) => 3,
     }
 }
 
@@ -349,8 +340,9 @@ fn source(
 
 /// Whether the kernel multiplies `x` by `weights` (with `biases`, one per weight, if given): one
 /// to [`MAX_WEIGHTS`] weights of one form that read `x`'s dtype ([`Weight::fits`]), each `K`
-/// wide (at least one feature in all), `x` of at most [`MAX_ROWS`] rows of `K`, biases
-/// `[features]` of that dtype.
+/// wide (at least one feature in all, and few enough that a warp each, rounded up to whole
+/// blocks, counts in an `i32`), `x` of at most [`MAX_ROWS`] rows of `K`, biases `[features]` of
+/// that dtype.
 pub(crate) fn matvec_fits(x: &Array, weights: &[Weight], biases: Option<&[&Array]>) -> bool {
     let dtype = x.dtype();
     let Some(&k) = x.shape().last() else {
@@ -368,7 +360,7 @@ pub(crate) fn matvec_fits(x: &Array, weights: &[Weight], biases: Option<&[&Array
         && weights.iter().all(weight_fits)
         && Weight::alike(weights)
         && biases.is_none_or(|b| b.len() == weights.len() && b.iter().zip(weights).all(bias_fits))
-        && (1..=i64::from(i32::MAX) / 32).contains(&features)
+        && (1..=(i64::from(i32::MAX) - i64::from(ACTIVATED_THREADS)) / 32).contains(&features)
 }
 
 /// `x @ w.T (+ b)` for each weight `w` (and bias `b`): one `[..., features of w]` in `x`'s dtype
@@ -384,7 +376,8 @@ pub(crate) fn matvec(
     let biased = usize::from(biases.is_some());
     let format = weights[0].format() as usize;
     KERNELS.with(|kernels| {
-        let kernel = &kernels[format][weights.len() - 1][biased][Input::Plain.normed_index()];
+        // The input as it is: `GROUP_INPUTS[0]`.
+        let kernel = &kernels[format][weights.len() - 1][biased][0];
         launch(kernel, &inputs, weights, (THREADS, Vec::new()))
     })
 }
@@ -415,7 +408,7 @@ pub(crate) fn normed_matvec(
     inputs.extend(biases.into_iter().flatten().map(|&b| b.clone()));
     let biased = usize::from(biases.is_some());
     let format = weights[0].format() as usize;
-    let input = Input::normed(norm).normed_index();
+    let input = normed_slot(norm);
     let template = vec![
         TemplateArg::Int("KT", *x.shape().last().unwrap_or(&1)),
         norm.epsilon(),

@@ -152,3 +152,56 @@ __device__ __forceinline__ void lmx_norm_row(
   __syncthreads();
 }
 "#;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::test_arrays::normal;
+    use mlx_rs::Dtype;
+
+    /// A kernel takes one row whose width is whole 16-byte vectors within its bytes, a weight
+    /// (and a layer norm's bias) of the row's width and dtype; not an RMS norm with a bias, rows
+    /// of several, a width of part of a vector, a wider row, or another dtype.
+    #[test]
+    fn what_fits() {
+        let bf = Dtype::Bfloat16;
+        let norm = |kind, d: i32, bias: bool, dtype| RowNorm {
+            kind,
+            weight: normal(&[d], dtype),
+            bias: bias.then(|| normal(&[d], dtype)),
+            eps: 1e-5,
+        };
+        let row = |d: i32| normal(&[1, 1, d], bf);
+        let max = 32 * 1024;
+        assert!(norm(NormKind::Rms, 2048, false, bf).fits(&row(2048), max));
+        assert!(norm(NormKind::Layer, 768, true, bf).fits(&row(768), max));
+        assert!(norm(NormKind::Layer, 768, false, bf).fits(&row(768), max));
+        assert!(
+            !norm(NormKind::Rms, 768, true, bf).fits(&row(768), max),
+            "RMS with a bias"
+        );
+        let rows = normal(&[2, 1, 768], bf);
+        assert!(
+            !norm(NormKind::Layer, 768, true, bf).fits(&rows, max),
+            "two rows"
+        );
+        assert!(
+            !norm(NormKind::Rms, 100, false, bf).fits(&row(100), max),
+            "part of a vector"
+        );
+        assert!(norm(NormKind::Rms, 16384, false, bf).fits(&row(16384), max));
+        assert!(
+            !norm(NormKind::Rms, 16392, false, bf).fits(&row(16392), max),
+            "over 32 KiB"
+        );
+        let f32_weight = norm(NormKind::Rms, 768, false, Dtype::Float32);
+        assert!(
+            !f32_weight.fits(&row(768), max),
+            "a float32 weight of a bfloat16 row"
+        );
+        assert!(
+            !norm(NormKind::Rms, 512, false, bf).fits(&row(768), max),
+            "another width"
+        );
+    }
+}

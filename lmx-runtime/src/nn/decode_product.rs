@@ -238,7 +238,9 @@ mod tests {
     /// Where no gradient is taken on CUDA, products over a one-row norm's output (RMS, layer
     /// norm with and without a shift; one layer (of 96 features, and of 4 as a router, fewer warps
     /// than a block's) and a group of three, with and without biases,
-    /// dense and packed in 4 bits by 64; bfloat16 and float32; GPT-2's and TinyLlama's widths)
+    /// dense and packed in 4 bits by 64; bfloat16 and float32; GPT-2's and TinyLlama's widths,
+    /// and rows of more than one vector a thread, 4,096 and 2,112 wide; a row of mean far from
+    /// zero, a row off 16 bytes, and a row of tiny variance, whose norm epsilon dominates)
     /// normalise the norm's input in their own launch (the norm found and the kernel taking it),
     /// and equal, within the dtype's rounding, MLX's norm and products in float32 on the same
     /// values; off CUDA nothing is remembered and the layers' usual path gives the same.
@@ -252,11 +254,24 @@ mod tests {
             bits: 4,
         });
         let f32 = |a: &Array| a.as_dtype(Dtype::Float32).unwrap();
-        for (dtype, d, tolerance, packing) in [
-            (Dtype::Bfloat16, 768, 0.02, None),
-            (Dtype::Bfloat16, 2048, 0.02, None),
-            (Dtype::Float32, 136, 1e-4, None),
-            (Dtype::Bfloat16, 2048, 0.02, four),
+        #[derive(Clone, Copy, Debug)]
+        enum Row {
+            /// Values around 3: the layer norm's mean matters, as a residual stream's can.
+            Offset,
+            /// The same, starting 2 or 4 bytes into its buffer: not on a 16-byte boundary.
+            Unaligned,
+            /// Values around 0 of variance 1e-6, under epsilon's 1e-5.
+            Flat,
+        }
+        for (dtype, d, tolerance, packing, row) in [
+            (Dtype::Bfloat16, 768, 0.02, None, Row::Offset),
+            (Dtype::Bfloat16, 2048, 0.02, None, Row::Offset),
+            (Dtype::Float32, 136, 1e-4, None, Row::Offset),
+            (Dtype::Bfloat16, 2048, 0.02, four, Row::Offset),
+            (Dtype::Bfloat16, 4096, 0.02, None, Row::Offset),
+            (Dtype::Bfloat16, 2112, 0.02, None, Row::Unaligned),
+            (Dtype::Float32, 136, 1e-4, None, Row::Flat),
+            (Dtype::Bfloat16, 768, 0.02, None, Row::Flat),
         ] {
             let near_one = |shape: &[i32]| {
                 normal(shape, Dtype::Float32)
@@ -271,13 +286,25 @@ mod tests {
                 let scaled = normal(shape, Dtype::Float32).multiply(Array::from_f32(0.1));
                 scaled.unwrap().as_dtype(dtype).unwrap()
             };
-            // A row of mean far from zero, as a residual stream's can be: the layer norm's mean
-            // matters.
-            let x = normal(&[1, 1, d], dtype)
-                .add(Array::from_f32(3.0))
-                .unwrap()
-                .as_dtype(dtype)
-                .unwrap();
+            let offset = |width: i32| {
+                normal(&[1, 1, width], Dtype::Float32)
+                    .add(Array::from_f32(3.0))
+                    .unwrap()
+                    .as_dtype(dtype)
+                    .unwrap()
+            };
+            let x = match row {
+                Row::Offset => offset(d),
+                Row::Unaligned => {
+                    use mlx_rs::ops::indexing::IndexOp;
+                    offset(d + 8).index((.., .., 1..d + 1))
+                }
+                Row::Flat => normal(&[1, 1, d], Dtype::Float32)
+                    .multiply(Array::from_f32(1e-3))
+                    .unwrap()
+                    .as_dtype(dtype)
+                    .unwrap(),
+            };
             let eps = 1e-5;
             let layer = |features: i32, bias: bool| {
                 let w = normal(&[features, d], Dtype::Float32)
@@ -330,7 +357,7 @@ mod tests {
                     let layers: Vec<LinearParams> =
                         features.iter().map(|&f| layer(f, bias)).collect();
                     let group: Vec<&LinearParams> = layers.iter().collect();
-                    let case = format!("{dtype:?} {d} {packing:?} {name} {features:?}");
+                    let case = format!("{dtype:?} {d} {packing:?} {row:?} {name} {features:?}");
                     let (outputs, found) = without_gradients(|| -> Result<_> {
                         let n = norm(&x)?;
                         let found = deferred::normed(&n).is_some_and(|(input, norm)| {
