@@ -281,3 +281,86 @@ fn a_bounded_key_value_cache_from_the_command_line() {
     assert!(!refused.status.success());
     assert!(String::from_utf8_lossy(&refused.stderr).contains("--max-kv-size"));
 }
+
+/// A run trained with a Hugging Face tokenizer file of another name exports it as the folder's
+/// `tokenizer.json`, with the tokenizer's `tokenizer_config.json` beside it (and not a model's
+/// generation defaults found there), and the folder generates.
+#[test]
+fn a_tokenizer_file_of_any_name_is_exported_as_tokenizer_json() {
+    let dir = tempfile::tempdir().unwrap();
+    let tokenizer_dir = dir.path().join("tokenizer");
+    std::fs::create_dir(&tokenizer_dir).unwrap();
+    let tokenizer = tokenizer_dir.join("my_tokenizer.json");
+    std::fs::copy(fixture("llama").join("tokenizer.json"), &tokenizer).unwrap();
+    for file in ["tokenizer_config.json", "generation_config.json"] {
+        std::fs::copy(fixture("llama").join(file), tokenizer_dir.join(file)).unwrap();
+    }
+    let run = dir.path().join("run");
+    let data = data(dir.path());
+    lmx(&[
+        "train",
+        "--model",
+        "llama",
+        "--preset",
+        "tiny",
+        "--set",
+        "vocab=288",
+        "--tokenizer",
+        tokenizer.to_str().unwrap(),
+        "--data",
+        data.to_str().unwrap(),
+        "--steps",
+        "2",
+        "--batch-size",
+        "2",
+        "--seq-len",
+        "16",
+        "--quiet",
+        "--sample",
+        "0",
+        "--out",
+        run.to_str().unwrap(),
+    ]);
+    let exported = dir.path().join("exported");
+    lmx(&[
+        "export",
+        "--run",
+        run.to_str().unwrap(),
+        "--out",
+        exported.to_str().unwrap(),
+    ]);
+    let mut files: Vec<String> = std::fs::read_dir(&exported)
+        .unwrap()
+        .map(|entry| entry.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    files.sort();
+    assert_eq!(
+        files,
+        [
+            "config.json",
+            "model.safetensors",
+            "tokenizer.json",
+            "tokenizer_config.json"
+        ]
+    );
+    let same = |name: &str, source: &Path| {
+        std::fs::read(exported.join(name)).unwrap() == std::fs::read(source).unwrap()
+    };
+    assert!(same("tokenizer.json", &tokenizer));
+    assert!(same(
+        "tokenizer_config.json",
+        &tokenizer_dir.join("tokenizer_config.json")
+    ));
+    let generated = lmx(&[
+        "generate",
+        "--model",
+        exported.to_str().unwrap(),
+        "--prompt",
+        "First Citizen:",
+        "--max-tokens",
+        "4",
+        "--temperature",
+        "0",
+    ]);
+    assert!(generated.starts_with("First Citizen:"), "{generated}");
+}

@@ -565,7 +565,7 @@ fn an_export_never_overwrites_and_leaves_nothing_half_written() -> Result<()> {
         &out,
         folder.config(),
         &[],
-        &[Carried::Copy(missing)],
+        &[Carried::copy(missing).unwrap()],
         u64::MAX,
     )
     .unwrap_err();

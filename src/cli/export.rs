@@ -196,9 +196,11 @@ pub(super) fn source_config(
     }))
 }
 
-/// The tokenizer files of a run: its `--init` folder's, a Hugging Face `tokenizer.json` it was
-/// trained with, or the BPE tokenizer trained for it or the byte tokenizer written as one, each
-/// of these two with a `tokenizer_config.json` ([`byte_level_config`]).
+/// The tokenizer files of a run: its `--init` folder's; a Hugging Face tokenizer file it was
+/// trained with, written as `tokenizer.json` whatever its name, with the tokenizer's files beside
+/// it ([`hf::tokenizer_side_files`]: its `tokenizer_config.json`, ...); or the BPE tokenizer
+/// trained for it or the byte tokenizer written as one, each of these two with a
+/// `tokenizer_config.json` ([`byte_level_config`]).
 pub(super) fn run_tokenizer_files(
     dir: &std::path::Path,
     run: &RunFile,
@@ -207,8 +209,20 @@ pub(super) fn run_tokenizer_files(
         return Ok(hf::carried_files(init));
     }
     let tokenizer = match &run.tokenizer {
-        TokenizerSpec::HuggingFace { path, .. } => return Ok(vec![Carried::Copy(path.clone())]),
-        TokenizerSpec::Bpe => Carried::Copy(dir.join(TRAINED_FILE)),
+        TokenizerSpec::HuggingFace { path, .. } => {
+            let mut files = vec![Carried::Copy {
+                from: path.clone(),
+                name: TRAINED_FILE.to_owned(),
+            }];
+            if let Some(beside) = path.parent() {
+                files.extend(hf::tokenizer_side_files(beside));
+            }
+            return Ok(files);
+        }
+        TokenizerSpec::Bpe => Carried::Copy {
+            from: dir.join(TRAINED_FILE),
+            name: TRAINED_FILE.to_owned(),
+        },
         TokenizerSpec::Byte => Carried::Text {
             name: TRAINED_FILE,
             text: HfTokenizer::bytes()?.to_json()?,

@@ -217,10 +217,18 @@ fn write_json(path: &Path, value: &Value) -> Result<()> {
 /// `tokenizer.json`, which no file holds).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Carried {
-    /// A copy of the file, under its name.
-    Copy(PathBuf),
+    /// A copy of the file `from`, named `name` in the folder.
+    Copy { from: PathBuf, name: String },
     /// A file `name` holding `text`.
     Text { name: &'static str, text: String },
+}
+
+impl Carried {
+    /// A copy of the file `from` under its own name (none for a path that names no file).
+    pub fn copy(from: PathBuf) -> Option<Carried> {
+        let name = from.file_name()?.to_string_lossy().into_owned();
+        Some(Carried::Copy { from, name })
+    }
 }
 
 /// Writes the folder `dir`: `config`, `tensors` (named as stored) in one file or in shards of at
@@ -268,12 +276,9 @@ fn fill(
     }
     for file in carry {
         let target = match file {
-            Carried::Copy(source) => {
-                let Some(name) = source.file_name() else {
-                    continue;
-                };
+            Carried::Copy { from, name } => {
                 let target = dir.join(name);
-                fs::copy(source, &target).map_err(io(source))?;
+                fs::copy(from, &target).map_err(io(from))?;
                 target
             }
             Carried::Text { name, text } => {

@@ -61,8 +61,11 @@ const CARRIED_FILES: &[&str] = &[
     CHAT_TEMPLATE_FILE,
     "special_tokens_map.json",
     "tokenizer.model",
-    "generation_config.json",
+    GENERATION_CONFIG_FILE,
 ];
+
+/// A model's generation defaults (transformers' `GenerationConfig`).
+const GENERATION_CONFIG_FILE: &str = "generation_config.json";
 
 /// A Hugging Face model folder, opened: its configuration read and its family known, its
 /// weights mapped (not read).
@@ -173,11 +176,28 @@ impl HfFolder {
 
 /// The tokenizer files and generation defaults of the folder `dir` that an export carries along.
 pub fn carried_files(dir: &Path) -> Vec<Carried> {
-    CARRIED_FILES
+    present(dir, CARRIED_FILES)
+}
+
+/// The files beside a `tokenizer.json` in `dir` that belong to the tokenizer (its settings and
+/// special tokens, its chat template, a SentencePiece model), which a folder written with that
+/// tokenizer carries along; not the `tokenizer.json` itself nor a model's generation defaults.
+pub fn tokenizer_side_files(dir: &Path) -> Vec<Carried> {
+    let names: Vec<&str> = CARRIED_FILES
+        .iter()
+        .copied()
+        .filter(|&name| name != TOKENIZER_FILE && name != GENERATION_CONFIG_FILE)
+        .collect();
+    present(dir, &names)
+}
+
+/// Copies of the files `names` that `dir` holds.
+fn present(dir: &Path, names: &[&str]) -> Vec<Carried> {
+    names
         .iter()
         .map(|name| dir.join(name))
         .filter(|path| path.exists())
-        .map(Carried::Copy)
+        .filter_map(Carried::copy)
         .collect()
 }
 
