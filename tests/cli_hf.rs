@@ -295,40 +295,21 @@ fn a_tokenizer_file_of_any_name_is_exported_as_tokenizer_json() {
     for file in ["tokenizer_config.json", "generation_config.json"] {
         std::fs::copy(fixture("llama").join(file), tokenizer_dir.join(file)).unwrap();
     }
-    let run = dir.path().join("run");
+    let (run, exported) = (dir.path().join("run"), dir.path().join("exported"));
     let data = data(dir.path());
-    lmx(&[
-        "train",
-        "--model",
-        "llama",
-        "--preset",
-        "tiny",
-        "--set",
-        "vocab=288",
-        "--tokenizer",
-        tokenizer.to_str().unwrap(),
-        "--data",
-        data.to_str().unwrap(),
-        "--steps",
-        "2",
-        "--batch-size",
-        "2",
-        "--seq-len",
-        "16",
-        "--quiet",
-        "--sample",
-        "0",
-        "--out",
-        run.to_str().unwrap(),
-    ]);
-    let exported = dir.path().join("exported");
-    lmx(&[
-        "export",
-        "--run",
-        run.to_str().unwrap(),
-        "--out",
-        exported.to_str().unwrap(),
-    ]);
+    let path = |p: &Path| p.to_str().unwrap().to_owned();
+    let train = "train --model llama --preset tiny --set vocab=288 --steps 2 --batch-size 2 \
+                 --seq-len 16 --quiet --sample 0";
+    let mut args: Vec<String> = train.split_whitespace().map(String::from).collect();
+    for (flag, value) in [
+        ("--tokenizer", &tokenizer),
+        ("--data", &data),
+        ("--out", &run),
+    ] {
+        args.extend([flag.to_owned(), path(value)]);
+    }
+    lmx(&args.iter().map(String::as_str).collect::<Vec<_>>());
+    lmx(&["export", "--run", &path(&run), "--out", &path(&exported)]);
     let mut files: Vec<String> = std::fs::read_dir(&exported)
         .unwrap()
         .map(|entry| entry.unwrap().file_name().to_string_lossy().into_owned())
@@ -351,16 +332,12 @@ fn a_tokenizer_file_of_any_name_is_exported_as_tokenizer_json() {
         "tokenizer_config.json",
         &tokenizer_dir.join("tokenizer_config.json")
     ));
-    let generated = lmx(&[
-        "generate",
-        "--model",
-        exported.to_str().unwrap(),
-        "--prompt",
-        "First Citizen:",
-        "--max-tokens",
-        "4",
-        "--temperature",
-        "0",
-    ]);
+    let generate = format!(
+        "generate --max-tokens 4 --temperature 0 --model {}",
+        path(&exported)
+    );
+    let mut args: Vec<&str> = generate.split_whitespace().collect();
+    args.extend(["--prompt", "First Citizen:"]);
+    let generated = lmx(&args);
     assert!(generated.starts_with("First Citizen:"), "{generated}");
 }
