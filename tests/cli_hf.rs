@@ -284,7 +284,8 @@ fn a_bounded_key_value_cache_from_the_command_line() {
 
 /// A run trained with a Hugging Face tokenizer file of another name exports it as the folder's
 /// `tokenizer.json`, with the tokenizer's `tokenizer_config.json` beside it (and not a model's
-/// generation defaults found there), and the folder generates.
+/// generation defaults found there), and the folder generates; a run trained with `--eos`
+/// exports the tokenizer's settings with that end-of-sequence token, as its `config.json` says.
 #[test]
 fn a_tokenizer_file_of_any_name_is_exported_as_tokenizer_json() {
     let dir = tempfile::tempdir().unwrap();
@@ -295,21 +296,30 @@ fn a_tokenizer_file_of_any_name_is_exported_as_tokenizer_json() {
     for file in ["tokenizer_config.json", "generation_config.json"] {
         std::fs::copy(fixture("llama").join(file), tokenizer_dir.join(file)).unwrap();
     }
-    let (run, exported) = (dir.path().join("run"), dir.path().join("exported"));
     let data = data(dir.path());
     let path = |p: &Path| p.to_str().unwrap().to_owned();
-    let train = "train --model llama --preset tiny --set vocab=288 --steps 2 --batch-size 2 \
-                 --seq-len 16 --quiet --sample 0";
-    let mut args: Vec<String> = train.split_whitespace().map(String::from).collect();
-    for (flag, value) in [
-        ("--tokenizer", &tokenizer),
-        ("--data", &data),
-        ("--out", &run),
-    ] {
-        args.extend([flag.to_owned(), path(value)]);
-    }
-    lmx(&args.iter().map(String::as_str).collect::<Vec<_>>());
-    lmx(&["export", "--run", &path(&run), "--out", &path(&exported)]);
+    // Trains two steps with the tokenizer (and `extra` flags) into `name`, exported beside it.
+    let train_and_export = |name: &str, extra: &[&str]| {
+        let (run, exported) = (
+            dir.path().join(name),
+            dir.path().join(format!("{name}-out")),
+        );
+        let train = "train --model llama --preset tiny --set vocab=288 --steps 2 --batch-size 2 \
+                     --seq-len 16 --quiet --sample 0";
+        let mut args: Vec<String> = train.split_whitespace().map(String::from).collect();
+        for (flag, value) in [
+            ("--tokenizer", &tokenizer),
+            ("--data", &data),
+            ("--out", &run),
+        ] {
+            args.extend([flag.to_owned(), path(value)]);
+        }
+        args.extend(extra.iter().map(|&arg| arg.to_owned()));
+        lmx(&args.iter().map(String::as_str).collect::<Vec<_>>());
+        lmx(&["export", "--run", &path(&run), "--out", &path(&exported)]);
+        exported
+    };
+    let exported = train_and_export("run", &[]);
     let mut files: Vec<String> = std::fs::read_dir(&exported)
         .unwrap()
         .map(|entry| entry.unwrap().file_name().to_string_lossy().into_owned())
@@ -340,4 +350,18 @@ fn a_tokenizer_file_of_any_name_is_exported_as_tokenizer_json() {
     args.extend(["--prompt", "First Citizen:"]);
     let generated = lmx(&args);
     assert!(generated.starts_with("First Citizen:"), "{generated}");
+
+    // With `--eos`, the folder's tokenizer settings and config.json name the run's token.
+    let exported = train_and_export("eos-run", &["--eos", "<s>"]);
+    let json = |path: &Path| -> serde_json::Value {
+        serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
+    };
+    let mut expected = json(&tokenizer_dir.join("tokenizer_config.json"));
+    expected["eos_token"] = "<s>".into();
+    assert_eq!(json(&exported.join("tokenizer_config.json")), expected);
+    let folder = HfFolder::open(&exported).unwrap();
+    assert_eq!(folder.eos_token().as_deref(), Some("<s>"));
+    let source = lmx::runtime::data::HfTokenizer::from_file(&tokenizer).unwrap();
+    let bos_id = source.inner().token_to_id("<s>").unwrap();
+    assert_eq!(json(&exported.join("config.json"))["eos_token_id"], bos_id);
 }

@@ -209,13 +209,20 @@ pub(super) fn run_tokenizer_files(
         return Ok(hf::carried_files(init));
     }
     let tokenizer = match &run.tokenizer {
-        TokenizerSpec::HuggingFace { path, .. } => {
+        TokenizerSpec::HuggingFace { path, eos } => {
             let mut files = vec![Carried::Copy {
                 from: path.clone(),
                 name: TRAINED_FILE.to_owned(),
             }];
-            if let Some(beside) = path.parent() {
-                files.extend(hf::tokenizer_side_files(beside));
+            let beside = path
+                .parent()
+                .map(hf::tokenizer_side_files)
+                .unwrap_or_default();
+            for file in beside {
+                files.push(match eos {
+                    Some(eos) => with_eos(file, eos)?,
+                    None => file,
+                });
             }
             return Ok(files);
         }
@@ -224,11 +231,40 @@ pub(super) fn run_tokenizer_files(
             name: TRAINED_FILE.to_owned(),
         },
         TokenizerSpec::Byte => Carried::Text {
-            name: TRAINED_FILE,
+            name: TRAINED_FILE.to_owned(),
             text: HfTokenizer::bytes()?.to_json()?,
         },
     };
     Ok(vec![tokenizer, byte_level_config()])
+}
+
+/// `file` with the run's end-of-sequence token `eos` (its `--eos`) where the file names one (a
+/// `tokenizer_config.json` or `special_tokens_map.json`'s `eos_token`), so that the folder's
+/// tokenizer ends sequences where the run's did, as its `config.json` says.
+fn with_eos(file: Carried, eos: &str) -> anyhow::Result<Carried> {
+    let Carried::Copy { from, name } = &file else {
+        return Ok(file);
+    };
+    let text = std::fs::read_to_string(from)
+        .map_err(|err| anyhow::anyhow!("{}: {err}", from.display()))?;
+    let mut settings: serde_json::Value = match from.extension() {
+        Some(ext) if ext == "json" => serde_json::from_str(&text)
+            .map_err(|err| anyhow::anyhow!("{}: {err}", from.display()))?,
+        _ => return Ok(file),
+    };
+    let Some(object) = settings.as_object_mut() else {
+        return Ok(file);
+    };
+    if !object.contains_key("eos_token") && name != hf::TOKENIZER_CONFIG_FILE {
+        return Ok(file);
+    }
+    object.insert("eos_token".into(), eos.into());
+    let mut text = serde_json::to_string_pretty(&settings)?;
+    text.push('\n');
+    Ok(Carried::Text {
+        name: name.clone(),
+        text,
+    })
 }
 
 /// The `tokenizer_config.json` of lmx's byte-level tokenizers (trained BPE, bytes): without it
@@ -249,7 +285,7 @@ fn byte_level_config() -> Carried {
     let mut text = serde_json::to_string_pretty(&config).expect("JSON values serialize");
     text.push('\n');
     Carried::Text {
-        name: "tokenizer_config.json",
+        name: hf::TOKENIZER_CONFIG_FILE.to_owned(),
         text,
     }
 }

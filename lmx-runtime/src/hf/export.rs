@@ -220,7 +220,7 @@ pub enum Carried {
     /// A copy of the file `from`, named `name` in the folder.
     Copy { from: PathBuf, name: String },
     /// A file `name` holding `text`.
-    Text { name: &'static str, text: String },
+    Text { name: String, text: String },
 }
 
 impl Carried {
