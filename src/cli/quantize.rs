@@ -1,8 +1,9 @@
 //! `lmx quantize`: a model (a Hugging Face or mlx-lm folder, a run, or a run's checkpoint)
 //! quantized as mlx-lm's `convert -q` does it. A model with a Hugging Face layout is written in
 //! mlx-lm's (which both lmx, `lmx generate --model DIR`, and mlx-lm load; a dequantized GPT-2
-//! goes back to transformers' layout, which transformers and lmx load), with the run's tokenizer
-//! files where it has any (bytes are none); a run of a model without one (a model of one's own)
+//! goes back to its published checkpoints' layout, which transformers, mlx-lm and lmx load), with
+//! the run's tokenizer files as `lmx export` writes them; a run of a model without one (a model
+//! of one's own)
 //! becomes a new run directory whose checkpoint holds the packed weights and whose record names
 //! them, which `lmx generate --run`, `serve`, `eval` and `lora --base` read as they read any run.
 

@@ -35,12 +35,7 @@ impl HfTokenizer {
             .show_progress(false)
             .build()
             .into();
-        // No space is added before the text: a prompt encodes as it is written.
-        let byte_level = ByteLevel::new(false, true, true);
-        let mut inner = HfInner::new(BPE::default());
-        inner
-            .with_pre_tokenizer(Some(byte_level))
-            .with_decoder(Some(byte_level));
+        let mut inner = byte_level(BPE::default());
         inner
             .train(&mut trainer, texts.iter())
             .map_err(|cause| DataError::Tokenizer {
@@ -67,11 +62,7 @@ impl HfTokenizer {
             .vocab_and_merges(vocab, Vec::new())
             .build()
             .map_err(error)?;
-        let byte_level = ByteLevel::new(false, true, true);
-        let mut inner = HfInner::new(bpe);
-        inner
-            .with_pre_tokenizer(Some(byte_level))
-            .with_decoder(Some(byte_level));
+        let mut inner = byte_level(bpe);
         inner.add_special_tokens(&[AddedToken::from(BPE_EOS, true)]);
         Ok(HfTokenizer::from_tokenizer(inner))
     }
@@ -100,6 +91,18 @@ impl HfTokenizer {
         std::fs::write(&partial, json).map_err(io)?;
         std::fs::rename(&partial, path).map_err(io)
     }
+}
+
+/// A tokenizer of the BPE model `bpe` over GPT-2's byte-level pre-tokenizer and decoder, lmx's
+/// byte-level tokenizers' (trained, and the bytes'): no space is added before the text, so a
+/// prompt encodes as it is written.
+fn byte_level(bpe: BPE) -> HfInner {
+    let byte_level = ByteLevel::new(false, true, true);
+    let mut inner = HfInner::new(bpe);
+    inner
+        .with_pre_tokenizer(Some(byte_level))
+        .with_decoder(Some(byte_level));
+    inner
 }
 
 /// How byte-level BPE spells `byte`: itself where it is a printable character of Latin-1, else
