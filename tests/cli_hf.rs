@@ -283,8 +283,8 @@ fn a_bounded_key_value_cache_from_the_command_line() {
 }
 
 /// A run trained with a Hugging Face tokenizer file of another name exports it as the folder's
-/// `tokenizer.json`, with the tokenizer's `tokenizer_config.json` beside it (and not a model's
-/// generation defaults found there), and the folder generates; a run trained with `--eos`
+/// `tokenizer.json`, with the tokenizer's `tokenizer_config.json` and SentencePiece model beside
+/// it (and not a model's generation defaults found there), and the folder generates; a run trained with `--eos`
 /// exports the tokenizer's settings with that end-of-sequence token, as its `config.json` says.
 #[test]
 fn a_tokenizer_file_of_any_name_is_exported_as_tokenizer_json() {
@@ -296,6 +296,9 @@ fn a_tokenizer_file_of_any_name_is_exported_as_tokenizer_json() {
     for file in ["tokenizer_config.json", "generation_config.json"] {
         std::fs::copy(fixture("llama").join(file), tokenizer_dir.join(file)).unwrap();
     }
+    // A SentencePiece model beside it, binary (not UTF-8), carried as it is.
+    let sentencepiece = [0xff_u8, 0xfe, 0x00, 0x80];
+    std::fs::write(tokenizer_dir.join("tokenizer.model"), sentencepiece).unwrap();
     let data = data(dir.path());
     let path = |p: &Path| p.to_str().unwrap().to_owned();
     // Trains two steps with the tokenizer (and `extra` flags) into `name`, exported beside it.
@@ -331,6 +334,7 @@ fn a_tokenizer_file_of_any_name_is_exported_as_tokenizer_json() {
             "config.json",
             "model.safetensors",
             "tokenizer.json",
+            "tokenizer.model",
             "tokenizer_config.json"
         ]
     );
@@ -359,6 +363,8 @@ fn a_tokenizer_file_of_any_name_is_exported_as_tokenizer_json() {
     let mut expected = json(&tokenizer_dir.join("tokenizer_config.json"));
     expected["eos_token"] = "<s>".into();
     assert_eq!(json(&exported.join("tokenizer_config.json")), expected);
+    let carried = std::fs::read(exported.join("tokenizer.model")).unwrap();
+    assert_eq!(carried, sentencepiece);
     let folder = HfFolder::open(&exported).unwrap();
     assert_eq!(folder.eos_token().as_deref(), Some("<s>"));
     let source = lmx::runtime::data::HfTokenizer::from_file(&tokenizer).unwrap();

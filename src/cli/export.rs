@@ -242,16 +242,16 @@ pub(super) fn run_tokenizer_files(
 /// `tokenizer_config.json` or `special_tokens_map.json`'s `eos_token`), so that the folder's
 /// tokenizer ends sequences where the run's did, as its `config.json` says.
 fn with_eos(file: Carried, eos: &str) -> anyhow::Result<Carried> {
+    // Only JSON files name tokens; a SentencePiece `tokenizer.model` is binary, never read here.
     let Carried::Copy { from, name } = &file else {
         return Ok(file);
     };
-    let text = std::fs::read_to_string(from)
-        .map_err(|err| anyhow::anyhow!("{}: {err}", from.display()))?;
-    let mut settings: serde_json::Value = match from.extension() {
-        Some(ext) if ext == "json" => serde_json::from_str(&text)
-            .map_err(|err| anyhow::anyhow!("{}: {err}", from.display()))?,
-        _ => return Ok(file),
-    };
+    if from.extension().is_none_or(|ext| ext != "json") {
+        return Ok(file);
+    }
+    let place = |err: &dyn std::fmt::Display| anyhow::anyhow!("{}: {err}", from.display());
+    let text = std::fs::read_to_string(from).map_err(|err| place(&err))?;
+    let mut settings: serde_json::Value = serde_json::from_str(&text).map_err(|err| place(&err))?;
     let Some(object) = settings.as_object_mut() else {
         return Ok(file);
     };
@@ -259,12 +259,7 @@ fn with_eos(file: Carried, eos: &str) -> anyhow::Result<Carried> {
         return Ok(file);
     }
     object.insert("eos_token".into(), eos.into());
-    let mut text = serde_json::to_string_pretty(&settings)?;
-    text.push('\n');
-    Ok(Carried::Text {
-        name: name.clone(),
-        text,
-    })
+    Ok(Carried::json(name.clone(), &settings))
 }
 
 /// The `tokenizer_config.json` of lmx's byte-level tokenizers (trained BPE, bytes): without it
@@ -282,12 +277,7 @@ fn byte_level_config() -> Carried {
         "add_eos_token": false,
         "clean_up_tokenization_spaces": false,
     });
-    let mut text = serde_json::to_string_pretty(&config).expect("JSON values serialize");
-    text.push('\n');
-    Carried::Text {
-        name: hf::TOKENIZER_CONFIG_FILE.to_owned(),
-        text,
-    }
+    Carried::json(hf::TOKENIZER_CONFIG_FILE, &config)
 }
 
 /// Exports a model `M` as a Hugging Face folder.

@@ -206,10 +206,15 @@ fn sync(path: &Path) -> Result<()> {
 }
 
 fn write_json(path: &Path, value: &Value) -> Result<()> {
+    fs::write(path, json_text(value)).map_err(io(path))?;
+    sync(path)
+}
+
+/// `value` as a folder's JSON files hold it: indented, with a final line break.
+fn json_text(value: &Value) -> String {
     let mut text = serde_json::to_string_pretty(value).expect("JSON values serialize");
     text.push('\n');
-    fs::write(path, text).map_err(io(path))?;
-    sync(path)
+    text
 }
 
 /// A file a written folder carries besides its weights: a copy of one (a tokenizer's files, a
@@ -228,6 +233,14 @@ impl Carried {
     pub fn copy(from: PathBuf) -> Option<Carried> {
         let name = from.file_name()?.to_string_lossy().into_owned();
         Some(Carried::Copy { from, name })
+    }
+
+    /// A file `name` holding `value`, written as the folder's `config.json` is.
+    pub fn json(name: impl Into<String>, value: &Value) -> Carried {
+        Carried::Text {
+            name: name.into(),
+            text: json_text(value),
+        }
     }
 }
 
