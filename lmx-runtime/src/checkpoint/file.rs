@@ -3,6 +3,7 @@
 
 use super::tensor::{dtype_name, file_shape, stored_dtype, to_array, TensorBytes};
 use crate::error::{Error, Result};
+use crate::nn;
 use mlx_rs::transforms::eval;
 use mlx_rs::Array;
 use safetensors::SafeTensors;
@@ -108,7 +109,7 @@ pub(crate) fn read_named_skipping(
         }
         let array = to_array(tensor.dtype(), shape, tensor.data())
             .map_err(|message| error(path, format!("{name}: {message}")))?;
-        arrays.push(Some(array));
+        arrays.push(Some(nn::device_resident(&array)?));
     }
     let known: HashSet<&str> = expected.iter().map(|(name, _)| name.as_str()).collect();
     let mut extra: Vec<&str> = file

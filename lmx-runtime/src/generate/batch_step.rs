@@ -66,7 +66,7 @@ impl BatchStep {
             let params = with_leaves(&template, leaves);
             let (tokens, position, starts) = (&rest[0], &rest[1], &rest[2]);
             let (buffers, states) = rest[3..].split_at(rest.len() - 3 - recurrent);
-            let cache = KvCache::traced_rows(buffers.to_vec(), position.clone(), starts.clone());
+            let cache = KvCache::traced_rows(buffers.to_vec(), position, starts)?;
             let (logits, cached) = traced_forward::<M>(&params, &config, tokens, cache, states)?;
             let mut outputs = vec![logits.index((.., -1))];
             outputs.extend(cached);

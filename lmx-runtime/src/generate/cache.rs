@@ -106,36 +106,42 @@ impl KvCache {
     /// The cache inside a traced step: every layer's buffers (`keys, values, keys, values, ..`,
     /// as [`take_buffers`](Self::take_buffers) gives them), written at slot `offset` (an int32
     /// scalar); its one row starts at slot 0; the layers with a shape in `rings` are rings, and
-    /// `bound` is the prefilled cache's.
+    /// `bound` is the prefilled cache's. Every layer reads the offset: it is kept in device
+    /// memory ([`nn::device_resident`]).
     pub(crate) fn traced(
         buffers: Vec<Array>,
-        offset: Array,
+        offset: &Array,
         rings: Vec<Option<Ring>>,
         bound: Option<Ring>,
-    ) -> KvCache {
-        KvCache {
+    ) -> Result<KvCache> {
+        Ok(KvCache {
             layers: pairs(buffers),
             len: 0,
             starts: None,
             mask: None,
-            traced: Some(offset),
+            traced: Some(nn::device_resident(offset)?),
             traced_starts: None,
             rotating: true,
             rings,
             bound,
             states: RecurrentStates::default(),
-        }
+        })
     }
 
     /// The cache inside a traced batched step: as [`traced`](Self::traced), for rows that start
-    /// at slots `starts` (`[B]` int32) and whose layers all keep every position (a batch's).
-    pub(crate) fn traced_rows(buffers: Vec<Array>, offset: Array, starts: Array) -> KvCache {
-        KvCache {
+    /// at slots `starts` (`[B]` int32, also kept in device memory) and whose layers all keep
+    /// every position (a batch's).
+    pub(crate) fn traced_rows(
+        buffers: Vec<Array>,
+        offset: &Array,
+        starts: &Array,
+    ) -> Result<KvCache> {
+        Ok(KvCache {
             layers: pairs(buffers),
-            traced: Some(offset),
-            traced_starts: Some(starts),
+            traced: Some(nn::device_resident(offset)?),
+            traced_starts: Some(nn::device_resident(starts)?),
             ..KvCache::default()
-        }
+        })
     }
 
     /// Every row's first slot as an int32 array `[B]` (a traced batched step's input), `None`

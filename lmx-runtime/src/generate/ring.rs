@@ -235,8 +235,12 @@ mod tests {
                 let cache = ctx.cache_mut().expect("a generation context");
                 cache.reserve(from + 1)?;
                 let buffers = cache.take_buffers();
-                let inside =
-                    KvCache::traced(buffers, Array::from_int(from), cache.rings(), cache.bound());
+                let inside = KvCache::traced(
+                    buffers,
+                    &Array::from_int(from),
+                    cache.rings(),
+                    cache.bound(),
+                )?;
                 let mut step = Context::with_cache(inside);
                 let out = step.attend(0, &part(&q), &part(&k), &part(&v))?;
                 let written = step.cache_mut().expect("a traced cache").take_buffers();

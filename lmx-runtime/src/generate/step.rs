@@ -85,7 +85,7 @@ impl DecodeStep {
             let (token, position) = (&rest[0], &rest[1]);
             let (state, rest) = rest[2..].split_at(state_len);
             let (buffers, states) = rest.split_at(rest.len() - recurrent);
-            let cache = KvCache::traced(buffers.to_vec(), position.clone(), rings.clone(), bound);
+            let cache = KvCache::traced(buffers.to_vec(), position, rings.clone(), bound)?;
             let (logits, cached) = traced_forward::<M>(&params, &config, token, cache, states)?;
             let mut sampler = sampler.clone();
             sampler.set_state(state);

@@ -9,6 +9,7 @@ use super::experts::per_expert_names;
 use super::family::Family;
 use super::weights::Weights;
 use crate::error::Result;
+use crate::nn;
 use crate::tree::{self, LeafSpec, Tree};
 use mlx_rs::transforms::eval;
 use mlx_rs::{ops, Array, Dtype};
@@ -95,7 +96,7 @@ pub fn load_into<R: Tree<Array>>(
             }
             .into());
         }
-        let mut array = stored.to_array()?;
+        let mut array = nn::device_resident(&stored.to_array()?)?;
         if transposed {
             array = array.t();
         }
@@ -161,7 +162,7 @@ fn stacked(
             }
             .into());
         }
-        let mut array = stored.to_array()?;
+        let mut array = nn::device_resident(&stored.to_array()?)?;
         if is_float(array.dtype()) && is_float(want) && array.dtype() != want {
             array = array.as_dtype(want)?;
         }

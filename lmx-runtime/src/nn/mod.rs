@@ -22,6 +22,7 @@ mod linear_grad;
 mod loss;
 mod padded_product;
 mod quantized_product;
+mod resident;
 mod rope;
 #[cfg(test)]
 mod same_gradients;
@@ -41,6 +42,7 @@ pub use extra::*;
 pub use gated::swiglu;
 pub use layers::*;
 pub use loss::*;
+pub(crate) use resident::device_resident;
 pub use rope::*;
 pub use scan::*;
 pub use shared_input::linears_in;
