@@ -5,15 +5,18 @@
 //! concurrent managed access (the GPU machines lmx is measured on). A kernel's read of it then
 //! crosses PCIe: a microsecond or more of latency on the path of all that follows, and a
 //! fraction of the device's bandwidth for a weight read whole. A traced decode step's position
-//! is such an array, read by every layer's attention, and so is every tensor read from a file.
-//! A copy made by a device operation, into an array of more than 8 bytes, is in device memory
-//! (docs/benchmarks.md, "Sixth session of 2026-11-29").
+//! is such an array, read by every layer's attention, and so are a rotation's rates and every
+//! tensor read from a file. A copy made by a device operation, into an array of more than 8
+//! bytes, is in device memory (docs/benchmarks.md, "Sixth session of 2026-11-29").
 
 use crate::cuda;
 use crate::error::Result;
 use mlx_rs::ops::indexing::IndexOp;
 use mlx_rs::ops::{broadcast_to, concatenate_flat, zeros_dtype};
+use mlx_rs::transforms::eval;
 use mlx_rs::Array;
+use std::cell::RefCell;
+use std::collections::HashMap;
 
 /// The most bytes of an array MLX's CUDA allocator keeps in its pool of scalars.
 const SCALAR_POOL_BYTES: usize = 8;
@@ -26,6 +29,31 @@ pub(crate) fn device_resident(x: &Array) -> Result<Array> {
     } else {
         Ok(x.clone())
     }
+}
+
+thread_local! {
+    /// [`device_constant`]'s arrays, by their values' bits.
+    static CONSTANTS: RefCell<HashMap<Vec<u32>, Array>> = RefCell::new(HashMap::new());
+}
+
+/// `values` (a rotation's rates) as a float32 array that every kernel reading it finds in device
+/// memory on a CUDA device: made once per thread for each distinct `values` and evaluated then,
+/// even inside a trace, so that a compiled step captures it as a constant (unevaluated, the copy
+/// would be an operation of every call).
+pub(crate) fn device_constant(values: &[f32]) -> Result<Array> {
+    constant(values, device_resident)
+}
+
+fn constant(values: &[f32], resident: fn(&Array) -> Result<Array>) -> Result<Array> {
+    let key: Vec<u32> = values.iter().map(|value| value.to_bits()).collect();
+    if let Some(array) = CONSTANTS.with(|constants| constants.borrow().get(&key).cloned()) {
+        return Ok(array);
+    }
+    let array = resident(&Array::from_slice(values, &[values.len() as i32]))?;
+    // Made from no traced input, the array is no tracer: MLX evaluates it inside a trace.
+    eval([&array])?;
+    CONSTANTS.with(|constants| constants.borrow_mut().insert(key, array.clone()));
+    Ok(array)
 }
 
 /// `x` copied, bit for bit, by a device operation into an array of more than 8 bytes, and a
@@ -48,6 +76,32 @@ fn device_copy(x: &Array) -> Result<Array> {
 mod tests {
     use super::*;
     use half::bf16;
+    use mlx_rs::transforms::compile::compile;
+
+    /// The rates' device copy, made and evaluated inside a compiled function's trace (MLX
+    /// allows it: the copy is no tracer): the trace and its replays compute with its values, and
+    /// it is kept for the next trace.
+    #[test]
+    fn a_constant_made_inside_a_trace_serves_its_replays() -> Result<()> {
+        let values = [0.5f32, 0.25, 0.125, 1.0 / 3.0];
+        let scaled =
+            move |inputs: &[Array]| -> std::result::Result<Vec<Array>, mlx_rs::error::Exception> {
+                let rates = constant(&values, device_copy).map_err(crate::Error::into_exception)?;
+                Ok(vec![inputs[0].multiply(&rates)?])
+            };
+        let mut compiled = compile(scaled, false);
+        for scale in [2.0f32, -3.0, 7.5] {
+            let x = Array::from_slice(&[scale; 4], &[4]);
+            let out = compiled(&[x])?.remove(0);
+            let expected: Vec<f32> = values.iter().map(|value| value * scale).collect();
+            assert_eq!(out.as_slice::<f32>(), expected.as_slice());
+        }
+        let key: Vec<u32> = values.iter().map(|value| value.to_bits()).collect();
+        let made = CONSTANTS.with(|constants| constants.borrow().get(&key).cloned());
+        let made = made.expect("the constant is kept");
+        assert_eq!(made.as_slice::<f32>(), values.as_slice());
+        Ok(())
+    }
 
     #[test]
     fn a_copy_keeps_the_bits_shape_and_dtype() -> Result<()> {

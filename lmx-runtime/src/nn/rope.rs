@@ -11,6 +11,7 @@
 
 use super::custom_vjp::{self, WithGradient};
 use super::deferred;
+use super::resident;
 use crate::cuda;
 use crate::error::{Error, Result};
 use mlx_rs::{fast, ops, Array};
@@ -36,8 +37,9 @@ enum Rates<'a> {
 }
 
 impl Rates<'_> {
-    /// Each pair's angle per position, in float32.
-    fn per_pair(&self, dims: i32) -> Array {
+    /// Each pair's angle per position, in float32, in device memory (every launch of the
+    /// rotation and of decode attention reads it).
+    fn per_pair(&self, dims: i32) -> Result<Array> {
         let rates: Vec<f32> = match self {
             Rates::Base { base, scale } => periods(dims, f64::from(*base))
                 .iter()
@@ -45,7 +47,7 @@ impl Rates<'_> {
                 .collect(),
             Rates::Periods(periods) => periods.iter().map(|period| (1.0 / period) as f32).collect(),
         };
-        Array::from_slice(&rates, &[rates.len() as i32])
+        resident::device_constant(&rates)
     }
 }
 
@@ -84,7 +86,7 @@ fn arity(count: usize) -> Error {
 /// non-traditional half-split layout of LLaMA's HF weights: feature `i` with `i + dims / 2`.
 fn rotate(x: &Array, dims: i32, rates: Rates, offset: &Array) -> Result<Array> {
     if cuda::available() && cuda::rope_fits(x, dims, offset) {
-        let inputs = [x.clone(), offset.clone(), rates.per_pair(dims)];
+        let inputs = [x.clone(), offset.clone(), rates.per_pair(dims)?];
         let y = custom_vjp::apply(&Rotation, &inputs)?
             .pop()
             .ok_or_else(|| Error::Layout("RoPE returned nothing".into()))?;
