@@ -109,8 +109,13 @@ pub(crate) fn read_named_skipping(
         }
         let array = to_array(tensor.dtype(), shape, tensor.data())
             .map_err(|message| error(path, format!("{name}: {message}")))?;
-        arrays.push(Some(nn::device_resident(&array)?));
+        let array = nn::device_resident(&array)?;
+        // Evaluated now, so that a device copy's host-made source is freed before the next
+        // tensor is read.
+        eval([&array])?;
+        arrays.push(Some(array));
     }
+    nn::release_host_buffers()?;
     let known: HashSet<&str> = expected.iter().map(|(name, _)| name.as_str()).collect();
     let mut extra: Vec<&str> = file
         .names()

@@ -96,16 +96,22 @@ pub fn load_into<R: Tree<Array>>(
             }
             .into());
         }
-        let mut array = nn::device_resident(&stored.to_array()?)?;
+        let mut array = stored.to_array()?;
         if transposed {
             array = array.t();
         }
         let want = options.dtype.unwrap_or(leaf.dtype());
-        if is_float(array.dtype()) && is_float(want) && array.dtype() != want {
+        let converted = is_float(array.dtype()) && is_float(want) && array.dtype() != want;
+        if converted {
             array = array.as_dtype(want)?;
         }
         if transposed {
             array = array.contiguous()?;
+        }
+        // Converted, or a transposed matrix made contiguous, it is a device operation's output;
+        // as stored, the host made it.
+        if !converted && !transposed {
+            array = nn::device_resident(&array)?;
         }
         // Evaluated now, so that the stored-dtype copy is freed before the next tensor.
         eval([&array])?;
@@ -123,6 +129,7 @@ pub fn load_into<R: Tree<Array>>(
         }
         .into());
     }
+    nn::release_host_buffers()?;
     let mut loaded = loaded.into_iter();
     Ok(template.map_same(&mut |_| loaded.next().expect("one array per leaf")))
 }
@@ -162,7 +169,7 @@ fn stacked(
             }
             .into());
         }
-        let mut array = nn::device_resident(&stored.to_array()?)?;
+        let mut array = stored.to_array()?;
         if is_float(array.dtype()) && is_float(want) && array.dtype() != want {
             array = array.as_dtype(want)?;
         }

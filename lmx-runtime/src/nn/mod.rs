@@ -42,7 +42,7 @@ pub use extra::*;
 pub use gated::swiglu;
 pub use layers::*;
 pub use loss::*;
-pub(crate) use resident::device_resident;
+pub(crate) use resident::{device_resident, release_host_buffers};
 pub use rope::*;
 pub use scan::*;
 pub use shared_input::linears_in;

@@ -1,13 +1,14 @@
-//! Arrays the host makes, copied to where a CUDA device's kernels read them fast.
+//! Arrays the host makes, copied into device memory where a CUDA device's kernels read them.
 //!
-//! MLX's CUDA allocator keeps every array the host makes, and every array of at most 8 bytes, in
-//! memory the host reaches: managed memory, or pinned host memory where the device has no
-//! concurrent managed access (the GPU machines lmx is measured on). A kernel's read of it then
-//! crosses PCIe: a microsecond or more of latency on the path of all that follows, and a
-//! fraction of the device's bandwidth for a weight read whole. A traced decode step's position
-//! is such an array, read by every layer's attention, and so are a rotation's rates and every
-//! tensor read from a file. A copy made by a device operation, into an array of more than 8
-//! bytes, is in device memory (docs/benchmarks.md, "Sixth session of 2026-11-29").
+//! MLX's CUDA allocator keeps every array the host makes, and every array of at most 8 bytes
+//! (its pool of scalars), in memory the host reaches: managed memory, or pinned host memory where
+//! the device has no concurrent managed access (the GPU machines lmx is measured on), which a
+//! kernel reads across PCIe. A traced decode step's position is such an array, read by every
+//! layer's attention, and so are a rotation's rates and every tensor read from a file. A copy
+//! made by a device operation into an array of more than 8 bytes gets device memory, unless
+//! MLX's buffer cache hands it a freed host buffer of the same size: the cache reuses buffers by
+//! size alone, so a loader clears it once the host-made sources are freed
+//! ([`release_host_buffers`]). Measured in docs/benchmarks.md, "Sixth session of 2026-11-29".
 
 use crate::cuda;
 use crate::error::Result;
@@ -44,6 +45,19 @@ pub(crate) fn device_constant(values: &[f32]) -> Result<Array> {
     constant(values, device_resident)
 }
 
+/// Frees MLX's cached buffers on a CUDA device, once host-made arrays (a file's tensors, copied
+/// into device memory) are freed: the cache would otherwise hand their host buffers to later
+/// device allocations of their sizes.
+pub(crate) fn release_host_buffers() -> Result<()> {
+    if cuda::available() {
+        mlx_rs::memory::clear_cache()?;
+    }
+    Ok(())
+}
+
+/// [`device_constant`] with the copy given (the tests give [`device_copy`], which the CPU runs).
+/// Inside a primitive's gradient MLX keeps every array's graph, so a constant first made there
+/// would be copied again by every replay: the rates are first made by the forward pass.
 fn constant(values: &[f32], resident: fn(&Array) -> Result<Array>) -> Result<Array> {
     let key: Vec<u32> = values.iter().map(|value| value.to_bits()).collect();
     if let Some(array) = CONSTANTS.with(|constants| constants.borrow().get(&key).cloned()) {
@@ -61,13 +75,14 @@ fn constant(values: &[f32], resident: fn(&Array) -> Result<Array>) -> Result<Arr
 /// array as small as `x`).
 fn device_copy(x: &Array) -> Result<Array> {
     if x.nbytes() <= SCALAR_POOL_BYTES {
-        // One copy kernel: `x` broadcast to four rows, made contiguous; its first row.
-        let mut rows = vec![4];
+        // One copy kernel: `x` broadcast to rows of more than 8 bytes in all, made contiguous;
+        // its first row.
+        let mut rows = vec![(SCALAR_POOL_BYTES / x.nbytes().max(1) + 1) as i32];
         rows.extend_from_slice(x.shape());
         let copy = broadcast_to(x, &rows)?.contiguous()?;
         return Ok(copy.index(0..1).reshape(x.shape())?);
     }
-    // Four rows of a weight would be four times its memory: `x` and one more element instead.
+    // Rows of a weight would be that many copies of it: `x` and one more element instead.
     let copy = concatenate_flat(&[x.clone(), zeros_dtype(&[1], x.dtype())?])?;
     Ok(copy.index(0..x.size() as i32).reshape(x.shape())?)
 }
