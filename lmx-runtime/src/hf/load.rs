@@ -108,9 +108,11 @@ pub fn load_into<R: Tree<Array>>(
         if transposed {
             array = array.contiguous()?;
         }
-        // Converted, or a transposed matrix made contiguous, it is a device operation's output;
-        // as stored, the host made it.
-        if !converted && !transposed {
+        // Converted, or transposed with two axes longer than 1 (so that making it contiguous
+        // copies it), it is a device operation's output; otherwise the host made it.
+        let copied =
+            converted || (transposed && stored.shape.iter().filter(|&&d| d > 1).count() > 1);
+        if !copied {
             array = nn::device_resident(&array)?;
         }
         // Evaluated now, so that the stored-dtype copy is freed before the next tensor.
