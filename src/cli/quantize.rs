@@ -3,9 +3,9 @@
 //! mlx-lm's (which both lmx, `lmx generate --model DIR`, and mlx-lm load; a dequantized GPT-2
 //! goes back to its published checkpoints' layout, which transformers, mlx-lm and lmx load), with
 //! the run's tokenizer files as `lmx export` writes them; a run of a model without one (a model
-//! of one's own)
-//! becomes a new run directory whose checkpoint holds the packed weights and whose record names
-//! them, which `lmx generate --run`, `serve`, `eval` and `lora --base` read as they read any run.
+//! of one's own) becomes a new run directory whose checkpoint holds the packed weights and whose
+//! record names them, which `lmx generate --run`, `serve`, `eval` and `lora --base` read as they
+//! read any run.
 
 use super::registry::Registry;
 use super::resolve::{self, Resolved};

@@ -2,6 +2,7 @@
 
 use crate::data::{BatchIterator, BatchPosition};
 use crate::error::Result;
+use crate::nn;
 use mlx_rs::ops::indexing::IndexOp;
 use mlx_rs::Array;
 use std::ops::Range;
@@ -24,7 +25,7 @@ const MAX_STEPS_PER_UPLOAD: usize = 64;
 /// those ids) took 165 to 202 us, where none of the anchor's 15 costliest kernels is a gather
 /// (docs/benchmarks.md). Staged, one upload holds the batches of several steps (up to
 /// [`MAX_STEPS_PER_UPLOAD`], within [`UPLOAD_BYTES`]), copied once into the device's own memory
-/// by an elementwise kernel, and each step takes its rows as a view of that copy: no upload and
+/// ([`nn::device_resident`]), and each step takes its rows as a view of that copy: no upload and
 /// no kernel of its own. Unstaged (on the CPU, and on Metal, whose memory is the host's), each
 /// upload is one step's batch, handed out as it is, as a plain [`Batch`]'s arrays are.
 ///
@@ -115,9 +116,8 @@ impl StagedBatches {
                 // One step's batch, as it is.
                 return Ok(Array::from_slice(ids, &[rows, columns]));
             }
-            // `+ 0` is a kernel that writes a new array in the device's memory.
             let written = Array::from_slice(ids, &[steps as i32, rows, columns]);
-            Ok(written.add(Array::from_int(0))?)
+            nn::device_resident(&written)
         };
         self.upload = Some((on_device(&inputs)?, on_device(&targets)?));
         self.taken = 0;
