@@ -6,9 +6,12 @@
 //! select, the softmax, a product with the values; six kernels a layer, the batched product with
 //! cuBLAS's host setup). Here one block of warps ([`warps`]) takes one query head of one row and
 //! reads only the slots it sees, each warp an online softmax over every `WARPS`-th slot, the
-//! warps' partial results then merged in shared memory. Past [`SLOTS_PER_BLOCK`] slots of
-//! capacity the slots are split over several blocks per head, whose partial results a second
-//! kernel merges.
+//! warps' partial results then merged in shared memory. Where the capacity takes more than two
+//! passes of a block's loads ([`slots_per_block`]), the slots are split over several blocks per
+//! head ([`splits`]) and the last of a head's blocks to finish merges their partial results, in
+//! the same launch: a block's passes follow one another (each a load's latency and a softmax's
+//! arithmetic), so one block per head took longer with every 128 slots of TinyLlama's decoding,
+//! on 32 of the GPU's 132 multiprocessors (docs/benchmarks.md, "Seventh session of 2026-11-29").
 
 use super::kernel::{with_kernel, Inputs, Kernel, Launch, TemplateArg};
 use crate::error::Result;
@@ -25,11 +28,45 @@ fn warps(head_dim: i32) -> i32 {
     }
 }
 
-/// Most slots of capacity one block per head takes; beyond, the slots are split over blocks.
-const SLOTS_PER_BLOCK: i32 = 1024;
+/// Slots each warp loads at once, in one pass.
+const UNROLL: i32 = 4;
+
+/// Most slots of capacity one block per head takes (one pass of its warps' loads); beyond, the
+/// slots are split over blocks.
+fn slots_per_block(warps: i32) -> i32 {
+    warps * UNROLL
+}
 
 /// Most blocks one head's slots are split over.
 const MAX_SPLITS: i32 = 64;
+
+/// Most slots one block takes however many blocks that makes a launch.
+const MAX_SLOTS_PER_BLOCK: i32 = 1024;
+
+/// Blocks of a launch an H100 or H200 runs at once (132 multiprocessors, one block of 1,024
+/// threads each): split further, a launch's blocks run in waves, one after another, and take
+/// longer than fewer blocks of more passes each (docs/benchmarks.md, "Seventh session of
+/// 2026-11-29").
+const WAVE_BLOCKS: i32 = 128;
+
+/// Passes a block makes over its slots before they are split over blocks: a split launch's blocks
+/// count themselves done and the last merges their parts, which costs about half a pass, so two
+/// passes are not worth splitting, three are (docs/benchmarks.md, "Seventh session of
+/// 2026-11-29").
+const WHOLE_PASSES: i32 = 2;
+
+/// Blocks per head for `heads` heads (of all rows) over `capacity` slots, `warps` warps a block:
+/// one where that block makes at most [`WHOLE_PASSES`] passes, else one pass each, as long as
+/// the launch stays within a wave of blocks, and at most [`MAX_SLOTS_PER_BLOCK`] slots each.
+fn splits(capacity: i32, heads: i32, warps: i32) -> i32 {
+    let blocks_for = |slots: i32| (capacity + slots - 1) / slots;
+    let passes = blocks_for(slots_per_block(warps));
+    if passes <= WHOLE_PASSES {
+        return 1;
+    }
+    let within_a_wave = (WAVE_BLOCKS / heads.max(1)).max(blocks_for(MAX_SLOTS_PER_BLOCK));
+    passes.min(within_a_wave).clamp(1, MAX_SPLITS)
+}
 
 /// The online softmax of one block's share of the slots, in float32, for query head `bh`'s row
 /// (`q: [B, H, 1, D]`, `k`, `v: [B, KVH, C, D]`, `position: [1]` the query's slot, `starts: [B]`
@@ -46,7 +83,6 @@ const MAX_SPLITS: i32 = 64;
 /// Each lane holds `D / 32` neighbouring components; `UNROLL` slots' loads are in flight at once.
 const SHARE: &str = r#"
   constexpr int E = D / 32;
-  constexpr int UNROLL = 4;
   struct alignas(sizeof(T) * E) Pack {
     T v[E];
   };
@@ -204,37 +240,52 @@ const WHOLE: &str = r#"
   out[static_cast<size_t>(bh) * D + t] = static_cast<T>(o / L);
 "#;
 
-/// Several blocks per head: block `s`'s unnormalised output `parts: [B * H, S, D]` and its
-/// maximum and sum `stats: [B * H, S, 2]` (a block whose share is empty leaves -inf and 0).
-const PART: &str = r#"
-  const size_t part = static_cast<size_t>(bh) * gridDim.x + blockIdx.x;
+/// Several blocks per head: block `s` leaves its unnormalised output and its maximum and sum in
+/// the scratch `work`, as `parts: [B * H, S, D]` then `stats: [B * H, S, 2]` (a block whose share
+/// is empty leaves -inf and 0), and the head's last block to finish, counted in `ctl[bh]` (which
+/// it then zeroes), merges them into `out: [B, H, 1, D]`. Only the block's first `D` threads are
+/// left (barrier 1).
+const SPLIT: &str = r#"
+  const int splits = gridDim.x;
+  float* parts = const_cast<float*>(work);
+  float* stats = parts + static_cast<size_t>(gridDim.y) * splits * D;
+  const size_t part = static_cast<size_t>(bh) * splits + blockIdx.x;
   parts[part * D + t] = o;
   if (t == 0) {
     stats[part * 2] = M;
     stats[part * 2 + 1] = L;
   }
-"#;
-
-/// The merge of a head's blocks' parts: `out: [B, H, 1, D]` from `parts` and `stats`, thread `t`
-/// of block `bh` for component `t`.
-const MERGE: &str = r#"
-  const int splits = stats_shape[1];
-  const int bh = blockIdx.y;
-  const int t = threadIdx.x;
-  float M = -INFINITY;
-  for (int s = 0; s < splits; ++s) {
-    M = fmaxf(M, stats[(static_cast<size_t>(bh) * splits + s) * 2]);
+  __shared__ int s_last;
+  int* counter = const_cast<int*>(ctl) + bh;
+  asm volatile("bar.sync 1, %0;" :: "r"(D) : "memory");
+  if (t == 0) {
+    __threadfence();
+    s_last = atomicAdd(counter, 1) == splits - 1;
+    if (s_last) {
+      __threadfence();
+    }
   }
-  float L = 0.f;
-  float o = 0.f;
-  for (int s = 0; s < splits; ++s) {
-    const size_t part = static_cast<size_t>(bh) * splits + s;
-    const float m = stats[part * 2];
-    const float f = m == -INFINITY ? 0.f : __expf(m - M);
-    L += stats[part * 2 + 1] * f;
-    o += parts[part * D + t] * f;
+  asm volatile("bar.sync 1, %0;" :: "r"(D) : "memory");
+  if (!s_last) {
+    return;
   }
-  out[static_cast<size_t>(bh) * D + t] = static_cast<T>(o / L);
+  const size_t head_parts = static_cast<size_t>(bh) * splits;
+  float merged_m = -INFINITY;
+  for (int s = 0; s < splits; ++s) {
+    merged_m = fmaxf(merged_m, __ldcg(stats + (head_parts + s) * 2));
+  }
+  float merged_l = 0.f;
+  float merged_o = 0.f;
+  for (int s = 0; s < splits; ++s) {
+    const float m = __ldcg(stats + (head_parts + s) * 2);
+    const float f = m == -INFINITY ? 0.f : __expf(m - merged_m);
+    merged_l += __ldcg(stats + (head_parts + s) * 2 + 1) * f;
+    merged_o += __ldcg(parts + (head_parts + s) * D + t) * f;
+  }
+  out[static_cast<size_t>(bh) * D + t] = static_cast<T>(merged_o / merged_l);
+  if (t == 0) {
+    *counter = 0;
+  }
 "#;
 
 const INPUTS: &[&str] = &[
@@ -259,19 +310,12 @@ thread_local! {
         "",
         &format!("{SHARE}{WHOLE}"),
     );
-    static PART_KERNEL: Result<Kernel> = Kernel::new(
-        "lmx_decode_attention_part",
-        (INPUTS, Inputs::RowContiguous),
-        &["parts", "stats"],
-        "",
-        &format!("{SHARE}{PART}"),
-    );
-    static MERGE_KERNEL: Result<Kernel> = Kernel::new(
-        "lmx_decode_attention_merge",
-        (&["parts", "stats"], Inputs::RowContiguous),
+    static SPLIT_KERNEL: Result<Kernel> = Kernel::new(
+        "lmx_decode_attention_split",
+        (&[INPUTS, &["ctl", "work"]].concat(), Inputs::RowContiguous),
         &["out"],
         "",
-        MERGE,
+        &format!("{SHARE}{SPLIT}"),
     );
 }
 
@@ -354,7 +398,9 @@ impl NewKeyValue<'_> {
 /// (it [fits](NewKeyValue::fits) `k`), the kernel writes the token's key and value into `k` and
 /// `v` at `position`, in place, and attends to them there: `k` and `v` must be buffers that
 /// nothing else reads before this, row-contiguous (MLX would copy them otherwise), as a traced
-/// decode step's are. Callers check [`decode_attention_fits`].
+/// decode step's are. Blocks that split a head leave their parts in scratch and count themselves
+/// done on counters that this kernel's launches on one stream share ([`super::tasks::zeroed`]),
+/// as a decoder's layers, a chain, can. Callers check [`decode_attention_fits`].
 pub(crate) fn decode_attention(
     q: &Array,
     (k, v): (&Array, &Array),
@@ -364,9 +410,9 @@ pub(crate) fn decode_attention(
 ) -> Result<Array> {
     let (rows, heads, head_dim) = (q.shape()[0], q.shape()[1], q.shape()[3]);
     let capacity = k.shape()[2];
-    let splits = ((capacity + SLOTS_PER_BLOCK - 1) / SLOTS_PER_BLOCK).clamp(1, MAX_SPLITS);
     let dtype = q.dtype();
     let warps = warps(head_dim);
+    let splits = splits(capacity, rows * heads, warps);
     let position = position.reshape(&[1])?.as_dtype(Dtype::Int32)?;
     let rotated_key = new.and_then(|new| new.rotated_key.as_ref());
     // What the kernel reads of the query: never a rotation's output it rotates itself, which
@@ -404,6 +450,7 @@ pub(crate) fn decode_attention(
         TemplateArg::Type("T", dtype),
         TemplateArg::Int("D", head_dim),
         TemplateArg::Int("WARPS", warps),
+        TemplateArg::Int("UNROLL", UNROLL),
         TemplateArg::Int("HAS_STARTS", i32::from(starts.is_some())),
         TemplateArg::Int("ROPE_Q", i32::from(rotated.is_some())),
         TemplateArg::Int("WRITE", i32::from(new.is_some())),
@@ -425,30 +472,53 @@ pub(crate) fn decode_attention(
         })?;
         return Ok(out.remove(0));
     }
-    let parts = with_kernel(&PART_KERNEL, |kernel| {
+    // The counters and scratch a split launch shares with this kernel's other launches on the
+    // stream (a decoder's layers, one after another): no outputs of its own to allocate.
+    let name = "lmx_decode_attention_split";
+    let heads = rows * heads;
+    let mut inputs = inputs.to_vec();
+    inputs.push(super::tasks::zeroed(name, heads, Dtype::Int32)?);
+    inputs.push(super::tasks::zeroed(
+        "lmx_decode_attention_split_work",
+        heads * splits * (head_dim + 2),
+        Dtype::Float32,
+    )?);
+    let mut out = with_kernel(&SPLIT_KERNEL, |kernel| {
         kernel.launch(
             &inputs,
             &Launch {
-                outputs: &[
-                    (&[rows * heads, splits, head_dim], Dtype::Float32),
-                    (&[rows * heads, splits, 2], Dtype::Float32),
-                ],
+                outputs: &[(q.shape(), dtype)],
                 grid,
                 block,
                 template: &template,
             },
         )
     })?;
-    let mut out = with_kernel(&MERGE_KERNEL, |kernel| {
-        kernel.launch(
-            &parts,
-            &Launch {
-                outputs: &[(q.shape(), dtype)],
-                grid: (head_dim, rows * heads, 1),
-                block: (head_dim, 1, 1),
-                template: &template[..2],
-            },
-        )
-    })?;
     Ok(out.remove(0))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A head's slots go to one block up to two passes of its loads, else to as many blocks as
+    /// one pass each needs, within a wave of blocks, and never more than 1,024 slots a block.
+    #[test]
+    fn how_many_blocks_take_a_head() {
+        // TinyLlama's 32 heads of 64 (32 warps, 128 slots a pass) as its cache grows.
+        assert_eq!(splits(128, 32, 32), 1);
+        assert_eq!(splits(256, 32, 32), 1);
+        assert_eq!(splits(384, 32, 32), 3);
+        assert_eq!(splits(512, 32, 32), 4);
+        // A wave holds 4 blocks a head: longer caches take more passes a block.
+        assert_eq!(splits(4096, 32, 32), 4);
+        // GPT-2's 12 heads: 10 blocks a head fill a wave.
+        assert_eq!(splits(4096, 12, 32), 10);
+        // Eight rows of 32 heads: one block a head up to 1,024 slots, then more.
+        assert_eq!(splits(1024, 256, 32), 1);
+        assert_eq!(splits(2304, 256, 32), 3);
+        // Heads of 128 (16 warps, 64 slots a pass), and the most blocks a head.
+        assert_eq!(splits(192, 8, 16), 3);
+        assert_eq!(splits(1 << 20, 1, 32), MAX_SPLITS);
+    }
 }

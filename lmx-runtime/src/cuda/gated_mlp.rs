@@ -153,15 +153,14 @@ const BODY: &str = r#"
         y[row] = static_cast<T>(static_cast<float>(res[row]) + product);
       }
     }
-    // The writers make the task's results visible before it counts as done.
-    if (lane == 0) {
-      __threadfence();
-    }
     if (threadIdx.x == 0) {
       s_ticket = claimed;
     }
     __syncthreads();
+    // A gated task counts as done once its values are visible to every block: the barrier
+    // orders the block's writes before thread 0's fence, which orders them before the count.
     if (threadIdx.x == 0 && t < TG) {
+      __threadfence();
       atomicAdd(control + 64, 1);
     }
     t = s_ticket;

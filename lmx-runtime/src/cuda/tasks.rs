@@ -9,9 +9,8 @@
 //! than its own, taken by blocks already running, so a launch finishes however many of its blocks
 //! the GPU holds at once (no grid-wide barrier, which would need them all resident).
 //!
-//! The counters live in a control block per kernel and stream (zeros, made from host data so
-//! that a compiled step's trace needs no evaluation, and reset by each launch's last block as it
-//! leaves), each counter on a 128-byte line of its own: the ticket at line 0, the blocks that
+//! The counters live in a control block per kernel and stream (zeros in device memory, reset by
+//! each launch's last block as it leaves), each counter on a 128-byte line of its own: the ticket at line 0, the blocks that
 //! left at line 1, then each step's tasks done. Launches of one kernel on one stream share it: a
 //! decoder's launches run one after another, each layer's reading the output of the one before.
 //! (Two launches of one kernel with no data between them in one evaluation, which a CUDA graph
@@ -19,29 +18,49 @@
 //! whose layers are such a chain.)
 
 use crate::error::{Error, Result};
-use mlx_rs::{Array, Stream};
+use crate::nn;
+use mlx_rs::transforms::eval;
+use mlx_rs::{Array, Dtype, Stream};
 use std::collections::HashMap;
 use std::sync::{Mutex, OnceLock};
 
 /// Ints of a control block: eight counters, each on a 128-byte line of its own.
 const CONTROL: i32 = 8 * 32;
 
-/// Each kernel's control block per stream, by the kernel's name and the stream's index: launches
-/// on one stream (from any thread) run one after another; launches on two streams never share
-/// one.
+/// Each kernel's control block (and other blocks, [`zeroed`]) per stream, by its name and the
+/// stream's index: launches on one stream (from any thread) run one after another; launches on
+/// two streams never share one.
 static CONTROLS: OnceLock<Mutex<HashMap<(&'static str, i32), Array>>> = OnceLock::new();
 
 /// The control block of kernel `kernel` on the stream this thread launches on.
 pub(super) fn control(kernel: &'static str) -> Result<Array> {
-    let key = (kernel, Stream::thread_local_or_default().get_index()?);
+    zeroed(kernel, CONTROL, Dtype::Int32)
+}
+
+/// The block named `name` of at least `n` values of `dtype` (and of a control block's size at
+/// least) on the stream this thread launches on: a kernel's counters, which every launch leaves
+/// zeroed, or its scratch values. Made once (again where a launch needs more), in device memory
+/// ([`nn::device_resident`]: a block made by the host would lie in host memory on the GPU
+/// machines, each atomic a trip across PCIe), and evaluated then, so that a compiled step's trace
+/// captures it as a constant; kernels write it through their input's pointer, so it costs a
+/// launch no output of its own.
+pub(super) fn zeroed(name: &'static str, n: i32, dtype: Dtype) -> Result<Array> {
+    let key = (name, Stream::thread_local_or_default().get_index()?);
     let controls = CONTROLS.get_or_init(Mutex::default);
     let mut controls = controls
         .lock()
         .map_err(|_| Error::Layout("the kernels' control blocks were poisoned".into()))?;
-    if let Some(block) = controls.get(&key) {
+    if let Some(block) = controls
+        .get(&key)
+        .filter(|block| block.size() >= n as usize && block.dtype() == dtype)
+    {
         return Ok(block.clone());
     }
-    let block = Array::from_slice(&[0i32; CONTROL as usize], &[CONTROL]);
+    let size = n.max(CONTROL);
+    let zeros = Array::from_slice(&vec![0i32; size as usize], &[size]).as_dtype(dtype)?;
+    let block = nn::device_resident(&zeros)?;
+    // Made from no traced input, the block is no tracer: MLX evaluates it inside a trace.
+    eval([&block])?;
     controls.insert(key, block.clone());
     Ok(block)
 }

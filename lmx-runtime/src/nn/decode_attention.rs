@@ -272,8 +272,9 @@ mod tests {
     }
 
     #[test]
-    fn slots_past_a_thousand_are_split_over_blocks() {
-        // 2,304 slots of capacity: three blocks a head on CUDA. At slot 5 two of them see nothing.
+    fn long_caches_are_split_over_blocks() {
+        // 2,304 slots of capacity: 16 blocks a head on CUDA (a wave of 128 blocks over 8 heads),
+        // the last to finish merging; at slot 5 ten or more of them see nothing.
         for position in [5, 1500, 2303] {
             check(&Case {
                 rows: 2,
