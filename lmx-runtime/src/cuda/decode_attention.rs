@@ -31,8 +31,7 @@ fn warps(head_dim: i32) -> i32 {
 /// Slots each warp loads at once, in one pass.
 const UNROLL: i32 = 4;
 
-/// Most slots of capacity one block per head takes (one pass of its warps' loads); beyond, the
-/// slots are split over blocks.
+/// Slots one pass of a block's loads covers (each warp `UNROLL` of them).
 fn slots_per_block(warps: i32) -> i32 {
     warps * UNROLL
 }
@@ -49,10 +48,10 @@ const MAX_SLOTS_PER_BLOCK: i32 = 1024;
 /// 2026-11-29").
 const WAVE_BLOCKS: i32 = 128;
 
-/// Passes a block makes over its slots before they are split over blocks: a split launch's blocks
-/// count themselves done and the last merges their parts, which costs about half a pass, so two
-/// passes are not worth splitting, three are (docs/benchmarks.md, "Seventh session of
-/// 2026-11-29").
+/// Passes a block makes over its slots before they are split over blocks. A split launch's blocks
+/// count themselves done and the last merges their parts: in the probe, at two passes (position
+/// 128) one block per head was faster than two blocks, at three (position 383) four blocks were
+/// faster than one (docs/benchmarks.md, "Seventh session of 2026-11-29").
 const WHOLE_PASSES: i32 = 2;
 
 /// Blocks per head for `heads` heads (of all rows) over `capacity` slots, `warps` warps a block:

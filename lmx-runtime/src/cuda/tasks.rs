@@ -10,12 +10,13 @@
 //! the GPU holds at once (no grid-wide barrier, which would need them all resident).
 //!
 //! The counters live in a control block per kernel and stream (zeros in device memory, reset by
-//! each launch's last block as it leaves), each counter on a 128-byte line of its own: the ticket at line 0, the blocks that
-//! left at line 1, then each step's tasks done. Launches of one kernel on one stream share it: a
-//! decoder's launches run one after another, each layer's reading the output of the one before.
-//! (Two launches of one kernel with no data between them in one evaluation, which a CUDA graph
-//! may run at once, would share it too; lmx takes these kernels for one row of one sequence,
-//! whose layers are such a chain.)
+//! each launch's last block as it leaves), each counter on a 128-byte line of its own: the ticket
+//! at line 0, the blocks that left at line 1, then each step's tasks done. Launches of one kernel
+//! on one stream share it: a decoder's launches run one after another, each layer's reading the
+//! output of the one before. (Two launches of one kernel with no data between them in one
+//! evaluation, which a CUDA graph may run at once, would share it too; lmx takes these kernels,
+//! and decode attention's split launches, which count on a block of [`zeroed`] counters the same
+//! way, only in a decoder's layers, whatever its rows: such a chain.)
 
 use crate::error::{Error, Result};
 use crate::nn;
