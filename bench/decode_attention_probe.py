@@ -26,10 +26,10 @@ import argparse
 import itertools
 import pathlib
 import re
-import statistics
-import time
 
 import mlx.core as mx
+
+from chained import chained
 
 REPS = 200
 ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -49,21 +49,6 @@ UNROLL = 4
 def lmx_part(name):
     source = (ROOT / "lmx-runtime/src/cuda/decode_attention.rs").read_text()
     return re.search(rf'const {name}: &str = r#"(.*?)"#;', source, re.S).group(1)
-
-
-def timed(step, q):
-    mx.eval(step(q, 0))
-    rounds = []
-    for _ in range(7):
-        x = q
-        for i in range(REPS):
-            x = step(x, i)
-        mx.synchronize()
-        start = time.perf_counter()
-        mx.eval(x)
-        mx.synchronize()
-        rounds.append((time.perf_counter() - start) / REPS)
-    return statistics.median(rounds)
 
 
 def main():
@@ -130,7 +115,7 @@ def main():
                     grid=(blocks * warps * 32, heads, 1), threadgroup=(warps * 32, 1, 1),
                     output_shapes=[q.shape], output_dtypes=[dtype])[0]
 
-            us = timed(step, q) * 1e6
+            us = chained(step, q, REPS) * 1e6
             print(f"{name:>10} {warps:>5} {blocks:>6} {'all' if features else 'none':>9} "
                   f"{pos:>8} {padded:>6} {us:>11.2f}", flush=True)
 

@@ -14,11 +14,11 @@ preloaded, gives the kernels' own times.
 
 import pathlib
 import re
-import statistics
 import struct
-import time
 
 import mlx.core as mx
+
+from chained import chained
 
 REPS = 220
 EPS_BITS = struct.unpack("<i", struct.pack("<f", 1e-5))[0]
@@ -63,21 +63,6 @@ def variant(name):
 VARIANTS = ["lmx", "static_first", "gate_only", "down_only"]
 
 
-def timed(step, x):
-    mx.eval(step(x, 0))
-    rounds = []
-    for _ in range(7):
-        y = x
-        for i in range(REPS):
-            y = step(y, i % LAYERS)
-        mx.synchronize()
-        start = time.perf_counter()
-        mx.eval(y)
-        mx.synchronize()
-        rounds.append((time.perf_counter() - start) / REPS)
-    return statistics.median(rounds)
-
-
 def main():
     d, f, dtype = 2048, 5632, mx.bfloat16
     x = (mx.random.normal((1, 1, d)) * 0.1).astype(dtype)
@@ -94,7 +79,7 @@ def main():
             output_names=["y", "act"], source=variant(name), header=HEADER)
         for blocks in (132, 198, 264) if name == "lmx" else (264,):
             def step(row, i):
-                wg, wu, wd = layers[i]
+                wg, wu, wd = layers[i % LAYERS]
                 return kernel(
                     inputs=[row, nw, wg, wu, wd, row, control],
                     template=[("T", dtype), ("D", d), ("F", f), ("KX", f), ("ACT", 2),
@@ -102,7 +87,7 @@ def main():
                     grid=(blocks * 256, 1, 1), threadgroup=(256, 1, 1),
                     output_shapes=[row.shape, (f,)], output_dtypes=[dtype, dtype])[0]
 
-            us = timed(step, x) * 1e6
+            us = chained(step, x, REPS) * 1e6
             gbs = 3 * f * d * 2 / (us * 1e-6) / 1e12
             print(f"{name:>10} {blocks:>6} {us:>11.2f}  {gbs:.2f} TB/s", flush=True)
 

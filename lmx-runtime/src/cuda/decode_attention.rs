@@ -287,6 +287,12 @@ const SPLIT: &str = r#"
   }
 "#;
 
+/// The split kernel's name, which also names its counters ([`super::tasks::zeroed`]).
+const SPLIT_NAME: &str = "lmx_decode_attention_split";
+
+/// The name of the split kernel's scratch.
+const SPLIT_WORK: &str = "lmx_decode_attention_split_work";
+
 const INPUTS: &[&str] = &[
     "q",
     "k",
@@ -310,7 +316,7 @@ thread_local! {
         &format!("{SHARE}{WHOLE}"),
     );
     static SPLIT_KERNEL: Result<Kernel> = Kernel::new(
-        "lmx_decode_attention_split",
+        SPLIT_NAME,
         (&[INPUTS, &["ctl", "work"]].concat(), Inputs::RowContiguous),
         &["out"],
         "",
@@ -473,12 +479,11 @@ pub(crate) fn decode_attention(
     }
     // The counters and scratch a split launch shares with this kernel's other launches on the
     // stream (a decoder's layers, one after another): no outputs of its own to allocate.
-    let name = "lmx_decode_attention_split";
     let heads = rows * heads;
     let mut inputs = inputs.to_vec();
-    inputs.push(super::tasks::zeroed(name, heads, Dtype::Int32)?);
+    inputs.push(super::tasks::zeroed(SPLIT_NAME, heads, Dtype::Int32)?);
     inputs.push(super::tasks::zeroed(
-        "lmx_decode_attention_split_work",
+        SPLIT_WORK,
         heads * splits * (head_dim + 2),
         Dtype::Float32,
     )?);

@@ -19,7 +19,7 @@
 //! way, only in a decoder's layers, whatever its rows: such a chain.)
 
 use crate::error::{Error, Result};
-use crate::nn;
+use mlx_rs::ops::zeros_dtype;
 use mlx_rs::transforms::eval;
 use mlx_rs::{Array, Dtype, Stream};
 use std::collections::HashMap;
@@ -40,11 +40,11 @@ pub(super) fn control(kernel: &'static str) -> Result<Array> {
 
 /// The block named `name` of at least `n` values of `dtype` (and of a control block's size at
 /// least) on the stream this thread launches on: a kernel's counters, which every launch leaves
-/// zeroed, or its scratch values. Made once (again where a launch needs more), in device memory
-/// ([`nn::device_resident`]: a block made by the host would lie in host memory on the GPU
-/// machines, each atomic a trip across PCIe), and evaluated then, so that a compiled step's trace
-/// captures it as a constant; kernels write it through their input's pointer, so it costs a
-/// launch no output of its own.
+/// zeroed, or its scratch values. Made once (again where a launch needs more) by a device
+/// operation, so in device memory (a block made by the host would lie in host memory on the GPU
+/// machines, each atomic a trip across PCIe: [`crate::nn::device_resident`]'s note), and evaluated then,
+/// so that a compiled step's trace captures it as a constant; kernels write it through their
+/// input's pointer, so it costs a launch no output of its own.
 pub(super) fn zeroed(name: &'static str, n: i32, dtype: Dtype) -> Result<Array> {
     let key = (name, Stream::thread_local_or_default().get_index()?);
     let controls = CONTROLS.get_or_init(Mutex::default);
@@ -58,8 +58,7 @@ pub(super) fn zeroed(name: &'static str, n: i32, dtype: Dtype) -> Result<Array> 
         return Ok(block.clone());
     }
     let size = n.max(CONTROL);
-    let zeros = Array::from_slice(&vec![0i32; size as usize], &[size]).as_dtype(dtype)?;
-    let block = nn::device_resident(&zeros)?;
+    let block = zeros_dtype(&[size], dtype)?;
     // Made from no traced input, the block is no tracer: MLX evaluates it inside a trace.
     eval([&block])?;
     controls.insert(key, block.clone());
