@@ -10,7 +10,9 @@
 #     bash bench/decode-ab-gpu.sh OUT LMX_A LMX_B
 #
 # Environment: ROUNDS (default 3), CORES (taskset's list, default 4-7), MODELS (default
-# gpt2,llama), PYTHON (default python3). OUT gets each process's JSON lines (A-r1.jsonl, ...)
+# gpt2,llama), PYTHON (default python3), ARGS_A and ARGS_B (more `bench generate` options for
+# one side: one binary's bfloat16 against its 4-bit decoding is `ARGS_B="--bits 4" bash
+# bench/decode-ab-gpu.sh OUT lmx lmx`). OUT gets each process's JSON lines (A-r1.jsonl, ...)
 # and summary.txt.
 set -u
 out=${1:?output folder}
@@ -26,15 +28,19 @@ generate() {  # binary, then the rest of the arguments
     taskset -c "$cores" "$binary" --device gpu bench generate --models "${MODELS:-gpt2,llama}" \
         --dtypes bfloat16 --prompt 128 --tokens 256 --repeats 3 --llama-preset tinyllama-1.1b "$@"
 }
-generate "$a" > "$out/A-warm.txt" 2>&1
-generate "$b" > "$out/B-warm.txt" 2>&1
+read -ra args_a <<< "${ARGS_A:-}"
+read -ra args_b <<< "${ARGS_B:-}"
+generate "$a" "${args_a[@]}" > "$out/A-warm.txt" 2>&1
+generate "$b" "${args_b[@]}" > "$out/B-warm.txt" 2>&1
 for round in $(seq "$rounds"); do
     order="A B"
     [ $((round % 2)) = 0 ] && order="B A"
     for side in $order; do
-        binary=$a
-        [ "$side" = B ] && binary=$b
-        generate "$binary" --json "$out/$side-r$round.jsonl" > "$out/$side-r$round.txt" 2>&1
+        if [ "$side" = A ]; then
+            generate "$a" "${args_a[@]}" --json "$out/A-r$round.jsonl" > "$out/A-r$round.txt" 2>&1
+        else
+            generate "$b" "${args_b[@]}" --json "$out/B-r$round.jsonl" > "$out/B-r$round.txt" 2>&1
+        fi
         echo "exit status $?" >> "$out/$side-r$round.txt"
     done
 done
