@@ -1,14 +1,18 @@
-//! The rows of a table at integer ids (an embedding lookup), copied 16 bytes a thread.
+//! The rows of a table at integer ids (an embedding lookup), copied 16 bytes a thread, or
+//! dequantized from a packed table a 32-bit word a thread.
 //!
 //! MLX's CUDA gather computes every output value's place from the index arrays' shapes and
 //! strides, one value a thread: a GRPO update's lookup of 4,096 ids in TinyLlama's table
 //! (16.8 MB out) took 197 us on an H100, where the copy's traffic allows about 10. Here each
-//! thread moves one 16-byte piece of one row.
+//! thread moves one 16-byte piece of one row. A packed table's lookup was four operations (the
+//! packed words', scales' and offsets' rows, then their dequantization), three more a decoded
+//! token than a dense table's: here it is one.
 
 use super::kernel::{with_kernel, Inputs, Kernel, Launch, TemplateArg};
 use super::sums::pack_width;
+use super::weights::Weight;
 use crate::error::Result;
-use mlx_rs::Array;
+use mlx_rs::{Array, Dtype};
 
 thread_local! {
     static ROWS_KERNEL: Result<Kernel> = Kernel::new(
@@ -22,6 +26,52 @@ thread_local! {
 
 /// Threads per block.
 const THREADS: i32 = 256;
+
+thread_local! {
+    static PACKED_ROWS_KERNEL: Result<Kernel> = Kernel::new(
+        "lmx_packed_rows",
+        (&["w", "s", "b", "ids"], Inputs::RowContiguous),
+        &["out"],
+        "",
+        PACKED_BODY,
+    );
+}
+
+/// A thread's piece of a packed table's output: the `32 / BITS` values of one 32-bit word of the
+/// row of `ids[row]` (one group's: `GS` is a multiple of them), each `scale * q + bias` in `T`
+/// as MLX's dequantization computes it, so the values equal its. Ids are read as [`BODY`] reads
+/// them.
+const PACKED_BODY: &str = r#"
+  constexpr int PER = 32 / BITS;
+  constexpr unsigned MASK = (1u << BITS) - 1u;
+  const int vocab = w_shape[0];
+  const int words = w_shape[1];
+  const int groups = s_shape[1];
+  size_t count = 1;
+  for (int axis = 0; axis < ids_ndim; ++axis) {
+    count *= ids_shape[axis];
+  }
+  const size_t i = size_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= count * words) {
+    return;
+  }
+  const size_t row = i / words;
+  const int word = int(i % words);
+  long long id = static_cast<long long>(ids[row]);
+  if (id < 0) {
+    id += vocab;
+  }
+  id = id < 0 ? 0 : (id >= vocab ? vocab - 1 : id);
+  const uint32_t q = w[size_t(id) * words + word];
+  const size_t g = size_t(id) * groups + (word * PER) / GS;
+  const T scale = s[g];
+  const T bias = b[g];
+  T* o = out + i * PER;
+#pragma unroll
+  for (int j = 0; j < PER; ++j) {
+    o[j] = scale * static_cast<T>((q >> (BITS * j)) & MASK) + bias;
+  }
+"#;
 
 /// A thread's piece of the output: the `v`-th 16 bytes of the row of `ids[row]`. A negative id
 /// counts from the end, as MLX's `take` reads it; an id outside the table reads its nearest row
@@ -84,11 +134,59 @@ pub(crate) fn rows(table: &Array, ids: &Array) -> Result<Array> {
     Ok(outputs.remove(0))
 }
 
+/// Whether the packed kernel takes the rows of `table` (a packed [`Weight`] of the bits and
+/// group sizes decoding's kernels read, its scales and offsets of a floating dtype) at `ids`:
+/// 32-bit integer ids, at most `i32::MAX` words out.
+pub(crate) fn packed_rows_fit(table: &Weight, ids: &Array) -> bool {
+    let Weight::Affine { packed, scales, .. } = *table else {
+        return false;
+    };
+    let words = ids.size() as i64 * i64::from(packed.shape().get(1).copied().unwrap_or(0));
+    table.fits(scales.dtype())
+        && matches!(ids.dtype(), Dtype::Int32 | Dtype::Uint32)
+        && (1..=i64::from(i32::MAX)).contains(&words)
+}
+
+/// The rows of the packed `table` at `ids`, dequantized: `[...ids, width]`, in its scales'
+/// dtype. Callers check [`packed_rows_fit`].
+pub(crate) fn packed_rows(table: &Weight, ids: &Array) -> Result<Array> {
+    let Weight::Affine {
+        packed,
+        scales,
+        biases,
+        bits,
+        group_size,
+    } = *table
+    else {
+        return Err(crate::error::Error::Layout(
+            "a packed lookup of a dense table".into(),
+        ));
+    };
+    let mut shape = ids.shape().to_vec();
+    shape.push(table.width());
+    let words = ids.size() as i32 * packed.shape()[1];
+    let mut outputs = with_kernel(&PACKED_ROWS_KERNEL, |kernel| {
+        kernel.launch(
+            &[packed.clone(), scales.clone(), biases.clone(), ids.clone()],
+            &Launch {
+                outputs: &[(&shape, scales.dtype())],
+                grid: (words, 1, 1),
+                block: (THREADS, 1, 1),
+                template: &[
+                    TemplateArg::Type("T", scales.dtype()),
+                    TemplateArg::Int("BITS", bits),
+                    TemplateArg::Int("GS", group_size),
+                ],
+            },
+        )
+    })?;
+    Ok(outputs.remove(0))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use mlx_rs::ops::indexing::IndexOp;
-    use mlx_rs::Dtype;
 
     /// Only floating tables of whole 16-byte rows and 32-bit ids fit.
     #[test]
@@ -131,6 +229,88 @@ mod tests {
             assert!(got.eq_values(&want).unwrap(), "{dtype:?}");
             let past = rows(&table, &Array::from_slice(&[11i32], &[1])).unwrap();
             assert!(past.index(0).eq_values(table.index(10)).unwrap());
+        }
+    }
+
+    /// A packed table of `rows` by `width` values of `dtype`, quantized in `bits` by groups of
+    /// `group_size`: its packed words, scales and offsets.
+    fn packed_table(rows: i32, width: i32, dtype: Dtype, bits: i32, group_size: i32) -> [Array; 3] {
+        let table = mlx_rs::random::normal::<f32>(&[rows, width], None, None, None)
+            .unwrap()
+            .as_dtype(dtype)
+            .unwrap();
+        let (w, s, b) = mlx_rs::ops::quantize(&table, group_size, bits).unwrap();
+        [w, s, b]
+    }
+
+    fn affine(parts: &[Array; 3], bits: i32, group_size: i32) -> Weight<'_> {
+        Weight::Affine {
+            packed: &parts[0],
+            scales: &parts[1],
+            biases: &parts[2],
+            bits,
+            group_size,
+        }
+    }
+
+    /// Tables packed in 4 or 8 bits by MLX's group sizes fit at 32-bit ids; 2 bits, a dense
+    /// table, 64-bit ids or no ids at all do not.
+    #[test]
+    fn packed_tables_of_the_kernels_bits_fit() {
+        let ids = Array::from_slice(&[0i32, 2], &[2]);
+        for (bits, group_size) in [(4, 32), (4, 64), (8, 128)] {
+            let parts = packed_table(3, 128, Dtype::Float32, bits, group_size);
+            assert!(packed_rows_fit(&affine(&parts, bits, group_size), &ids));
+        }
+        let two = packed_table(3, 128, Dtype::Float32, 2, 64);
+        assert!(!packed_rows_fit(&affine(&two, 2, 64), &ids));
+        let four = packed_table(3, 128, Dtype::Float32, 4, 64);
+        let table = affine(&four, 4, 64);
+        assert!(!packed_rows_fit(
+            &table,
+            &ids.as_dtype(Dtype::Int64).unwrap()
+        ));
+        assert!(!packed_rows_fit(
+            &table,
+            &Array::from_slice::<i32>(&[], &[0])
+        ));
+        let dense = Array::zeros::<f32>(&[3, 128]).unwrap();
+        assert!(!packed_rows_fit(&Weight::Dense(&dense), &ids));
+    }
+
+    /// The packed kernel's rows equal MLX's dequantization of the takes of the packed words,
+    /// scales and offsets (value for value), for ids of two axes (negative ones counting from the
+    /// end), in every float dtype, 4 and 8 bits; an id past the table reads its last row.
+    #[test]
+    fn packed_rows_equal_dequantized_takes() {
+        if !crate::cuda::available() {
+            return;
+        }
+        let ids = Array::from_slice(&[0i32, 3, 10, -1, 5, -11], &[2, 3]);
+        for dtype in [Dtype::Float32, Dtype::Float16, Dtype::Bfloat16] {
+            for (bits, group_size) in [(4, 32), (4, 64), (8, 64), (8, 128)] {
+                let parts = packed_table(11, 256, dtype, bits, group_size);
+                let table = affine(&parts, bits, group_size);
+                assert!(packed_rows_fit(&table, &ids));
+                let got = packed_rows(&table, &ids).unwrap();
+                let take = |a: &Array| a.take_axis(&ids, 0).unwrap();
+                let want = mlx_rs::ops::dequantize(
+                    take(&parts[0]),
+                    take(&parts[1]),
+                    &take(&parts[2]),
+                    group_size,
+                    bits,
+                )
+                .unwrap();
+                assert_eq!(got.shape(), &[2, 3, 256]);
+                assert_eq!(got.dtype(), dtype);
+                assert!(
+                    got.eq_values(&want).unwrap(),
+                    "{dtype:?}, {bits} bits by {group_size}"
+                );
+                let past = packed_rows(&table, &Array::from_slice(&[11i32], &[1])).unwrap();
+                assert!(past.index(0).eq_values(want.index((0, 2))).unwrap());
+            }
         }
     }
 }

@@ -281,20 +281,21 @@ fn base(params: &LinearParams, x: &Array, bias: Option<&Array>) -> Result<Array>
 }
 
 /// The rows of the table for integer `ids`: `[...] -> [..., dim]`; the table's gradient is summed
-/// in float32 (`embedding_grad`).
+/// in float32 (`embedding_grad`). A packed table's rows are dequantized (on MLX's CUDA backend
+/// by one kernel of lmx's, with MLX's values).
 pub fn embedding(params: &EmbeddingParams, ids: &Array) -> Result<Array> {
     match params.packed() {
-        Some(Packed {
-            weight: w,
-            scales,
-            biases,
-            quantization: q,
-        }) => {
+        Some(packed) => {
+            let table = packed.weight_rows();
+            if crate::cuda::available() && crate::cuda::packed_rows_fit(&table, ids) {
+                return crate::cuda::packed_rows(&table, ids);
+            }
             let rows = |a: &Array| a.take_axis(ids, 0);
+            let q = packed.quantization;
             Ok(ops::dequantize(
-                rows(w)?,
-                rows(scales)?,
-                &rows(biases)?,
+                rows(packed.weight)?,
+                rows(packed.scales)?,
+                &rows(packed.biases)?,
                 q.group_size,
                 q.bits,
             )?)
