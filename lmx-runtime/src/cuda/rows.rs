@@ -19,7 +19,7 @@ thread_local! {
         "lmx_rows",
         (&["table", "ids"], Inputs::RowContiguous),
         &["out"],
-        "",
+        HEADER,
         BODY,
     );
 }
@@ -27,43 +27,56 @@ thread_local! {
 /// Threads per block.
 const THREADS: i32 = 256;
 
+/// How many ids there are (their shape's product), and the table row that output row `row`
+/// reads: `ids[row]`, a negative id counting from the end, as MLX's `take` reads it, and an id
+/// outside the table its nearest row rather than memory outside it.
+const HEADER: &str = r#"
+template <typename S>
+__device__ inline size_t lmx_ids_count(const S& shape, int ndim) {
+  size_t count = 1;
+  for (int axis = 0; axis < ndim; ++axis) {
+    count *= shape[axis];
+  }
+  return count;
+}
+template <typename I>
+__device__ inline size_t lmx_table_row(const I* ids, size_t row, int vocab) {
+  long long id = static_cast<long long>(ids[row]);
+  if (id < 0) {
+    id += vocab;
+  }
+  return size_t(id < 0 ? 0 : (id >= vocab ? vocab - 1 : id));
+}
+"#;
+
 thread_local! {
     static PACKED_ROWS_KERNEL: Result<Kernel> = Kernel::new(
         "lmx_packed_rows",
         (&["w", "s", "b", "ids"], Inputs::RowContiguous),
         &["out"],
-        "",
+        HEADER,
         PACKED_BODY,
     );
 }
 
 /// A thread's piece of a packed table's output: the `32 / BITS` values of one 32-bit word of the
 /// row of `ids[row]` (one group's: `GS` is a multiple of them), each `scale * q + bias` in `T`
-/// as MLX's dequantization computes it, so the values equal its. Ids are read as [`BODY`] reads
-/// them.
+/// as MLX's dequantization computes it, so the values equal its.
 const PACKED_BODY: &str = r#"
   constexpr int PER = 32 / BITS;
   constexpr unsigned MASK = (1u << BITS) - 1u;
   const int vocab = w_shape[0];
   const int words = w_shape[1];
   const int groups = s_shape[1];
-  size_t count = 1;
-  for (int axis = 0; axis < ids_ndim; ++axis) {
-    count *= ids_shape[axis];
-  }
+  const size_t count = lmx_ids_count(ids_shape, ids_ndim);
   const size_t i = size_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= count * words) {
     return;
   }
-  const size_t row = i / words;
+  const size_t id = lmx_table_row(ids, i / words, vocab);
   const int word = int(i % words);
-  long long id = static_cast<long long>(ids[row]);
-  if (id < 0) {
-    id += vocab;
-  }
-  id = id < 0 ? 0 : (id >= vocab ? vocab - 1 : id);
-  const uint32_t q = w[size_t(id) * words + word];
-  const size_t g = size_t(id) * groups + (word * PER) / GS;
+  const uint32_t q = w[id * words + word];
+  const size_t g = id * groups + (word * PER) / GS;
   const T scale = s[g];
   const T bias = b[g];
   T* o = out + i * PER;
@@ -73,27 +86,18 @@ const PACKED_BODY: &str = r#"
   }
 "#;
 
-/// A thread's piece of the output: the `v`-th 16 bytes of the row of `ids[row]`. A negative id
-/// counts from the end, as MLX's `take` reads it; an id outside the table reads its nearest row
-/// rather than memory outside it.
+/// A thread's piece of the output: the `v`-th 16 bytes of the row that `ids[row]` names
+/// ([`HEADER`]).
 const BODY: &str = r#"
   const int vocab = table_shape[0];
   const int vectors = table_shape[1] * sizeof(T) / 16;
-  size_t count = 1;
-  for (int axis = 0; axis < ids_ndim; ++axis) {
-    count *= ids_shape[axis];
-  }
+  const size_t count = lmx_ids_count(ids_shape, ids_ndim);
   const size_t i = size_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= count * vectors) {
     return;
   }
-  const size_t row = i / vectors;
-  long long id = static_cast<long long>(ids[row]);
-  if (id < 0) {
-    id += vocab;
-  }
-  id = id < 0 ? 0 : (id >= vocab ? vocab - 1 : id);
-  const uint4* from = reinterpret_cast<const uint4*>(table) + size_t(id) * vectors;
+  const size_t id = lmx_table_row(ids, i / vectors, vocab);
+  const uint4* from = reinterpret_cast<const uint4*>(table) + id * vectors;
   reinterpret_cast<uint4*>(out)[i] = from[i % vectors];
 "#;
 
