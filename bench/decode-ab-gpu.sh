@@ -11,8 +11,8 @@
 #
 # Environment: ROUNDS (default 3), CORES (taskset's list, default 4-7), MODELS (default
 # gpt2,llama), PYTHON (default python3), ARGS_A and ARGS_B (more `bench generate` options for
-# one side: one binary's bfloat16 against its 4-bit decoding is `ARGS_B="--bits 4" bash
-# bench/decode-ab-gpu.sh OUT lmx lmx`). OUT gets each process's JSON lines (A-r1.jsonl, ...)
+# one side, split at whitespace: one binary's bfloat16 against its 4-bit decoding is
+# `ARGS_B="--bits 4" bash bench/decode-ab-gpu.sh OUT lmx lmx`). OUT gets each process's JSON lines (A-r1.jsonl, ...)
 # and summary.txt.
 set -u
 out=${1:?output folder}

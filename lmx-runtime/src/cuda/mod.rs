@@ -36,7 +36,7 @@ pub(crate) use matvec::{
 pub(crate) use pack::pack_with_squares;
 pub(crate) use rope::{rope, rope_fits};
 pub(crate) use row_norm::{NormKind, RowNorm};
-pub(crate) use rows::{packed_rows, packed_rows_fit, rows, rows_fit};
+pub(crate) use rows::{rows, rows_fit, PackedRows};
 pub(crate) use squares::{squares, squares_fit};
 pub(crate) use sums::column_sum;
 pub(crate) use weights::{HeldWeight, Weight};

@@ -5,8 +5,8 @@
 //! strides, one value a thread: a GRPO update's lookup of 4,096 ids in TinyLlama's table
 //! (16.8 MB out) took 197 us on an H100, where the copy's traffic allows about 10. Here each
 //! thread moves one 16-byte piece of one row. A packed table's lookup was four operations (the
-//! packed words', scales' and offsets' rows, then their dequantization), three more a decoded
-//! token than a dense table's: here it is one.
+//! packed words', scales' and offsets' rows, then their dequantization), three more per decoded
+//! token than a dense table's one: here it is one too.
 
 use super::kernel::{with_kernel, Inputs, Kernel, Launch, TemplateArg};
 use super::sums::pack_width;
@@ -61,7 +61,7 @@ thread_local! {
 
 /// A thread's piece of a packed table's output: the `32 / BITS` values of one 32-bit word of the
 /// row of `ids[row]` (one group's: `GS` is a multiple of them), each `scale * q + bias` in `T`
-/// as MLX's dequantization computes it, so the values equal its.
+/// as MLX's dequantization computes it, so its values equal MLX's.
 const PACKED_BODY: &str = r#"
   constexpr int PER = 32 / BITS;
   constexpr unsigned MASK = (1u << BITS) - 1u;
@@ -101,24 +101,36 @@ const BODY: &str = r#"
   reinterpret_cast<uint4*>(out)[i] = from[i % vectors];
 "#;
 
+/// The threads of a lookup of `ids` at `per_id` threads an id, where MLX launches them: ids of
+/// 32-bit integers with at least one axis (MLX declares no shape of a scalar input to a kernel,
+/// whose body reads the ids' shape), at least one thread, and few enough that MLX's count of
+/// blocks (`(threads + block - 1) / block` in `i32`) does not overflow.
+fn threads(ids: &Array, per_id: i32) -> Option<i32> {
+    let count = ids.size() as i64 * i64::from(per_id);
+    let launchable = 1..=i64::from(i32::MAX - THREADS + 1);
+    (matches!(ids.dtype(), Dtype::Int32 | Dtype::Uint32)
+        && ids.ndim() > 0
+        && launchable.contains(&count))
+    .then_some(count as i32)
+}
+
 /// Whether the kernel takes the rows of `table` at `ids`: a floating-point `[rows, width]`
-/// table whose rows are whole 16-byte pieces, 32-bit integer ids, at most `i32::MAX` pieces out.
+/// table whose rows are whole 16-byte pieces, at ids [`threads`] launches a piece each.
 pub(crate) fn rows_fit(table: &Array, ids: &Array) -> bool {
-    use mlx_rs::Dtype::{Bfloat16, Float16, Float32, Int32, Uint32};
+    use mlx_rs::Dtype::{Bfloat16, Float16, Float32};
     let &[rows, width] = table.shape() else {
         return false;
     };
     let lanes = pack_width(table.dtype());
-    let pieces = ids.size() as i64 * i64::from(width / lanes);
     matches!(table.dtype(), Float32 | Float16 | Bfloat16)
-        && matches!(ids.dtype(), Int32 | Uint32)
         && rows > 0
         && width > 0
         && width % lanes == 0
-        && (1..=i64::from(i32::MAX)).contains(&pieces)
+        && threads(ids, width / lanes).is_some()
 }
 
-/// The rows of `table` at `ids`: `[...ids, width]`, in the table's dtype.
+/// The rows of `table` at `ids`: `[...ids, width]`, in the table's dtype. Callers check
+/// [`rows_fit`].
 pub(crate) fn rows(table: &Array, ids: &Array) -> Result<Array> {
     let width = table.shape()[1];
     let mut shape = ids.shape().to_vec();
@@ -138,53 +150,72 @@ pub(crate) fn rows(table: &Array, ids: &Array) -> Result<Array> {
     Ok(outputs.remove(0))
 }
 
-/// Whether the packed kernel takes the rows of `table` (a packed [`Weight`] of the bits and
-/// group sizes decoding's kernels read, its scales and offsets of a floating dtype) at `ids`:
-/// 32-bit integer ids, at most `i32::MAX` words out.
-pub(crate) fn packed_rows_fit(table: &Weight, ids: &Array) -> bool {
-    let Weight::Affine { packed, scales, .. } = *table else {
-        return false;
-    };
-    let words = ids.size() as i64 * i64::from(packed.shape().get(1).copied().unwrap_or(0));
-    table.fits(scales.dtype())
-        && matches!(ids.dtype(), Dtype::Int32 | Dtype::Uint32)
-        && (1..=i64::from(i32::MAX)).contains(&words)
+/// A packed table's rows at integer ids, as the packed kernel takes them.
+pub(crate) struct PackedRows<'a> {
+    packed: &'a Array,
+    scales: &'a Array,
+    biases: &'a Array,
+    bits: i32,
+    group_size: i32,
+    width: i32,
+    ids: &'a Array,
+    /// A 32-bit word of the packed rows a thread.
+    threads: i32,
 }
 
-/// The rows of the packed `table` at `ids`, dequantized: `[...ids, width]`, in its scales'
-/// dtype. Callers check [`packed_rows_fit`].
-pub(crate) fn packed_rows(table: &Weight, ids: &Array) -> Result<Array> {
-    let Weight::Affine {
-        packed,
-        scales,
-        biases,
-        bits,
-        group_size,
-    } = *table
-    else {
-        return Err(crate::error::Error::Layout(
-            "a packed lookup of a dense table".into(),
-        ));
-    };
-    let mut shape = ids.shape().to_vec();
-    shape.push(table.width());
-    let words = ids.size() as i32 * packed.shape()[1];
-    let mut outputs = with_kernel(&PACKED_ROWS_KERNEL, |kernel| {
-        kernel.launch(
-            &[packed.clone(), scales.clone(), biases.clone(), ids.clone()],
-            &Launch {
-                outputs: &[(&shape, scales.dtype())],
-                grid: (words, 1, 1),
-                block: (THREADS, 1, 1),
-                template: &[
-                    TemplateArg::Type("T", scales.dtype()),
-                    TemplateArg::Int("BITS", bits),
-                    TemplateArg::Int("GS", group_size),
-                ],
-            },
-        )
-    })?;
-    Ok(outputs.remove(0))
+impl<'a> PackedRows<'a> {
+    /// The lookup of `table` at `ids` where the kernel takes it: a packed [`Weight`] that
+    /// decoding's kernels read (4 or 8 bits, groups of 32, 64 or 128; scales and offsets of a
+    /// floating dtype), at ids [`threads`] launches a word each.
+    pub(crate) fn of(table: &Weight<'a>, ids: &'a Array) -> Option<Self> {
+        let Weight::Affine {
+            packed,
+            scales,
+            biases,
+            bits,
+            group_size,
+        } = *table
+        else {
+            return None;
+        };
+        if !table.fits(scales.dtype()) {
+            return None;
+        }
+        Some(PackedRows {
+            packed,
+            scales,
+            biases,
+            bits,
+            group_size,
+            width: table.width(),
+            ids,
+            threads: threads(ids, packed.shape()[1])?,
+        })
+    }
+
+    /// The rows, dequantized: `[...ids, width]`, in the scales' dtype.
+    pub(crate) fn apply(&self) -> Result<Array> {
+        let mut shape = self.ids.shape().to_vec();
+        shape.push(self.width);
+        let dtype = self.scales.dtype();
+        let inputs = [self.packed, self.scales, self.biases, self.ids].map(Array::clone);
+        let mut outputs = with_kernel(&PACKED_ROWS_KERNEL, |kernel| {
+            kernel.launch(
+                &inputs,
+                &Launch {
+                    outputs: &[(&shape, dtype)],
+                    grid: (self.threads, 1, 1),
+                    block: (THREADS, 1, 1),
+                    template: &[
+                        TemplateArg::Type("T", dtype),
+                        TemplateArg::Int("BITS", self.bits),
+                        TemplateArg::Int("GS", self.group_size),
+                    ],
+                },
+            )
+        })?;
+        Ok(outputs.remove(0))
+    }
 }
 
 #[cfg(test)]
@@ -192,7 +223,7 @@ mod tests {
     use super::*;
     use mlx_rs::ops::indexing::IndexOp;
 
-    /// Only floating tables of whole 16-byte rows and 32-bit ids fit.
+    /// Only floating tables of whole 16-byte rows and 32-bit ids of at least one axis fit.
     #[test]
     fn whole_pieces_of_floats_at_32_bit_ids_fit() {
         let ids = Array::from_slice(&[0i32, 2], &[2]);
@@ -211,6 +242,7 @@ mod tests {
             &ids.as_dtype(Dtype::Int64).unwrap()
         ));
         assert!(!rows_fit(&Array::zeros::<f32>(&[2, 3, 8]).unwrap(), &ids));
+        assert!(!rows_fit(&table(8, Dtype::Float32), &Array::from_int(1)));
     }
 
     /// The kernel's rows equal MLX's `take` for ids of two axes (negative ones counting from the
@@ -257,63 +289,71 @@ mod tests {
         }
     }
 
-    /// Tables packed in 4 or 8 bits by MLX's group sizes fit at 32-bit ids; 2 bits, a dense
-    /// table, 64-bit ids or no ids at all do not.
+    /// Tables packed in 4 or 8 bits by MLX's group sizes fit at 32-bit ids of at least one axis;
+    /// 2 bits, a dense table, 64-bit ids, no ids or a scalar id do not.
     #[test]
     fn packed_tables_of_the_kernels_bits_fit() {
         let ids = Array::from_slice(&[0i32, 2], &[2]);
-        for (bits, group_size) in [(4, 32), (4, 64), (8, 128)] {
+        let fits = |table: &Weight, ids: &Array| PackedRows::of(table, ids).is_some();
+        for (bits, group_size) in [(4, 32), (4, 64), (4, 128), (8, 128)] {
             let parts = packed_table(3, 128, Dtype::Float32, bits, group_size);
-            assert!(packed_rows_fit(&affine(&parts, bits, group_size), &ids));
+            let table = affine(&parts, bits, group_size);
+            assert!(fits(&table, &ids));
+            assert!(fits(&table, &ids.as_dtype(Dtype::Uint32).unwrap()));
         }
         let two = packed_table(3, 128, Dtype::Float32, 2, 64);
-        assert!(!packed_rows_fit(&affine(&two, 2, 64), &ids));
+        assert!(!fits(&affine(&two, 2, 64), &ids));
         let four = packed_table(3, 128, Dtype::Float32, 4, 64);
         let table = affine(&four, 4, 64);
-        assert!(!packed_rows_fit(
-            &table,
-            &ids.as_dtype(Dtype::Int64).unwrap()
-        ));
-        assert!(!packed_rows_fit(
-            &table,
-            &Array::from_slice::<i32>(&[], &[0])
-        ));
+        assert!(!fits(&table, &ids.as_dtype(Dtype::Int64).unwrap()));
+        assert!(!fits(&table, &Array::from_slice::<i32>(&[], &[0])));
+        assert!(!fits(&table, &Array::from_int(1)));
         let dense = Array::zeros::<f32>(&[3, 128]).unwrap();
-        assert!(!packed_rows_fit(&Weight::Dense(&dense), &ids));
+        assert!(!fits(&Weight::Dense(&dense), &ids));
     }
 
     /// The packed kernel's rows equal MLX's dequantization of the takes of the packed words,
-    /// scales and offsets (value for value), for ids of two axes (negative ones counting from the
-    /// end), in every float dtype, 4 and 8 bits; an id past the table reads its last row.
+    /// scales and offsets (value for value), for ids of two axes, signed and unsigned (negative
+    /// ones counting from the end), in every float dtype, 4 and 8 bits, over several blocks of
+    /// threads; an id past the table reads its last row.
     #[test]
     fn packed_rows_equal_dequantized_takes() {
         if !crate::cuda::available() {
             return;
         }
-        let ids = Array::from_slice(&[0i32, 3, 10, -1, 5, -11], &[2, 3]);
+        let signed = Array::from_slice(&[0i32, 3, 10, -1, 5, -11], &[2, 3]);
+        let unsigned = Array::from_slice(&[0u32, 3, 10, 7, 5, 1], &[2, 3]);
         for dtype in [Dtype::Float32, Dtype::Float16, Dtype::Bfloat16] {
-            for (bits, group_size) in [(4, 32), (4, 64), (8, 64), (8, 128)] {
-                let parts = packed_table(11, 256, dtype, bits, group_size);
+            for (bits, group_size) in [(4, 32), (4, 128), (8, 64), (8, 128)] {
+                let parts = packed_table(11, 1024, dtype, bits, group_size);
                 let table = affine(&parts, bits, group_size);
-                assert!(packed_rows_fit(&table, &ids));
-                let got = packed_rows(&table, &ids).unwrap();
-                let take = |a: &Array| a.take_axis(&ids, 0).unwrap();
+                for ids in [&signed, &unsigned] {
+                    let got = PackedRows::of(&table, ids).unwrap().apply().unwrap();
+                    let take = |a: &Array| a.take_axis(ids, 0).unwrap();
+                    let want = mlx_rs::ops::dequantize(
+                        take(&parts[0]),
+                        take(&parts[1]),
+                        &take(&parts[2]),
+                        group_size,
+                        bits,
+                    )
+                    .unwrap();
+                    assert_eq!(got.shape(), &[2, 3, 1024]);
+                    assert_eq!(got.dtype(), dtype);
+                    let case = format!("{dtype:?}, {bits} bits by {group_size}, {:?}", ids.dtype());
+                    assert!(got.eq_values(&want).unwrap(), "{case}");
+                }
+                let past = Array::from_slice(&[11i32], &[1]);
+                let last = PackedRows::of(&table, &past).unwrap().apply().unwrap();
                 let want = mlx_rs::ops::dequantize(
-                    take(&parts[0]),
-                    take(&parts[1]),
-                    &take(&parts[2]),
+                    parts[0].index(10),
+                    parts[1].index(10),
+                    &parts[2].index(10),
                     group_size,
                     bits,
                 )
                 .unwrap();
-                assert_eq!(got.shape(), &[2, 3, 256]);
-                assert_eq!(got.dtype(), dtype);
-                assert!(
-                    got.eq_values(&want).unwrap(),
-                    "{dtype:?}, {bits} bits by {group_size}"
-                );
-                let past = packed_rows(&table, &Array::from_slice(&[11i32], &[1])).unwrap();
-                assert!(past.index(0).eq_values(want.index((0, 2))).unwrap());
+                assert!(last.index(0).eq_values(&want).unwrap());
             }
         }
     }

@@ -281,14 +281,17 @@ fn base(params: &LinearParams, x: &Array, bias: Option<&Array>) -> Result<Array>
 }
 
 /// The rows of the table for integer `ids`: `[...] -> [..., dim]`; the table's gradient is summed
-/// in float32 (`embedding_grad`). A packed table's rows are dequantized (on MLX's CUDA backend
-/// by one kernel of lmx's, with MLX's values).
+/// in float32 (`embedding_grad`). A packed table's rows are dequantized: on MLX's CUDA backend
+/// by one kernel of lmx's where it takes the table and ids (`cuda::PackedRows::of`: 4 or 8 bits,
+/// groups of 32, 64 or 128, 32-bit ids), with MLX's values.
 pub fn embedding(params: &EmbeddingParams, ids: &Array) -> Result<Array> {
     match params.packed() {
         Some(packed) => {
             let table = packed.weight_rows();
-            if crate::cuda::available() && crate::cuda::packed_rows_fit(&table, ids) {
-                return crate::cuda::packed_rows(&table, ids);
+            if crate::cuda::available() {
+                if let Some(lookup) = crate::cuda::PackedRows::of(&table, ids) {
+                    return lookup.apply();
+                }
             }
             let rows = |a: &Array| a.take_axis(ids, 0);
             let q = packed.quantization;
