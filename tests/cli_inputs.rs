@@ -147,6 +147,36 @@ fn set_values_go_through_the_checker_and_fail_naming_the_setting() {
     }
 }
 
+/// A sequence longer than the preset's context (here the default 128 against tiny-bytes' 64)
+/// fails before any work, naming both lengths, the model and preset, and the flag that fixes it.
+#[test]
+fn a_sequence_past_the_context_names_the_preset_and_the_longest_it_takes() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("text.txt");
+    std::fs::write(&data, "some text ".repeat(100)).unwrap();
+    let out = dir.path().join("run");
+    let stderr = fails(&[
+        "train",
+        "--preset",
+        "tiny-bytes",
+        "--steps",
+        "1",
+        "--quiet",
+        "--data",
+        data.to_str().unwrap(),
+        "--out",
+        out.to_str().unwrap(),
+    ]);
+    assert!(
+        stderr.contains(
+            "seq_len 128 is longer than the context of gpt2 (preset tiny-bytes), 64 tokens: \
+             give --seq-len 64 or less"
+        ),
+        "{stderr}"
+    );
+    assert!(!out.join("run.json").exists(), "nothing written: {stderr}");
+}
+
 /// A run of the byte-level GPT trained two steps: it samples nearly uniform bytes, most of them
 /// not UTF-8 in the order they come.
 fn barely_trained_run(dir: &Path) -> String {

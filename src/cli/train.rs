@@ -196,8 +196,11 @@ where
     let context = S::Model::context_len(&model_config);
     if request.train.seq_len > context {
         anyhow::bail!(
-            "seq_len {} is longer than the model's context of {context}",
-            request.train.seq_len
+            "seq_len {} is longer than the context of {} (preset {}), {context} tokens: give \
+             --seq-len {context} or less",
+            request.train.seq_len,
+            S::Model::NAME,
+            request.preset
         );
     }
     if request.objective.is_some() && request.lora.is_some() {
