@@ -98,11 +98,18 @@ fn build(file: &ModelFile) -> anyhow::Result<PathBuf> {
     let target = std::env::var_os("CARGO_TARGET_DIR")
         .map(PathBuf::from)
         .unwrap_or_else(|| cache.join("target"));
-    eprintln!(
-        "building {} into a program of its own ({}; the first build takes minutes)",
-        file.path.display(),
-        dir.display()
-    );
+    let program = target
+        .join("release")
+        .join(format!("{package}{}", std::env::consts::EXE_SUFFIX));
+    // Built before, the program is only checked (cargo's one line, or its progress where lmx's
+    // checkout changed since); the first build is the one worth a warning.
+    if !program.is_file() {
+        eprintln!(
+            "building {} into a program of its own ({}; the first build takes minutes)",
+            file.path.display(),
+            dir.display()
+        );
+    }
     let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
     let status = Command::new(&cargo)
         .args(["build", "--release", "--manifest-path"])
@@ -123,9 +130,7 @@ fn build(file: &ModelFile) -> anyhow::Result<PathBuf> {
             dir.display()
         );
     }
-    Ok(target
-        .join("release")
-        .join(format!("{package}{}", std::env::consts::EXE_SUFFIX)))
+    Ok(program)
 }
 
 /// `LMX_CACHE_DIR`, else `$XDG_CACHE_HOME/lmx`, else `~/.cache/lmx`.
