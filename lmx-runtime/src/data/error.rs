@@ -87,7 +87,10 @@ pub enum DataError {
     #[error("invalid data setting: {0}")]
     InvalidSetting(String),
     /// There are too few tokens to make even one window.
-    #[error("the {part} has {tokens} tokens, fewer than the {needed} of one window (seq_len + 1)")]
+    #[error(
+        "the {part} has {tokens} token{}, fewer than the {needed} of one window (seq_len + 1)",
+        if *tokens == 1 { "" } else { "s" }
+    )]
     TooFewTokens {
         /// Which tokens: `"corpus"`, `"training split"` or `"validation split"`.
         part: &'static str,
@@ -265,4 +268,30 @@ pub enum TokenFileFault {
         /// The file's length.
         actual: u64,
     },
+}
+
+#[cfg(test)]
+mod tests {
+    use super::DataError;
+
+    /// Too few tokens are counted in words that agree with the count.
+    #[test]
+    fn too_few_tokens_agree_in_number() {
+        let message = |tokens| {
+            DataError::TooFewTokens {
+                part: "corpus",
+                tokens,
+                needed: 33,
+            }
+            .to_string()
+        };
+        assert_eq!(
+            message(1),
+            "the corpus has 1 token, fewer than the 33 of one window (seq_len + 1)"
+        );
+        assert_eq!(
+            message(0),
+            "the corpus has 0 tokens, fewer than the 33 of one window (seq_len + 1)"
+        );
+    }
 }
