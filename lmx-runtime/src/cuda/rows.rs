@@ -152,12 +152,9 @@ pub(crate) fn rows(table: &Array, ids: &Array) -> Result<Array> {
 
 /// A packed table's rows at integer ids, as the packed kernel takes them.
 pub(crate) struct PackedRows<'a> {
-    packed: &'a Array,
-    scales: &'a Array,
-    biases: &'a Array,
-    bits: i32,
-    group_size: i32,
-    width: i32,
+    table: Weight<'a>,
+    /// The scales' dtype, which the table fits and the rows come out in.
+    dtype: Dtype,
     ids: &'a Array,
     /// A 32-bit word of the packed rows a thread.
     threads: i32,
@@ -168,26 +165,15 @@ impl<'a> PackedRows<'a> {
     /// decoding's kernels read (4 or 8 bits, groups of 32, 64 or 128; scales and offsets of a
     /// floating dtype), at ids [`threads`] launches a word each.
     pub(crate) fn of(table: &Weight<'a>, ids: &'a Array) -> Option<Self> {
-        let Weight::Affine {
-            packed,
-            scales,
-            biases,
-            bits,
-            group_size,
-        } = *table
-        else {
+        let Weight::Affine { packed, scales, .. } = *table else {
             return None;
         };
         if !table.fits(scales.dtype()) {
             return None;
         }
         Some(PackedRows {
-            packed,
-            scales,
-            biases,
-            bits,
-            group_size,
-            width: table.width(),
+            table: *table,
+            dtype: scales.dtype(),
             ids,
             threads: threads(ids, packed.shape()[1])?,
         })
@@ -195,10 +181,13 @@ impl<'a> PackedRows<'a> {
 
     /// The rows, dequantized: `[...ids, width]`, in the scales' dtype.
     pub(crate) fn apply(&self) -> Result<Array> {
+        let mut inputs = self.table.arrays();
+        inputs.push(self.ids.clone());
         let mut shape = self.ids.shape().to_vec();
-        shape.push(self.width);
-        let dtype = self.scales.dtype();
-        let inputs = [self.packed, self.scales, self.biases, self.ids].map(Array::clone);
+        shape.push(self.table.width());
+        let dtype = self.dtype;
+        let mut template = vec![TemplateArg::Type("T", dtype)];
+        template.extend(self.table.template());
         let mut outputs = with_kernel(&PACKED_ROWS_KERNEL, |kernel| {
             kernel.launch(
                 &inputs,
@@ -206,11 +195,7 @@ impl<'a> PackedRows<'a> {
                     outputs: &[(&shape, dtype)],
                     grid: (self.threads, 1, 1),
                     block: (THREADS, 1, 1),
-                    template: &[
-                        TemplateArg::Type("T", dtype),
-                        TemplateArg::Int("BITS", self.bits),
-                        TemplateArg::Int("GS", self.group_size),
-                    ],
+                    template: &template,
                 },
             )
         })?;
