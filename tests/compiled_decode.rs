@@ -147,9 +147,9 @@ families! {
 }
 
 /// LLaMA with a gated MLP of 256 features, a shape lmx's fused decoding kernel takes on CUDA (the
-/// pre-norm gated MLP as one launch, `cuda::GatedMlp`, in the traced step as in the op-by-op
-/// loop; the tiny preset's 172 features are not a whole number of the kernel's vectors): the same
-/// tokens as the full forward pass and the op-by-op loop.
+/// output projection and the pre-norm gated MLP as one launch, `cuda::MlpBlock`, in the traced
+/// step as in the op-by-op loop; the tiny preset's 172 features are not a whole number of the
+/// kernel's vectors): the same tokens as the full forward pass and the op-by-op loop.
 #[test]
 fn llama_greedy_decoding_through_the_fused_mlp() -> Result<()> {
     greedy_follows_the_full_forward_pass::<llama::Llama>(

@@ -11,10 +11,10 @@
 
 mod activation;
 mod decode_attention;
-mod gated_mlp;
 mod kernel;
 mod layer_norm;
 mod matvec;
+mod mlp_block;
 mod pack;
 mod rope;
 mod row_norm;
@@ -28,11 +28,11 @@ pub(crate) use activation::{
     activation, activation_backward, activation_fits, swiglu, swiglu_backward,
 };
 pub(crate) use decode_attention::{decode_attention, decode_attention_fits, NewKeyValue, Rotation};
-pub(crate) use gated_mlp::GatedMlp;
 pub(crate) use layer_norm::{layer_norm_backward, LAYER_NORM_MAX_COLUMNS};
 pub(crate) use matvec::{
     matvec, matvec_fits, normed_matvec, normed_matvec_fits, OneLayer, MAX_ROWS,
 };
+pub(crate) use mlp_block::{BlockInput, FirstProducts, MlpBlock};
 pub(crate) use pack::pack_with_squares;
 pub(crate) use rope::{rope, rope_fits};
 pub(crate) use row_norm::{NormKind, RowNorm};

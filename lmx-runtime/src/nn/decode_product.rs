@@ -9,7 +9,7 @@
 
 use super::custom_vjp::gradient_free;
 use super::{deferred, LayerInput, LinearParams};
-use crate::cuda::{self, Weight};
+use crate::cuda::{self, HeldWeight, Weight};
 use crate::error::Result;
 use mlx_rs::Array;
 
@@ -17,7 +17,8 @@ use mlx_rs::Array;
 /// output per weight, or `None` where it does not apply: off CUDA, where a gradient may be
 /// taken, for more rows or weights than the kernel takes, or operands it does not read. Where
 /// `x` is a remembered one-row norm's output ([`deferred::normed`]), the launch normalises the
-/// norm's input itself, and the norm is not computed (unless something else reads it).
+/// norm's input itself, and the norm is not computed (unless something else reads it). The
+/// outputs are remembered for an MLP block's kernel ([`deferred::remember_products`]).
 pub(super) fn decode_product(
     x: &Array,
     weights: &[Weight],
@@ -26,12 +27,14 @@ pub(super) fn decode_product(
     if !gradient_free() || !cuda::matvec_fits(x, weights, biases) || !cuda::available() {
         return Ok(None);
     }
-    if let Some((input, norm)) = deferred::normed(x) {
-        if cuda::normed_matvec_fits(&input, &norm, weights, biases) {
-            return Ok(Some(cuda::normed_matvec(&input, &norm, weights, biases)?));
-        }
-    }
-    Ok(Some(cuda::matvec(x, weights, biases)?))
+    let normed = deferred::normed(x)
+        .filter(|(input, norm)| cuda::normed_matvec_fits(input, norm, weights, biases));
+    let outputs = match normed {
+        Some((input, norm)) => cuda::normed_matvec(&input, &norm, weights, biases)?,
+        None => cuda::matvec(x, weights, biases)?,
+    };
+    deferred::remember_products(&outputs, x, weights, biases);
+    Ok(Some(outputs))
 }
 
 /// The weight of a layer's base product as the kernels read it: its values, or its packed ones.
@@ -63,19 +66,16 @@ pub(super) fn decode_products(layers: &[&LinearParams], x: &Array) -> Result<Opt
     if biases.is_none() && layers.iter().any(|layer| layer.bias.is_some()) {
         return Ok(None);
     }
-    let outputs = decode_product(x, &weights, biases.as_deref())?;
-    if let (Some(outputs), None) = (&outputs, &biases) {
-        deferred::remember_products(outputs, x, &weights);
-    }
-    Ok(outputs)
+    decode_product(x, &weights, biases.as_deref())
 }
 
 /// `residual + layer(input)` (without `residual` where none is given) through one launch of the
 /// kernel, which activates an activated or gated input as it reads it, or `None` where it does
 /// not apply: off CUDA, where a gradient may be taken, for an adapted layer, or operands it does
-/// not read. Where the input is gated and its gate and up are one product group's outputs over
-/// a one-row RMS norm ([`deferred::normed_gated`]), the norm, the group and this layer are one
-/// launch of [`cuda::GatedMlp`] instead.
+/// not read. Where the layer is an MLP's down projection over a remembered norm's output
+/// ([`mlp_block`]), the norm, the MLP's first products and this layer are one launch of
+/// [`cuda::MlpBlock`] instead (with the projection that made the norm's input, where there is
+/// one); a projection with a residual is remembered for it ([`deferred::remember_projected`]).
 pub(super) fn decode_product_of(
     layer: &LinearParams,
     input: LayerInput<'_>,
@@ -84,8 +84,8 @@ pub(super) fn decode_product_of(
     let Some(weight) = unadapted_weight(layer) else {
         return Ok(None);
     };
-    if let (LayerInput::Gated(activation, gate, up), Some(residual)) = (input, residual) {
-        if let Some(y) = gated_mlp(layer, weight, activation, (gate, up), residual)? {
+    if let Some(residual) = residual {
+        if let Some(y) = mlp_block(layer, weight, input, residual)? {
             return Ok(Some(y));
         }
     }
@@ -105,38 +105,132 @@ pub(super) fn decode_product_of(
     if !gradient_free() || !one.fits() || !cuda::available() {
         return Ok(None);
     }
-    Ok(Some(one.product()?))
+    let y = one.product()?;
+    if let (LayerInput::Plain(x), Some(residual)) = (input, residual) {
+        deferred::remember_projected(&y, x, (weight, layer.bias.as_ref()), residual);
+    }
+    Ok(Some(y))
 }
 
-/// `residual + layer(f(gate) * up)` as one [`cuda::GatedMlp`] launch from the norm's input, where
-/// [`deferred::normed_gated`] finds how `gate` and `up` were made and the kernel takes them.
-fn gated_mlp(
+/// `residual + layer(mlp(norm(h)))` as one [`cuda::MlpBlock`] launch from the norm's input `h`,
+/// where [`BlockChain::of`] finds how the input was made and the kernel takes it: led by the
+/// projection that made `h` where there is one, else from `h`.
+fn mlp_block(
     layer: &LinearParams,
     down: Weight<'_>,
-    activation: super::Activation,
-    (gate, up): (&Array, &Array),
+    input: LayerInput<'_>,
     residual: &Array,
 ) -> Result<Option<Array>> {
-    if layer.bias.is_some() || !gradient_free() {
+    if !gradient_free() {
         return Ok(None);
     }
-    let Some(found) = deferred::normed_gated(gate, up) else {
+    let Some(chain) = BlockChain::of(input, residual) else {
         return Ok(None);
     };
-    let mlp = cuda::GatedMlp {
-        x: &found.input,
-        norm: &found.norm,
-        eps: found.eps,
-        activation,
-        gate: found.gate.weight(),
-        up: found.up.weight(),
-        down,
-        residual,
-    };
-    if !mlp.fits() {
-        return Ok(None);
+    for led in [true, false] {
+        if let Some(block) = chain.block(layer, down, residual, led) {
+            if block.fits() {
+                return Ok(Some(block.apply()?));
+            }
+        }
     }
-    Ok(Some(mlp.apply()?))
+    Ok(None)
+}
+
+/// How an MLP's down projection's input was made, where one block kernel may compute it all:
+/// `f(gate(n)) * up(n)` ([`deferred::normed_gated`]) or `f(fc(n) + b)`
+/// ([`deferred::normed_product`]) of `n = norm(h)`, and `h` a projection's sum
+/// ([`deferred::projected`]) where the down projection adds to `h` itself.
+struct BlockChain {
+    activation: super::Activation,
+    gated: bool,
+    h: Array,
+    norm: cuda::RowNorm,
+    /// The gate and up weights, or a plain MLP's first weight twice.
+    first: [HeldWeight; 2],
+    first_bias: Option<Array>,
+    projection: Option<deferred::Projection>,
+}
+
+impl BlockChain {
+    /// The chain that made the down projection's `input`, whose output is added to `residual`.
+    fn of(input: LayerInput<'_>, residual: &Array) -> Option<BlockChain> {
+        let (activation, gated, h, norm, first, first_bias) = match input {
+            LayerInput::Gated(activation, gate, up) => {
+                let found = deferred::normed_gated(gate, up)?;
+                let first = [found.gate, found.up];
+                (activation, true, found.input, found.norm, first, None)
+            }
+            LayerInput::Activated(activation, x) => {
+                let found = deferred::normed_product(x)?;
+                let first = [found.weight.clone(), found.weight];
+                (
+                    activation,
+                    false,
+                    found.input,
+                    found.norm,
+                    first,
+                    found.bias,
+                )
+            }
+            LayerInput::Plain(_) => return None,
+        };
+        let projection = deferred::projected(&h).filter(|_| deferred::same_array(&h, residual));
+        Some(BlockChain {
+            activation,
+            gated,
+            h,
+            norm,
+            first,
+            first_bias,
+            projection,
+        })
+    }
+
+    /// The block computing it with `layer` (of the weight `down`) as its down projection: `led`,
+    /// from the projection's input (none where no projection made `h`); else from `h`, the
+    /// down projection's output added to `residual`.
+    fn block<'a>(
+        &'a self,
+        layer: &'a LinearParams,
+        down: Weight<'a>,
+        residual: &'a Array,
+        led: bool,
+    ) -> Option<cuda::MlpBlock<'a>> {
+        let input = match (&self.projection, led) {
+            (Some(p), true) => cuda::BlockInput::Projected {
+                x: &p.x,
+                weight: p.weight.weight(),
+                bias: p.bias.as_ref(),
+                residual: &p.residual,
+            },
+            (None, true) => return None,
+            (_, false) => cuda::BlockInput::Row {
+                x: &self.h,
+                residual,
+            },
+        };
+        let [gate, up] = &self.first;
+        let first = if self.gated {
+            cuda::FirstProducts::Gated {
+                gate: gate.weight(),
+                up: up.weight(),
+            }
+        } else {
+            cuda::FirstProducts::Plain {
+                fc: gate.weight(),
+                bias: self.first_bias.as_ref(),
+            }
+        };
+        Some(cuda::MlpBlock {
+            input,
+            norm: &self.norm,
+            activation: self.activation,
+            first,
+            down,
+            down_bias: layer.bias.as_ref(),
+        })
+    }
 }
 
 #[cfg(test)]
@@ -398,17 +492,22 @@ mod tests {
         }
     }
 
-    /// A pre-norm gated MLP written as its steps (the norm, the gate and up products as one
-    /// group, the down product of the SiLU-gated input plus the residual) is, where no gradient is
-    /// taken on CUDA, one launch of the fused kernel (its chain found), equal within the dtype's
+    /// A pre-norm MLP block written as its steps is, where no gradient is taken on CUDA, one
+    /// launch of the block's kernel (its chain found and taken), equal within the dtype's
     /// rounding to MLX's separate operations in float32 (and on the CPU, where no kernel runs,
-    /// to the same steps), its layers dense or quantized (4 bits by 64 in bfloat16, 8 bits by 32
-    /// in float32: the reference multiplies the weights MLX dequantizes); a gate and up over two
-    /// norms' outputs, or over an input no norm made, are not fused.
+    /// to the same steps): a gated MLP (an RMS norm, the gate and up products as one group, the
+    /// down product of the SiLU-gated input plus the residual) and a plain one (a layer norm
+    /// with a shift, one product with a bias, the down product of its tanh-GELU with a bias plus
+    /// the residual), each from the residual stream, or led by attention's output projection
+    /// and its residual sum (`h = x + o(a)`, with a bias in the plain block), which the down
+    /// product adds to; dense or quantized (4 bits by 64 in bfloat16, 8 bits by 32 in float32:
+    /// the reference multiplies the weights MLX dequantizes). A gate and up over two norms'
+    /// outputs, or over an input no norm made, are not found.
     #[test]
-    fn a_normed_gated_mlp_is_one_launch() {
+    fn an_mlp_block_is_one_launch() {
         use crate::nn::{
-            linear_plus_in, rms_norm, Activation, Quantization, Residual, RmsNormParams,
+            layer_norm, linear_plus_in, rms_norm, Activation, LayerNormParams, Quantization,
+            Residual, RmsNormParams,
         };
         use crate::test_arrays::normal;
         let cuda = cuda::available();
@@ -420,101 +519,158 @@ mod tests {
             group_size: 32,
             bits: 8,
         });
-        for (dtype, d, f, tolerance, packing) in [
-            (Dtype::Bfloat16, 64, 256, 0.02, None),
-            (Dtype::Bfloat16, 2048, 5632, 0.02, None),
-            (Dtype::Float32, 128, 352, 1e-4, None),
-            (Dtype::Bfloat16, 64, 256, 0.02, four),
-            (Dtype::Bfloat16, 2048, 5632, 0.02, four),
-            (Dtype::Float32, 128, 384, 1e-4, eight),
-        ] {
-            let scaled = |shape: &[i32], fan_in: i32| {
-                normal(shape, Dtype::Float32)
-                    .multiply(Array::from_f32((fan_in as f32).powf(-0.5)))
-                    .unwrap()
-                    .as_dtype(dtype)
-                    .unwrap()
-            };
-            let x = normal(&[1, 1, d], dtype);
-            let norm = RmsNormParams {
-                weight: normal(&[d], Dtype::Float32)
-                    .multiply(Array::from_f32(0.1))
-                    .unwrap()
-                    .add(Array::from_f32(1.0))
-                    .unwrap()
-                    .as_dtype(dtype)
-                    .unwrap(),
-            };
-            let layer =
-                |shape: &[i32], fan_in: i32| packed_as(scaled(shape, fan_in), None, packing);
-            let (gate, up, down) = (layer(&[f, d], d), layer(&[f, d], d), layer(&[d, f], f));
-            let eps = 1e-5;
-            let mut ctx = crate::model::Context::evaluation();
-            let fused = without_gradients(|| -> Result<(Array, bool)> {
-                let n = rms_norm(&norm, &x, eps)?;
-                let [g, u] = linears_in([&gate, &up], &n, &mut ctx)?;
-                // The chain found, and the fused kernel taking it.
-                let found = deferred::normed_gated(&g, &u).is_some_and(|found| {
-                    cuda::GatedMlp {
-                        x: &found.input,
-                        norm: &found.norm,
-                        eps: found.eps,
-                        activation: Activation::Silu,
-                        gate: found.gate.weight(),
-                        up: found.up.weight(),
-                        down: base_weight(&down),
-                        residual: &x,
+        let f32 = |a: &Array| a.as_dtype(Dtype::Float32).unwrap();
+        for gated in [true, false] {
+            for led in [false, true] {
+                for (dtype, d, f, tolerance, packing) in [
+                    (Dtype::Bfloat16, 64, 256, 0.02, None),
+                    (Dtype::Bfloat16, 2048, 5632, 0.02, None),
+                    (Dtype::Bfloat16, 768, 3072, 0.02, None),
+                    (Dtype::Float32, 128, 352, 1e-4, None),
+                    (Dtype::Bfloat16, 64, 256, 0.02, four),
+                    (Dtype::Bfloat16, 2048, 5632, 0.02, four),
+                    (Dtype::Float32, 128, 384, 1e-4, eight),
+                ] {
+                    let case = format!("gated {gated} led {led} {dtype:?} {d} x {f} {packing:?}");
+                    let scaled = |shape: &[i32], fan_in: i32| {
+                        normal(shape, Dtype::Float32)
+                            .multiply(Array::from_f32((fan_in as f32).powf(-0.5)))
+                            .unwrap()
+                            .as_dtype(dtype)
+                            .unwrap()
+                    };
+                    let near_one = || {
+                        normal(&[d], Dtype::Float32)
+                            .multiply(Array::from_f32(0.1))
+                            .unwrap()
+                            .add(Array::from_f32(1.0))
+                            .unwrap()
+                            .as_dtype(dtype)
+                            .unwrap()
+                    };
+                    // The plain block has biases everywhere, as GPT-2's; the gated none.
+                    let layer = |shape: &[i32], fan_in: i32| {
+                        let bias = (!gated).then(|| scaled(&shape[..1], 4));
+                        packed_as(scaled(shape, fan_in), bias, packing)
+                    };
+                    let (x, a) = (normal(&[1, 1, d], dtype), normal(&[1, 1, d], dtype));
+                    let o = layer(&[d, d], d);
+                    let (gate, up) = (layer(&[f, d], d), layer(&[f, d], d));
+                    let down = layer(&[d, f], f);
+                    let rms = RmsNormParams { weight: near_one() };
+                    let ln = LayerNormParams {
+                        weight: near_one(),
+                        bias: Some(scaled(&[d], 4)),
+                    };
+                    let eps = 1e-5;
+                    let activation = if gated {
+                        Activation::Silu
+                    } else {
+                        Activation::GeluTanh
+                    };
+                    let mut ctx = crate::model::Context::evaluation();
+                    let fused = without_gradients(|| -> Result<(Array, bool)> {
+                        let h = if led {
+                            let r = Some(Residual::new(&x, 0.0));
+                            linear_plus_in(&o, LayerInput::Plain(&a), r, &mut ctx)?
+                        } else {
+                            x.clone()
+                        };
+                        let input = if gated {
+                            linears_in([&gate, &up], &rms_norm(&rms, &h, eps)?, &mut ctx)?
+                        } else {
+                            let p = linear(&gate, &layer_norm(&ln, &h, eps)?)?;
+                            [p.clone(), p]
+                        };
+                        let input = if gated {
+                            LayerInput::Gated(activation, &input[0], &input[1])
+                        } else {
+                            LayerInput::Activated(activation, &input[0])
+                        };
+                        // The chain found, from `h` (led by the projection that made it where
+                        // one leads), and the kernel taking it.
+                        let found = BlockChain::of(input, &h).is_some_and(|chain| {
+                            deferred::same_array(&chain.h, &h)
+                                && chain
+                                    .block(&down, base_weight(&down), &h, led)
+                                    .is_some_and(|block| block.fits())
+                        });
+                        let residual = Some(Residual::new(&h, 0.0));
+                        let y = linear_plus_in(&down, input, residual, &mut ctx)?;
+                        Ok((y, found))
+                    })
+                    .unwrap();
+                    assert_eq!(fused.1, cuda, "{case}: the chain found only on CUDA");
+                    if packing.is_some() && !cuda {
+                        // Off CUDA a packed layer is MLX's `quantized_matmul`, whose CPU kernel
+                        // sums in the input's dtype (bfloat16's too coarse for this bound): not
+                        // this test's subject.
+                        continue;
                     }
-                    .fits()
-                });
-                let input = LayerInput::Gated(Activation::Silu, &g, &u);
-                let y = linear_plus_in(&down, input, Some(Residual::new(&x, 0.0)), &mut ctx)?;
-                Ok((y, found))
-            })
-            .unwrap();
-            assert_eq!(
-                fused.1, cuda,
-                "{dtype:?} {d} x {f} {packing:?}: the chain found and fused only on CUDA"
-            );
-            if packing.is_some() && !cuda {
-                // Off CUDA a packed layer is MLX's `quantized_matmul`, whose CPU kernel sums in
-                // the input's dtype (bfloat16's too coarse for this bound): not this test's
-                // subject.
-                continue;
+                    // MLX's operations in float32 on the same (rounded) values.
+                    let product = |input: &Array, layer: &LinearParams| {
+                        let y = input.matmul(dense_f32(layer).t()).unwrap();
+                        match &layer.bias {
+                            Some(b) => y.add(f32(b)).unwrap(),
+                            None => y,
+                        }
+                    };
+                    let h = if led {
+                        f32(&x).add(product(&f32(&a), &o)).unwrap()
+                    } else {
+                        f32(&x)
+                    };
+                    let inner = if gated {
+                        let n = mlx_rs::fast::rms_norm(&h, Some(&f32(&rms.weight)), eps).unwrap();
+                        let g = product(&n, &gate);
+                        mlx_rs::nn::silu(&g)
+                            .unwrap()
+                            .multiply(product(&n, &up))
+                            .unwrap()
+                    } else {
+                        let bias = ln.bias.as_ref().map(f32);
+                        let n = mlx_rs::fast::layer_norm(
+                            &h,
+                            Some(&f32(&ln.weight)),
+                            bias.as_ref(),
+                            eps,
+                        )
+                        .unwrap();
+                        Activation::GeluTanh.of(&product(&n, &gate)).unwrap()
+                    };
+                    let want = h.add(product(&inner, &down)).unwrap();
+                    let err = f32(&fused.0).subtract(&want).unwrap().abs().unwrap();
+                    let err = err.max(None).unwrap().item_cast::<f32>();
+                    let scale = want.abs().unwrap().max(None).unwrap().item_cast::<f32>();
+                    assert!(
+                        err <= tolerance * scale.max(1.0),
+                        "{case}: {err} of {scale}"
+                    );
+                    assert_eq!(fused.0.shape(), x.shape(), "{case}");
+                }
             }
-            // MLX's operations in float32 on the same (rounded) values.
-            let f32 = |a: &Array| a.as_dtype(Dtype::Float32).unwrap();
-            let n = mlx_rs::fast::rms_norm(f32(&x), Some(&f32(&norm.weight)), eps).unwrap();
-            let g = n.matmul(dense_f32(&gate).t()).unwrap();
-            let u = n.matmul(dense_f32(&up).t()).unwrap();
-            let h = mlx_rs::nn::silu(&g).unwrap().multiply(&u).unwrap();
-            let want = f32(&x)
-                .add(h.matmul(dense_f32(&down).t()).unwrap())
-                .unwrap();
-            let err = f32(&fused.0).subtract(&want).unwrap().abs().unwrap();
-            let err = err.max(None).unwrap().item_cast::<f32>();
-            let scale = want.abs().unwrap().max(None).unwrap().item_cast::<f32>();
-            assert!(
-                err <= tolerance * scale.max(1.0),
-                "{dtype:?} {d} x {f} {packing:?}: {err} of {scale}"
-            );
-            assert_eq!(fused.0.shape(), x.shape());
-
-            // Gate and up over two norms' outputs, or over an input no norm made: not fused.
-            let other = normal(&[1, 1, d], dtype);
-            let unfused = without_gradients(|| -> Result<[bool; 2]> {
-                let n = rms_norm(&norm, &x, eps)?;
-                let m = rms_norm(&norm, &other, eps)?;
-                let [g, _] = linears_in([&gate, &up], &n, &mut ctx)?;
-                let [_, u] = linears_in([&gate, &up], &m, &mut ctx)?;
-                let [gx, ux] = linears_in([&gate, &up], &x, &mut ctx)?;
-                Ok([
-                    deferred::normed_gated(&g, &u).is_some(),
-                    deferred::normed_gated(&gx, &ux).is_some(),
-                ])
-            })
-            .unwrap();
-            assert_eq!(unfused, [false, false], "{dtype:?} {d} x {f}");
         }
+
+        // Gate and up over two norms' outputs, or over an input no norm made: not found.
+        let dtype = Dtype::Bfloat16;
+        let (x, other) = (normal(&[1, 1, 64], dtype), normal(&[1, 1, 64], dtype));
+        let norm = RmsNormParams {
+            weight: normal(&[64], dtype),
+        };
+        let (gate, up) = (layer(256, false), layer(256, false));
+        let mut ctx = crate::model::Context::evaluation();
+        let unfused = without_gradients(|| -> Result<[bool; 2]> {
+            let n = rms_norm(&norm, &x, 1e-5)?;
+            let m = rms_norm(&norm, &other, 1e-5)?;
+            let [g, _] = linears_in([&gate, &up], &n, &mut ctx)?;
+            let [_, u] = linears_in([&gate, &up], &m, &mut ctx)?;
+            let [gx, ux] = linears_in([&gate, &up], &x, &mut ctx)?;
+            Ok([
+                deferred::normed_gated(&g, &u).is_some(),
+                deferred::normed_gated(&gx, &ux).is_some(),
+            ])
+        })
+        .unwrap();
+        assert_eq!(unfused, [false, false]);
     }
 }

@@ -12,10 +12,13 @@
 //!
 //! In the same way a one-row norm (RMS or layer) is remembered: a decoding product over its output
 //! normalises the norm's input as it reads it ([`cuda::normed_matvec`]), and the norm is never
-//! computed. A decoding product group of two layers (dense or quantized, not adapted) is
-//! remembered too: a gated MLP's down projection whose gate and up inputs are the two outputs of
-//! one group over a remembered RMS norm's output is the whole block in one kernel
-//! ([`cuda::GatedMlp`]), and the norm and the group are never computed.
+//! computed. A decoding product of one layer, or a group of two (dense or quantized, not
+//! adapted), is remembered too, and a product with a residual sum (attention's output
+//! projection, `r + o(a)`): an MLP's down projection whose input is a gated pair of one group's
+//! outputs, or one activated layer's output, over a remembered norm's output is the whole block
+//! in one kernel ([`cuda::MlpBlock`]), and where that norm's input is a remembered projection's
+//! sum that the down projection adds to, the projection is in the kernel too; the norm, the
+//! group and the projection are never computed.
 //!
 //! Arrays are matched by identity (MLX's array id, the same for every handle to one array), and
 //! an entry holds a handle to the operation's output, so that no other array takes its id while
@@ -28,9 +31,9 @@ use mlx_rs::Array;
 use std::cell::RefCell;
 use std::collections::VecDeque;
 
-/// Outputs remembered per thread (a layer's two norms, its query and key rotations, its gate and
-/// up products, with room).
-const KEPT: usize = 8;
+/// Outputs remembered per thread (a layer's two norms, its query and key rotations, a fused
+/// query-key-value product, its output projection, its gate and up products, with room).
+const KEPT: usize = 10;
 
 /// What made a remembered output.
 enum Made {
@@ -43,11 +46,19 @@ enum Made {
     },
     /// `norm` of one row `input`.
     Norm { input: Array, norm: RowNorm },
-    /// Output `index` of one launch of the products of `x` by `weights` (no biases).
+    /// Output `index` of one launch of the products of `x` by `weights` (and `biases`).
     Product {
         x: Array,
         weights: Vec<HeldWeight>,
+        biases: Option<Vec<Array>>,
         index: usize,
+    },
+    /// `residual + x @ weight.T (+ bias)`.
+    Projected {
+        x: Array,
+        weight: HeldWeight,
+        bias: Option<Array>,
+        residual: Array,
     },
 }
 
@@ -59,6 +70,11 @@ thread_local! {
 fn id(a: &Array) -> usize {
     // SAFETY: `a` is a live handle for the call, which only reads it.
     unsafe { mlx_sys::lmx_array_id(a.as_ptr()) }
+}
+
+/// Whether `a` and `b` are handles to one array.
+pub(super) fn same_array(a: &Array, b: &Array) -> bool {
+    id(a) == id(b)
 }
 
 fn remember(output: &Array, made: Made) {
@@ -151,38 +167,76 @@ pub(super) fn normed(x: &Array) -> Option<(Array, RowNorm)> {
     })
 }
 
-/// The outputs of one decoding product launch over `x` by `weights` (layers without biases),
-/// where they are a pair: the only group [`normed_gated`] reads (a gate and an up projection),
-/// so that a layer's query, key and value products take no room and no host time here.
-pub(super) fn remember_products(outputs: &[Array], x: &Array, weights: &[Weight]) {
-    if weights.len() != 2 {
+/// The outputs of one decoding product launch over `x` by `weights` (and `biases`), where they
+/// are what [`normed_gated`] and [`normed_product`] read: a pair without biases (a gate and an up
+/// projection), or one layer (a plain MLP's first), so that a layer's query, key and value
+/// products take no room and no host time here.
+pub(super) fn remember_products(
+    outputs: &[Array],
+    x: &Array,
+    weights: &[Weight],
+    biases: Option<&[&Array]>,
+) {
+    if !matches!((weights.len(), biases), (1, _) | (2, None)) {
         return;
     }
     let weights: Vec<HeldWeight> = weights.iter().map(Weight::held).collect();
+    let biases: Option<Vec<Array>> = biases.map(|b| b.iter().map(|&b| b.clone()).collect());
     for (index, output) in outputs.iter().enumerate() {
         let made = Made::Product {
             x: x.clone(),
             weights: weights.clone(),
+            biases: biases.clone(),
             index,
         };
         remember(output, made);
     }
 }
 
-/// A gated MLP's input before its norm and products: where `gate` and `up` are the two outputs
-/// of one remembered product launch (in that order) over a remembered norm's output, that norm's
-/// input, weight and epsilon and the gate and up weights.
-pub(super) fn normed_gated(gate: &Array, up: &Array) -> Option<NormedGated> {
-    let product = |output: &Array, want: usize| {
-        made(output, |made| match made {
-            Made::Product { x, weights, index } if *index == want && weights.len() == 2 => {
-                Some((x.clone(), weights.clone()))
-            }
-            _ => None,
-        })
+/// The sum `output = residual + x @ weight.T (+ bias)` of one decoding launch, for
+/// [`projected`].
+pub(super) fn remember_projected(
+    output: &Array,
+    x: &Array,
+    (weight, bias): (Weight, Option<&Array>),
+    residual: &Array,
+) {
+    let made = Made::Projected {
+        x: x.clone(),
+        weight: weight.held(),
+        bias: bias.cloned(),
+        residual: residual.clone(),
     };
-    let (x, weights) = product(gate, 0)?;
-    let (x_up, weights_up) = product(up, 1)?;
+    remember(output, made);
+}
+
+/// Output `want` of a remembered product launch of `count` weights: its input, weights and
+/// biases.
+fn product(output: &Array, want: usize, count: usize) -> Option<ProductMade> {
+    made(output, |made| match made {
+        Made::Product {
+            x,
+            weights,
+            biases,
+            index,
+        } if *index == want && weights.len() == count => {
+            Some((x.clone(), weights.clone(), biases.clone()))
+        }
+        _ => None,
+    })
+}
+
+/// A remembered product's input, weights and biases.
+type ProductMade = (Array, Vec<HeldWeight>, Option<Vec<Array>>);
+
+/// A gated MLP's input before its norm and products: where `gate` and `up` are the two outputs
+/// of one remembered product launch without biases (in that order) over a remembered norm's
+/// output, that norm's input and the norm, and the gate and up weights.
+pub(super) fn normed_gated(gate: &Array, up: &Array) -> Option<NormedGated> {
+    let (x, weights, None) = product(gate, 0, 2)? else {
+        return None;
+    };
+    let (x_up, weights_up, _) = product(up, 1, 2)?;
     let same = id(&x) == id(&x_up)
         && weights
             .iter()
@@ -191,24 +245,73 @@ pub(super) fn normed_gated(gate: &Array, up: &Array) -> Option<NormedGated> {
     if !same {
         return None;
     }
-    let (input, norm) = normed(&x).filter(|(_, norm)| norm.kind == NormKind::Rms)?;
+    let (input, norm) = normed(&x)?;
     let [gate, up]: [HeldWeight; 2] = weights.try_into().ok()?;
     Some(NormedGated {
         input,
-        norm: norm.weight,
-        eps: norm.eps,
+        norm,
         gate,
         up,
     })
 }
 
-/// What [`normed_gated`] finds: `gate(n)` and `up(n)` of `n = rms_norm(input) * norm`.
+/// What [`normed_gated`] finds: `gate(n)` and `up(n)` of `n = norm(input)`.
 pub(super) struct NormedGated {
     pub input: Array,
-    pub norm: Array,
-    pub eps: f32,
+    pub norm: RowNorm,
     pub gate: HeldWeight,
     pub up: HeldWeight,
+}
+
+/// A plain MLP's input before its norm and first product: where `x` is the output of a
+/// remembered one-layer product launch over a remembered norm's output, that norm's input and the
+/// norm, and the layer's weight and bias.
+pub(super) fn normed_product(x: &Array) -> Option<NormedProduct> {
+    let (normed_x, weights, biases) = product(x, 0, 1)?;
+    let (input, norm) = normed(&normed_x)?;
+    let [weight]: [HeldWeight; 1] = weights.try_into().ok()?;
+    let bias = biases.and_then(|b| b.into_iter().next());
+    Some(NormedProduct {
+        input,
+        norm,
+        weight,
+        bias,
+    })
+}
+
+/// What [`normed_product`] finds: `layer(n) (+ bias)` of `n = norm(input)`.
+pub(super) struct NormedProduct {
+    pub input: Array,
+    pub norm: RowNorm,
+    pub weight: HeldWeight,
+    pub bias: Option<Array>,
+}
+
+/// How `h` was made, where it is a remembered projection's sum `residual + x @ weight.T (+
+/// bias)`: an MLP block's kernel may compute it itself.
+pub(super) fn projected(h: &Array) -> Option<Projection> {
+    made(h, |made| match made {
+        Made::Projected {
+            x,
+            weight,
+            bias,
+            residual,
+        } => Some(Projection {
+            x: x.clone(),
+            weight: weight.clone(),
+            bias: bias.clone(),
+            residual: residual.clone(),
+        }),
+        _ => None,
+    })
+}
+
+/// What [`projected`] finds.
+pub(super) struct Projection {
+    pub x: Array,
+    pub weight: HeldWeight,
+    pub bias: Option<Array>,
+    pub residual: Array,
 }
 
 #[cfg(test)]
