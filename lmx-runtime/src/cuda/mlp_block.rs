@@ -81,7 +81,8 @@ fn kernel(format: Format) -> Result<Kernel> {
 }
 
 /// The kernel's body, after the weights' matrices (`mo`, `mg`, `mu`, `md`, of the device type
-/// `W`). Template arguments: `T`; `D` (the model's width), `DA` (the projection's input width),
+/// `W`). Template arguments: `T`; `D` (the model's width), `DA` (the projection's input width;
+/// without a projection, any width whose quarters are whole chunks),
 /// `F` (the MLP's), `KX` (the widest); `LEAD` (whether the output projection leads), `GATED`,
 /// `ACT` (the activation), `NORM` (0 RMS, 1 layer, 2 layer with a shift), `EPS_BITS` (the norm's
 /// epsilon's float bits), `BO`, `BG` and `BD` (whether the projection, the first product and the
@@ -371,9 +372,10 @@ impl MlpBlock<'_> {
         let f = self.down.width();
         let [lead, gate, up, down] = self.weights();
         let norm = self.norm;
-        // Inputs a launch does not read take an array of the right type's place.
+        // Inputs a launch does not read take an array of the right type's place; its `DA`, the
+        // width of `F`, whose quarters are whole chunks.
         let (x, r0, bo, residual, da) = match self.input {
-            BlockInput::Row { x, residual } => (x, x, None, residual, d),
+            BlockInput::Row { x, residual } => (x, x, None, residual, f),
             BlockInput::Projected {
                 x, bias, residual, ..
             } => (x, residual, bias, residual, *x.shape().last().unwrap_or(&1)),

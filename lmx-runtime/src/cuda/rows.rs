@@ -331,14 +331,14 @@ mod tests {
                 let past = Array::from_slice(&[11i32], &[1]);
                 let last = PackedRows::of(&table, &past).unwrap().apply().unwrap();
                 let want = mlx_rs::ops::dequantize(
-                    parts[0].index(10),
-                    parts[1].index(10),
-                    &parts[2].index(10),
+                    parts[0].index(10..11),
+                    parts[1].index(10..11),
+                    &parts[2].index(10..11),
                     group_size,
                     bits,
                 )
                 .unwrap();
-                assert!(last.index(0).eq_values(&want).unwrap());
+                assert!(last.eq_values(&want).unwrap());
             }
         }
     }

@@ -520,15 +520,17 @@ mod tests {
             bits: 8,
         });
         let f32 = |a: &Array| a.as_dtype(Dtype::Float32).unwrap();
+        // TinyLlama's gated block and GPT-2's plain one at their sizes, and small ones.
+        let large = |gated: bool| if gated { (2048, 5632) } else { (768, 3072) };
         for gated in [true, false] {
+            let (d_large, f_large) = large(gated);
             for led in [false, true] {
                 for (dtype, d, f, tolerance, packing) in [
                     (Dtype::Bfloat16, 64, 256, 0.02, None),
-                    (Dtype::Bfloat16, 2048, 5632, 0.02, None),
-                    (Dtype::Bfloat16, 768, 3072, 0.02, None),
+                    (Dtype::Bfloat16, d_large, f_large, 0.02, None),
                     (Dtype::Float32, 128, 352, 1e-4, None),
-                    (Dtype::Bfloat16, 64, 256, 0.02, four),
-                    (Dtype::Bfloat16, 2048, 5632, 0.02, four),
+                    (Dtype::Bfloat16, 128, 256, 0.02, four),
+                    (Dtype::Bfloat16, d_large, f_large, 0.02, four),
                     (Dtype::Float32, 128, 384, 1e-4, eight),
                 ] {
                     let case = format!("gated {gated} led {led} {dtype:?} {d} x {f} {packing:?}");
