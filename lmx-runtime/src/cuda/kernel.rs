@@ -213,6 +213,25 @@ impl Kernel {
     }
 }
 
+/// A header, last before the kernel, that gives it CUDA's launch bounds: at most `threads` a
+/// block, and registers few enough for `blocks` blocks on each streaming multiprocessor.
+///
+/// MLX writes the kernel's signature itself (`__global__ void name(...)`, after the header),
+/// with no place for `__launch_bounds__`, and NVRTC then allocates registers without a bound: one
+/// register over 128 a thread leaves a block of 256 threads alone on its multiprocessor, half the
+/// loads in flight that a ticketed decoding kernel counts on (docs/benchmarks.md, "Ninth
+/// session of 2026-11-29"). So the header redefines the `__global__` macro that MLX's signature
+/// uses to carry the bounds, where CUDA's headers define it as this expects (through
+/// `__location__`); elsewhere the kernel compiles as before, without them.
+pub fn launch_bounds(threads: i32, blocks: i32) -> String {
+    format!(
+        "#if defined(__global__) && defined(__location__) && defined(__launch_bounds__)\n\
+         #undef __global__\n\
+         #define __global__ __location__(global) __launch_bounds__({threads}, {blocks})\n\
+         #endif\n"
+    )
+}
+
 /// `name` followed by the FNV-1a hash of everything MLX compiles into the kernel besides its
 /// template arguments: the parameter names, in order (each followed by the byte 0xfe, the inputs'
 /// and the outputs' lists each by 0xff), `header`, 0xff, then `body`. Neither byte occurs in
@@ -288,7 +307,7 @@ unsafe fn string_vector(values: &[CString]) -> mlx_sys::mlx_vector_string {
 
 #[cfg(test)]
 mod tests {
-    use super::{compact, source_name};
+    use super::{compact, launch_bounds, source_name};
 
     #[test]
     fn compact_sources_keep_code_and_line_breaks() {
@@ -302,6 +321,20 @@ mod tests {
         assert_eq!(compact("// only\n   \n"), "");
         let continued = "#define TWICE(x) \\\n  // what\n  (2 * (x))\n";
         assert_eq!(compact(continued), continued);
+    }
+
+    /// The bounds' header is preprocessor lines alone, which `compact` keeps as they are.
+    #[test]
+    fn launch_bounds_are_a_guarded_redefinition() {
+        let header = launch_bounds(256, 2);
+        assert_eq!(
+            header,
+            "#if defined(__global__) && defined(__location__) && defined(__launch_bounds__)\n\
+             #undef __global__\n\
+             #define __global__ __location__(global) __launch_bounds__(256, 2)\n\
+             #endif\n"
+        );
+        assert_eq!(compact(&header), header);
     }
 
     #[test]

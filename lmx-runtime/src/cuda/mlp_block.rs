@@ -27,9 +27,13 @@ use mlx_rs::Array;
 /// Threads per block: eight warps.
 const THREADS: i32 = 256;
 
+/// Blocks resident on each streaming multiprocessor at once, which the kernel's registers are
+/// bounded for ([`super::kernel::launch_bounds`]).
+const BLOCKS_PER_SM: i32 = 2;
+
 /// Blocks per launch: two per streaming multiprocessor of an H100 or H200 (132); a smaller GPU
 /// runs them as it can (see [`super::tasks`]).
-const BLOCKS: i32 = 264;
+const BLOCKS: i32 = 132 * BLOCKS_PER_SM;
 
 /// A warp's 16-byte loads in flight per row stretch, at most (registers).
 const MAX_LOADS: i32 = 8;
@@ -69,12 +73,13 @@ fn kernel(format: Format) -> Result<Kernel> {
         (&inputs, Inputs::RowContiguous),
         &["y", "act", "h"],
         &format!(
-            "{}{}{}{}{}",
+            "{}{}{}{}{}{}",
             super::activation::HEADER,
             super::matvec::HEADER,
             super::row_norm::HEADER,
             format.header(),
-            super::tasks::HEADER
+            super::tasks::HEADER,
+            super::kernel::launch_bounds(THREADS, BLOCKS_PER_SM),
         ),
         &format!("{matrices}{BODY}"),
     )
