@@ -11,7 +11,7 @@
 //! computes the norm of `h` into shared memory and takes tasks of 8 features of the gate and up
 //! products (16 of a plain MLP's first product), the activated value rounded to `T` into a
 //! scratch output; then tasks of 4 rows of the down product, each warp a half row. Values are
-//! rounded as the separate kernels round them: the projection and its sum as the matrix-vector
+//! rounded as the separate kernels round them (the sums' order aside): the projection and its sum as the matrix-vector
 //! kernel's (`T(r + T(p + b))`), the norm as MLX's, the products to `T` (with their biases), the
 //! activated value once (`T(f(g) * u)`, `T(f(T(p + b)))`), then the down product and its sum with
 //! the residual.
@@ -273,8 +273,9 @@ pub(crate) enum FirstProducts<'a> {
     },
 }
 
-/// A pre-norm MLP block over one row: `h + down(mlp(norm(h))) (+ bias)`, `h` the input row or
-/// a projection's sum ([`BlockInput`]).
+/// A pre-norm MLP block over one row: `residual + down(mlp(norm(h))) (+ bias)`, `h` the input
+/// row (and `residual` its own), or a projection's sum, which is then the residual too
+/// ([`BlockInput`]).
 pub(crate) struct MlpBlock<'a> {
     pub input: BlockInput<'a>,
     pub norm: &'a RowNorm,
@@ -285,8 +286,8 @@ pub(crate) struct MlpBlock<'a> {
 }
 
 impl MlpBlock<'_> {
-    /// The row the block's sums are made of (its input, or the projection's input) and the
-    /// row `h` the norm reads has its shape and dtype.
+    /// The row whose shape and dtype the block's rows have: its input `h`, or the projection's
+    /// residual (which `h` is a sum with).
     fn row(&self) -> &Array {
         match self.input {
             BlockInput::Row { x, .. } | BlockInput::Projected { residual: x, .. } => x,

@@ -501,8 +501,10 @@ mod tests {
     /// the residual), each from the residual stream, or led by attention's output projection
     /// and its residual sum (`h = x + o(a)`, with a bias in the plain block), which the down
     /// product adds to; dense or quantized (4 bits by 64 in bfloat16, 8 bits by 32 in float32:
-    /// the reference multiplies the weights MLX dequantizes). A gate and up over two norms'
-    /// outputs, or over an input no norm made, are not found.
+    /// the reference multiplies the weights MLX dequantizes). The layer's output is the block
+    /// launch's, value for value; a down projection that adds to another row than the norm's
+    /// input is not led by the projection. A gate and up over two norms' outputs, or over an
+    /// input no norm made, are not found.
     #[test]
     fn an_mlp_block_is_one_launch() {
         use crate::nn::{
@@ -529,7 +531,9 @@ mod tests {
                     (Dtype::Bfloat16, 64, 256, 0.02, None),
                     (Dtype::Bfloat16, d_large, f_large, 0.02, None),
                     (Dtype::Float32, 128, 352, 1e-4, None),
-                    (Dtype::Bfloat16, 128, 256, 0.02, four),
+                    // Without a projection a 4-bit block of 64 (a projection's quarters of
+                    // it are no whole chunks, so a led one is 128).
+                    (Dtype::Bfloat16, if led { 128 } else { 64 }, 256, 0.02, four),
                     (Dtype::Bfloat16, d_large, f_large, 0.02, four),
                     (Dtype::Float32, 128, 384, 1e-4, eight),
                 ] {
@@ -590,16 +594,30 @@ mod tests {
                             LayerInput::Activated(activation, &input[0])
                         };
                         // The chain found, from `h` (led by the projection that made it where
-                        // one leads), and the kernel taking it.
-                        let found = BlockChain::of(input, &h).is_some_and(|chain| {
-                            deferred::same_array(&chain.h, &h)
-                                && chain
-                                    .block(&down, base_weight(&down), &h, led)
-                                    .is_some_and(|block| block.fits())
+                        // one leads), and the kernel taking it: its launch's output is the
+                        // layer's, value for value. A down projection adding to another row
+                        // than `h` is not led.
+                        let chain = BlockChain::of(input, &h);
+                        let block = chain.as_ref().and_then(|chain| {
+                            let block = chain.block(&down, base_weight(&down), &h, led)?;
+                            (deferred::same_array(&chain.h, &h) && block.fits()).then_some(block)
                         });
+                        let direct = block.map(|block| block.apply()).transpose()?;
+                        // Evaluated apart: two launches of one ticketed kernel in one evaluation
+                        // would share its control block (`cuda::tasks`).
+                        if let Some(direct) = &direct {
+                            mlx_rs::transforms::eval([direct])?;
+                        }
                         let residual = Some(Residual::new(&h, 0.0));
                         let y = linear_plus_in(&down, input, residual, &mut ctx)?;
-                        Ok((y, found))
+                        if let Some(direct) = &direct {
+                            assert!(y.eq_values(direct)?, "{case}: not the block's launch");
+                        }
+                        let other = BlockChain::of(input, &a).is_some_and(|chain| {
+                            chain.block(&down, base_weight(&down), &a, true).is_some()
+                        });
+                        assert!(!other, "{case}: led into another residual");
+                        Ok((y, direct.is_some()))
                     })
                     .unwrap();
                     assert_eq!(fused.1, cuda, "{case}: the chain found only on CUDA");

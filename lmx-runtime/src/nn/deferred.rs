@@ -131,7 +131,8 @@ pub(super) fn rotation(x: &Array) -> Option<Rotation> {
 }
 
 /// The norm `output` of one row `input` (of `kind`, scaled by `weight`, shifted by `bias`),
-/// remembered for [`normed`] and [`normed_gated`] where no gradient is taken on CUDA.
+/// remembered for [`normed`], [`normed_gated`] and [`normed_product`] where no gradient is
+/// taken on CUDA.
 pub(super) fn remember_norm(
     output: &Array,
     input: &Array,
