@@ -51,6 +51,24 @@ thread_local! {
     static KERNELS: [Result<Kernel>; 2] = Format::ALL.map(kernel);
 }
 
+/// Device helper of the projection's and the down product's tasks: a row's dot product with
+/// `x` (its half at `x`, as two quarters of `quarter` values), each warp of a pair one half; the
+/// pair's sum (the even warp's half first), for every thread of both warps. A barrier of the
+/// block: every warp calls it.
+const PAIR_DOT: &str = r#"
+template <typename Rows, typename T>
+__device__ __forceinline__ float lmx_pair_dot(
+    Rows& w, const T* x, int quarter, int lane, int warp, float* s_y) {
+  float a0, a1;
+  w.dot(x, x + quarter, lane, a0, a1);
+  if (lane == 0) {
+    s_y[warp] = a0 + a1;
+  }
+  __syncthreads();
+  return s_y[warp & ~1] + s_y[warp | 1];
+}
+"#;
+
 fn kernel(format: Format) -> Result<Kernel> {
     let mut inputs = vec!["x".to_owned(), "r0".to_owned()];
     inputs.extend(format.inputs("wo"));
@@ -73,7 +91,7 @@ fn kernel(format: Format) -> Result<Kernel> {
         (&inputs, Inputs::RowContiguous),
         &["y", "act", "h"],
         &format!(
-            "{}{}{}{}{}{}",
+            "{}{}{}{}{}{PAIR_DOT}{}",
             super::activation::HEADER,
             super::matvec::HEADER,
             super::row_norm::HEADER,
@@ -139,15 +157,10 @@ const BODY: &str = r#"
         __syncthreads();
         have = 2;
       }
-      float a0, a1;
-      w.dot(xs + half, xs + half + DA / 4, lane, a0, a1);
-      if (lane == 0) {
-        s_y[warp] = a0 + a1;
-      }
-      __syncthreads();
+      const float sum = lmx_pair_dot(w, xs + half, DA / 4, lane, warp, s_y);
       if (lane == 0 && (warp & 1) == 0) {
         const float bias = BO ? static_cast<float>(bo[row]) : 0.0f;
-        const float product = static_cast<float>(static_cast<T>(s_y[warp] + s_y[warp + 1] + bias));
+        const float product = static_cast<float>(static_cast<T>(sum + bias));
         h[row] = static_cast<T>(static_cast<float>(r0[row]) + product);
       }
     } else if (t < TA + TG) {
@@ -216,15 +229,10 @@ const BODY: &str = r#"
         __syncthreads();
         have = 1;
       }
-      float a0, a1;
-      w.dot(xs + half, xs + half + F / 4, lane, a0, a1);
-      if (lane == 0) {
-        s_y[warp] = a0 + a1;
-      }
-      __syncthreads();
+      const float sum = lmx_pair_dot(w, xs + half, F / 4, lane, warp, s_y);
       if (lane == 0 && (warp & 1) == 0) {
         const float bias = BD ? static_cast<float>(bd[row]) : 0.0f;
-        const float product = static_cast<float>(static_cast<T>(s_y[warp] + s_y[warp + 1] + bias));
+        const float product = static_cast<float>(static_cast<T>(sum + bias));
         const float r = LEAD ? static_cast<float>(__ldcg(h + row)) : static_cast<float>(res[row]);
         y[row] = static_cast<T>(r + product);
       }

@@ -273,6 +273,17 @@ mod tests {
         }
     }
 
+    /// Values of `dtype` near 1 (a norm's scale): `1 + 0.1 z`, `z` standard normal.
+    fn near_one(shape: &[i32], dtype: Dtype) -> Array {
+        crate::test_arrays::normal(shape, Dtype::Float32)
+            .multiply(Array::from_f32(0.1))
+            .unwrap()
+            .add(Array::from_f32(1.0))
+            .unwrap()
+            .as_dtype(dtype)
+            .unwrap()
+    }
+
     fn layer(features: i32, bias: bool) -> LinearParams {
         let normal = |shape: &[i32]| {
             mlx_rs::random::normal::<f32>(shape, None, None, None)
@@ -367,15 +378,7 @@ mod tests {
             (Dtype::Float32, 136, 1e-4, None, Row::Flat),
             (Dtype::Bfloat16, 768, 0.02, None, Row::Flat),
         ] {
-            let near_one = |shape: &[i32]| {
-                normal(shape, Dtype::Float32)
-                    .multiply(Array::from_f32(0.1))
-                    .unwrap()
-                    .add(Array::from_f32(1.0))
-                    .unwrap()
-                    .as_dtype(dtype)
-                    .unwrap()
-            };
+            let near_one = |shape: &[i32]| near_one(shape, dtype);
             let small = |shape: &[i32]| {
                 let scaled = normal(shape, Dtype::Float32).multiply(Array::from_f32(0.1));
                 scaled.unwrap().as_dtype(dtype).unwrap()
@@ -545,15 +548,7 @@ mod tests {
                             .as_dtype(dtype)
                             .unwrap()
                     };
-                    let near_one = || {
-                        normal(&[d], Dtype::Float32)
-                            .multiply(Array::from_f32(0.1))
-                            .unwrap()
-                            .add(Array::from_f32(1.0))
-                            .unwrap()
-                            .as_dtype(dtype)
-                            .unwrap()
-                    };
+                    let near_one = || near_one(&[d], dtype);
                     // The plain block has biases everywhere, as GPT-2's; the gated none.
                     let layer = |shape: &[i32], fan_in: i32| {
                         let bias = (!gated).then(|| scaled(&shape[..1], 4));
