@@ -17,7 +17,7 @@
 //! the residual.
 
 use super::kernel::{Inputs, Kernel, Launch, TemplateArg};
-use super::row_norm::{NormKind, RowNorm};
+use super::row_norm::RowNorm;
 use super::sums::pack_width;
 use super::weights::{Format, Weight};
 use crate::error::{Error, Result};
@@ -107,8 +107,8 @@ fn kernel(format: Format) -> Result<Kernel> {
 /// `W`). Template arguments: `T`; `D` (the model's width), `DA` (the projection's input width;
 /// without a projection, any width whose quarters are whole chunks),
 /// `F` (the MLP's), `KX` (the widest); `LEAD` (whether the output projection leads), `GATED`,
-/// `ACT` (the activation), `NORM` (0 RMS, 1 layer, 2 layer with a shift), `EPS_BITS` (the norm's
-/// epsilon's float bits), `BO`, `BG` and `BD` (whether the projection, the first product and the
+/// `ACT` (the activation), `CENTER` and `SHIFT` (the norm's form, [`RowNorm::form`]), `EPS_BITS`
+/// (the norm's epsilon's float bits), `BO`, `BG` and `BD` (whether the projection, the first product and the
 /// down product have biases); packed weights' `BITS` and `GS`. Inputs a block does not use are
 /// other arrays of the right types, never read.
 const BODY: &str = r#"
@@ -180,13 +180,7 @@ const BODY: &str = r#"
           __syncthreads();
         }
         const T* in = LEAD ? xs : x;
-        if (NORM == 0) {
-          lmx_norm_row<T, D, WARPS, false, false>(in, nw, nb, xs, eps, red, aligned);
-        } else if (NORM == 1) {
-          lmx_norm_row<T, D, WARPS, true, false>(in, nw, nb, xs, eps, red, aligned);
-        } else {
-          lmx_norm_row<T, D, WARPS, true, true>(in, nw, nb, xs, eps, red, aligned);
-        }
+        lmx_norm_row<T, D, WARPS, CENTER != 0, SHIFT != 0>(in, nw, nb, xs, eps, red, aligned);
         have = 0;
       }
       float g, u;
@@ -416,11 +410,6 @@ impl MlpBlock<'_> {
             super::tasks::control("lmx_mlp_block")?,
         ]);
         let leads = matches!(self.input, BlockInput::Projected { .. });
-        let norm_kind = match (norm.kind, norm.bias.is_some()) {
-            (NormKind::Rms, _) => 0,
-            (NormKind::Layer, false) => 1,
-            (NormKind::Layer, true) => 2,
-        };
         let mut template = vec![
             TemplateArg::Type("T", dtype),
             TemplateArg::Int("D", d),
@@ -430,12 +419,12 @@ impl MlpBlock<'_> {
             TemplateArg::Int("LEAD", i32::from(leads)),
             TemplateArg::Int("GATED", i32::from(gated)),
             TemplateArg::Int("ACT", self.activation as i32),
-            TemplateArg::Int("NORM", norm_kind),
             norm.epsilon(),
             TemplateArg::Int("BO", i32::from(bo.is_some())),
             TemplateArg::Int("BG", i32::from(bg.is_some())),
             TemplateArg::Int("BD", i32::from(self.down_bias.is_some())),
         ];
+        template.extend(norm.form());
         template.extend(down.template());
         let first_tasks = if gated { f / 8 } else { f / 16 };
         let tasks = if leads { d / 4 } else { 0 } + first_tasks + d / 4;
@@ -464,6 +453,7 @@ impl MlpBlock<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::cuda::NormKind;
     use crate::test_arrays::normal;
     use mlx_rs::Dtype;
 
@@ -477,14 +467,9 @@ mod tests {
         ]
     }
 
-    fn affine(p: &[Array; 3]) -> Weight<'_> {
-        Weight::Affine {
-            packed: &p[0],
-            scales: &p[1],
-            biases: &p[2],
-            bits: 4,
-            group_size: 64,
-        }
+    /// A 4-bit weight by groups of 64 of `parts` ([`packed`]'s).
+    fn four(parts: &[Array; 3]) -> Weight<'_> {
+        Weight::affine(parts, 4, 64)
     }
 
     fn rms(d: i32, dtype: Dtype) -> RowNorm {
@@ -531,18 +516,18 @@ mod tests {
         assert!(gated_fits(2048, bf, dense), "TinyLlama dense");
         let (g4, d4) = (packed(5632, 2048, bf), packed(2048, 5632, bf));
         assert!(
-            gated_fits(2048, bf, [affine(&g4), affine(&g4), affine(&d4)]),
+            gated_fits(2048, bf, [four(&g4), four(&g4), four(&d4)]),
             "TinyLlama 4-bit"
         );
-        let mixed = [affine(&g4), affine(&g4), Weight::Dense(&down)];
+        let mixed = [four(&g4), four(&g4), Weight::Dense(&down)];
         assert!(!gated_fits(2048, bf, mixed), "mixed forms");
         let (g70, d70) = (packed(28672, 8192, bf), packed(8192, 28672, bf));
-        let large = [affine(&g70), affine(&g70), affine(&d70)];
+        let large = [four(&g70), four(&g70), four(&d70)];
         assert!(!gated_fits(8192, bf, large), "70B 4-bit");
         let f32 = Dtype::Float32;
         for (f, fit) in [(12160, true), (12288, false)] {
             let (g, d) = (packed(f, 2048, f32), packed(2048, f, f32));
-            let parts = [affine(&g), affine(&g), affine(&d)];
+            let parts = [four(&g), four(&g), four(&d)];
             assert_eq!(gated_fits(2048, f32, parts), fit, "float32 F = {f}");
         }
     }
@@ -606,11 +591,11 @@ mod tests {
         ));
         let (o4, fc4, proj4) = (packed(d, d, bf), packed(4 * d, d, bf), packed(d, 4 * d, bf));
         assert!(
-            block(projected(affine(&o4)), affine(&fc4), &bfc, affine(&proj4)),
+            block(projected(four(&o4)), four(&fc4), &bfc, four(&proj4)),
             "4-bit"
         );
         assert!(
-            !block(projected(affine(&o4)), dense_fc, &bfc, dense_proj),
+            !block(projected(four(&o4)), dense_fc, &bfc, dense_proj),
             "a packed projection before dense layers"
         );
         assert!(

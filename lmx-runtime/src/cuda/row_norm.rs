@@ -56,6 +56,15 @@ impl RowNorm {
         std::iter::once(self.weight.clone()).chain(self.bias.clone())
     }
 
+    /// The template arguments a kernel passes to [`HEADER`]'s `lmx_norm_row` as its `CENTER`
+    /// and `BIAS` (`CENTER`, a layer norm; `SHIFT`, with a bias).
+    pub(crate) fn form(&self) -> [TemplateArg; 2] {
+        [
+            TemplateArg::Int("CENTER", i32::from(self.kind == NormKind::Layer)),
+            TemplateArg::Int("SHIFT", i32::from(self.bias.is_some())),
+        ]
+    }
+
     /// The template argument a kernel reads epsilon from (`EPS_BITS`, its float bits).
     pub(crate) fn epsilon(&self) -> TemplateArg {
         TemplateArg::Int("EPS_BITS", self.eps.to_bits() as i32)

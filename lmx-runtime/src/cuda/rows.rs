@@ -264,16 +264,6 @@ mod tests {
         [w, s, b]
     }
 
-    fn affine(parts: &[Array; 3], bits: i32, group_size: i32) -> Weight<'_> {
-        Weight::Affine {
-            packed: &parts[0],
-            scales: &parts[1],
-            biases: &parts[2],
-            bits,
-            group_size,
-        }
-    }
-
     /// Tables packed in 4 or 8 bits by MLX's group sizes fit at 32-bit ids of at least one axis;
     /// 2 bits, a dense table, 64-bit ids, no ids or a scalar id do not.
     #[test]
@@ -282,14 +272,14 @@ mod tests {
         let fits = |table: &Weight, ids: &Array| PackedRows::of(table, ids).is_some();
         for (bits, group_size) in [(4, 32), (4, 64), (4, 128), (8, 128)] {
             let parts = packed_table(3, 128, Dtype::Float32, bits, group_size);
-            let table = affine(&parts, bits, group_size);
+            let table = Weight::affine(&parts, bits, group_size);
             assert!(fits(&table, &ids));
             assert!(fits(&table, &ids.as_dtype(Dtype::Uint32).unwrap()));
         }
         let two = packed_table(3, 128, Dtype::Float32, 2, 64);
-        assert!(!fits(&affine(&two, 2, 64), &ids));
+        assert!(!fits(&Weight::affine(&two, 2, 64), &ids));
         let four = packed_table(3, 128, Dtype::Float32, 4, 64);
-        let table = affine(&four, 4, 64);
+        let table = Weight::affine(&four, 4, 64);
         assert!(!fits(&table, &ids.as_dtype(Dtype::Int64).unwrap()));
         assert!(!fits(&table, &Array::from_slice::<i32>(&[], &[0])));
         assert!(!fits(&table, &Array::from_int(1)));
@@ -311,7 +301,7 @@ mod tests {
         for dtype in [Dtype::Float32, Dtype::Float16, Dtype::Bfloat16] {
             for (bits, group_size) in [(4, 32), (4, 128), (8, 64), (8, 128)] {
                 let parts = packed_table(11, 1024, dtype, bits, group_size);
-                let table = affine(&parts, bits, group_size);
+                let table = Weight::affine(&parts, bits, group_size);
                 for ids in [&signed, &unsigned] {
                     let got = PackedRows::of(&table, ids).unwrap().apply().unwrap();
                     let take = |a: &Array| a.take_axis(ids, 0).unwrap();

@@ -122,6 +122,19 @@ impl Format {
 }
 
 impl<'a> Weight<'a> {
+    /// A weight packed by MLX's affine quantization in `bits` by `group_size`, from its packed
+    /// words, scales and offsets, in that order (tests build their weights so).
+    #[cfg(test)]
+    pub(crate) fn affine(parts: &'a [Array; 3], bits: i32, group_size: i32) -> Self {
+        Weight::Affine {
+            packed: &parts[0],
+            scales: &parts[1],
+            biases: &parts[2],
+            bits,
+            group_size,
+        }
+    }
+
     /// Its arrays, held.
     pub(crate) fn held(&self) -> HeldWeight {
         HeldWeight {

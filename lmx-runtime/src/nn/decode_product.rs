@@ -143,46 +143,46 @@ fn mlp_block(
 /// ([`deferred::projected`]) where the down projection adds to `h` itself.
 struct BlockChain {
     activation: super::Activation,
-    gated: bool,
     h: Array,
     norm: cuda::RowNorm,
-    /// The gate and up weights, or a plain MLP's first weight twice.
-    first: [HeldWeight; 2],
-    first_bias: Option<Array>,
+    first: FirstLayers,
     projection: Option<deferred::Projection>,
+}
+
+/// The MLP's first layers as remembered, held for [`cuda::FirstProducts`].
+enum FirstLayers {
+    Gated { gate: HeldWeight, up: HeldWeight },
+    Plain { fc: HeldWeight, bias: Option<Array> },
 }
 
 impl BlockChain {
     /// The chain that made the down projection's `input`, whose output is added to `residual`.
     fn of(input: LayerInput<'_>, residual: &Array) -> Option<BlockChain> {
-        let (activation, gated, h, norm, first, first_bias) = match input {
+        let (activation, h, norm, first) = match input {
             LayerInput::Gated(activation, gate, up) => {
                 let found = deferred::normed_gated(gate, up)?;
-                let first = [found.gate, found.up];
-                (activation, true, found.input, found.norm, first, None)
+                let first = FirstLayers::Gated {
+                    gate: found.gate,
+                    up: found.up,
+                };
+                (activation, found.input, found.norm, first)
             }
             LayerInput::Activated(activation, x) => {
                 let found = deferred::normed_product(x)?;
-                let first = [found.weight.clone(), found.weight];
-                (
-                    activation,
-                    false,
-                    found.input,
-                    found.norm,
-                    first,
-                    found.bias,
-                )
+                let first = FirstLayers::Plain {
+                    fc: found.weight,
+                    bias: found.bias,
+                };
+                (activation, found.input, found.norm, first)
             }
             LayerInput::Plain(_) => return None,
         };
         let projection = deferred::projected(&h).filter(|_| deferred::same_array(&h, residual));
         Some(BlockChain {
             activation,
-            gated,
             h,
             norm,
             first,
-            first_bias,
             projection,
         })
     }
@@ -210,17 +210,15 @@ impl BlockChain {
                 residual,
             },
         };
-        let [gate, up] = &self.first;
-        let first = if self.gated {
-            cuda::FirstProducts::Gated {
+        let first = match &self.first {
+            FirstLayers::Gated { gate, up } => cuda::FirstProducts::Gated {
                 gate: gate.weight(),
                 up: up.weight(),
-            }
-        } else {
-            cuda::FirstProducts::Plain {
-                fc: gate.weight(),
-                bias: self.first_bias.as_ref(),
-            }
+            },
+            FirstLayers::Plain { fc, bias } => cuda::FirstProducts::Plain {
+                fc: fc.weight(),
+                bias: bias.as_ref(),
+            },
         };
         Some(cuda::MlpBlock {
             input,

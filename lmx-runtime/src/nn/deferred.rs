@@ -54,12 +54,7 @@ enum Made {
         index: usize,
     },
     /// `residual + x @ weight.T (+ bias)`.
-    Projected {
-        x: Array,
-        weight: HeldWeight,
-        bias: Option<Array>,
-        residual: Array,
-    },
+    Projected(Projection),
 }
 
 thread_local! {
@@ -202,12 +197,12 @@ pub(super) fn remember_projected(
     (weight, bias): (Weight, Option<&Array>),
     residual: &Array,
 ) {
-    let made = Made::Projected {
+    let made = Made::Projected(Projection {
         x: x.clone(),
         weight: weight.held(),
         bias: bias.cloned(),
         residual: residual.clone(),
-    };
+    });
     remember(output, made);
 }
 
@@ -292,22 +287,13 @@ pub(super) struct NormedProduct {
 /// bias)`: an MLP block's kernel may compute it itself.
 pub(super) fn projected(h: &Array) -> Option<Projection> {
     made(h, |made| match made {
-        Made::Projected {
-            x,
-            weight,
-            bias,
-            residual,
-        } => Some(Projection {
-            x: x.clone(),
-            weight: weight.clone(),
-            bias: bias.clone(),
-            residual: residual.clone(),
-        }),
+        Made::Projected(projection) => Some(projection.clone()),
         _ => None,
     })
 }
 
-/// What [`projected`] finds.
+/// What [`projected`] finds: `residual + x @ weight.T (+ bias)`.
+#[derive(Clone)]
 pub(super) struct Projection {
     pub x: Array,
     pub weight: HeldWeight,
