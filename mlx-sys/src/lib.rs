@@ -15,6 +15,17 @@ extern "C" {
     /// The identity of the array `a` is a handle to (MLX's `array::id()`, `csrc/array_id.cpp`):
     /// the same for every handle to one array, and no other array's while a handle to it lives.
     pub fn lmx_array_id(a: mlx_array) -> usize;
+
+    /// Where the rows of `a` lie in the array it views (`csrc/array_id.cpp`): through reshapes,
+    /// order-keeping transposes and slices or splits of the last axis, row `b`'s values are
+    /// `*base`'s flat values from `b * row_stride + offset` on. Writes a new handle to `*base`
+    /// (the caller frees it) and returns true, or returns false and writes nothing.
+    pub fn lmx_array_rows_of(
+        a: mlx_array,
+        base: *mut mlx_array,
+        offset: *mut i64,
+        row_stride: *mut i64,
+    ) -> bool;
 }
 
 /// The directory holding the `libmlx` this crate was linked against.
