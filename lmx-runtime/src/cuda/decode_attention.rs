@@ -68,13 +68,15 @@ fn splits(capacity: i32, heads: i32, warps: i32) -> i32 {
 }
 
 /// The online softmax of one block's share of the slots, in float32, for query head `bh`'s row
-/// (`q: [B, H, 1, D]`, `k`, `v: [B, KVH, C, D]`, `position: [1]` the query's slot, `starts: [B]`
+/// (`q` row `b`'s `HEADS` heads of `D` from flat value `b * Q_ROW + Q_OFF` on ([`HeadRows`]),
+/// `k`, `v: [B, KVH, C, D]`, `position: [1]` the query's slot, `starts: [B]`
 /// each row's first slot where `HAS_STARTS`, else every row starts at slot 0; where `ROPE_Q`,
 /// `q` is the query before its rotation, which the block rotates at position `rope_offset` (one
 /// value, or one per row) by `inv_freq`, as lmx's RoPE kernel would). Leaves the share's maximum
 /// score `M`, its sum of exponentials `L` and this thread's output value `o` (thread `t < D` for
 /// component `t`). A query on its row's padding (before the row's start) sees only its own slot.
-/// Where `WRITE`, the token's own key and value are `k_new`, `v_new` (`[B, KVH, 1, D]`; the key
+/// Where `WRITE`, the token's own key and value are `k_new`, `v_new` (`KVH` heads a row, as `q`'s
+/// lie, at `K_ROW`, `K_OFF` and `V_ROW`, `V_OFF`; the key
 /// rotated here where `ROPE_K`, at `k_rope_offset` by `k_inv_freq`, as the query), read for the
 /// query's slot in place of the buffers', and the first block of each key head's first query head
 /// writes them into the buffers at that slot: the buffers are a traced decode step's own, updated
@@ -88,7 +90,7 @@ const SHARE: &str = r#"
   __shared__ float shared_m[WARPS];
   __shared__ float shared_l[WARPS];
   __shared__ float shared_o[WARPS][D];
-  const int heads = q_shape[1];
+  const int heads = HEADS;
   const int kv_heads = k_shape[1];
   const int capacity = k_shape[2];
   const int bh = blockIdx.y;
@@ -103,7 +105,8 @@ const SHARE: &str = r#"
   const int lo = first + blockIdx.x * per_block;
   const int hi = min(pos + 1, lo + per_block);
   const float scale = rsqrtf(static_cast<float>(D));
-  const Pack qp = *reinterpret_cast<const Pack*>(q + static_cast<size_t>(bh) * D + lane * E);
+  const Pack qp = *reinterpret_cast<const Pack*>(
+      q + static_cast<size_t>(b) * Q_ROW + Q_OFF + (bh % heads) * D + lane * E);
   float qv[E];
 #pragma unroll
   for (int e = 0; e < E; ++e) {
@@ -132,9 +135,9 @@ const SHARE: &str = r#"
   Pack kn;
   Pack vn;
   if (WRITE) {
-    const size_t own = (static_cast<size_t>(b) * kv_heads + kvh) * D + lane * E;
-    kn = *reinterpret_cast<const Pack*>(k_new + own);
-    vn = *reinterpret_cast<const Pack*>(v_new + own);
+    const int own = kvh * D + lane * E;
+    kn = *reinterpret_cast<const Pack*>(k_new + static_cast<size_t>(b) * K_ROW + K_OFF + own);
+    vn = *reinterpret_cast<const Pack*>(v_new + static_cast<size_t>(b) * V_ROW + V_OFF + own);
     if (ROPE_K) {
       const float at = static_cast<float>(k_rope_offset[k_rope_offset_shape[0] == 1 ? 0 : b]);
       const bool low = lane < 16;
@@ -344,6 +347,46 @@ pub(crate) fn decode_attention_fits(q: &Array, k: &Array, v: &Array) -> bool {
         && matches!(q.dtype(), Float32 | Float16 | Bfloat16)
 }
 
+/// Where the kernel reads a head-major input of one slot (`[B, heads, 1, D]`): row `b`'s heads
+/// are `array`'s flat values from `b * row_stride + offset` on. A view of a decode step's product
+/// (its query, key and value split, reshaped into heads and transposed, as a model writes
+/// attention) is read in the product's output as it lies, so that MLX never evaluates the views:
+/// each is an operation whose host time every token pays, though none launches a kernel
+/// (docs/benchmarks.md, "Ninth session of 2026-11-29").
+#[derive(Clone)]
+struct HeadRows {
+    array: Array,
+    offset: i32,
+    row_stride: i32,
+}
+
+impl HeadRows {
+    /// Where `x`'s heads lie: in the array its views start from where each row's heads are one
+    /// stretch there, on whole heads (the kernel's loads stay aligned), else in `x`.
+    fn of(x: &Array) -> HeadRows {
+        let (heads, d) = (x.shape()[1], x.shape()[3]);
+        let on_heads = |n: i64| n % i64::from(d) == 0 && i32::try_from(n).is_ok();
+        match crate::nn::view_rows::rows_of(x) {
+            Some(rows)
+                if on_heads(rows.offset)
+                    && on_heads(rows.row_stride)
+                    && rows.row_stride >= rows.offset + i64::from(heads * d) =>
+            {
+                HeadRows {
+                    array: rows.base,
+                    offset: rows.offset as i32,
+                    row_stride: rows.row_stride as i32,
+                }
+            }
+            _ => HeadRows {
+                array: x.clone(),
+                offset: 0,
+                row_stride: heads * d,
+            },
+        }
+    }
+}
+
 /// A decode step's query or key before its rotation (RoPE, rotate-half, the whole head), which
 /// [`decode_attention`] then rotates as it reads it: the `input`, the position `offset` (int32,
 /// one value or one per row) and each pair's angle per position, `rates` (float32, `[D / 2]`).
@@ -422,11 +465,18 @@ pub(crate) fn decode_attention(
     let rotated_key = new.and_then(|new| new.rotated_key.as_ref());
     // What the kernel reads of the query: never a rotation's output it rotates itself, which
     // would then be computed.
-    let query = rotated.map_or(q, |r| &r.input);
-    // Without starts, a rotation or a new key and value, the kernel reads none: stand-ins of
-    // their types.
+    let query = HeadRows::of(rotated.map_or(q, |r| &r.input));
+    // Without a new key and value the kernel reads none: the query stands in.
+    let (key, value) = match new {
+        Some(new) => (
+            HeadRows::of(rotated_key.map_or(new.key, |r| &r.input)),
+            HeadRows::of(new.value),
+        ),
+        None => (query.clone(), query.clone()),
+    };
+    // Without starts or rotations the kernel reads none: stand-ins of their types.
     let inputs = [
-        query.clone(),
+        query.array.clone(),
         k.clone(),
         v.clone(),
         position.clone(),
@@ -439,12 +489,8 @@ pub(crate) fn decode_attention(
             None => position.clone(),
         },
         rotated.map_or_else(|| Array::from_f32(0.0), |r| r.rates.clone()),
-        match (new, rotated_key) {
-            (_, Some(r)) => r.input.clone(),
-            (Some(new), None) => new.key.clone(),
-            (None, None) => query.clone(),
-        },
-        new.map_or_else(|| query.clone(), |new| new.value.clone()),
+        key.array.clone(),
+        value.array.clone(),
         match rotated_key {
             Some(r) => r.offset.reshape(&[-1])?,
             None => position,
@@ -454,12 +500,19 @@ pub(crate) fn decode_attention(
     let template = [
         TemplateArg::Type("T", dtype),
         TemplateArg::Int("D", head_dim),
+        TemplateArg::Int("HEADS", heads),
         TemplateArg::Int("WARPS", warps),
         TemplateArg::Int("UNROLL", UNROLL),
         TemplateArg::Int("HAS_STARTS", i32::from(starts.is_some())),
         TemplateArg::Int("ROPE_Q", i32::from(rotated.is_some())),
         TemplateArg::Int("WRITE", i32::from(new.is_some())),
         TemplateArg::Int("ROPE_K", i32::from(rotated_key.is_some())),
+        TemplateArg::Int("Q_OFF", query.offset),
+        TemplateArg::Int("Q_ROW", query.row_stride),
+        TemplateArg::Int("K_OFF", key.offset),
+        TemplateArg::Int("K_ROW", key.row_stride),
+        TemplateArg::Int("V_OFF", value.offset),
+        TemplateArg::Int("V_ROW", value.row_stride),
     ];
     let grid = (splits * warps * 32, rows * heads, 1);
     let block = (warps * 32, 1, 1);
@@ -504,6 +557,7 @@ pub(crate) fn decode_attention(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use mlx_rs::ops::indexing::IndexOp;
 
     /// A head's slots go to one block up to two passes of its loads, else to as many blocks as
     /// one pass each needs, within a wave of blocks, and never more than 1,024 slots a block.
@@ -524,5 +578,35 @@ mod tests {
         // Heads of 128 (16 warps, 64 slots a pass), and the most blocks a head.
         assert_eq!(splits(192, 8, 16), 3);
         assert_eq!(splits(1 << 20, 1, 32), MAX_SPLITS);
+    }
+
+    /// GPT-2's query, key and value (one product's output of two rows split three ways, 12 heads
+    /// of 64 each, transposed heads first) are read in that output, each third a row of 2,304
+    /// apart; heads not on a head's boundary there, and arrays that are no view, are read as
+    /// they are.
+    #[test]
+    fn heads_are_found_in_the_product() {
+        use crate::test_arrays::normal;
+        let product = normal(&[2, 1, 2304], Dtype::Bfloat16)
+            .multiply(Array::from_f32(2.0))
+            .unwrap();
+        let parts = mlx_rs::ops::split_equal(&product, 3, -1).unwrap();
+        for (i, part) in parts.iter().enumerate() {
+            let heads = part.reshape(&[2, 1, 12, 64]).unwrap();
+            let heads = mlx_rs::ops::transpose_axes(&heads, &[0, 2, 1, 3]).unwrap();
+            let rows = HeadRows::of(&heads);
+            assert_eq!(rows.array.shape(), product.shape(), "part {i}");
+            assert_eq!((rows.offset, rows.row_stride), (768 * i as i32, 2304));
+        }
+        // Heads starting 32 values into the product: not on a head of 64.
+        let shifted = product.index((.., .., 32..800));
+        let shifted = shifted.reshape(&[2, 1, 12, 64]).unwrap();
+        let shifted = mlx_rs::ops::transpose_axes(&shifted, &[0, 2, 1, 3]).unwrap();
+        let rows = HeadRows::of(&shifted);
+        assert_eq!(rows.array.shape(), [2, 12, 1, 64]);
+        assert_eq!((rows.offset, rows.row_stride), (0, 768));
+        let own = normal(&[1, 4, 1, 32], Dtype::Float32);
+        let rows = HeadRows::of(&own);
+        assert_eq!((rows.offset, rows.row_stride), (0, 128));
     }
 }

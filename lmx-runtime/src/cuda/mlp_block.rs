@@ -388,6 +388,9 @@ impl MlpBlock<'_> {
                 x, bias, residual, ..
             } => (x, residual, bias, residual, *x.shape().last().unwrap_or(&1)),
         };
+        // The projection reads its row as it lies: attention's heads' output, made one row by views
+        // that then go unevaluated.
+        let x = &crate::nn::view_rows::unviewed(x);
         let (bg, gated) = match self.first {
             FirstProducts::Gated { .. } => (None, true),
             FirstProducts::Plain { bias, .. } => (bias, false),

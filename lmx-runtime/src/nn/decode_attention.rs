@@ -85,9 +85,9 @@ mod tests {
     use crate::test_arrays::normal;
     use mlx_rs::Dtype;
 
-    /// The values of `a` as float64, row-major.
+    /// The values of `a` as float64, row-major (a view's too: flattening copies where needed).
     fn values(a: &Array) -> Vec<f64> {
-        let a = a.as_dtype(Dtype::Float32).unwrap();
+        let a = a.as_dtype(Dtype::Float32).unwrap().reshape(&[-1]).unwrap();
         a.as_slice::<f32>().iter().map(|&v| v as f64).collect()
     }
 
@@ -110,6 +110,37 @@ mod tests {
         position: i32,
         starts: Option<Vec<i32>>,
         dtype: Dtype,
+        /// Whether the query, key and value are views of one product's output, as a model's
+        /// attention splits it, reshapes it into heads and transposes it (GPT-2's), unevaluated.
+        views: bool,
+    }
+
+    /// The query, the token's key and its value of `case`'s shapes: unit normals, or views of one
+    /// row of them (`views`).
+    fn new_rows(case: &Case) -> [Array; 3] {
+        let (rows, heads, kv_heads, d, dtype) = (
+            case.rows,
+            case.heads,
+            case.kv_heads,
+            case.head_dim,
+            case.dtype,
+        );
+        if !case.views {
+            return [heads, kv_heads, kv_heads].map(|h| normal(&[rows, h, 1, d], dtype));
+        }
+        let product = normal(&[rows, 1, (heads + 2 * kv_heads) * d], dtype);
+        product.eval().unwrap();
+        let parts =
+            mlx_rs::ops::split_at_indices(&product, &[heads * d, (heads + kv_heads) * d], -1)
+                .unwrap();
+        let mut views = parts
+            .iter()
+            .zip([heads, kv_heads, kv_heads])
+            .map(|(part, h)| {
+                let heads = part.reshape(&[rows, 1, h, d]).unwrap();
+                mlx_rs::ops::transpose_axes(&heads, &[0, 2, 1, 3]).unwrap()
+            });
+        [(); 3].map(|()| views.next().unwrap())
     }
 
     fn check(case: &Case) {
@@ -123,7 +154,7 @@ mod tests {
             dtype,
             ..
         } = *case;
-        let q = normal(&[rows, heads, 1, d], dtype);
+        let [q, k_new, v_new] = new_rows(case);
         let k = normal(&[rows, kv_heads, capacity, d], dtype);
         let v = normal(&[rows, kv_heads, capacity, d], dtype);
         let starts = case.starts.clone().unwrap_or(vec![0; rows as usize]);
@@ -140,20 +171,20 @@ mod tests {
                 .collect();
             Ok(Array::from_slice(&visible, &[rows, 1, 1, capacity]))
         };
-        let k_new = normal(&[rows, kv_heads, 1, d], dtype);
-        let v_new = normal(&[rows, kv_heads, 1, d], dtype);
-        // The buffers as the token's key and value written at its slot make them, read before the
-        // kernel writes them in place.
+        // The buffers, read before the kernel writes them in place.
         let (d_u, cap_u) = (d as usize, capacity as usize);
-        let (qv, mut kv, mut vv) = (values(&q), values(&k), values(&v));
-        let (own_k, own_v) = (values(&k_new), values(&v_new));
+        let (mut kv, mut vv) = (values(&k), values(&v));
+        let (out, keys, values_written) =
+            decode_attention(&q, (&k_new, &v_new), (k, v), &slots, mask).unwrap();
+        // The query, key and value read after the call: views evaluated before it would be arrays
+        // of their own, not views.
+        let (qv, own_k, own_v) = (values(&q), values(&k_new), values(&v_new));
+        // The buffers as the token's key and value written at its slot make them.
         for row in 0..(rows * kv_heads) as usize {
             let slot = (row * cap_u + position as usize) * d_u;
             kv[slot..slot + d_u].copy_from_slice(&own_k[row * d_u..][..d_u]);
             vv[slot..slot + d_u].copy_from_slice(&own_v[row * d_u..][..d_u]);
         }
-        let (out, keys, values_written) =
-            decode_attention(&q, (&k_new, &v_new), (k, v), &slots, mask).unwrap();
         assert_eq!(out.shape(), [rows, heads, 1, d]);
         assert_eq!(out.dtype(), dtype);
         // The buffers are read as the cache reads them, after the output is evaluated: on CUDA the
@@ -219,6 +250,7 @@ mod tests {
                 position,
                 starts: None,
                 dtype: Dtype::Float32,
+                views: false,
             });
         }
         check(&Case {
@@ -230,6 +262,7 @@ mod tests {
             position: 383,
             starts: None,
             dtype: Dtype::Bfloat16,
+            views: false,
         });
         check(&Case {
             rows: 2,
@@ -240,6 +273,7 @@ mod tests {
             position: 20,
             starts: None,
             dtype: Dtype::Float16,
+            views: false,
         });
         // A head size the kernel does not take goes through MLX's attention everywhere.
         check(&Case {
@@ -251,6 +285,35 @@ mod tests {
             position: 9,
             starts: None,
             dtype: Dtype::Float32,
+            views: false,
+        });
+    }
+
+    #[test]
+    fn heads_are_read_where_the_product_left_them() {
+        // GPT-2's attention (one product split three ways, 12 heads of 64), then a grouped
+        // query's over two rows of a split cache.
+        check(&Case {
+            rows: 1,
+            heads: 12,
+            kv_heads: 12,
+            capacity: 256,
+            head_dim: 64,
+            position: 100,
+            starts: None,
+            dtype: Dtype::Bfloat16,
+            views: true,
+        });
+        check(&Case {
+            rows: 2,
+            heads: 8,
+            kv_heads: 2,
+            capacity: 2304,
+            head_dim: 128,
+            position: 1500,
+            starts: Some(vec![0, 3]),
+            dtype: Dtype::Float32,
+            views: true,
         });
     }
 
@@ -267,6 +330,7 @@ mod tests {
                 position,
                 starts: Some(vec![0, 5, 50]),
                 dtype: Dtype::Float32,
+                views: false,
             });
         }
     }
@@ -285,6 +349,7 @@ mod tests {
                 position,
                 starts: Some(vec![0, 3]),
                 dtype: Dtype::Float32,
+                views: false,
             });
         }
         check(&Case {
@@ -296,6 +361,7 @@ mod tests {
             position: 4000,
             starts: None,
             dtype: Dtype::Bfloat16,
+            views: false,
         });
     }
 }

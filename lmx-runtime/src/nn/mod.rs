@@ -30,7 +30,7 @@ mod scan;
 mod shared_input;
 mod switch;
 mod tiled_attention;
-mod view_rows;
+pub(crate) mod view_rows;
 
 pub use activated_product::{linear_plus_in, LayerInput, Residual};
 pub use activation::*;

@@ -8,10 +8,6 @@
 //! takes the viewed array and where its rows lie computes the same from it, and MLX, which
 //! evaluates only what an evaluated array needs, never evaluates the views.
 
-// Not yet read by a kernel: decode attention's offsets are the next step (docs/benchmarks.md,
-// "What would be next").
-#![allow(dead_code)]
-
 use mlx_rs::Array;
 
 /// Where the rows (the first axis) of a view lie in the array it views: row `b`'s values, in
@@ -43,6 +39,17 @@ pub(crate) fn rows_of(a: &Array) -> Option<RowsOf> {
             mlx_sys::mlx_array_free(base);
             None
         }
+    }
+}
+
+/// The array whose values `a`'s are, in the same order, where `a` is a view of all of it (reshapes
+/// and order-keeping transposes, as attention's heads' output is made one row again): a kernel
+/// that reads `a` row-major reads that array the same, and leaves the views unevaluated. `a`
+/// itself otherwise.
+pub(crate) fn unviewed(a: &Array) -> Array {
+    match rows_of(a) {
+        Some(rows) if rows.offset == 0 && rows.base.size() == a.size() => rows.base,
+        _ => a.clone(),
     }
 }
 
@@ -90,7 +97,7 @@ mod tests {
                 transpose_axes(&heads, &[0, 2, 1, 3]).unwrap()
             })
             .collect();
-        let out = transpose_axes(&reshape(&parts[0], &[2, 12, 1, 64]).unwrap(), &[0, 2, 1, 3])
+        let out = transpose_axes(reshape(&parts[0], &[2, 12, 1, 64]).unwrap(), &[0, 2, 1, 3])
             .unwrap()
             .reshape(&[2, 1, 768])
             .unwrap();
@@ -138,5 +145,23 @@ mod tests {
         let first = x.index(0..1);
         let own = rows_of(&first).unwrap();
         assert_eq!(own.base.shape(), first.shape());
+    }
+
+    /// Attention's heads' output made one row again (transposed back and reshaped) is read in
+    /// the heads' output itself; a view of part of an array is not.
+    #[test]
+    fn a_whole_view_is_read_in_its_array() {
+        let heads = normal(&[1, 12, 1, 64], Dtype::Float32)
+            .multiply(Array::from_f32(2.0))
+            .unwrap();
+        let row = transpose_axes(&heads, &[0, 2, 1, 3])
+            .unwrap()
+            .reshape(&[1, 1, 768])
+            .unwrap();
+        let read = unviewed(&row);
+        assert_eq!(read.shape(), heads.shape());
+        assert!(read.reshape(&[1, 1, 768]).unwrap().eq_values(&row).unwrap());
+        let part = heads.reshape(&[1, 1, 768]).unwrap().index((.., .., 64..));
+        assert_eq!(unviewed(&part).shape(), part.shape());
     }
 }
