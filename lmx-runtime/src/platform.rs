@@ -26,6 +26,18 @@ fn library_providing(symbol: &str) -> Option<PathBuf> {
     }
 }
 
+/// Where lmx keeps what it builds (the programs of model files, kernels' headers):
+/// `LMX_CACHE_DIR`, else `$XDG_CACHE_HOME/lmx`, else `~/.cache/lmx`; `None` without any of them.
+pub fn cache_dir() -> Option<PathBuf> {
+    if let Some(dir) = std::env::var_os("LMX_CACHE_DIR") {
+        return Some(dir.into());
+    }
+    if let Some(dir) = std::env::var_os("XDG_CACHE_HOME") {
+        return Some(PathBuf::from(dir).join("lmx"));
+    }
+    std::env::var_os("HOME").map(|home| PathBuf::from(home).join(".cache").join("lmx"))
+}
+
 /// The libmlx this process loaded (the library defining `mlx::core::array::~array`).
 pub fn mlx_library() -> Option<PathBuf> {
     library_providing("_ZN3mlx4core5arrayD1Ev")

@@ -71,7 +71,8 @@ fn build(file: &ModelFile) -> anyhow::Result<PathBuf> {
         file.name,
         lmx_grammar::codegen::step_type_name(&first.name)
     );
-    let cache = cache_dir()?;
+    let cache = lmx::runtime::platform::cache_dir()
+        .ok_or_else(|| anyhow::anyhow!("no cache folder for built models: set LMX_CACHE_DIR"))?;
     let package = format!(
         "lmx-model-{}-{:016x}",
         file.name,
@@ -131,20 +132,6 @@ fn build(file: &ModelFile) -> anyhow::Result<PathBuf> {
         );
     }
     Ok(program)
-}
-
-/// `LMX_CACHE_DIR`, else `$XDG_CACHE_HOME/lmx`, else `~/.cache/lmx`.
-fn cache_dir() -> anyhow::Result<PathBuf> {
-    if let Some(dir) = std::env::var_os("LMX_CACHE_DIR") {
-        return Ok(dir.into());
-    }
-    if let Some(dir) = std::env::var_os("XDG_CACHE_HOME") {
-        return Ok(PathBuf::from(dir).join("lmx"));
-    }
-    match std::env::var_os("HOME") {
-        Some(home) => Ok(PathBuf::from(home).join(".cache").join("lmx")),
-        None => anyhow::bail!("no cache folder for built models: set LMX_CACHE_DIR"),
-    }
 }
 
 /// A stable 64-bit hash (FNV-1a) of a model's source and of the lmx checkout its crate depends

@@ -15,7 +15,9 @@
 //!
 //! MLX hashes a custom kernel's whole source at every launch (to name its compiled module), which
 //! costs the host about a quarter of a microsecond a kilobyte (`bench/launch-cost/probe.py`), so
-//! sources reach MLX without their comments and indentation ([`compact`]).
+//! sources reach MLX without their comments and indentation ([`compact`]), and a kernel's header
+//! (the device code it shares with others, most of its text) as a file it includes
+//! ([`included`]).
 
 use crate::error::{Error, Result};
 use mlx_rs::{Array, Dtype, Stream};
@@ -88,6 +90,7 @@ impl Kernel {
     ) -> Result<Kernel> {
         let (header, body) = (&compact(header), &compact(body));
         let name = &source_name(name, inputs, outputs, header, body);
+        let header = &included(header);
         let text = |what: &str, value: &str| {
             CString::new(value).map_err(|_| {
                 Error::Layout(format!("kernel {name}: a NUL byte in its {what} `{value}`"))
@@ -213,6 +216,52 @@ impl Kernel {
     }
 }
 
+/// What MLX is given as a kernel's `header`: an `#include` of a file in lmx's cache folder
+/// ([`crate::platform::cache_dir`]) that holds it ([`header_file`]), so that the text MLX hashes
+/// at every launch is the include's line, not the header (a decoder layer's MLP block's header is
+/// about 7 KB of its 12); the header itself where no such file can be written or named in an
+/// include. NVRTC reads the file when MLX first compiles the kernel in a process.
+fn included(header: &str) -> String {
+    if header.is_empty() {
+        return String::new();
+    }
+    crate::platform::cache_dir()
+        .and_then(|dir| header_file(&dir.join("cuda"), header).ok())
+        .and_then(|path| include_line(&path))
+        .unwrap_or_else(|| header.to_owned())
+}
+
+/// `#include "<path>"` and a line break, where the path can be named so: text without quotes,
+/// backslashes or line breaks.
+fn include_line(path: &std::path::Path) -> Option<String> {
+    let path = path.to_str()?;
+    (!path.contains(['"', '\\', '\n'])).then(|| format!("#include \"{path}\"\n"))
+}
+
+/// The file in `dir` holding `header`, named by the hash of its text ([`source_name`]), so that a
+/// changed header is another file; written whole under another name and renamed into place, so
+/// that no process reads it half-written, and written again where a file of that name holds
+/// other text.
+fn header_file(dir: &std::path::Path, header: &str) -> std::io::Result<std::path::PathBuf> {
+    let name = source_name("lmx", &[], &[], header, "");
+    let path = dir.join(format!("{name}.cuh"));
+    if std::fs::read(&path).is_ok_and(|text| text == header.as_bytes()) {
+        return Ok(path);
+    }
+    std::fs::create_dir_all(dir)?;
+    let thread = format!("{:?}", std::thread::current().id());
+    let partial = dir.join(format!(
+        ".{name}.{}.{}.part",
+        std::process::id(),
+        thread.trim_start_matches("ThreadId(").trim_end_matches(')')
+    ));
+    let written = std::fs::write(&partial, header).and_then(|()| std::fs::rename(&partial, &path));
+    if written.is_err() {
+        let _ = std::fs::remove_file(&partial);
+    }
+    written.map(|()| path)
+}
+
 /// A header, last before the kernel, that gives it CUDA's launch bounds: at most `threads` a
 /// block, and registers few enough for `blocks` blocks on each streaming multiprocessor.
 ///
@@ -307,7 +356,7 @@ unsafe fn string_vector(values: &[CString]) -> mlx_sys::mlx_vector_string {
 
 #[cfg(test)]
 mod tests {
-    use super::{compact, launch_bounds, source_name};
+    use super::{compact, header_file, include_line, launch_bounds, source_name};
 
     #[test]
     fn compact_sources_keep_code_and_line_breaks() {
@@ -362,5 +411,34 @@ mod tests {
         ] {
             assert_ne!(sum, other);
         }
+    }
+
+    /// A header's file holds its text under its hash's name, is found again, and is written
+    /// again where another text took its place; a path an include cannot name is refused.
+    #[test]
+    fn headers_are_files_named_by_their_text() {
+        let dir = tempfile::tempdir().unwrap();
+        let cuda = dir.path().join("cuda");
+        let header = "__device__ inline int lmx_two() { return 2; }\n";
+        let path = header_file(&cuda, header).unwrap();
+        assert_eq!(path.parent(), Some(cuda.as_path()));
+        assert_eq!(
+            path.file_name().unwrap().to_str().unwrap(),
+            format!("{}.cuh", source_name("lmx", &[], &[], header, ""))
+        );
+        assert_eq!(std::fs::read_to_string(&path).unwrap(), header);
+        assert_eq!(header_file(&cuda, header).unwrap(), path);
+        std::fs::write(&path, "int lmx_two;").unwrap();
+        assert_eq!(header_file(&cuda, header).unwrap(), path);
+        assert_eq!(std::fs::read_to_string(&path).unwrap(), header);
+        let other = header_file(&cuda, "#define LMX_THREE 3\n").unwrap();
+        assert_ne!(other, path);
+        // Only the two headers' files: no partial file is left behind.
+        assert_eq!(std::fs::read_dir(&cuda).unwrap().count(), 2);
+        assert_eq!(
+            include_line(&path).unwrap(),
+            format!("#include \"{}\"\n", path.display())
+        );
+        assert_eq!(include_line(std::path::Path::new("/tmp/a\"b.cuh")), None);
     }
 }
