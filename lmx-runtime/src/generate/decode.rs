@@ -196,7 +196,7 @@ pub fn generate_cached<M: LanguageModel>(
         .cache_mut()
         .map(|cache| (cache.rings(), cache.bound(), cache.states.len()))
         .unwrap_or_default();
-    let mut decoder = DecodeStep::new::<M>(params, config, &sampler, rings, bound, recurrent)?;
+    let mut decoder = DecodeStep::new::<M>(params, config, &sampler, rings, bound, recurrent);
     let decode_started = Instant::now();
     loop {
         let more = tokens.len() + 1 < limit;

@@ -5,7 +5,8 @@
 //! bounds small models and fast devices by the host (GPT-2 124M at about 0.55 ms of host work a
 //! token on an H100). The step is instead traced once per shape bucket and replayed:
 //!
-//! - inputs: the token `[1, 1]`, its position (an int32 scalar), the sampler's state (its random key, then the recent tokens its penalties look at), every
+//! - inputs: the parameters' leaves, the token `[1, 1]`, its position (an int32 scalar), the
+//!   sampler's state (its random key, then the recent tokens its penalties look at), every
 //!   attention layer's key and value buffers `[1, heads, capacity, head_dim]` and every recurrent
 //!   slot's state ([`super::state`]);
 //! - outputs: the next token, the sampler's next state, the buffers with this token's keys and
@@ -17,11 +18,8 @@
 //! traced form). A trace holds for its input shapes, the bucket: the buffers' capacity, grown in
 //! blocks of [`KvCache::STEP`] before the step that needs room (MLX traces again for the new
 //! shape and keeps the old trace), and, while a penalty's look-back window is still filling, its
-//! length. The parameters, the configuration and the sampling settings are fixed for the step's
-//! life (a new generation makes a new step), so the parameters are the trace's constants, evaluated
-//! first: as inputs, their hundreds of leaves (a 4-bit TinyLlama's 550) cost every call's replay
-//! about 0.1 us each (docs/benchmarks.md, "Session of 2026-11-30"). A batch's step, whose
-//! parameters change under its traces ([`super::batch_step`]), takes them as inputs.
+//! length. The parameters are inputs, not captured constants, and the configuration and sampling
+//! settings are fixed for the step's life: a new generation makes a new step.
 //!
 //! Prefill (many tokens at once, chunked), batched generation and speculative verification run
 //! eagerly: their token counts change from call to call, each a new shape that a trace would not
@@ -47,6 +45,8 @@ type Traced = Box<dyn FnMut(&[Array]) -> std::result::Result<Vec<Array>, Excepti
 /// One sequence's compiled decode step for a model, its configuration and sampling settings.
 pub(crate) struct DecodeStep {
     function: Traced,
+    /// The parameters' leaves: the first inputs of every call.
+    params: Vec<Array>,
     /// How many arrays the sampler's state holds.
     state_len: usize,
     /// How many recurrent slots the model's forward pass runs (their states are the last inputs).
@@ -60,7 +60,7 @@ impl DecodeStep {
     /// state is an input of every call).
     /// The layers whose buffers are rings are those of `rings`, `bound` the ring of every causal
     /// layer of a bounded cache, and `recurrent` is the number of recurrent slots (all the
-    /// prefilled cache's). Evaluates `params` (an error there is MLX's).
+    /// prefilled cache's).
     pub(crate) fn new<M: LanguageModel>(
         params: &M::Params,
         config: &M::Config,
@@ -68,11 +68,11 @@ impl DecodeStep {
         rings: Vec<Option<Ring>>,
         bound: Option<Ring>,
         recurrent: usize,
-    ) -> Result<DecodeStep> {
-        // Evaluated, so that the trace holds the weights, not how they were computed.
-        mlx_rs::transforms::eval(flatten(params).iter())?;
+    ) -> DecodeStep {
+        let leaves = flatten(params);
+        let leaf_count = leaves.len();
         let state_len = sampler.state().len();
-        let params = params.clone();
+        let template = params.clone();
         let config = config.clone();
         let sampler = sampler.clone();
         let traces = Rc::new(Cell::new(0));
@@ -80,8 +80,10 @@ impl DecodeStep {
         // MLX calls the body only to trace it.
         let body = move |inputs: &[Array]| -> Result<Vec<Array>> {
             counter.set(counter.get() + 1);
-            let (token, position) = (&inputs[0], &inputs[1]);
-            let (state, rest) = inputs[2..].split_at(state_len);
+            let (leaves, rest) = inputs.split_at(leaf_count);
+            let params = with_leaves(&template, leaves);
+            let (token, position) = (&rest[0], &rest[1]);
+            let (state, rest) = rest[2..].split_at(state_len);
             let (buffers, states) = rest.split_at(rest.len() - recurrent);
             let cache = KvCache::traced(buffers.to_vec(), position, rings.clone(), bound)?;
             let (logits, cached) = traced_forward::<M>(&params, &config, token, cache, states)?;
@@ -93,12 +95,13 @@ impl DecodeStep {
             Ok(outputs)
         };
         let pure = move |inputs: &[Array]| body(inputs).map_err(Error::into_exception);
-        Ok(DecodeStep {
+        DecodeStep {
             function: Box::new(compile(pure, false)),
+            params: leaves,
             state_len,
             recurrent,
             traces,
-        })
+        }
     }
 
     /// Queues the token after `token` (a scalar) at `ctx`'s position: its keys and values go into
@@ -114,7 +117,8 @@ impl DecodeStep {
             Error::Layout("a decode step needs a generation context's cache".into())
         })?;
         cache.reserve(cache.len + 1)?;
-        let mut inputs = vec![token.reshape(&[1, 1])?];
+        let mut inputs = self.params.clone();
+        inputs.push(token.reshape(&[1, 1])?);
         inputs.push(Array::from_int(cache.len));
         inputs.extend(sampler.state());
         inputs.extend(cache.take_buffers());
@@ -123,7 +127,7 @@ impl DecodeStep {
         let mut outputs = match called {
             Ok(outputs) => outputs,
             Err(err) => {
-                let mut buffers = inputs.split_off(2 + self.state_len);
+                let mut buffers = inputs.split_off(self.params.len() + 2 + self.state_len);
                 let states = buffers.split_off(buffers.len() - self.recurrent);
                 cache.states = RecurrentStates::from_arrays(states);
                 cache.put_buffers(buffers, 0);
