@@ -27,15 +27,20 @@ fn library_providing(symbol: &str) -> Option<PathBuf> {
 }
 
 /// Where lmx keeps what it builds (the programs of model files, kernels' headers):
-/// `LMX_CACHE_DIR`, else `$XDG_CACHE_HOME/lmx`, else `~/.cache/lmx`; `None` without any of them.
+/// `LMX_CACHE_DIR`, else `$XDG_CACHE_HOME/lmx`, else `~/.cache/lmx`; an empty variable counts as
+/// unset, and a relative `XDG_CACHE_HOME` is ignored, as the XDG specification says; `None`
+/// without any of them.
 pub fn cache_dir() -> Option<PathBuf> {
-    if let Some(dir) = std::env::var_os("LMX_CACHE_DIR") {
+    let var = |name: &str| std::env::var_os(name).filter(|value| !value.is_empty());
+    if let Some(dir) = var("LMX_CACHE_DIR") {
         return Some(dir.into());
     }
-    if let Some(dir) = std::env::var_os("XDG_CACHE_HOME") {
-        return Some(PathBuf::from(dir).join("lmx"));
+    if let Some(dir) = var("XDG_CACHE_HOME").map(PathBuf::from) {
+        if dir.is_absolute() {
+            return Some(dir.join("lmx"));
+        }
     }
-    std::env::var_os("HOME").map(|home| PathBuf::from(home).join(".cache").join("lmx"))
+    var("HOME").map(|home| PathBuf::from(home).join(".cache").join("lmx"))
 }
 
 /// The libmlx this process loaded (the library defining `mlx::core::array::~array`).

@@ -41,10 +41,11 @@ bool keeps_order(const std::vector<int>& axes, const mlx::core::Shape& shape) {
 // reshapes and transposes that keep the values' row-major order and slices or splits of the
 // last axis (every other axis past the first of one value): row `b`'s values, in row-major order,
 // are `*base`'s flat values from `b * row_stride + offset` on, `*base` read row-major (as a
-// kernel taking row-contiguous inputs reads it). Not a view, `a` is its own base. Returns false,
-// and sets nothing, where a step of the views does not keep the rows so.
+// kernel taking row-contiguous inputs reads it). The walk stops at the first step that does not
+// keep the rows so, whose output is then the base (`a` itself, where that is the first). Returns
+// false, and sets nothing, for a scalar or where MLX throws (no exception may reach Rust).
 extern "C" bool lmx_array_rows_of(
-    mlx_array a, mlx_array* base, int64_t* offset, int64_t* row_stride) {
+    mlx_array a, mlx_array* base, int64_t* offset, int64_t* row_stride) try {
   array x = mlx_array_get_(a);
   if (x.ndim() == 0) return false;
   const int rows = x.shape(0);
@@ -60,28 +61,30 @@ extern "C" bool lmx_array_rows_of(
       // Same rows, each row's values in the same order.
     } else if (name == "Transpose") {
       const auto axes = static_cast<mlx::core::Transpose&>(p).state();
-      if (axes.empty() || axes[0] != 0 || !keeps_order(axes, shape)) return false;
+      if (axes.empty() || axes[0] != 0 || !keeps_order(axes, shape)) break;
     } else if (name == "Slice") {
       const auto [start, end, strides] = static_cast<mlx::core::Slice&>(p).state();
       const size_t last = shape.size() - 1;
+      bool keeps = true;
       for (size_t i = 0; i < shape.size(); ++i) {
         const bool whole = start[i] == 0 && end[i] == shape[i];
         const bool one = i == 0 || i == last || shape[i] == 1;
-        if (strides[i] != 1 || !one || (i != last && !whole)) return false;
+        if (strides[i] != 1 || !one || (i != last && !whole)) keeps = false;
       }
+      if (!keeps) break;
       at += start[last];
     } else if (name == "Split") {
       const auto [indices, axis] = static_cast<mlx::core::Split&>(p).state();
       const int last = static_cast<int>(shape.size()) - 1;
       const int split_axis = axis < 0 ? axis + last + 1 : axis;
-      if (split_axis != last) return false;
+      bool keeps = split_axis == last;
       for (int i = 1; i < last; ++i) {
-        if (shape[i] != 1) return false;
+        if (shape[i] != 1) keeps = false;
       }
       const auto outputs = x.outputs();
       size_t k = 0;
       while (k < outputs.size() && outputs[k].id() != x.id()) ++k;
-      if (k == outputs.size()) return false;
+      if (!keeps || k == outputs.size()) break;
       at += k == 0 ? 0 : indices[k - 1];
     } else {
       break;
@@ -92,4 +95,6 @@ extern "C" bool lmx_array_rows_of(
   *row_stride = size_from(x.shape(), 1);
   *base = mlx_array_new_(x);
   return true;
+} catch (...) {
+  return false;
 }

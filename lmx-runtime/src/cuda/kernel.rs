@@ -27,6 +27,18 @@ use std::ffi::CString;
 pub struct Kernel {
     raw: mlx_sys::mlx_fast_cuda_kernel,
     name: String,
+    /// The file MLX's source includes for the header, where it does ([`included`]).
+    header: Option<HeaderFile>,
+}
+
+/// A kernel's header as the file its source includes, and the template arguments launched so far.
+/// MLX compiles a kernel for each set of template arguments on that set's first launch, which
+/// may come long after the kernel was made (a server loading another model's shapes): the
+/// file is written again then if it has gone.
+struct HeaderFile {
+    dir: std::path::PathBuf,
+    text: String,
+    launched: std::cell::RefCell<std::collections::HashSet<u64>>,
 }
 
 impl Drop for Kernel {
@@ -90,7 +102,8 @@ impl Kernel {
     ) -> Result<Kernel> {
         let (header, body) = (&compact(header), &compact(body));
         let name = &source_name(name, inputs, outputs, header, body);
-        let header = &included(header);
+        let file = included(header);
+        let header = file.as_ref().map_or(header, |(_, line)| line);
         let text = |what: &str, value: &str| {
             CString::new(value).map_err(|_| {
                 Error::Layout(format!("kernel {name}: a NUL byte in its {what} `{value}`"))
@@ -129,11 +142,27 @@ impl Kernel {
         Ok(Kernel {
             raw: kernel,
             name: name.to_owned(),
+            header: file.map(|(file, _)| file),
         })
     }
 
     /// Launches the kernel on `inputs` (lazily, as any MLX op) and returns its outputs.
     pub fn launch(&self, inputs: &[Array], launch: &Launch) -> Result<Vec<Array>> {
+        if let Some(file) = &self.header {
+            if file
+                .launched
+                .borrow_mut()
+                .insert(template_key(launch.template))
+            {
+                header_file(&file.dir, &file.text).map_err(|err| {
+                    Error::Layout(format!(
+                        "kernel {}: its header file in {} cannot be written: {err}",
+                        self.name,
+                        file.dir.display()
+                    ))
+                })?;
+            }
+        }
         let names: Vec<CString> = launch
             .template
             .iter()
@@ -216,50 +245,64 @@ impl Kernel {
     }
 }
 
-/// What MLX is given as a kernel's `header`: an `#include` of a file in lmx's cache folder
-/// ([`crate::platform::cache_dir`]) that holds it ([`header_file`]), so that the text MLX hashes
+/// The header as a file in lmx's cache folder ([`crate::platform::cache_dir`], `cuda/`) and the
+/// `#include` of it that MLX is given in its place ([`header_file`]), so that the text MLX hashes
 /// at every launch is the include's line, not the header (a decoder layer's MLP block's header is
-/// about 7 KB of its 12); the header itself where no such file can be written or named in an
-/// include. NVRTC reads the file when MLX first compiles the kernel in a process.
-fn included(header: &str) -> String {
+/// about 7 KB of its 12); `None`, the header given inline, where it is empty or no such file can
+/// be written or named in an include.
+fn included(header: &str) -> Option<(HeaderFile, String)> {
     if header.is_empty() {
-        return String::new();
+        return None;
     }
-    crate::platform::cache_dir()
-        .and_then(|dir| header_file(&dir.join("cuda"), header).ok())
-        .and_then(|path| include_line(&path))
-        .unwrap_or_else(|| header.to_owned())
+    let dir = crate::platform::cache_dir()?.join("cuda");
+    let line = include_line(&header_file(&dir, header).ok()?)?;
+    let file = HeaderFile {
+        dir,
+        text: header.to_owned(),
+        launched: Default::default(),
+    };
+    Some((file, line))
 }
 
-/// `#include "<path>"` and a line break, where the path can be named so: text without quotes,
-/// backslashes or line breaks.
+/// `#include "<path>"` and a line break, where the path is absolute and can be named so: text
+/// without quotes, backslashes or control characters.
 fn include_line(path: &std::path::Path) -> Option<String> {
     let path = path.to_str()?;
-    (!path.contains(['"', '\\', '\n'])).then(|| format!("#include \"{path}\"\n"))
+    let nameable = !path.contains(['"', '\\']) && !path.chars().any(char::is_control);
+    (std::path::Path::new(path).is_absolute() && nameable).then(|| format!("#include \"{path}\"\n"))
 }
 
-/// The file in `dir` holding `header`, named by the hash of its text ([`source_name`]), so that a
-/// changed header is another file; written whole under another name and renamed into place, so
-/// that no process reads it half-written, and written again where a file of that name holds
-/// other text.
+/// The file in `dir` holding `header`, `lmx_<hash>.cuh` named by the hash of its text
+/// ([`source_name`]), so that a changed header is another file; written whole under a fresh name
+/// and renamed into place, so that no process reads it half-written, and written again where a
+/// file of that name holds other text. `dir` is made absolute: NVRTC resolves the include when
+/// it compiles.
 fn header_file(dir: &std::path::Path, header: &str) -> std::io::Result<std::path::PathBuf> {
-    let name = source_name("lmx", &[], &[], header, "");
-    let path = dir.join(format!("{name}.cuh"));
+    let dir = std::path::absolute(dir)?;
+    let path = dir.join(format!("{}.cuh", source_name("lmx", &[], &[], header, "")));
     if std::fs::read(&path).is_ok_and(|text| text == header.as_bytes()) {
         return Ok(path);
     }
-    std::fs::create_dir_all(dir)?;
-    let thread = format!("{:?}", std::thread::current().id());
-    let partial = dir.join(format!(
-        ".{name}.{}.{}.part",
-        std::process::id(),
-        thread.trim_start_matches("ThreadId(").trim_end_matches(')')
-    ));
-    let written = std::fs::write(&partial, header).and_then(|()| std::fs::rename(&partial, &path));
-    if written.is_err() {
-        let _ = std::fs::remove_file(&partial);
+    std::fs::create_dir_all(&dir)?;
+    let mut partial = tempfile::NamedTempFile::new_in(&dir)?;
+    std::io::Write::write_all(&mut partial, header.as_bytes())?;
+    partial.persist(&path).map_err(|err| err.error)?;
+    Ok(path)
+}
+
+/// A hash of a launch's template arguments (their names and values), which name the module MLX
+/// compiles for them.
+fn template_key(template: &[TemplateArg]) -> u64 {
+    let mut hasher = fnv::FnvHasher::default();
+    for arg in template {
+        let (name, value) = match *arg {
+            TemplateArg::Type(name, dtype) => (name, dtype as i64),
+            TemplateArg::Int(name, value) => (name, i64::from(value) + (1 << 40)),
+        };
+        std::hash::Hasher::write(&mut hasher, name.as_bytes());
+        std::hash::Hasher::write_i64(&mut hasher, value);
     }
-    written.map(|()| path)
+    std::hash::Hasher::finish(&hasher)
 }
 
 /// A header, last before the kernel, that gives it CUDA's launch bounds: at most `threads` a
@@ -414,7 +457,8 @@ mod tests {
     }
 
     /// A header's file holds its text under its hash's name, is found again, and is written
-    /// again where another text took its place; a path an include cannot name is refused.
+    /// again where another text took its place or it is gone; a path an include cannot name is
+    /// refused.
     #[test]
     fn headers_are_files_named_by_their_text() {
         let dir = tempfile::tempdir().unwrap();
@@ -435,10 +479,25 @@ mod tests {
         assert_ne!(other, path);
         // Only the two headers' files: no partial file is left behind.
         assert_eq!(std::fs::read_dir(&cuda).unwrap().count(), 2);
+        // Gone, it is written again.
+        std::fs::remove_file(&path).unwrap();
+        assert_eq!(header_file(&cuda, header).unwrap(), path);
+        assert_eq!(std::fs::read_to_string(&path).unwrap(), header);
         assert_eq!(
             include_line(&path).unwrap(),
             format!("#include \"{}\"\n", path.display())
         );
-        assert_eq!(include_line(std::path::Path::new("/tmp/a\"b.cuh")), None);
+        for refused in [
+            "/tmp/a\"b.cuh",
+            "/tmp/a\\b.cuh",
+            "/tmp/a\rb.cuh",
+            "cuda/a.cuh",
+        ] {
+            assert_eq!(
+                include_line(std::path::Path::new(refused)),
+                None,
+                "{refused:?}"
+            );
+        }
     }
 }

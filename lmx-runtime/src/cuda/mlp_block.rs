@@ -383,20 +383,25 @@ impl MlpBlock<'_> {
         // Inputs a launch does not read take an array of the right type's place; its `DA`, the
         // width of `F`, whose quarters are whole chunks.
         let (x, r0, bo, residual, da) = match self.input {
-            BlockInput::Row { x, residual } => (x, x, None, residual, f),
+            BlockInput::Row { x, residual } => (x.clone(), x, None, residual, f),
+            // The projection reads its row as it lies: attention's heads' output, made one row by
+            // views that then go unevaluated.
             BlockInput::Projected {
                 x, bias, residual, ..
-            } => (x, residual, bias, residual, *x.shape().last().unwrap_or(&1)),
+            } => (
+                crate::nn::view_rows::unviewed(x),
+                residual,
+                bias,
+                residual,
+                *x.shape().last().unwrap_or(&1),
+            ),
         };
-        // The projection reads its row as it lies: attention's heads' output, made one row by views
-        // that then go unevaluated.
-        let x = &crate::nn::view_rows::unviewed(x);
         let (bg, gated) = match self.first {
             FirstProducts::Gated { .. } => (None, true),
             FirstProducts::Plain { bias, .. } => (bias, false),
         };
         let filler = &norm.weight;
-        let mut inputs = vec![x.clone(), r0.clone()];
+        let mut inputs = vec![x, r0.clone()];
         inputs.extend(lead.arrays());
         inputs.extend([
             bo.unwrap_or(filler).clone(),

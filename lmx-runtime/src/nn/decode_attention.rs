@@ -85,6 +85,15 @@ mod tests {
     use crate::test_arrays::normal;
     use mlx_rs::Dtype;
 
+    /// Whether `a`'s values are computed (an array never evaluated has none).
+    fn available(a: &Array) -> bool {
+        let mut available = false;
+        // SAFETY: `a` is a live handle; the call only reads its status into `available`.
+        let status = unsafe { mlx_sys::_mlx_array_is_available(&mut available, a.as_ptr()) };
+        assert_eq!(status, 0, "mlx-c could not read an array's status");
+        available
+    }
+
     /// The values of `a` as float64, row-major (a view's too: flattening copies where needed).
     fn values(a: &Array) -> Vec<f64> {
         let a = a.as_dtype(Dtype::Float32).unwrap().reshape(&[-1]).unwrap();
@@ -176,8 +185,17 @@ mod tests {
         let (mut kv, mut vv) = (values(&k), values(&v));
         let (out, keys, values_written) =
             decode_attention(&q, (&k_new, &v_new), (k, v), &slots, mask).unwrap();
-        // The query, key and value read after the call: views evaluated before it would be arrays
-        // of their own, not views.
+        assert_eq!(out.shape(), [rows, heads, 1, d]);
+        assert_eq!(out.dtype(), dtype);
+        // The buffers are read as the cache reads them, after the output is evaluated: on CUDA the
+        // kernel writes them in place, which MLX's CUDA graph does not order a read beside it after.
+        out.eval().unwrap();
+        if case.views && crate::cuda::available() {
+            // The kernel read the product itself: the views were never evaluated.
+            for (name, view) in [("query", &q), ("key", &k_new), ("value", &v_new)] {
+                assert!(!available(view), "the {name}'s view was evaluated");
+            }
+        }
         let (qv, own_k, own_v) = (values(&q), values(&k_new), values(&v_new));
         // The buffers as the token's key and value written at its slot make them.
         for row in 0..(rows * kv_heads) as usize {
@@ -185,11 +203,6 @@ mod tests {
             kv[slot..slot + d_u].copy_from_slice(&own_k[row * d_u..][..d_u]);
             vv[slot..slot + d_u].copy_from_slice(&own_v[row * d_u..][..d_u]);
         }
-        assert_eq!(out.shape(), [rows, heads, 1, d]);
-        assert_eq!(out.dtype(), dtype);
-        // The buffers are read as the cache reads them, after the output is evaluated: on CUDA the
-        // kernel writes them in place, which MLX's CUDA graph does not order a read beside it after.
-        out.eval().unwrap();
         assert_eq!(values(&keys), kv, "the keys written");
         assert_eq!(values(&values_written), vv, "the values written");
 
@@ -289,6 +302,9 @@ mod tests {
         });
     }
 
+    /// Attention over views of one product's output, as a model's attention makes them, equals
+    /// the reference; on CUDA the kernel reads the product where it lies and the views are never
+    /// evaluated.
     #[test]
     fn heads_are_read_where_the_product_left_them() {
         // GPT-2's attention (one product split three ways, 12 heads of 64), then a grouped

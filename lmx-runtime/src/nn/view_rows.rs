@@ -21,8 +21,9 @@ pub(crate) struct RowsOf {
 
 /// Where `a`'s rows lie, through reshapes, transposes that keep the values' order and slices or
 /// splits of the last axis (other axes past the first of one value), in the array those views
-/// start from (`a` itself where it is no view); `None` where a step does not keep each row's
-/// values in one stretch.
+/// start from: the walk stops at a step that does not keep each row's values in one stretch,
+/// whose output is the base (`a` itself where it is no view or such a step); `None` for a
+/// scalar.
 pub(crate) fn rows_of(a: &Array) -> Option<RowsOf> {
     let (mut offset, mut row_stride) = (0i64, 0i64);
     // SAFETY: `a` is a live handle; on success the call writes a new handle to `base`, which
@@ -123,11 +124,17 @@ mod tests {
         );
     }
 
-    /// A slice of the last axis moves the offset; a slice of rows, a strided slice, a slice of an
-    /// axis of many values before the last, and a transpose that reorders values are not rows
-    /// of the base (their steps make the view its own base, or fail).
+    /// A slice of the last axis moves the offset; a strided slice, a slice of an axis of many
+    /// values before the last, and a transpose that reorders values end the walk, their outputs
+    /// their own bases (a reshape of such a transpose lies in it); a scalar has no rows.
     #[test]
-    fn views_that_reorder_values_are_not_rows() {
+    fn views_that_reorder_values_are_their_own_rows() {
+        let own = |a: &Array| {
+            let rows = rows_of(a).unwrap();
+            let width = a.size() as i64 / i64::from(a.shape()[0]);
+            assert_eq!(rows.base.shape(), a.shape());
+            assert_eq!((rows.offset, rows.row_stride), (0, width));
+        };
         let x = normal(&[2, 1, 96], Dtype::Float32)
             .multiply(Array::from_f32(2.0))
             .unwrap();
@@ -135,16 +142,19 @@ mod tests {
         let rows = rows_of(&tail).unwrap();
         assert_eq!((rows.offset, rows.row_stride), (32, 96));
         assert!(read(&rows, &tail).eq_values(&tail).unwrap());
-        assert!(rows_of(&x.index((.., .., (0..96).stride_by(2)))).is_none());
+        own(&x.index((.., .., (0..96).stride_by(2))));
         let grid = normal(&[2, 4, 8], Dtype::Float32)
             .multiply(Array::from_f32(2.0))
             .unwrap();
-        assert!(rows_of(&grid.index((.., 1..3, ..))).is_none());
+        own(&grid.index((.., 1..3, ..)));
         let swapped = transpose_axes(&grid, &[0, 2, 1]).unwrap();
-        assert!(rows_of(&swapped).is_none());
-        let first = x.index(0..1);
-        let own = rows_of(&first).unwrap();
-        assert_eq!(own.base.shape(), first.shape());
+        own(&swapped);
+        let flat = swapped.reshape(&[2, 32]).unwrap();
+        let rows = rows_of(&flat).unwrap();
+        assert_eq!(rows.base.shape(), swapped.shape());
+        assert!(read(&rows, &flat).eq_values(&flat).unwrap());
+        own(&x.index(0..1));
+        assert!(rows_of(&Array::from_f32(1.0)).is_none());
     }
 
     /// Attention's heads' output made one row again (transposed back and reshaped) is read in
