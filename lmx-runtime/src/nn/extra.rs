@@ -234,8 +234,7 @@ pub fn index(x: &Array, subscripts: &[Subscript]) -> Result<Array> {
             Subscript::Range(start, end) => {
                 let (start, end) = (start.map_or(0, resolve), end.map_or(size, resolve));
                 if (start, end) != (0, size) {
-                    let picked = Array::arange::<_, i32>(start, end.max(start), None)?;
-                    out = out.take_axis(picked, axis)?;
+                    out = slice_axis(&out, axis, start, end.max(start))?;
                 }
                 axis += 1;
             }
@@ -243,6 +242,42 @@ pub fn index(x: &Array, subscripts: &[Subscript]) -> Result<Array> {
         }
     }
     Ok(out)
+}
+
+/// `x`'s positions `start..end` along `axis`: MLX's slice, a view of `x` that launches no kernel
+/// (a gather of the positions would be one, a decoded token's every layer where a model splits a
+/// fused product so, as phi3 does), which decoding's kernels can read where it lies
+/// (`nn::view_rows`).
+fn slice_axis(x: &Array, axis: i32, start: i32, end: i32) -> Result<Array> {
+    let shape = x.shape();
+    let (mut starts, mut stops) = (vec![0; shape.len()], shape.to_vec());
+    starts[axis as usize] = start;
+    stops[axis as usize] = end;
+    let strides = vec![1; shape.len()];
+    let stream = mlx_rs::Stream::thread_local_or_default();
+    // SAFETY: every handle and slice is live for the call; mlx-c writes a new array into
+    // `result` on success, which `from_ptr` then owns, and frees nothing it was given.
+    unsafe {
+        let mut result = mlx_sys::mlx_array_new();
+        let status = mlx_sys::mlx_slice(
+            &mut result,
+            x.as_ptr(),
+            starts.as_ptr(),
+            starts.len(),
+            stops.as_ptr(),
+            stops.len(),
+            strides.as_ptr(),
+            strides.len(),
+            stream.as_ptr(),
+        );
+        if status != 0 {
+            mlx_sys::mlx_array_free(result);
+            return Err(Error::Mlx(mlx_rs::error::Exception::custom(format!(
+                "MLX could not slice positions {start}..{end} of axis {axis} of a {shape:?} array"
+            ))));
+        }
+        Ok(Array::from_ptr(result))
+    }
 }
 
 /// How an attention call masks and scales its scores.
