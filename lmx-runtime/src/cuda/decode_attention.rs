@@ -362,9 +362,9 @@ struct HeadRows {
 
 impl HeadRows {
     /// Where `x`'s heads lie: in the array its views start from where they start on a whole head
-    /// there (the kernel's loads stay aligned), else in `x`. An evaluated base that is not
-    /// row-contiguous, which MLX would copy whole for the kernel, is not met in decoding: the
-    /// walk starts from a traced step's views, none evaluated.
+    /// there (the kernel's loads stay aligned), else in `x`. The base is an operation's output
+    /// that a decoding step has just made (a product's), row-contiguous once computed; an
+    /// evaluated base that were not would be copied whole by MLX for the kernel.
     fn of(x: &Array) -> HeadRows {
         let (heads, d) = (x.shape()[1], x.shape()[3]);
         let on_heads = |n: i64| n % i64::from(d) == 0 && i32::try_from(n).is_ok();

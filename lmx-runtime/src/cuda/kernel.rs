@@ -254,7 +254,8 @@ fn included(header: &str) -> Option<(HeaderFile, String)> {
     if header.is_empty() {
         return None;
     }
-    let dir = crate::platform::cache_dir()?.join("cuda");
+    // Absolute once: NVRTC resolves the include when it compiles, wherever the process is then.
+    let dir = std::path::absolute(crate::platform::cache_dir()?.join("cuda")).ok()?;
     let line = include_line(&header_file(&dir, header).ok()?)?;
     let file = HeaderFile {
         dir,
@@ -275,16 +276,14 @@ fn include_line(path: &std::path::Path) -> Option<String> {
 /// The file in `dir` holding `header`, `lmx_<hash>.cuh` named by the hash of its text
 /// ([`source_name`]), so that a changed header is another file; written whole under a fresh name
 /// and renamed into place, so that no process reads it half-written, and written again where a
-/// file of that name holds other text. `dir` is made absolute: NVRTC resolves the include when
-/// it compiles.
+/// file of that name holds other text.
 fn header_file(dir: &std::path::Path, header: &str) -> std::io::Result<std::path::PathBuf> {
-    let dir = std::path::absolute(dir)?;
     let path = dir.join(format!("{}.cuh", source_name("lmx", &[], &[], header, "")));
     if std::fs::read(&path).is_ok_and(|text| text == header.as_bytes()) {
         return Ok(path);
     }
-    std::fs::create_dir_all(&dir)?;
-    let mut partial = tempfile::NamedTempFile::new_in(&dir)?;
+    std::fs::create_dir_all(dir)?;
+    let mut partial = tempfile::NamedTempFile::new_in(dir)?;
     std::io::Write::write_all(&mut partial, header.as_bytes())?;
     partial.persist(&path).map_err(|err| err.error)?;
     Ok(path)
