@@ -17,9 +17,10 @@ extern "C" {
     pub fn lmx_array_id(a: mlx_array) -> usize;
 
     /// Where the rows of `a` lie in the array it views (`csrc/array_id.cpp`): through reshapes,
-    /// order-keeping transposes and slices or splits of the last axis, row `b`'s values are
-    /// `*base`'s flat values from `b * row_stride + offset` on. Writes a new handle to `*base`
-    /// (the caller frees it) and returns true, or returns false and writes nothing.
+    /// order-keeping transposes and slices or splits of the last axis, up to the first step that
+    /// breaks the rows, row `b`'s values are `*base`'s flat values from `b * row_stride + offset`
+    /// on. Writes a new handle to `*base` (the caller frees it) and returns true, or, for a
+    /// scalar or where MLX throws, returns false and writes nothing.
     pub fn lmx_array_rows_of(
         a: mlx_array,
         base: *mut mlx_array,

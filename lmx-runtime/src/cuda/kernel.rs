@@ -292,16 +292,17 @@ fn header_file(dir: &std::path::Path, header: &str) -> std::io::Result<std::path
 /// A hash of a launch's template arguments (their names and values), which name the module MLX
 /// compiles for them.
 fn template_key(template: &[TemplateArg]) -> u64 {
+    use std::hash::Hasher;
     let mut hasher = fnv::FnvHasher::default();
     for arg in template {
         let (name, value) = match *arg {
             TemplateArg::Type(name, dtype) => (name, dtype as i64),
             TemplateArg::Int(name, value) => (name, i64::from(value) + (1 << 40)),
         };
-        std::hash::Hasher::write(&mut hasher, name.as_bytes());
-        std::hash::Hasher::write_i64(&mut hasher, value);
+        hasher.write(name.as_bytes());
+        hasher.write_i64(value);
     }
-    std::hash::Hasher::finish(&hasher)
+    hasher.finish()
 }
 
 /// A header, last before the kernel, that gives it CUDA's launch bounds: at most `threads` a
@@ -335,23 +336,19 @@ pub fn source_name(
     header: &str,
     body: &str,
 ) -> String {
-    const OFFSET: u64 = 0xcbf2_9ce4_8422_2325;
-    const PRIME: u64 = 0x0000_0100_0000_01b3;
-    let names = |list: &[&str]| -> Vec<u8> {
-        let mut bytes: Vec<u8> = list.iter().flat_map(|n| n.bytes().chain([0xfe])).collect();
-        bytes.push(0xff);
-        bytes
-    };
-    let bytes = names(inputs)
-        .into_iter()
-        .chain(names(outputs))
-        .chain(header.bytes())
-        .chain([0xff])
-        .chain(body.bytes());
-    let hash = bytes.fold(OFFSET, |hash, byte| {
-        (hash ^ u64::from(byte)).wrapping_mul(PRIME)
-    });
-    format!("{name}_{hash:016x}")
+    use std::hash::Hasher;
+    let mut hasher = fnv::FnvHasher::default();
+    for list in [inputs, outputs] {
+        for name in list {
+            hasher.write(name.as_bytes());
+            hasher.write_u8(0xfe);
+        }
+        hasher.write_u8(0xff);
+    }
+    hasher.write(header.as_bytes());
+    hasher.write_u8(0xff);
+    hasher.write(body.as_bytes());
+    format!("{name}_{:016x}", hasher.finish())
 }
 
 /// `source` without its `//` comments, each line's leading and trailing spaces and its empty

@@ -11,10 +11,10 @@
 //! computes the norm of `h` into shared memory and takes tasks of 8 features of the gate and up
 //! products (16 of a plain MLP's first product), the activated value rounded to `T` into a
 //! scratch output; then tasks of 4 rows of the down product, each warp a half row. Values are
-//! rounded as the separate kernels round them (the sums' order aside): the projection and its sum as the matrix-vector
-//! kernel's (`T(r + T(p + b))`), the norm as MLX's, the products to `T` (with their biases), the
-//! activated value once (`T(f(g) * u)`, `T(f(T(p + b)))`), then the down product and its sum with
-//! the residual.
+//! rounded as the separate kernels round them (the sums' order aside): the projection and its
+//! sum as the matrix-vector kernel's (`T(r + T(p + b))`), the norm as MLX's, the products to `T`
+//! (with their biases), the activated value once (`T(f(g) * u)`, `T(f(T(p + b)))`), then the down
+//! product and its sum with the residual.
 
 use super::kernel::{Inputs, Kernel, Launch, TemplateArg};
 use super::row_norm::RowNorm;
@@ -108,8 +108,8 @@ fn kernel(format: Format) -> Result<Kernel> {
 /// without a projection, any width whose quarters are whole chunks),
 /// `F` (the MLP's), `KX` (the widest); `LEAD` (whether the output projection leads), `GATED`,
 /// `ACT` (the activation), `CENTER` and `SHIFT` (the norm's form, [`RowNorm::form`]), `EPS_BITS`
-/// (the norm's epsilon's float bits), `BO`, `BG` and `BD` (whether the projection, the first product and the
-/// down product have biases); packed weights' `BITS` and `GS`. Inputs a block does not use are
+/// (the norm's epsilon's float bits), `BO`, `BG` and `BD` (whether the projection, the first
+/// product and the down product have biases); packed weights' `BITS` and `GS`. Inputs a block does not use are
 /// other arrays of the right types, never read.
 const BODY: &str = r#"
   constexpr int WARPS = 8;

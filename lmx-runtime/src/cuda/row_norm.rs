@@ -56,8 +56,8 @@ impl RowNorm {
         std::iter::once(self.weight.clone()).chain(self.bias.clone())
     }
 
-    /// The template arguments a kernel passes to [`HEADER`]'s `lmx_norm_row` as its `CENTER`
-    /// and `BIAS` (`CENTER`, a layer norm; `SHIFT`, with a bias).
+    /// The template arguments a kernel passes to [`HEADER`]'s `lmx_norm_row` as its centring and
+    /// shift (`CENTER`, a layer norm; `SHIFT`, with a bias).
     pub(crate) fn form(&self) -> [TemplateArg; 2] {
         [
             TemplateArg::Int("CENTER", i32::from(self.kind == NormKind::Layer)),

@@ -249,35 +249,10 @@ pub fn index(x: &Array, subscripts: &[Subscript]) -> Result<Array> {
 /// fused product so, as phi3 does), which decoding's kernels can read where it lies
 /// (`nn::view_rows`).
 fn slice_axis(x: &Array, axis: i32, start: i32, end: i32) -> Result<Array> {
-    let shape = x.shape();
-    let (mut starts, mut stops) = (vec![0; shape.len()], shape.to_vec());
-    starts[axis as usize] = start;
-    stops[axis as usize] = end;
-    let strides = vec![1; shape.len()];
-    let stream = mlx_rs::Stream::thread_local_or_default();
-    // SAFETY: every handle and slice is live for the call; mlx-c writes a new array into
-    // `result` on success, which `from_ptr` then owns, and frees nothing it was given.
-    unsafe {
-        let mut result = mlx_sys::mlx_array_new();
-        let status = mlx_sys::mlx_slice(
-            &mut result,
-            x.as_ptr(),
-            starts.as_ptr(),
-            starts.len(),
-            stops.as_ptr(),
-            stops.len(),
-            strides.as_ptr(),
-            strides.len(),
-            stream.as_ptr(),
-        );
-        if status != 0 {
-            mlx_sys::mlx_array_free(result);
-            return Err(Error::Mlx(mlx_rs::error::Exception::custom(format!(
-                "MLX could not slice positions {start}..{end} of axis {axis} of a {shape:?} array"
-            ))));
-        }
-        Ok(Array::from_ptr(result))
-    }
+    use mlx_rs::ops::indexing::{ArrayIndex, ArrayIndexOp, TryIndexOp};
+    let mut ranges: Vec<ArrayIndexOp> = (0..axis).map(|_| (..).index_op()).collect();
+    ranges.push((start..end).index_op());
+    Ok(x.try_index(&ranges[..])?)
 }
 
 /// How an attention call masks and scales its scores.

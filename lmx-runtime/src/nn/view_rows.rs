@@ -142,6 +142,16 @@ mod tests {
         let rows = rows_of(&tail).unwrap();
         assert_eq!((rows.offset, rows.row_stride), (32, 96));
         assert!(read(&rows, &tail).eq_values(&tail).unwrap());
+        // A model file's range subscript (`x[:, :, 32:]`) is the same slice.
+        use crate::nn::Subscript::Range;
+        let subscript = crate::nn::index(
+            &x,
+            &[Range(None, None), Range(None, None), Range(Some(32), None)],
+        );
+        let subscript = subscript.unwrap();
+        let rows = rows_of(&subscript).unwrap();
+        assert_eq!((rows.offset, rows.row_stride), (32, 96));
+        assert!(subscript.eq_values(&tail).unwrap());
         own(&x.index((.., .., (0..96).stride_by(2))));
         let grid = normal(&[2, 4, 8], Dtype::Float32)
             .multiply(Array::from_f32(2.0))
