@@ -105,12 +105,12 @@ fn kernel(format: Format) -> Result<Kernel> {
 
 /// The kernel's body, after the weights' matrices (`mo`, `mg`, `mu`, `md`, of the device type
 /// `W`). Template arguments: `T`; `D` (the model's width), `DA` (the projection's input width;
-/// without a projection, any width whose quarters are whole chunks),
-/// `F` (the MLP's), `KX` (the widest); `LEAD` (whether the output projection leads), `GATED`,
-/// `ACT` (the activation), `CENTER` and `SHIFT` (the norm's form, [`RowNorm::form`]), `EPS_BITS`
-/// (the norm's epsilon's float bits), `BO`, `BG` and `BD` (whether the projection, the first
-/// product and the down product have biases); packed weights' `BITS` and `GS`. Inputs a block does not use are
-/// other arrays of the right types, never read.
+/// without a projection, any width whose quarters are whole chunks), `F` (the MLP's), `KX` (the
+/// widest); `LEAD` (whether the output projection leads), `GATED`, `ACT` (the activation),
+/// `CENTER` and `SHIFT` (the norm's form, [`RowNorm::form`]), `EPS_BITS` (the norm's epsilon's
+/// float bits), `BO`, `BG` and `BD` (whether the projection, the first product and the down
+/// product have biases); packed weights' `BITS` and `GS`. Inputs a block does not use are other
+/// arrays of the right types, never read.
 const BODY: &str = r#"
   constexpr int WARPS = 8;
   constexpr int V = 16 / int(sizeof(T));
@@ -314,10 +314,10 @@ impl MlpBlock<'_> {
     /// of 4 rows) and a residual of its shape and dtype; a projection `[D, DA]` of a row of `DA`
     /// values; a norm `fits` `h`; gate and up (or fc) `[F, D]`, down `[D, F]`; the weights of one
     /// form that reads the row's dtype ([`Weight::fits`]), `F` and `DA` of four weight chunks
-    /// (the down product's and projection's quarters; so `F` of 16 features, a plain MLP's task), each
-    /// row stretch at most [`MAX_LOADS`] chunks a lane (a packed chunk holds more values than a
-    /// dense one, so packed layers may be wider), the widest of `DA`, `D` and `F` within
-    /// [`MAX_SHARED_BYTES`]; biases of their layers' features and the row's dtype.
+    /// (the down product's and projection's quarters; so `F` of 16 features, a plain MLP's
+    /// task), each row stretch at most [`MAX_LOADS`] chunks a lane (a packed chunk holds more
+    /// values than a dense one, so packed layers may be wider), the widest of `DA`, `D` and `F`
+    /// within [`MAX_SHARED_BYTES`]; biases of their layers' features and the row's dtype.
     pub(crate) fn fits(&self) -> bool {
         let h = self.row();
         let dtype = h.dtype();

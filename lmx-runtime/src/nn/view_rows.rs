@@ -147,8 +147,8 @@ mod tests {
         let subscript = crate::nn::index(
             &x,
             &[Range(None, None), Range(None, None), Range(Some(32), None)],
-        );
-        let subscript = subscript.unwrap();
+        )
+        .unwrap();
         let rows = rows_of(&subscript).unwrap();
         assert_eq!((rows.offset, rows.row_stride), (32, 96));
         assert!(subscript.eq_values(&tail).unwrap());
